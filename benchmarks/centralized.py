@@ -1,0 +1,75 @@
+"""Centralized baseline: the same model, trained on the union of the hospitals' training data
+with the same budget (epochs = rounds x local epochs, same optimizer, learning rate and batch
+size), evaluated on the same test split. The difference to a federated run is the federated gap.
+
+    python benchmarks/centralized.py --hospitals 10 -c 'dataset=pneumoniamnist'
+
+Prints one line per epoch and a final line in the same format as ``hospitrust simulate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hospitrust import metrics
+from hospitrust.config import parse_run_config
+from hospitrust.datasets.federation import load_arrays, simulated_hospital, test_set
+from hospitrust.datasets.medmnist_source import DatasetInfo
+from hospitrust.models import build_model
+from hospitrust.simulate import find_app_dir, parse_overrides
+from hospitrust.training import pick_device, predict_proba, seed_everything, train
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hospitals", type=int, default=10)
+    parser.add_argument("-c", "--run-config", action="append", default=[])
+    parser.add_argument("--json", help="also write the result to this JSON file")
+    args = parser.parse_args(argv)
+
+    defaults = tomllib.loads((find_app_dir() / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    cfg = parse_run_config({**defaults, **parse_overrides(args.run_config)})
+    info = DatasetInfo.of(cfg.dataset)
+    load_arrays(cfg)
+    # the union of exactly the samples the hospitals train on (their local train splits)
+    shares = [simulated_hospital(cfg, pid, args.hospitals).train for pid in range(args.hospitals)]
+    images = np.concatenate([s.images for s in shares])
+    labels = np.concatenate([s.labels for s in shares])
+    test = test_set(cfg)
+
+    seed_everything(cfg.seed)
+    device = pick_device()
+    model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
+    epochs = cfg.num_server_rounds * cfg.local_epochs
+    print(f"centralized: {cfg.dataset}, {cfg.model}, {labels.size} training images (union of {args.hospitals} "
+          f"hospitals), {epochs} epochs, {cfg.optimizer} lr {cfg.learning_rate}, batch {cfg.batch_size}", flush=True)
+    started = time.time()
+    generator = torch.Generator().manual_seed(cfg.seed)
+    report = {}
+    for epoch in range(1, epochs + 1):
+        train(model, images, labels, epochs=1, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
+              optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=device,
+              generator=generator)
+        report = metrics.classification_report(test.labels, predict_proba(model, test.images, device=device),
+                                               info.num_classes)
+        print(f"epoch {epoch:>3}/{epochs}  bal-acc {report['balanced_accuracy']:.4f}  auc {report['auc']:.4f}  "
+              f"acc {report['accuracy']:.4f}", flush=True)
+    wall = time.time() - started
+    print(f"final (centralized, {cfg.dataset}, {epochs} epochs, {wall:.0f} s): accuracy {report['accuracy']:.4f}  "
+          f"balanced accuracy {report['balanced_accuracy']:.4f}  AUC {report['auc']:.4f}  "
+          f"worst-class recall {report['worst_class_recall']:.4f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"final": report, "wall_seconds": wall, "epochs": epochs}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

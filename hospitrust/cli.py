@@ -1,0 +1,54 @@
+"""The ``hospitrust`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hospitrust.config import ConfigError
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from hospitrust.simulate import COMPLETED, SimulationError, simulate
+
+    try:
+        status, _ = simulate(
+            hospitals=args.hospitals,
+            overrides=args.run_config,
+            app_dir=Path(args.app) if args.app else None,
+            timeout=args.timeout,
+        )
+    except (ConfigError, SimulationError) as exc:
+        print(f"hospitrust simulate: {exc}", file=sys.stderr)
+        return 2
+    return 0 if status == COMPLETED else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hospitrust", description="Trust-aware federated learning across hospitals.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sim = sub.add_parser(
+        "simulate",
+        help="run the Flower app in simulation on this machine",
+        description="Run the app in Flower's simulation with its own SuperLink; exits 0 only if the run completed.",
+    )
+    sim.add_argument("--hospitals", type=int, default=10, help="number of simulated hospitals (default 10)")
+    sim.add_argument(
+        "-c", "--run-config", action="append", default=[], metavar="'KEY=VALUE ...'",
+        help="run config overrides, as for `flwr run` (e.g. -c 'num-server-rounds=3 dataset=retinamnist')",
+    )
+    sim.add_argument("--app", help="Flower app folder (default: found from the current folder)")
+    sim.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is stopped (default 3600)")
+    sim.set_defaults(func=_simulate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

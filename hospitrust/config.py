@@ -1,0 +1,215 @@
+"""Run config and node config as pydantic models.
+
+Flower hands the app a flat dict of kebab-case keys (``[tool.flwr.app.config]`` plus
+``--run-config`` overrides). Everything is validated here, once, before any data is
+loaded: a wrong key or value fails with a message that names the key, the value and
+what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DATA_DIR_ENV = "HOSPITRUST_DATA_DIR"
+
+
+class ConfigError(ValueError):
+    """A run or node config value is wrong; the message says which and what is allowed."""
+
+
+def _allowed(names) -> str:
+    return ", ".join(sorted(names))
+
+
+class RunConfig(BaseModel):
+    """Every run config key, with type, bounds and default.
+
+    Field names are snake_case; the run config uses the same names in kebab-case
+    (``num_server_rounds`` is ``num-server-rounds``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # federation
+    num_server_rounds: int = Field(10, ge=1, le=100_000, description="Rounds of training.")
+    strategy: str = Field("fedavg", description="Aggregation rule, by registry name.")
+    fraction_train: float = Field(1.0, gt=0.0, le=1.0, description="Share of hospitals asked to train each round.")
+    min_hospitals: int = Field(2, ge=1, description="Fewest valid replies a round needs to update the model.")
+    reply_timeout: float = Field(600.0, gt=0.0, description="Seconds a round waits for hospitals' replies.")
+    seed: int = Field(42, ge=0, description="Seeds partitions, model init, sampling and local training.")
+    max_update_norm: float = Field(1e4, gt=0.0, description="Replies whose update (returned - global) has a larger L2 norm are rejected.")
+    max_num_examples: int = Field(10_000_000, ge=1, description="Replies claiming more training examples are rejected.")
+
+    # data
+    dataset: str = Field("pneumoniamnist", description="MedMNIST 2D flag.")
+    image_size: int = Field(28, description="MedMNIST image size: 28, 64, 128 or 224.")
+    data_dir: str = Field("", description="Folder of MedMNIST files; empty: $HOSPITRUST_DATA_DIR, else medmnist's default.")
+    partitioner: str = Field("dirichlet", description="How training data is split over simulated hospitals.")
+    dirichlet_alpha: float = Field(0.5, gt=0.0, description="Dirichlet concentration (dirichlet, specialist).")
+    quantity_skew_alpha: float = Field(1.0, gt=0.0, description="Dirichlet concentration of hospital sizes (quantity-skew).")
+    classes_per_hospital: int = Field(1, ge=1, description="Classes per hospital (pathological).")
+    specialist_classes: str = Field("", description="'class:hospital[,hospital];...' held only by those hospitals (specialist).")
+    val_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="Share of each hospital's data kept for local validation.")
+    train_subsample: float = Field(1.0, gt=0.0, le=1.0, description="Share of the training split used (stratified; for quick runs).")
+    reference_cohort_per_class: int = Field(20, ge=1, description="Reference cohort size per class, drawn from the val split.")
+
+    # model and local training
+    model: str = Field("small-cnn", description="Model architecture, by registry name.")
+    local_epochs: int = Field(1, ge=1, le=1000)
+    batch_size: int = Field(32, ge=1, le=65536)
+    learning_rate: float = Field(0.01, gt=0.0, le=10.0)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    proximal_mu: float = Field(0.01, gt=0.0, description="FedProx proximal term weight mu (used by strategy fedprox only).")
+
+    # results
+    output_dir: str = Field("runs", description="Folder for run directories (made absolute).")
+    run_name: str = Field("", description="Run directory name; empty: <time>-<dataset>-<strategy>.")
+
+    @field_validator("image_size")
+    @classmethod
+    def _image_size(cls, v: int) -> int:
+        if v not in (28, 64, 128, 224):
+            raise ValueError(f"must be one of 28, 64, 128, 224 (the MedMNIST sizes), got {v}")
+        return v
+
+    @field_validator("strategy")
+    @classmethod
+    def _strategy(cls, v: str) -> str:
+        from hospitrust.strategies import STRATEGIES
+
+        if v not in STRATEGIES:
+            raise ValueError(f"unknown strategy {v!r}; allowed: {_allowed(STRATEGIES)}")
+        return v
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, v: str) -> str:
+        from hospitrust.datasets.medmnist_source import available_flags
+
+        flags = available_flags()
+        if v not in flags:
+            raise ValueError(f"unknown dataset {v!r}; allowed (MedMNIST 2D flags): {_allowed(flags)}")
+        return v
+
+    @field_validator("partitioner")
+    @classmethod
+    def _partitioner(cls, v: str) -> str:
+        from hospitrust.datasets.partitioners import PARTITIONERS
+
+        if v not in PARTITIONERS:
+            raise ValueError(f"unknown partitioner {v!r}; allowed: {_allowed(PARTITIONERS)}")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        from hospitrust.models import MODELS
+
+        if v not in MODELS:
+            raise ValueError(f"unknown model {v!r}; allowed: {_allowed(MODELS)}")
+        return v
+
+    @field_validator("specialist_classes")
+    @classmethod
+    def _specialist(cls, v: str) -> str:
+        if v.strip():
+            from hospitrust.datasets.partitioners import parse_specialist_classes
+
+            parse_specialist_classes(v)  # raises ValueError with the reason
+        return v
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "RunConfig":
+        if self.partitioner == "specialist" and not self.specialist_classes.strip():
+            raise ValueError("partitioner 'specialist' needs specialist-classes, e.g. '4:0' (class 4 only at hospital 0)")
+        return self
+
+    # ---- conveniences -------------------------------------------------------------
+    def resolved_data_dir(self) -> Path | None:
+        """The MedMNIST folder: run config, else $HOSPITRUST_DATA_DIR, else None (medmnist's default)."""
+        raw = self.data_dir or os.environ.get(DATA_DIR_ENV, "")
+        return Path(raw).expanduser().resolve() if raw else None
+
+    def to_flat(self) -> dict[str, Any]:
+        """The kebab-case dict, as in pyproject's run config."""
+        return {k.replace("_", "-"): v for k, v in self.model_dump().items()}
+
+
+class NodeConfig(BaseModel):
+    """What a SuperNode tells its ClientApp (``--node-config``).
+
+    Simulation injects ``partition-id`` and ``num-partitions``; a hospital's real
+    SuperNode passes ``data-path`` (its image folders) and ``hospital`` (its name).
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    partition_id: int | None = Field(None, ge=0)
+    num_partitions: int | None = Field(None, ge=1)
+    data_path: str | None = None
+    hospital: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "NodeConfig":
+        if self.data_path is None and (self.partition_id is None or self.num_partitions is None):
+            raise ValueError(
+                "node config needs either data-path (a hospital's own class-per-folder images) "
+                "or partition-id and num-partitions (simulation)"
+            )
+        if self.partition_id is not None and self.num_partitions is not None and self.partition_id >= self.num_partitions:
+            raise ValueError(f"partition-id {self.partition_id} must be < num-partitions {self.num_partitions}")
+        return self
+
+    @property
+    def hospital_name(self) -> str:
+        if self.hospital:
+            return str(self.hospital)
+        return f"hospital-{self.partition_id}"
+
+
+def _format_errors(err: ValidationError, kind: str, raw: Mapping[str, Any]) -> str:
+    lines = [f"invalid {kind}:"]
+    fields = set(RunConfig.model_fields) if kind == "run config" else set(NodeConfig.model_fields)
+    for e in err.errors():
+        loc = e.get("loc") or ()
+        key = str(loc[0]).replace("_", "-") if loc else "(config)"
+        value = raw.get(key, e.get("input")) if loc else None
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            kebab = sorted(f.replace("_", "-") for f in fields)
+            close = difflib.get_close_matches(key, kebab, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            lines.append(f"  - unknown key {key!r}{hint} (known keys: {', '.join(kebab)})")
+        elif loc:
+            lines.append(f"  - {key} = {value!r}: {msg}")
+        else:
+            lines.append(f"  - {msg}")
+    return "\n".join(lines)
+
+
+def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
+    """Validate Flower's flat run config; raises ConfigError naming key, value and what is allowed."""
+    data = {str(k).replace("-", "_"): v for k, v in raw.items()}
+    bad = [k for k in raw if "_" in str(k)]
+    if bad:
+        raise ConfigError(f"invalid run config: keys are kebab-case, got {bad} (write e.g. 'num-server-rounds')")
+    try:
+        return RunConfig(**data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, "run config", raw)) from None
+
+
+def parse_node_config(raw: Mapping[str, Any]) -> NodeConfig:
+    data = {str(k).replace("-", "_"): v for k, v in raw.items()}
+    try:
+        return NodeConfig(**data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, "node config", raw)) from None

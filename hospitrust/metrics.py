@@ -1,0 +1,360 @@
+"""Clinical and fairness metrics for hospital-level evaluation.
+
+All public functions return plain Python ``float`` / ``int`` / ``list`` values
+(never numpy scalars) so their results can go straight into Flower metric
+records, JSON result files or logs.
+
+Conventions
+-----------
+* Labels are integer class ids in ``[0, num_classes)``.
+* ``probs`` is an ``(n, C)`` array of per-class scores (normally softmax
+  probabilities); column ``c`` scores class ``c``.
+* A class that does not occur in ``y_true`` has an undefined recall. It is
+  reported as ``float('nan')`` by :func:`per_class_recall` (so the list stays
+  aligned with class ids) and is *excluded* from :func:`worst_class_recall` and
+  :func:`balanced_accuracy`. ``NaN`` is used rather than ``None`` because Flower
+  metric records only accept numbers.
+* When ``y_true`` contains a single class, ROC AUC is undefined and
+  :func:`auc` returns ``float('nan')`` instead of raising: a small hospital's
+  validation split can legitimately be single-class and must not crash a
+  federated round.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from sklearn.metrics import f1_score, roc_auc_score
+
+__all__ = [
+    "accuracy",
+    "balanced_accuracy",
+    "macro_f1",
+    "per_class_recall",
+    "worst_class_recall",
+    "auc",
+    "classification_report",
+    "fairness",
+]
+
+#: Probabilities are clipped to ``[LOSS_EPS, 1]`` before the log in the loss so
+#: a confidently wrong prediction gives a large but finite loss.
+LOSS_EPS = 1e-12
+
+
+# --------------------------------------------------------------------------- #
+# validation helpers
+# --------------------------------------------------------------------------- #
+def _as_labels(y: Any, name: str) -> np.ndarray:
+    """Return ``y`` as a 1-D int64 array of non-negative class ids."""
+    arr = np.asarray(y)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.size == 0:
+        return arr.astype(np.int64)
+    if arr.dtype == bool:
+        arr = arr.astype(np.int64)
+    if not np.issubdtype(arr.dtype, np.integer):
+        # Accept float arrays holding whole numbers (e.g. labels loaded from
+        # a float tensor), reject anything else.
+        if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)
+        else:
+            raise ValueError(f"{name} must contain integer class ids, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64, copy=False)
+    if arr.min() < 0:
+        raise ValueError(f"{name} contains negative class id {int(arr.min())}")
+    return arr
+
+
+def _check_range(y: np.ndarray, num_classes: int, name: str) -> None:
+    if y.size and y.max() >= num_classes:
+        raise ValueError(
+            f"{name} contains class id {int(y.max())}, out of range for num_classes={num_classes}"
+        )
+
+
+def _check_num_classes(num_classes: Any) -> int:
+    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
+        raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+    return int(num_classes)
+
+
+def _pair(y_true: Any, y_pred: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Validate a (y_true, y_pred) pair: 1-D, same non-zero length."""
+    t = _as_labels(y_true, "y_true")
+    p = _as_labels(y_pred, "y_pred")
+    if t.shape != p.shape:
+        raise ValueError(f"y_true and y_pred lengths differ: {t.shape[0]} vs {p.shape[0]}")
+    if t.size == 0:
+        raise ValueError("y_true and y_pred are empty; metrics are undefined")
+    return t, p
+
+
+def _probs(y_true: Any, probs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Validate (y_true, probs): probs 2-D (n, C), labels in [0, C)."""
+    t = _as_labels(y_true, "y_true")
+    p = np.asarray(probs, dtype=np.float64)
+    if p.ndim != 2:
+        raise ValueError(f"probs must be 2-D (num_examples, num_classes), got shape {p.shape}")
+    if p.shape[0] != t.shape[0]:
+        raise ValueError(f"y_true has {t.shape[0]} examples but probs has {p.shape[0]} rows")
+    if p.shape[1] < 1:
+        raise ValueError("probs must have at least one column")
+    if not np.all(np.isfinite(p)):
+        raise ValueError("probs contains NaN or infinite values")
+    _check_range(t, p.shape[1], "y_true")
+    return t, p
+
+
+# --------------------------------------------------------------------------- #
+# point metrics
+# --------------------------------------------------------------------------- #
+def accuracy(y_true: Any, y_pred: Any) -> float:
+    """Fraction of correct predictions.
+
+    Parameters
+    ----------
+    y_true, y_pred : array-like of int, shape (n,)
+        True and predicted class ids; ``n`` must be > 0.
+
+    Returns
+    -------
+    float
+    """
+    t, p = _pair(y_true, y_pred)
+    return float(np.mean(t == p))
+
+
+def _recall_by_class(t: np.ndarray, p: np.ndarray, num_classes: int) -> np.ndarray:
+    """Recall per class id; NaN where the class is absent from ``t``."""
+    support = np.bincount(t, minlength=num_classes).astype(np.float64)
+    hits = np.bincount(t[t == p], minlength=num_classes).astype(np.float64)
+    out = np.full(num_classes, np.nan)
+    present = support > 0
+    out[present] = hits[present] / support[present]
+    return out
+
+
+def balanced_accuracy(y_true: Any, y_pred: Any) -> float:
+    """Mean recall over the classes present in ``y_true``.
+
+    Matches :func:`sklearn.metrics.balanced_accuracy_score` (without its
+    warning when ``y_pred`` contains classes missing from ``y_true``).
+
+    Parameters
+    ----------
+    y_true, y_pred : array-like of int, shape (n,)
+
+    Returns
+    -------
+    float
+    """
+    t, p = _pair(y_true, y_pred)
+    n_cls = int(max(t.max(), p.max())) + 1
+    return float(np.nanmean(_recall_by_class(t, p, n_cls)))
+
+
+def macro_f1(y_true: Any, y_pred: Any) -> float:
+    """Unweighted mean F1 over the classes seen in ``y_true`` or ``y_pred``.
+
+    Classes that appear in neither array are ignored (they would otherwise
+    count as an F1 of 0). A class predicted but never true has F1 = 0, and a
+    class that is true but never predicted has F1 = 0 (``zero_division=0``).
+
+    Parameters
+    ----------
+    y_true, y_pred : array-like of int, shape (n,)
+
+    Returns
+    -------
+    float
+    """
+    t, p = _pair(y_true, y_pred)
+    return float(f1_score(t, p, average="macro", zero_division=0))
+
+
+def per_class_recall(y_true: Any, y_pred: Any, num_classes: int) -> list[float]:
+    """Recall (sensitivity) of every class id ``0 .. num_classes-1``.
+
+    Parameters
+    ----------
+    y_true, y_pred : array-like of int, shape (n,)
+    num_classes : int
+        Length of the returned list; labels must be below it.
+
+    Returns
+    -------
+    list of float
+        ``result[c]`` is the recall of class ``c``, or ``float('nan')`` when
+        class ``c`` does not occur in ``y_true`` (recall undefined).
+    """
+    num_classes = _check_num_classes(num_classes)
+    t, p = _pair(y_true, y_pred)
+    _check_range(t, num_classes, "y_true")
+    _check_range(p, num_classes, "y_pred")
+    return [float(v) for v in _recall_by_class(t, p, num_classes)]
+
+
+def worst_class_recall(y_true: Any, y_pred: Any, num_classes: int) -> float:
+    """Minimum recall over the classes present in ``y_true``.
+
+    The clinically relevant "which disease do we miss most" number; classes
+    absent from ``y_true`` have no recall and are skipped.
+
+    Parameters
+    ----------
+    y_true, y_pred : array-like of int, shape (n,)
+    num_classes : int
+
+    Returns
+    -------
+    float
+    """
+    rec = np.asarray(per_class_recall(y_true, y_pred, num_classes))
+    return float(np.nanmin(rec))  # at least one class is present (n > 0)
+
+
+def auc(y_true: Any, probs: Any) -> float:
+    """ROC AUC from class scores.
+
+    Parameters
+    ----------
+    y_true : array-like of int, shape (n,)
+        Class ids in ``[0, C)``.
+    probs : array-like of float, shape (n, C)
+        Per-class scores.
+
+    Returns
+    -------
+    float
+        * ``C == 2``: the plain binary ROC AUC of ``probs[:, 1]`` for class 1.
+        * ``C > 2``: macro one-vs-rest AUC, i.e. the unweighted mean over
+          the classes present in ``y_true`` of the AUC of ``probs[:, c]`` for
+          "class c vs the rest". When every class is present this equals
+          ``roc_auc_score(y_true, probs, multi_class="ovr", average="macro")``;
+          unlike sklearn it neither fails when some classes are absent nor
+          requires rows to sum exactly to 1.
+        * ``float('nan')`` when ``y_true`` holds fewer than two distinct
+          classes (AUC is undefined), including empty input.
+    """
+    t, p = _probs(y_true, probs)
+    present = np.unique(t)
+    if present.size < 2:
+        return float("nan")
+    if p.shape[1] == 2:
+        return float(roc_auc_score(t, p[:, 1]))
+    scores = [roc_auc_score(t == c, p[:, c]) for c in present]
+    return float(np.mean(scores))
+
+
+def classification_report(y_true: Any, probs: Any, num_classes: int) -> dict[str, Any]:
+    """All evaluation metrics for one model on one data split.
+
+    Predictions are ``argmax(probs, axis=1)``.
+
+    Parameters
+    ----------
+    y_true : array-like of int, shape (n,)
+    probs : array-like of float, shape (n, num_classes)
+        Predicted class probabilities (softmax outputs).
+    num_classes : int
+
+    Returns
+    -------
+    dict
+        Keys ``accuracy``, ``balanced_accuracy``, ``macro_f1``, ``auc``,
+        ``worst_class_recall`` (floats), ``per_class_recall`` (list of
+        ``num_classes`` floats, NaN for classes absent from ``y_true``),
+        ``loss`` (mean cross-entropy ``-log p[y]`` with ``p`` clipped to
+        ``[1e-12, 1]``) and ``num_examples`` (int). Plain Python types only.
+        For empty input (``n == 0``, e.g. a one-sample hospital's empty
+        validation split) every float is NaN and ``num_examples`` is 0,
+        rather than raising mid-round.
+    """
+    num_classes = _check_num_classes(num_classes)
+    t, p = _probs(y_true, probs)
+    if p.shape[1] != num_classes:
+        raise ValueError(f"probs has {p.shape[1]} columns but num_classes={num_classes}")
+    n = int(t.shape[0])
+    if n == 0:
+        nan = float("nan")
+        return {
+            "accuracy": nan,
+            "balanced_accuracy": nan,
+            "macro_f1": nan,
+            "auc": nan,
+            "worst_class_recall": nan,
+            "per_class_recall": [nan] * num_classes,
+            "loss": nan,
+            "num_examples": 0,
+        }
+    y_pred = np.argmax(p, axis=1)
+    p_true = np.clip(p[np.arange(n), t], LOSS_EPS, 1.0)
+    return {
+        "accuracy": accuracy(t, y_pred),
+        "balanced_accuracy": balanced_accuracy(t, y_pred),
+        "macro_f1": macro_f1(t, y_pred),
+        "auc": auc(t, p),
+        "worst_class_recall": worst_class_recall(t, y_pred, num_classes),
+        "per_class_recall": per_class_recall(t, y_pred, num_classes),
+        "loss": float(-np.mean(np.log(p_true))),
+        "num_examples": n,
+    }
+
+
+# --------------------------------------------------------------------------- #
+# fairness across hospitals
+# --------------------------------------------------------------------------- #
+def fairness(per_hospital_accuracy: Mapping[str, float]) -> dict[str, float]:
+    """Summary of how evenly a model serves the hospitals.
+
+    Parameters
+    ----------
+    per_hospital_accuracy : Mapping[str, float]
+        Hospital id -> accuracy (or any other per-hospital score). ``NaN``
+        entries (a hospital with nothing to evaluate) are skipped.
+
+    Returns
+    -------
+    dict
+        ``min``, ``max``, ``mean``, ``std`` (population standard deviation,
+        ``ddof=0``: the hospitals are the whole population, not a sample)
+        and ``spread`` (``max - min``), all plain floats.
+
+    Raises
+    ------
+    ValueError
+        If the mapping is empty, has no non-NaN value, or holds a
+        non-numeric or infinite value.
+    """
+    if not isinstance(per_hospital_accuracy, Mapping):
+        raise ValueError(
+            f"per_hospital_accuracy must be a mapping hospital -> accuracy, got {type(per_hospital_accuracy).__name__}"
+        )
+    if len(per_hospital_accuracy) == 0:
+        raise ValueError("fairness() needs at least one hospital accuracy, got an empty mapping")
+    values = []
+    for hospital, value in per_hospital_accuracy.items():
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"accuracy of hospital {hospital!r} is not a number: {value!r}") from None
+        if math.isnan(v):
+            continue  # nothing was evaluated there; don't let it poison the summary
+        if math.isinf(v):
+            raise ValueError(f"accuracy of hospital {hospital!r} is infinite")
+        values.append(v)
+    if not values:
+        raise ValueError("fairness() got only NaN accuracies; no hospital had anything to evaluate")
+    arr = np.asarray(values, dtype=np.float64)
+    return {
+        "min": float(arr.min()),
+        "max": float(arr.max()),
+        "mean": float(arr.mean()),
+        "std": float(arr.std()),
+        "spread": float(arr.max() - arr.min()),
+    }

@@ -1,0 +1,130 @@
+"""The run directory: what every run leaves behind, in a documented, stable schema.
+
+``<output-dir>/<run-name>/``
+  - ``config.json``        the resolved run config (kebab-case keys) plus the hospital map
+  - ``class_counts.csv``   per hospital, local train/val counts per class
+  - ``rounds.jsonl``       one JSON object per round (ROUND_FIELDS; ``clients``: CLIENT_FIELDS)
+  - ``summary.json``       SUMMARY_FIELDS
+  - ``model.pt``           the final global model (torch state_dict)
+
+Later features add fields; none is ever renamed. NaN and infinities are written as null
+(JSON has no NaN).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CENTRAL_METRICS = ("accuracy", "balanced_accuracy", "macro_f1", "auc", "worst_class_recall", "per_class_recall", "loss")
+ROUND_FIELDS = ("round", "central", "clients", "aggregation_seconds", "round_seconds")
+CLIENT_FIELDS = ("hospital", "node_id", "num_examples", "weight", "train_loss")
+SUMMARY_FIELDS = ("final", "best_round", "rounds", "wall_seconds", "dataset", "strategy")
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON types; NaN/inf -> None; tensors and numpy values -> Python numbers/lists."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return jsonable(value.tolist())
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 1) == 0:
+        value = value.item()
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        return jsonable(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def default_run_name(dataset: str, strategy: str) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{dataset}-{strategy}"
+
+
+class RunDirectory:
+    """Writes one run's results; every write is complete or absent (written then renamed)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path).resolve()
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def create(cls, output_dir: str | Path, run_name: str) -> "RunDirectory":
+        base = Path(output_dir).expanduser().resolve()
+        path = base / run_name
+        suffix = 1
+        while (path / "summary.json").exists() or (path / "rounds.jsonl").exists():
+            suffix += 1  # never overwrite an earlier run's results
+            path = base / f"{run_name}-{suffix}"
+        return cls(path)
+
+    def _write_atomic(self, name: str, text: str) -> Path:
+        target = self.path / name
+        tmp = target.with_suffix(target.suffix + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, target)
+        return target
+
+    def write_config(self, config: Mapping[str, Any]) -> Path:
+        return self._write_atomic("config.json", json.dumps(jsonable(config), indent=2, sort_keys=True) + "\n")
+
+    def append_round(self, record: Mapping[str, Any]) -> None:
+        missing = [k for k in ROUND_FIELDS if k not in record]
+        if missing:
+            raise ValueError(f"round record lacks {missing}")
+        line = json.dumps(jsonable(record), allow_nan=False)
+        with open(self.path / "rounds.jsonl", "a") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def write_summary(self, summary: Mapping[str, Any]) -> Path:
+        missing = [k for k in SUMMARY_FIELDS if k not in summary]
+        if missing:
+            raise ValueError(f"summary lacks {missing}")
+        return self._write_atomic("summary.json", json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n")
+
+    def save_model(self, state_dict: Mapping[str, torch.Tensor]) -> Path:
+        target = self.path / "model.pt"
+        tmp = self.path / "model.pt.tmp"
+        torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, tmp)
+        os.replace(tmp, target)
+        return target
+
+    def write_class_counts(self, class_names: Iterable[str], rows: Iterable[Mapping[str, Any]]) -> Path:
+        names = list(class_names)
+        target = self.path / "class_counts.csv"
+        with open(target, "w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["hospital", "split", *names, "total"])
+            for row in rows:
+                for split in ("train", "val"):
+                    counts = list(row[split])
+                    writer.writerow([row["hospital"], split, *counts, sum(counts)])
+        return target
+
+
+def read_rounds(run_dir: str | Path) -> list[dict[str, Any]]:
+    with open(Path(run_dir) / "rounds.jsonl") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def read_summary(run_dir: str | Path) -> dict[str, Any]:
+    return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+def read_config(run_dir: str | Path) -> dict[str, Any]:
+    return json.loads((Path(run_dir) / "config.json").read_text())

@@ -1,0 +1,257 @@
+"""Flower ServerApp: validated config -> hospitals -> strategy -> rounds -> results.
+
+The round loop follows ``Strategy.start`` (train, federated evaluation, central
+evaluation) and adds what a consortium needs on the record: per-round progress, the
+run directory (rounds.jsonl, summary.json, model.pt) and a summary table at the end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid, ServerApp
+
+from hospitrust import metrics
+from hospitrust.config import RunConfig, parse_run_config
+from hospitrust.datasets.federation import load_arrays, reference_set, test_set
+from hospitrust.datasets.medmnist_source import DatasetInfo
+from hospitrust.models import build_model
+from hospitrust.results import RunDirectory, default_run_name
+from hospitrust.strategies import HospitrustStrategy, build_strategy
+from hospitrust.strategies.validation import ReplyLimits
+from hospitrust.training import pick_device, predict_proba, seed_everything
+
+app = ServerApp()
+
+
+def wait_for_nodes(grid: Grid, minimum: int, timeout: float, poll: float = 1.0) -> list[int]:
+    """Connected node ids once at least ``minimum`` are online; a clear error after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) >= minimum:
+            return nodes
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"only {len(nodes)} hospital(s) connected after {timeout:.0f} s; min-hospitals is {minimum}")
+        time.sleep(poll)
+
+
+def discover_hospitals(grid: Grid, cfg: RunConfig) -> tuple[dict[int, str], list[dict[str, Any]]]:
+    """Query round: node id -> hospital name (node ids are random each run), plus class counts."""
+    nodes = wait_for_nodes(grid, cfg.min_hospitals, cfg.reply_timeout)
+    queries = [Message(RecordDict(), dst_node_id=nid, message_type=MessageType.QUERY) for nid in nodes]
+    hospitals: dict[int, str] = {}
+    rows: list[dict[str, Any]] = []
+    for reply in grid.send_and_receive(queries, timeout=cfg.reply_timeout):
+        nid = int(reply.metadata.src_node_id)
+        if reply.has_error():
+            log(WARNING, "Node %d could not describe itself and is left out: %s", nid, reply.error.reason.strip()[-500:])
+            continue
+        info = reply.content.config_records.get("info")
+        name = str(info["hospital"]) if info is not None and "hospital" in info else None
+        if not name:
+            log(WARNING, "Node %d sent no hospital name and is left out", nid)
+            continue
+        if name in hospitals.values():
+            log(WARNING, "Node %d claims hospital name %r, already taken by another node: left out", nid, name)
+            continue
+        hospitals[nid] = name
+        rows.append(
+            {
+                "hospital": name,
+                "node_id": nid,
+                "partition_id": int(info.get("partition-id", -1)),
+                "train": [int(c) for c in info.get("train-class-counts", [])],
+                "val": [int(c) for c in info.get("val-class-counts", [])],
+                "device": str(info.get("device", "")),
+            }
+        )
+    if len(hospitals) < cfg.min_hospitals:
+        raise RuntimeError(f"only {len(hospitals)} hospital(s) answered the query round; min-hospitals is {cfg.min_hospitals}")
+    rows.sort(key=lambda r: (r["partition_id"], r["hospital"]))
+    return hospitals, rows
+
+
+def format_class_counts(rows: list[dict[str, Any]], class_names: tuple[str, ...]) -> str:
+    width = max([len("hospital")] + [len(r["hospital"]) for r in rows])
+    head = f"{'hospital':<{width}} " + " ".join(f"{n[:10]:>10}" for n in class_names) + f" {'train':>7} {'val':>6}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        cells = " ".join(f"{c:>10}" for c in r["train"])
+        lines.append(f"{r['hospital']:<{width}} {cells} {sum(r['train']):>7} {sum(r['val']):>6}")
+    totals = np.sum([r["train"] for r in rows], axis=0) if rows else []
+    lines.append(f"{'total':<{width}} " + " ".join(f"{int(c):>10}" for c in totals)
+                 + f" {sum(sum(r['train']) for r in rows):>7} {sum(sum(r['val']) for r in rows):>6}")
+    return "\n".join(lines)
+
+
+class CentralEvaluator:
+    """The global model on the server's test split, with the clinical metrics."""
+
+    def __init__(self, cfg: RunConfig, info: DatasetInfo, device: torch.device) -> None:
+        self.cfg, self.info, self.device = cfg, info, device
+        self.test = test_set(cfg)
+        self.model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
+
+    def __call__(self, arrays: ArrayRecord) -> dict[str, Any]:
+        self.model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+        probs = predict_proba(self.model, self.test.images, device=self.device)
+        return metrics.classification_report(self.test.labels, probs, self.info.num_classes)
+
+
+def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: torch.device) -> HospitrustStrategy:
+    train_config = {
+        "local-epochs": cfg.local_epochs,
+        "batch-size": cfg.batch_size,
+        "learning-rate": cfg.learning_rate,
+    }
+    kwargs: dict[str, Any] = dict(
+        train_config=train_config,
+        fraction_train=cfg.fraction_train,
+        min_hospitals=cfg.min_hospitals,
+        limits=ReplyLimits(max_update_norm=cfg.max_update_norm, max_num_examples=cfg.max_num_examples),
+        seed=cfg.seed,
+        device=device,
+    )
+    if cfg.strategy == "fedprox":
+        kwargs["proximal_mu"] = cfg.proximal_mu
+    return build_strategy(cfg.strategy, hospitals, **kwargs)
+
+
+def _progress_line(rnd: int, total: int, central: Mapping[str, Any], valid: int, asked: int, seconds: float) -> str:
+    return (
+        f"round {rnd:>3}/{total}  bal-acc {central['balanced_accuracy']:.4f}  auc {central['auc']:.4f}  "
+        f"acc {central['accuracy']:.4f}  worst-recall {central['worst_class_recall']:.4f}  "
+        f"valid {valid}/{asked}  {seconds:.1f}s"
+    )
+
+
+def format_summary_table(history: list[dict[str, Any]]) -> str:
+    head = f"{'round':>5} {'accuracy':>9} {'bal-acc':>8} {'auc':>7} {'macro-f1':>9} {'worst-rec':>9} {'seconds':>8}"
+    lines = [head, "-" * len(head)]
+    for rec in history:
+        c = rec["central"]
+        lines.append(
+            f"{rec['round']:>5} {c['accuracy']:>9.4f} {c['balanced_accuracy']:>8.4f} {c['auc']:>7.4f} "
+            f"{c['macro_f1']:>9.4f} {c['worst_class_recall']:>9.4f} {rec['round_seconds']:>8.1f}"
+        )
+    return "\n".join(lines)
+
+
+class FederationFailure(RuntimeError):
+    """Every hospital's ClientApp failed: a broken app or setup, not one bad hospital."""
+
+
+def _fail_if_every_hospital_crashed(rnd: int, clients: list[dict[str, Any]], asked: int) -> None:
+    crashed = [c for c in clients if c.get("rejected") and str(c.get("reason", "")).startswith("error reply")]
+    if asked and len(crashed) == asked:
+        raise FederationFailure(
+            f"round {rnd}: the ClientApp failed at every hospital ({asked}); first error: {crashed[0]['reason']}"
+        )
+
+
+def run_federation(grid: Grid, context: Context) -> RunDirectory:
+    """The whole run; returns its directory. Raises on bad config or missing data before any round."""
+    started = time.time()
+    cfg = parse_run_config(context.run_config)
+    info = DatasetInfo.of(cfg.dataset)
+    load_arrays(cfg)  # a missing dataset fails here, before any hospital is contacted
+    seed_everything(cfg.seed)
+    device = pick_device()
+
+    run_dir = RunDirectory.create(cfg.output_dir, cfg.run_name or default_run_name(cfg.dataset, cfg.strategy))
+    log(INFO, "hospitrust: run directory %s", run_dir.path)
+
+    hospitals, rows = discover_hospitals(grid, cfg)
+    log(INFO, "hospitrust: %d hospitals, %s, partitioner %s\n%s", len(hospitals), cfg.dataset, cfg.partitioner,
+        format_class_counts(rows, info.class_names))
+    run_dir.write_class_counts(info.class_names, rows)
+    run_dir.write_config(
+        {
+            **cfg.to_flat(),
+            "data-dir-resolved": str(cfg.resolved_data_dir() or ""),
+            "hospitals": {str(nid): name for nid, name in hospitals.items()},
+            "class-names": list(info.class_names),
+            "server-device": str(device),
+            "reference-cohort-size": len(reference_set(cfg)),
+        }
+    )
+
+    model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
+    arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    strategy = strategy_from_config(cfg, hospitals, device)
+    strategy.summary()
+    evaluator = CentralEvaluator(cfg, info, device)
+    initial = evaluator(arrays)
+    log(INFO, "round   0 (initial model)  bal-acc %.4f  auc %.4f", initial["balanced_accuracy"], initial["auc"])
+
+    history: list[dict[str, Any]] = []
+    train_config, evaluate_config = ConfigRecord(), ConfigRecord()
+    for rnd in range(1, cfg.num_server_rounds + 1):
+        round_start = time.perf_counter()
+        messages = list(strategy.configure_train(rnd, arrays, train_config, grid))
+        replies = list(grid.send_and_receive(messages, timeout=cfg.reply_timeout))
+        new_arrays, _ = strategy.aggregate_train(rnd, replies)
+        _fail_if_every_hospital_crashed(rnd, strategy.records[rnd].clients, len(messages))
+        if new_arrays is not None:
+            arrays = new_arrays
+        eval_messages = list(strategy.configure_evaluate(rnd, arrays, evaluate_config, grid))
+        strategy.aggregate_evaluate(rnd, grid.send_and_receive(eval_messages, timeout=cfg.reply_timeout))
+        central = evaluator(arrays)
+        record = strategy.records[rnd]
+        answered = {c["node_id"] for c in record.clients}
+        missing = [strategy.hospitals[m.metadata.dst_node_id] for m in messages if m.metadata.dst_node_id not in answered]
+        per_hospital = {h: v["accuracy"] for h, v in record.evaluation.items()}
+        round_record = {
+            "round": rnd,
+            "central": central,
+            "clients": record.clients,
+            "aggregation_seconds": record.aggregation_seconds,
+            "round_seconds": time.perf_counter() - round_start,
+            "asked": len(messages),
+            "missing": missing,
+            "kept_previous_model": record.kept_previous_model,
+            "note": record.note,
+            "hospital_accuracy": per_hospital,
+            "fairness": metrics.fairness(per_hospital) if per_hospital else None,
+        }
+        run_dir.append_round(round_record)
+        history.append(round_record)
+        valid = sum(1 for c in record.clients if not c.get("rejected"))
+        log(INFO, "%s", _progress_line(rnd, cfg.num_server_rounds, central, valid, len(messages), round_record["round_seconds"]))
+
+    final_state = arrays.to_torch_state_dict()
+    run_dir.save_model(final_state)
+    best = max(history, key=lambda r: (r["central"]["balanced_accuracy"], -r["round"]))
+    summary = {
+        "final": history[-1]["central"],
+        "best_round": best["round"],
+        "best": best["central"],
+        "rounds": len(history),
+        "wall_seconds": time.time() - started,
+        "dataset": cfg.dataset,
+        "strategy": cfg.strategy,
+        "model": cfg.model,
+        "hospitals": len(hospitals),
+        "fairness": history[-1]["fairness"],
+        "run_dir": str(run_dir.path),
+    }
+    run_dir.write_summary(summary)
+    final = summary["final"]
+    log(INFO, "hospitrust: finished %d rounds in %.1f s\n%s\nfinal: accuracy %.4f  balanced accuracy %.4f  AUC %.4f  "
+        "worst-class recall %.4f  (best round %d)\nresults: %s",
+        len(history), summary["wall_seconds"], format_summary_table(history), final["accuracy"],
+        final["balanced_accuracy"], final["auc"], final["worst_class_recall"], best["round"], run_dir.path)
+    return run_dir
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    run_federation(grid, context)

@@ -1,0 +1,300 @@
+"""``hospitrust simulate``: one Flower simulation run on this machine, done right.
+
+It owns its SuperLink (a free port on 127.0.0.1, runtime dependency installation off,
+its own FLWR_HOME, cwd in a scratch folder so Ray actors cannot import a stale copy of
+the package), sizes per-hospital resources to the machine, streams the run's log, waits
+with a finite timeout, stops the SuperLink, and exits non-zero unless the run ended
+``finished:completed`` (``flwr run --stream`` itself exits 0 on a failed run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tomllib
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from hospitrust.config import DATA_DIR_ENV, ConfigError, parse_run_config
+
+COMPLETED = "finished:completed"
+
+
+class SimulationError(RuntimeError):
+    """The simulation could not be started or did not complete."""
+
+
+def find_app_dir(start: Path | None = None) -> Path:
+    """The Flower app folder (the pyproject.toml with [tool.flwr.app]): from cwd upwards, else beside the package."""
+    candidates = []
+    here = (start or Path.cwd()).resolve()
+    candidates += [here, *here.parents]
+    candidates.append(Path(__file__).resolve().parent.parent)
+    for folder in candidates:
+        pyproject = folder / "pyproject.toml"
+        if pyproject.is_file():
+            try:
+                data = tomllib.loads(pyproject.read_text())
+            except tomllib.TOMLDecodeError:
+                continue
+            if data.get("tool", {}).get("flwr", {}).get("app", {}).get("components", {}).get("serverapp", "").startswith(
+                "hospitrust."
+            ):
+                return folder
+    raise SimulationError(
+        "cannot find the hospitrust Flower app (a pyproject.toml with [tool.flwr.app]); "
+        "run from the project folder or pass --app PATH"
+    )
+
+
+_PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
+
+
+def parse_overrides(texts: list[str]) -> dict[str, object]:
+    """``-c 'k=v k2=v2'`` as flwr parses it (TOML values), but a bare word is taken as a string,
+    so ``-c dataset=retinamnist`` works without shell-quoted quotes."""
+    out: dict[str, object] = {}
+    for text in texts:
+        matches = _PAIR.findall(text)
+        leftover = _PAIR.sub("", text).strip()
+        if leftover:
+            raise ConfigError(f"cannot read run config override {leftover!r}: write key=value pairs, e.g. 'num-server-rounds=3'")
+        for key, raw in matches:
+            try:
+                out[key] = tomllib.loads(f"v = {raw}")["v"]
+            except tomllib.TOMLDecodeError:
+                out[key] = raw.strip("'\"")
+    return out
+
+
+def to_toml_overrides(values: dict[str, object]) -> str:
+    parts = []
+    for key, value in values.items():
+        if isinstance(value, bool):
+            parts.append(f"{key}={'true' if value else 'false'}")
+        elif isinstance(value, (int, float)):
+            parts.append(f"{key}={value!r}")
+        else:
+            parts.append(f"{key}={json.dumps(str(value))}")
+    return " ".join(parts)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Resources:
+    cpus_per_hospital: float
+    gpus_per_hospital: float
+    concurrency: int
+
+
+def size_resources(hospitals: int, cpus: int | None = None, gpus: int | None = None) -> Resources:
+    """One CPU per simulated hospital (so all cores train in parallel); GPUs shared between
+    the hospitals that run at once (a zero GPU share would hide the GPU from the actors)."""
+    cpus = cpus if cpus is not None else (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    if gpus is None:
+        try:
+            import torch
+
+            gpus = torch.cuda.device_count()
+        except Exception:
+            gpus = 0
+    concurrency = max(1, min(hospitals, cpus))
+    gpu_share = round(min(1.0, gpus / concurrency), 4) if gpus else 0.0
+    return Resources(1.0, gpu_share, concurrency)
+
+
+def _env(flwr_home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        FLWR_HOME=str(flwr_home),
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        RAY_DEDUP_LOGS="0",
+        PYTHONUNBUFFERED="1",
+    )
+    # flwr launches flower-superlink etc. by name: this interpreter's bin must come first
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def _wait_healthy(port: int, proc: subprocess.Popen, log_file: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SimulationError(f"flower-superlink exited with code {proc.returncode}:\n{log_file.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise SimulationError(f"flower-superlink did not answer on 127.0.0.1:{port} within {timeout:.0f} s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+def _flwr(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(["flwr", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def _copy_lines(src, dst) -> None:
+    for line in iter(src.readline, ""):
+        dst.write(line)
+        dst.flush()
+
+
+def run_status(run_id: int, env: dict[str, str], cwd: Path) -> tuple[str, str]:
+    res = _flwr(["ls", "sim", "--run-id", str(run_id), "--format", "json"], env, cwd)
+    try:
+        run = json.loads(res.stdout)["runs"][0]
+    except (json.JSONDecodeError, KeyError, IndexError):
+        return "unknown", (res.stdout + res.stderr)[-2000:]
+    return str(run.get("status", "unknown")), str(run.get("status-details", ""))
+
+
+def simulate(
+    *,
+    hospitals: int = 10,
+    overrides: list[str] | None = None,
+    app_dir: Path | None = None,
+    timeout: float = 3600.0,
+    gpus: int | None = None,
+    out=sys.stdout,
+) -> tuple[str, Path | None]:
+    """Run one simulation; returns (final status, run directory or None)."""
+    if hospitals < 1:
+        raise ConfigError(f"--hospitals must be >= 1, got {hospitals}")
+    app = (app_dir or find_app_dir()).resolve()
+    project = tomllib.loads((app / "pyproject.toml").read_text())
+    defaults = project["tool"]["flwr"]["app"].get("config", {})
+    values = parse_overrides(overrides or [])
+    unknown = sorted(set(values) - set(defaults))
+    if unknown:
+        raise ConfigError(f"unknown run config key(s) {unknown}; known keys: {', '.join(sorted(defaults))}")
+
+    # Paths must be absolute: the ServerApp's cwd is not this shell's.
+    merged = {**defaults, **values}
+    values["output-dir"] = str(Path(str(merged["output-dir"])).expanduser().resolve())
+    if merged.get("data-dir"):
+        values["data-dir"] = str(Path(str(merged["data-dir"])).expanduser().resolve())
+    elif os.environ.get(DATA_DIR_ENV):
+        values["data-dir"] = str(Path(os.environ[DATA_DIR_ENV]).expanduser().resolve())
+    if not merged.get("run-name"):
+        values["run-name"] = time.strftime("%Y%m%d-%H%M%S") + f"-{merged['dataset']}-{merged['strategy']}-{secrets.token_hex(2)}"
+    cfg = parse_run_config({**defaults, **values})  # every config error surfaces here, before anything starts
+    if cfg.min_hospitals > hospitals:
+        raise ConfigError(f"min-hospitals = {cfg.min_hospitals} but only --hospitals {hospitals} are simulated")
+
+    res = size_resources(hospitals, gpus=gpus)
+    work = Path(tempfile.mkdtemp(prefix="hospitrust-sim-"))
+    env = _env(work)
+    port = free_port()
+    (work / "config.toml").write_text(
+        f'[superlink]\ndefault = "sim"\n\n[superlink.sim]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
+    log_file = work / "superlink.log"
+    print(
+        f"hospitrust simulate: {hospitals} hospitals, {res.cpus_per_hospital:g} CPU"
+        f"{f' + {res.gpus_per_hospital:g} GPU' if res.gpus_per_hospital else ''} each, up to {res.concurrency} at once; "
+        f"SuperLink on 127.0.0.1:{port}",
+        file=out,
+        flush=True,
+    )
+    with open(log_file, "w") as log_fh:
+        superlink = subprocess.Popen(
+            ["flower-superlink", "--insecure", "--simulation", "--host", "127.0.0.1", "--port", str(port),
+             "--disable-runtime-dependency-installation"],
+            cwd=work, env=env, stdout=log_fh, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    status, details, run_dir = "not-started", "", None
+    try:
+        _wait_healthy(port, superlink, log_file)
+        federation = (
+            f"num-supernodes={hospitals} client-resources-num-cpus={res.cpus_per_hospital:g} "
+            f"client-resources-num-gpus={res.gpus_per_hospital:g}"
+        )
+        submit = _flwr(
+            ["run", str(app), "sim", "--federation-config", federation, "--run-config", to_toml_overrides(values),
+             "--format", "json"], env, work,
+        )
+        try:
+            run_id = int(json.loads(submit.stdout)["run-id"])
+        except (json.JSONDecodeError, KeyError, ValueError):
+            raise SimulationError(f"flwr run did not start the run:\n{submit.stdout[-3000:]}\n{submit.stderr[-3000:]}")
+        print(f"hospitrust simulate: run {run_id} submitted; streaming its log (timeout {timeout:.0f} s)", file=out, flush=True)
+        deadline = time.monotonic() + timeout
+        stream = subprocess.Popen(["flwr", "log", str(run_id), "sim", "--stream"], env=env, cwd=work,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                  start_new_session=True)
+        reader = threading.Thread(target=_copy_lines, args=(stream.stdout, out), daemon=True)
+        reader.start()
+        try:
+            stream.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            if stream.poll() is None:
+                os.killpg(stream.pid, signal.SIGTERM)
+                stream.wait(timeout=10)
+            reader.join(timeout=5)
+        # the log stream can end a moment before the status is final
+        for _ in range(60):
+            status, details = run_status(run_id, env, work)
+            if status.startswith("finished") or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        if not status.startswith("finished"):
+            _flwr(["stop", str(run_id), "sim"], env, work)
+            details = f"timed out after {timeout:.0f} s (status was {status}); the run was stopped"
+            status = "timeout"
+        candidates = sorted(Path(values["output-dir"]).glob(f"{values['run-name']}*"))
+        run_dir = candidates[-1] if candidates else None
+    finally:
+        _stop(superlink)
+        if status != COMPLETED:
+            print(f"hospitrust simulate: SuperLink log kept at {log_file}", file=out)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"hospitrust simulate: run ended {status}" + (f": {details}" if details and status != COMPLETED else ""),
+          file=out, flush=True)
+    if run_dir is not None and (run_dir / "summary.json").is_file():
+        summary = json.loads((run_dir / "summary.json").read_text())
+        f = summary["final"]
+        print(
+            f"final ({summary['dataset']}, {summary['strategy']}, {summary['rounds']} rounds, "
+            f"{summary['wall_seconds']:.0f} s): accuracy {f['accuracy']:.4f}  balanced accuracy {f['balanced_accuracy']:.4f}  "
+            f"AUC {f['auc']:.4f}  worst-class recall {f['worst_class_recall']:.4f}\nresults: {run_dir}",
+            file=out,
+            flush=True,
+        )
+    return status, run_dir

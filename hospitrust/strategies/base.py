@@ -1,0 +1,261 @@
+"""The base every hospitrust strategy stands on.
+
+It is a Flower Message-API ``Strategy``. Its job is the plumbing that every rule shares:
+choose hospitals, send them the model, check every reply (a bad reply is rejected with a
+reason, never an exception), stack the accepted updates into an ``(n, d)`` tensor, hand
+that to the rule's math, and record per hospital what happened. A rule subclasses it and
+implements ``aggregate_updates`` only.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from hospitrust.aggregation.vectorize import flatten_state, unflatten_state
+from hospitrust.strategies.validation import CheckedReply, RejectedReply, ReplyLimits, check_train_reply
+
+
+@dataclass
+class Aggregate:
+    """What a rule returns: the aggregated update and, per accepted reply, its weight and selection."""
+
+    update: torch.Tensor  # (d,)
+    weights: torch.Tensor  # (n,) share of each accepted reply in the aggregate (sums to 1 for averaging rules)
+    selected: torch.Tensor  # (n,) bool: did the reply take part
+    extra: dict[str, list[Any]] = field(default_factory=dict)  # per-client signals, recorded as-is
+
+
+@dataclass
+class RoundRecord:
+    """Per-round bookkeeping that ends up in rounds.jsonl."""
+
+    clients: list[dict[str, Any]] = field(default_factory=list)
+    aggregation_seconds: float = 0.0
+    kept_previous_model: bool = False
+    note: str = ""
+    evaluation: dict[str, Any] = field(default_factory=dict)
+
+
+class HospitrustStrategy(Strategy):
+    """Plumbing for all rules: sampling, reply validation, stacking, records.
+
+    Parameters
+    ----------
+    hospitals : mapping node id -> hospital name (from the query round).
+    train_config : values every hospital gets in its train ConfigRecord (local epochs, lr, ...).
+    fraction_train : share of hospitals asked each round (at least ``min_hospitals``).
+    min_hospitals : fewest valid replies to update the model; fewer keeps the previous one.
+    limits : bounds of the reply validation.
+    seed : seeds hospital sampling.
+    device : where the aggregation math runs.
+    """
+
+    name = "base"
+
+    def __init__(
+        self,
+        hospitals: Mapping[int, str],
+        *,
+        train_config: Mapping[str, Any] | None = None,
+        fraction_train: float = 1.0,
+        min_hospitals: int = 2,
+        limits: ReplyLimits | None = None,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if not hospitals:
+            raise ValueError("a strategy needs at least one hospital")
+        self.hospitals = dict(hospitals)
+        self.train_config = dict(train_config or {})
+        self.fraction_train = fraction_train
+        self.min_hospitals = min_hospitals
+        self.limits = limits or ReplyLimits()
+        self.rng = random.Random(seed)
+        self.device = torch.device(device)
+        self.global_state: dict[str, torch.Tensor] | None = None
+        self.records: dict[int, RoundRecord] = {}
+
+    # ---- Flower Strategy interface ------------------------------------------------------
+    def summary(self) -> None:
+        log(INFO, "\t├── Strategy: %s (%s)", self.name, type(self).__name__)
+        log(INFO, "\t├── Hospitals: %d, fraction-train %.2f, min-hospitals %d", len(self.hospitals),
+            self.fraction_train, self.min_hospitals)
+        log(INFO, "\t└── Reply bounds: update norm <= %g, num-examples <= %d", self.limits.max_update_norm,
+            self.limits.max_num_examples)
+
+    def sample_hospitals(self, grid: Grid) -> list[int]:
+        """Node ids to ask this round, chosen by hospital name with the seeded rng (node ids are random)."""
+        online = set(grid.get_node_ids())
+        candidates = sorted((name, nid) for nid, name in self.hospitals.items() if nid in online)
+        k = min(len(candidates), max(math.ceil(self.fraction_train * len(candidates)), self.min_hospitals))
+        chosen = self.rng.sample(candidates, k) if k < len(candidates) else candidates
+        return [nid for _, nid in sorted(chosen)]
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self.global_state = arrays.to_torch_state_dict()
+        cfg = ConfigRecord({**self.train_config, **dict(config), "server-round": server_round})
+        content = RecordDict({"arrays": arrays, "config": cfg})
+        return [
+            Message(content, dst_node_id=nid, message_type=MessageType.TRAIN) for nid in self.sample_hospitals(grid)
+        ]
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        started = time.perf_counter()
+        record = RoundRecord()
+        self.records[server_round] = record
+        accepted: list[CheckedReply] = []
+        if self.global_state is not None:
+            global_vec, spec = flatten_state(self.global_state)
+            global_vec = global_vec.to(self.device)
+        for reply in replies:
+            node_id = int(reply.metadata.src_node_id)
+            try:
+                if self.global_state is None:
+                    raise RejectedReply("no global model was sent this round")
+                accepted.append(check_train_reply(reply, self.global_state, global_vec, self.limits))
+            except RejectedReply as rej:
+                record.clients.append(self._client_entry(node_id, rejected=True, reason=rej.reason))
+                log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(node_id), rej.reason)
+            except Exception as exc:  # a check itself failed on odd input: still the hospital's fault
+                reason = f"unreadable reply: {type(exc).__name__}: {exc}"
+                record.clients.append(self._client_entry(node_id, rejected=True, reason=reason))
+                log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(node_id), reason)
+
+        if len(accepted) < self.min_hospitals:
+            record.kept_previous_model = True
+            record.note = f"{len(accepted)} valid replies < min-hospitals {self.min_hospitals}: kept the previous model"
+            log(WARNING, "Round %d: %s", server_round, record.note)
+            for r in accepted:
+                record.clients.append(self._client_entry(r.node_id, reply=r, weight=0.0, selected=False))
+            record.aggregation_seconds = time.perf_counter() - started
+            return None, MetricRecord({"valid-replies": len(accepted)})
+
+        updates = torch.stack([r.update for r in accepted])
+        for r in accepted:
+            r.update = None  # the stacked copy is the only one kept
+        num_examples = torch.tensor([r.num_examples for r in accepted], dtype=torch.float64, device=self.device)
+        result = self.aggregate_updates(server_round, updates, num_examples, accepted)
+
+        new_vec = global_vec + result.update.to(global_vec.dtype)
+        template = self._integer_buffers(accepted, result.selected)
+        new_state = unflatten_state(new_vec.cpu(), spec, template)
+        record.aggregation_seconds = time.perf_counter() - started
+        for i, r in enumerate(accepted):
+            extra = {k: v[i] for k, v in result.extra.items()}
+            record.clients.append(
+                self._client_entry(
+                    r.node_id, reply=r, weight=float(result.weights[i]), selected=bool(result.selected[i]), **extra
+                )
+            )
+        losses = [float(r.metrics.get("train-loss", float("nan"))) for r in accepted]
+        total = float(num_examples.sum())
+        train_loss = float(sum(l * n for l, n in zip(losses, num_examples.tolist())) / total) if total else math.nan
+        return ArrayRecord(new_state), MetricRecord(
+            {"valid-replies": len(accepted), "train-loss": train_loss}
+        )
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        cfg = ConfigRecord({**dict(config), "server-round": server_round})
+        content = RecordDict({"arrays": arrays, "config": cfg})
+        online = set(grid.get_node_ids())
+        return [
+            Message(content, dst_node_id=nid, message_type=MessageType.EVALUATE)
+            for nid in sorted(self.hospitals)
+            if nid in online
+        ]
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Per-hospital accuracy of the global model on local validation sets (fairness)."""
+        per_hospital: dict[str, dict[str, float]] = {}
+        for reply in replies:
+            if reply.has_error() or not reply.has_content() or "metrics" not in reply.content.metric_records:
+                continue
+            m = reply.content.metric_records["metrics"]
+            try:
+                acc = float(m["accuracy"])
+                n = int(m["num-examples"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if math.isfinite(acc) and 0.0 <= acc <= 1.0 and n > 0:
+                per_hospital[self._name_of(int(reply.metadata.src_node_id))] = {
+                    "accuracy": acc,
+                    "num_examples": n,
+                    "balanced_accuracy": float(m.get("balanced-accuracy", float("nan"))),
+                }
+        record = self.records.setdefault(server_round, RoundRecord())
+        record.evaluation = per_hospital
+        if not per_hospital:
+            return None
+        accs = np.array([v["accuracy"] for v in per_hospital.values()])
+        return MetricRecord({"mean-accuracy": float(accs.mean()), "accuracy-spread": float(accs.max() - accs.min())})
+
+    # ---- what a rule implements ----------------------------------------------------------
+    def aggregate_updates(
+        self,
+        server_round: int,
+        updates: torch.Tensor,
+        num_examples: torch.Tensor,
+        replies: list[CheckedReply],
+    ) -> Aggregate:
+        """Combine the accepted ``(n, d)`` updates into one ``(d,)`` update."""
+        raise NotImplementedError
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def _name_of(self, node_id: int) -> str:
+        return self.hospitals.get(node_id, f"unknown-node-{node_id}")
+
+    def _client_entry(
+        self,
+        node_id: int,
+        *,
+        reply: CheckedReply | None = None,
+        weight: float = 0.0,
+        selected: bool = False,
+        rejected: bool = False,
+        reason: str = "",
+        **extra: Any,
+    ) -> dict[str, Any]:
+        metrics = reply.metrics if reply is not None else {}
+        entry = {
+            "hospital": self._name_of(node_id),
+            "node_id": node_id,
+            "num_examples": reply.num_examples if reply is not None else 0,
+            "weight": weight,
+            "train_loss": float(metrics.get("train-loss", float("nan"))),
+            "benchmark_error": float(metrics.get("benchmark-error", float("nan"))),
+            "selected": selected,
+            "rejected": rejected,
+            "reason": reason,
+        }
+        entry.update(extra)
+        return entry
+
+    def _integer_buffers(self, accepted: list[CheckedReply], selected: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Non-float tensors (BatchNorm counters) are copied, never averaged: the largest among
+        the selected replies, so a counter only moves forward."""
+        assert self.global_state is not None
+        template = dict(self.global_state)
+        chosen = [r for r, s in zip(accepted, selected.tolist()) if s] or accepted
+        for name, ref in self.global_state.items():
+            if not ref.is_floating_point():
+                template[name] = torch.stack([r.state[name] for r in chosen]).amax(dim=0)
+        return template

@@ -1,0 +1,105 @@
+"""Every reply from a hospital is untrusted input: check it before any math touches it.
+
+``check_train_reply`` returns the reply's state dict and example count, or raises
+``RejectedReply`` with a reason that goes into the log and ``rounds.jsonl``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from flwr.app import ArrayRecord, Message
+
+from hospitrust.aggregation.vectorize import flatten_state
+
+
+class RejectedReply(Exception):
+    """A hospital's reply cannot be used this round; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class ReplyLimits:
+    max_update_norm: float = 1e4  # L2 norm of (returned - global) over float tensors
+    max_num_examples: int = 10_000_000
+
+
+@dataclass
+class CheckedReply:
+    node_id: int
+    state: dict[str, torch.Tensor]
+    update: torch.Tensor  # (d,) float32: returned minus global, over the float tensors
+    num_examples: int
+    metrics: dict
+
+
+def _short(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def check_train_reply(
+    reply: Message,
+    global_state: Mapping[str, torch.Tensor],
+    global_vector: torch.Tensor,
+    limits: ReplyLimits,
+    arrays_key: str = "arrays",
+    metrics_key: str = "metrics",
+) -> CheckedReply:
+    node_id = int(reply.metadata.src_node_id)
+    if reply.has_error():
+        raise RejectedReply(f"error reply: {_short(reply.error.reason)}")
+    if not reply.has_content():
+        raise RejectedReply("empty reply")
+    content = reply.content
+    arrays = content.array_records
+    if arrays_key not in arrays or len(arrays) != 1:
+        raise RejectedReply(f"expected exactly one ArrayRecord named {arrays_key!r}, got {sorted(arrays)}")
+    record: ArrayRecord = arrays[arrays_key]
+    got_keys, want_keys = set(record.keys()), set(global_state.keys())
+    if got_keys != want_keys:
+        missing, extra = sorted(want_keys - got_keys), sorted(got_keys - want_keys)
+        raise RejectedReply(f"array keys differ from the global model: missing {missing[:5]}, extra {extra[:5]}")
+    try:
+        state = record.to_torch_state_dict()
+    except Exception as exc:  # undecodable bytes
+        raise RejectedReply(f"arrays cannot be decoded: {type(exc).__name__}: {_short(exc)}") from None
+
+    for name, ref in global_state.items():
+        t = state[name]
+        if tuple(t.shape) != tuple(ref.shape):
+            raise RejectedReply(f"array {name!r} has shape {tuple(t.shape)}, expected {tuple(ref.shape)}")
+        if t.dtype != ref.dtype:
+            raise RejectedReply(f"array {name!r} has dtype {t.dtype}, expected {ref.dtype}")
+
+    # One pass for the update, one for its norm; a NaN or Inf anywhere makes the norm non-finite.
+    update = flatten_state(state)[0].to(global_vector.device) - global_vector
+    norm = float(torch.linalg.vector_norm(update))
+    if not math.isfinite(norm):
+        bad = [k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+        raise RejectedReply(f"arrays contain NaN or Inf: {bad[:5]}" if bad else "update norm overflows (Inf)")
+    if norm > limits.max_update_norm:
+        raise RejectedReply(f"update norm {norm:.4g} exceeds the bound {limits.max_update_norm:g} (max-update-norm)")
+
+    metric_records = content.metric_records
+    if metrics_key not in metric_records:
+        raise RejectedReply(f"no MetricRecord named {metrics_key!r}")
+    metrics = dict(metric_records[metrics_key])
+    if "num-examples" not in metrics:
+        raise RejectedReply("metrics lack 'num-examples'")
+    n = metrics["num-examples"]
+    if isinstance(n, bool) or not isinstance(n, (int, float)):
+        raise RejectedReply(f"'num-examples' is not a number: {_short(repr(n), 60)}")
+    if not math.isfinite(float(n)) or n < 0 or float(n) != int(n):
+        raise RejectedReply(f"'num-examples' must be a non-negative integer, got {n!r}")
+    if n > limits.max_num_examples:
+        raise RejectedReply(f"'num-examples' {n} exceeds the bound {limits.max_num_examples}")
+    if n == 0:
+        raise RejectedReply("'num-examples' is 0: nothing was trained")
+    return CheckedReply(node_id=node_id, state=state, update=update, num_examples=int(n), metrics=metrics)

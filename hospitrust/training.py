@@ -1,0 +1,107 @@
+"""Local training and evaluation loops (plain torch, no Flower).
+
+Images stay uint8 in memory and are turned into normalized float batches on the fly:
+a 224-pixel dataset would not fit as float32 in every simulated hospital.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def pick_device() -> torch.device:
+    """The GPU when one is visible to this process, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def seed_everything(*parts: int) -> None:
+    """Seed python, numpy and torch from a tuple (e.g. seed, hospital, round)."""
+    seed = int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def to_batch(images: np.ndarray, device: torch.device) -> torch.Tensor:
+    """uint8 (N, H, W, C) -> float (N, C, H, W) in [-1, 1]."""
+    x = torch.from_numpy(np.ascontiguousarray(images)).to(device)
+    return x.permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
+
+
+@dataclass
+class TrainResult:
+    loss: float
+    num_examples: int
+    steps: int
+
+
+def train(
+    model: nn.Module,
+    images: np.ndarray,
+    labels: np.ndarray,
+    *,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    optimizer: str = "sgd",
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    proximal_mu: float = 0.0,
+    device: torch.device | None = None,
+    generator: torch.Generator | None = None,
+) -> TrainResult:
+    """Minibatch training; with ``proximal_mu > 0`` adds FedProx's (mu/2)||w - w_global||^2."""
+    device = device or pick_device()
+    model.to(device).train()
+    n = int(labels.shape[0])
+    if n == 0:
+        return TrainResult(float("nan"), 0, 0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=learning_rate, momentum=momentum, weight_decay=weight_decay)
+    elif optimizer == "adam":
+        opt = torch.optim.Adam(params, lr=learning_rate, weight_decay=weight_decay)
+    else:
+        raise ValueError(f"unknown optimizer {optimizer!r}; allowed: adam, sgd")
+    global_params = [p.detach().clone() for p in params] if proximal_mu > 0 else None
+    y_all = torch.from_numpy(labels).to(device)
+    total, seen, steps = 0.0, 0, 0
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=generator)
+        for start in range(0, n, batch_size):
+            idx = order[start : start + batch_size]
+            x = to_batch(images[idx.numpy()], device)
+            y = y_all[idx.to(device)]
+            loss = F.cross_entropy(model(x), y)
+            if global_params is not None:
+                prox = sum(((p - g) ** 2).sum() for p, g in zip(params, global_params))
+                loss = loss + 0.5 * proximal_mu * prox
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += float(loss.detach()) * int(y.shape[0])
+            seen += int(y.shape[0])
+            steps += 1
+    return TrainResult(total / max(seen, 1), n, steps)
+
+
+@torch.no_grad()
+def predict_proba(
+    model: nn.Module, images: np.ndarray, *, batch_size: int = 512, device: torch.device | None = None
+) -> np.ndarray:
+    """Class probabilities (N, C) as float64 numpy."""
+    device = device or pick_device()
+    model.to(device).eval()
+    out = []
+    for start in range(0, images.shape[0], batch_size):
+        logits = model(to_batch(images[start : start + batch_size], device))
+        out.append(torch.softmax(logits.float(), dim=1).cpu())
+    if not out:
+        return np.zeros((0, 0))
+    return torch.cat(out).double().numpy()

@@ -1,0 +1,78 @@
+"""An in-process Flower Grid: a ServerApp and ClientApp in one process, no Ray, no SuperLink.
+
+Messages are deep-copied on the way (like the wire); a ClientApp exception becomes an
+error reply, as in a real run. See Flower 1.42 reference section 10.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import traceback
+from collections.abc import Callable, Iterable
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+
+class InProcessGrid(Grid):
+    def __init__(self, client_app, num_nodes: int, run_config: dict, node_configs=None, run_id: int = 1,
+                 reply_filter: Callable[[int, Message, Message], Message | None] | None = None) -> None:
+        TaskIdentity.run_id = run_id
+        TaskIdentity.node_id = 1
+        TaskIdentity.task_id = 1
+        self._client_app, self._run = client_app, Run.create_empty(run_id)
+        # node ids deliberately out of partition order: the server must map them by query
+        self.node_ids = [7_000_000 + 37 * (num_nodes - i) for i in range(num_nodes)]
+        node_configs = node_configs or [{"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)]
+        self.contexts = {
+            nid: Context(run_id=run_id, node_id=nid, node_config=dict(nc), state=RecordDict(), run_config=dict(run_config))
+            for nid, nc in zip(self.node_ids, node_configs)
+        }
+        self.reply_filter = reply_filter  # (node index, incoming message, reply) -> reply to deliver, or None to drop it
+        self._ids, self._pending = itertools.count(1), {}
+
+    def set_run(self, run):
+        self._run = run
+
+    @property
+    def run(self):
+        return self._run
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+        return Message(content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id, ttl=ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.node_ids)
+
+    def push_messages(self, messages):
+        ids = []
+        for m in messages:
+            mid = f"m{next(self._ids)}"
+            m.metadata.__dict__["_message_id"] = mid
+            self._pending[mid] = m
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, message_ids):
+        out = []
+        for mid in message_ids:
+            msg = self._pending.pop(mid)
+            delivered = Message(copy.deepcopy(msg.content), metadata=copy.deepcopy(msg.metadata))
+            nid = msg.metadata.dst_node_id
+            try:
+                reply = self._client_app(delivered, self.contexts[nid])
+            except Exception as ex:
+                reply = Message(Error(code=0, reason=f"{type(ex).__name__}: {ex}\n{traceback.format_exc()}"),
+                                reply_to=delivered)
+            if self.reply_filter is not None:
+                reply = self.reply_filter(self.node_ids.index(nid), delivered, reply)
+                if reply is None:
+                    continue
+            out.append(reply)
+        return out
+
+    def send_and_receive(self, messages, *, timeout=None):
+        return self.pull_messages(self.push_messages(messages))

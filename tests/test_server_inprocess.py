@@ -1,0 +1,201 @@
+"""ServerApp + ClientApp in one process (no Ray): the whole run, results files, bad replies.
+
+Each malformed reply is injected between the ClientApp and the server; the run must
+complete, and the hospital must be recorded as rejected with the right reason.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
+
+from conftest import small_run_config
+from flower_harness import InProcessGrid
+from hospitrust.client_app import app as client_app
+from hospitrust.results import CENTRAL_METRICS, CLIENT_FIELDS, ROUND_FIELDS, SUMMARY_FIELDS, read_rounds, read_summary
+from hospitrust.server_app import FederationFailure, app as server_app
+
+
+def _run(tmp_path, num_nodes=3, reply_filter=None, **overrides):
+    cfg = small_run_config(tmp_path, **overrides)
+    grid = InProcessGrid(client_app, num_nodes, cfg, reply_filter=reply_filter)
+    server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
+    return tmp_path / "runs" / cfg["run-name"], grid
+
+
+def test_full_run_writes_every_result_file(tmp_path, data_dir):
+    run_dir, grid = _run(tmp_path)
+    for name in ("config.json", "rounds.jsonl", "summary.json", "model.pt", "class_counts.csv"):
+        assert (run_dir / name).is_file(), name
+    rounds = read_rounds(run_dir)
+    assert [r["round"] for r in rounds] == [1, 2]
+    for r in rounds:
+        assert set(ROUND_FIELDS) <= set(r)
+        assert set(CENTRAL_METRICS) <= set(r["central"])
+        assert len(r["clients"]) == 3
+        for c in r["clients"]:
+            assert set(CLIENT_FIELDS) <= set(c)
+            assert not c["rejected"] and c["selected"]
+        # FedAvg weights are the example shares
+        n = np.array([c["num_examples"] for c in r["clients"]], dtype=float)
+        assert np.allclose([c["weight"] for c in r["clients"]], n / n.sum())
+        assert r["fairness"]["spread"] >= 0
+    summary = read_summary(run_dir)
+    assert set(SUMMARY_FIELDS) <= set(summary)
+    assert summary["rounds"] == 2 and summary["strategy"] == "fedavg"
+    assert summary["final"] == rounds[-1]["central"]
+    # hospitals are mapped by the query round, whatever their (random) node ids
+    config = json.loads((run_dir / "config.json").read_text())
+    assert sorted(config["hospitals"].values()) == ["hospital-0", "hospital-1", "hospital-2"]
+    assert {str(n) for n in grid.node_ids} == set(config["hospitals"])
+    # the saved model is the model the last round evaluated, loadable as a state_dict
+    state = torch.load(run_dir / "model.pt")
+    assert "classifier.4.weight" in state
+
+
+def test_same_seed_same_result(tmp_path, data_dir):
+    a, _ = _run(tmp_path / "a")
+    b, _ = _run(tmp_path / "b")
+    ra, rb = read_rounds(a), read_rounds(b)
+    assert ra[-1]["central"]["loss"] == pytest.approx(rb[-1]["central"]["loss"], rel=1e-5)
+
+
+def _corrupt_arrays(fn):
+    def reply_filter(index, incoming, reply):
+        if index == 0 and reply.has_content() and "arrays" in reply.content.array_records:
+            state = reply.content["arrays"].to_torch_state_dict()
+            fn(state)
+            reply.content["arrays"] = ArrayRecord(state)
+        return reply
+
+    return reply_filter
+
+
+def _set_metric(key, value):
+    def reply_filter(index, incoming, reply):
+        if index == 0 and reply.has_content() and "arrays" in reply.content.array_records:
+            m = dict(reply.content["metrics"])
+            if value is None:
+                m.pop(key)
+            else:
+                m[key] = value
+            reply.content["metrics"] = MetricRecord(m)
+        return reply
+
+    return reply_filter
+
+
+def _first_weight(state):
+    return next(k for k, v in state.items() if v.is_floating_point())
+
+
+def _nan(state):
+    state[_first_weight(state)][0] = float("nan")
+
+
+def _inf(state):
+    state[_first_weight(state)].view(-1)[0] = float("inf")
+
+
+def _missing_key(state):
+    del state[_first_weight(state)]
+
+
+def _extra_key(state):
+    state["evil.weight"] = torch.zeros(3)
+
+
+def _wrong_shape(state):
+    k = _first_weight(state)
+    state[k] = torch.zeros(*state[k].shape[:-1], state[k].shape[-1] + 1)
+
+
+def _wrong_dtype(state):
+    k = _first_weight(state)
+    state[k] = state[k].double()
+
+
+def _huge_update(state):
+    k = _first_weight(state)
+    state[k] = state[k] + 1e6
+
+
+@pytest.mark.parametrize(
+    "reply_filter, reason",
+    [
+        (_corrupt_arrays(_nan), "NaN or Inf"),
+        (_corrupt_arrays(_inf), "NaN or Inf"),
+        (_corrupt_arrays(_missing_key), "array keys differ"),
+        (_corrupt_arrays(_extra_key), "array keys differ"),
+        (_corrupt_arrays(_wrong_shape), "has shape"),
+        (_corrupt_arrays(_wrong_dtype), "has dtype"),
+        (_corrupt_arrays(_huge_update), "exceeds the bound"),
+        (_set_metric("num-examples", None), "lack 'num-examples'"),
+        (_set_metric("num-examples", -5), "non-negative integer"),
+        (_set_metric("num-examples", 10**12), "exceeds the bound"),
+        (_set_metric("num-examples", [1, 2]), "not a number"),
+        (_set_metric("num-examples", 2.5), "non-negative integer"),
+    ],
+    ids=["nan", "inf", "missing-key", "extra-key", "shape", "dtype", "norm", "no-examples", "negative-examples",
+         "huge-examples", "list-examples", "fractional-examples"],
+)
+def test_malformed_reply_is_rejected_and_recorded(tmp_path, data_dir, reply_filter, reason):
+    run_dir, grid = _run(tmp_path, reply_filter=reply_filter)
+    rounds = read_rounds(run_dir)
+    assert len(rounds) == 2, "the run must complete"
+    for r in rounds:
+        by_hospital = {c["hospital"]: c for c in r["clients"]}
+        bad = by_hospital["hospital-0"]  # node index 0 is partition 0
+        assert bad["rejected"] and reason in bad["reason"], bad
+        assert bad["weight"] == 0.0 and not bad["selected"]
+        assert all(not c["rejected"] for h, c in by_hospital.items() if h != "hospital-0")
+        assert not r["kept_previous_model"]
+
+
+def _is_train_reply(reply):
+    return reply.has_content() and "arrays" in reply.content.array_records
+
+
+def test_error_reply_and_missing_arrays_are_rejected(tmp_path, data_dir):
+    def reply_filter(index, incoming, reply):
+        if index == 0 and _is_train_reply(reply):
+            return Message(Error(code=1, reason="ValueError: disk full"), reply_to=incoming)
+        if index == 1 and _is_train_reply(reply):
+            del reply.content["arrays"]
+        return reply
+
+    run_dir, _ = _run(tmp_path, num_nodes=4, reply_filter=reply_filter)
+    for r in read_rounds(run_dir):
+        by_hospital = {c["hospital"]: c for c in r["clients"]}
+        assert by_hospital["hospital-0"]["rejected"] and "disk full" in by_hospital["hospital-0"]["reason"]
+        assert by_hospital["hospital-1"]["rejected"] and "exactly one ArrayRecord" in by_hospital["hospital-1"]["reason"]
+        assert not by_hospital["hospital-2"]["rejected"] and not by_hospital["hospital-3"]["rejected"]
+
+
+def test_a_hospital_that_never_replies_is_recorded_missing(tmp_path, data_dir):
+    run_dir, _ = _run(tmp_path, reply_filter=lambda i, incoming, reply: None if i == 2 and _is_train_reply(reply) else reply)
+    for r in read_rounds(run_dir):
+        assert r["missing"] == ["hospital-2"] and len(r["clients"]) == 2
+
+
+def test_too_few_valid_replies_keep_the_previous_model(tmp_path, data_dir):
+    run_dir, _ = _run(tmp_path, reply_filter=_corrupt_arrays(_nan), **{"min-hospitals": 3})
+    rounds = read_rounds(run_dir)
+    for r in rounds:
+        assert r["kept_previous_model"] and "min-hospitals 3" in r["note"]
+    # nothing was aggregated, so the model (and its central loss) never moved
+    assert rounds[0]["central"]["loss"] == pytest.approx(rounds[1]["central"]["loss"])
+
+
+def test_every_clientapp_failing_fails_the_run(tmp_path, data_dir):
+    def all_crash(index, incoming, reply):
+        if _is_train_reply(reply):
+            return Message(Error(code=1, reason="RuntimeError: broken ClientApp"), reply_to=incoming)
+        return reply
+
+    with pytest.raises(FederationFailure, match="failed at every hospital"):
+        _run(tmp_path, reply_filter=all_crash)
