@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from hospitrust.aggregation import mean
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 
 
@@ -15,5 +14,5 @@ class FedAvg(HospitrustStrategy):
 
     def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
         weights = num_examples / num_examples.sum()
-        update = mean(updates, weights=weights.to(updates.dtype))
+        update = weights.to(updates.dtype) @ updates
         return Aggregate(update=update, weights=weights, selected=torch.ones(len(replies), dtype=torch.bool))

@@ -1,0 +1,75 @@
+"""Real Flower simulation runs through `hospitrust simulate` (SuperLink + Ray on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import DATA_DIR, REPO
+from hospitrust.results import read_rounds, read_summary
+
+pytestmark = pytest.mark.slow
+
+QUICK = "num-server-rounds=2 train-subsample=0.05 batch-size=64"
+
+
+def _simulate(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HOSPITRUST_DATA_DIR=str(DATA_DIR))
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    cmd = [sys.executable, "-m", "hospitrust.cli", "simulate", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_simulate_completes_and_writes_every_result_file(tmp_path, data_dir):
+    out = tmp_path / "runs"
+    res = _simulate(["--hospitals", "3", "--app", str(REPO), "-c", QUICK, "-c", f"output-dir={out} run-name=smoke",
+                     "--timeout", "500"], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    assert "run ended finished:completed" in res.stdout
+    run_dir = out / "smoke"
+    for name in ("config.json", "rounds.jsonl", "summary.json", "model.pt", "class_counts.csv"):
+        assert (run_dir / name).is_file(), name
+    assert [r["round"] for r in read_rounds(run_dir)] == [1, 2]
+    summary = read_summary(run_dir)
+    assert summary["hospitals"] == 3 and 0.0 <= summary["final"]["auc"] <= 1.0
+    assert "final (pneumoniamnist, fedavg, 2 rounds" in res.stdout
+
+
+def test_a_failing_clientapp_ends_failed_with_nonzero_exit(tmp_path, data_dir):
+    # the same app, but a ClientApp whose train handler raises
+    app = tmp_path / "brokenapp"
+    app.mkdir()
+    pyproject = (REPO / "pyproject.toml").read_text()
+    pyproject = pyproject.replace('name = "hospitrust"', 'name = "brokenapp"')
+    pyproject = pyproject.replace('clientapp = "hospitrust.client_app:app"', 'clientapp = "broken_client:app"')
+    (app / "pyproject.toml").write_text(pyproject)
+    (app / "broken_client.py").write_text(textwrap.dedent('''
+        from flwr.clientapp import ClientApp
+        from hospitrust.client_app import describe
+
+        app = ClientApp()
+        app.query()(describe)
+
+        @app.train()
+        def train(msg, context):
+            raise RuntimeError("this ClientApp is broken on purpose")
+    '''))
+    res = _simulate(["--hospitals", "2", "--app", str(app), "-c", QUICK, "-c", f"output-dir={tmp_path / 'runs'}",
+                     "--timeout", "500"], cwd=tmp_path)
+    assert res.returncode == 1, res.stdout[-4000:] + res.stderr[-4000:]
+    assert "run ended finished:failed" in res.stdout
+    assert "broken on purpose" in res.stdout
+
+
+def test_bad_config_fails_before_starting_anything(tmp_path):
+    res = _simulate(["--hospitals", "3", "--app", str(REPO), "-c", "strategy=fedbest"], cwd=tmp_path, timeout=120)
+    assert res.returncode == 2
+    assert "strategy = 'fedbest'" in res.stderr and "fedavg" in res.stderr
+    assert "SuperLink" not in res.stdout
+    res = _simulate(["--hospitals", "3", "--app", str(REPO), "-c", "num-server-round=3"], cwd=tmp_path, timeout=120)
+    assert res.returncode == 2 and "num-server-round" in res.stderr
