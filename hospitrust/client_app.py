@@ -15,6 +15,8 @@ from hospitrust import metrics
 from hospitrust.config import parse_node_config, parse_run_config
 from hospitrust.datasets import DatasetInfo, load_hospital
 from hospitrust.models import build_model
+from hospitrust.attacks.base import DataAttack, UpdateAttack, attack_state_dict
+from hospitrust.threat_model import data_rng, hospital_attack
 from hospitrust.training import pick_device, predict_proba, seed_everything, train
 
 app = ClientApp()
@@ -49,6 +51,7 @@ def describe(msg: Message, context: Context) -> Message:
         {
             "hospital": data.name,
             "partition-id": partition_id,
+            "num-partitions": -1 if node.num_partitions is None else int(node.num_partitions),
             "train-class-counts": data.train.class_counts(info.num_classes),
             "val-class-counts": data.val.class_counts(info.num_classes),
             "device": str(pick_device()),
@@ -64,7 +67,14 @@ def train_handler(msg: Message, context: Context) -> Message:
     server_round = int(server_cfg.get("server-round", 0))
     device = pick_device()
     seed_everything(cfg.seed, node.partition_id if node.partition_id is not None else 0, server_round)
+    global_state = msg.content["arrays"].to_torch_state_dict()
     model = _model_from(msg, cfg, info).to(device)
+    attack = hospital_attack(cfg, node)  # None unless this hospital is one of the run's attackers
+    train_images, train_labels = data.train.images, data.train.labels
+    if isinstance(attack, DataAttack):
+        train_images, train_labels = attack.poison_for_round(
+            train_images, train_labels, server_round=server_round, rng=data_rng(cfg, node), num_classes=info.num_classes
+        )
 
     # FedAgain's benchmark error: the incoming global model's error on local validation,
     # measured before local training (reported by the hospital itself).
@@ -73,8 +83,8 @@ def train_handler(msg: Message, context: Context) -> Message:
 
     result = train(
         model,
-        data.train.images,
-        data.train.labels,
+        train_images,
+        train_labels,
         epochs=int(server_cfg.get("local-epochs", cfg.local_epochs)),
         batch_size=int(server_cfg.get("batch-size", cfg.batch_size)),
         learning_rate=float(server_cfg.get("learning-rate", cfg.learning_rate)),
@@ -97,7 +107,11 @@ def train_handler(msg: Message, context: Context) -> Message:
             "rounds-trained": rounds_trained,
         }
     )
-    arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if isinstance(attack, UpdateAttack):
+        generator = torch.Generator().manual_seed(cfg.seed * 7919 + server_round)
+        state = attack_state_dict(attack, global_state, state, server_round=server_round, generator=generator)
+    arrays = ArrayRecord(state)
     return Message(RecordDict({"arrays": arrays, "metrics": reply_metrics}), reply_to=msg)
 
 

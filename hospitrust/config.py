@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from hospitrust.attacks.settings import AttackSettings
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DATA_DIR_ENV = "HOSPITRUST_DATA_DIR"
@@ -68,6 +69,9 @@ class RunConfig(BaseModel):
     momentum: float = Field(0.9, ge=0.0, lt=1.0)
     weight_decay: float = Field(0.0, ge=0.0)
     proximal_mu: float = Field(0.01, gt=0.0, description="FedProx proximal term weight mu (used by strategy fedprox only).")
+
+    # attacks (simulation ground truth): validated by hospitrust.attacks.settings.AttackSettings
+    attacks: AttackSettings = Field(default_factory=AttackSettings, description="The attack-* run config keys.")
 
     # results
     output_dir: str = Field("runs", description="Folder for run directories (made absolute).")
@@ -140,7 +144,9 @@ class RunConfig(BaseModel):
 
     def to_flat(self) -> dict[str, Any]:
         """The kebab-case dict, as in pyproject's run config."""
-        return {k.replace("_", "-"): v for k, v in self.model_dump().items()}
+        flat = {k.replace("_", "-"): v for k, v in self.model_dump(exclude={"attacks"}).items()}
+        flat.update(self.attacks.to_flat())
+        return flat
 
 
 class NodeConfig(BaseModel):
@@ -177,14 +183,14 @@ class NodeConfig(BaseModel):
 
 def _format_errors(err: ValidationError, kind: str, raw: Mapping[str, Any]) -> str:
     lines = [f"invalid {kind}:"]
-    fields = set(RunConfig.model_fields) if kind == "run config" else set(NodeConfig.model_fields)
+    fields = set(_known_keys()) if kind == "run config" else {f.replace("_", "-") for f in NodeConfig.model_fields}
     for e in err.errors():
         loc = e.get("loc") or ()
         key = str(loc[0]).replace("_", "-") if loc else "(config)"
         value = raw.get(key, e.get("input")) if loc else None
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            kebab = sorted(f.replace("_", "-") for f in fields)
+            kebab = sorted(fields)
             close = difflib.get_close_matches(key, kebab, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             lines.append(f"  - unknown key {key!r}{hint} (known keys: {', '.join(kebab)})")
@@ -195,14 +201,28 @@ def _format_errors(err: ValidationError, kind: str, raw: Mapping[str, Any]) -> s
     return "\n".join(lines)
 
 
+def _known_keys() -> list[str]:
+    own = [f.replace("_", "-") for f in RunConfig.model_fields if f != "attacks"]
+    return sorted(own + [f.replace("_", "-") for f in AttackSettings.model_fields])
+
+
 def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     """Validate Flower's flat run config; raises ConfigError naming key, value and what is allowed."""
-    data = {str(k).replace("-", "_"): v for k, v in raw.items()}
     bad = [k for k in raw if "_" in str(k)]
     if bad:
         raise ConfigError(f"invalid run config: keys are kebab-case, got {bad} (write e.g. 'num-server-rounds')")
+    attack_fields = set(AttackSettings.model_fields)
+    data = {str(k).replace("-", "_"): v for k, v in raw.items()}
+    attack_part = {k: v for k, v in raw.items() if str(k).replace("-", "_") in attack_fields}
+    own = {k: v for k, v in data.items() if k not in attack_fields}
     try:
-        return RunConfig(**data)
+        attacks = AttackSettings.from_run_config(attack_part)
+    except ValueError as err:
+        raise ConfigError(f"invalid run config: {err}") from None
+    if "attacks" in own:
+        raise ConfigError("invalid run config: unknown key 'attacks'")
+    try:
+        return RunConfig(**own, attacks=attacks)
     except ValidationError as err:
         raise ConfigError(_format_errors(err, "run config", raw)) from None
 

@@ -19,6 +19,10 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from hospitrust import metrics
+from hospitrust.attacks.base import Backdoor, ColludingAttack, LabelFlip
+from hospitrust.attacks.metrics import backdoor_success_rate, targeted_flip_success
+from hospitrust.security import flagged_hospitals, rare_class_holders, round_detection, run_security
+from hospitrust.threat_model import ColludingAdversary, configured_attack, ground_truth
 from hospitrust.config import RunConfig, parse_run_config
 from hospitrust.datasets.federation import load_arrays, reference_set, test_set
 from hospitrust.datasets.medmnist_source import DatasetInfo
@@ -68,6 +72,7 @@ def discover_hospitals(grid: Grid, cfg: RunConfig) -> tuple[dict[int, str], list
                 "hospital": name,
                 "node_id": nid,
                 "partition_id": int(info.get("partition-id", -1)),
+                "num_partitions": int(info.get("num-partitions", -1)),
                 "train": [int(c) for c in info.get("train-class-counts", [])],
                 "val": [int(c) for c in info.get("val-class-counts", [])],
                 "device": str(info.get("device", "")),
@@ -93,17 +98,30 @@ def format_class_counts(rows: list[dict[str, Any]], class_names: tuple[str, ...]
 
 
 class CentralEvaluator:
-    """The global model on the server's test split, with the clinical metrics."""
+    """The global model on the server's test split: the clinical metrics and, under a
+    backdoor or a targeted label flip, the attack success rate."""
 
-    def __init__(self, cfg: RunConfig, info: DatasetInfo, device: torch.device) -> None:
+    def __init__(self, cfg: RunConfig, info: DatasetInfo, device: torch.device, attack=None) -> None:
         self.cfg, self.info, self.device = cfg, info, device
         self.test = test_set(cfg)
         self.model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
+        inner = getattr(attack, "attack", attack)  # unwrap a schedule
+        self.backdoor = inner if isinstance(inner, Backdoor) else None
+        self.targeted_flip = inner if isinstance(inner, LabelFlip) and inner.mode == "source-to-target" else None
+        self.triggered = self.backdoor.trigger(self.test.images) if self.backdoor is not None else None
 
     def __call__(self, arrays: ArrayRecord) -> dict[str, Any]:
         self.model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
         probs = predict_proba(self.model, self.test.images, device=self.device)
-        return metrics.classification_report(self.test.labels, probs, self.info.num_classes)
+        report = metrics.classification_report(self.test.labels, probs, self.info.num_classes)
+        if self.backdoor is not None:
+            pred = predict_proba(self.model, self.triggered, device=self.device).argmax(axis=1)
+            report["attack_success_rate"] = backdoor_success_rate(pred, self.test.labels, self.backdoor.target)
+        elif self.targeted_flip is not None:
+            report["attack_success_rate"] = targeted_flip_success(
+                probs.argmax(axis=1), self.test.labels, self.targeted_flip.source, self.targeted_flip.target
+            )
+        return report
 
 
 def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: torch.device) -> HospitrustStrategy:
@@ -184,15 +202,27 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
         }
     )
 
+    # the threat model (simulation ground truth; all honest when no attack is configured)
+    attack = configured_attack(cfg)
+    partition_of = {r["hospital"]: r["partition_id"] for r in rows}
+    num_partitions = max([r.get("num_partitions", -1) for r in rows] + [len(rows)])
+    truth = ground_truth(cfg, partition_of, num_partitions)
+    rare_class, rare_holders = rare_class_holders(rows)
+    if attack is not None:
+        log(INFO, "hospitrust: attack %s by %s", attack, sorted(h for h, bad in truth.items() if bad) or "nobody")
+
     model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
     strategy = strategy_from_config(cfg, hospitals, device)
+    if isinstance(attack, ColludingAttack):
+        strategy.adversary = ColludingAdversary(attack, {h for h, bad in truth.items() if bad}, cfg.seed)
     strategy.summary()
-    evaluator = CentralEvaluator(cfg, info, device)
+    evaluator = CentralEvaluator(cfg, info, device, attack)
     initial = evaluator(arrays)
     log(INFO, "round   0 (initial model)  bal-acc %.4f  auc %.4f", initial["balanced_accuracy"], initial["auc"])
 
     history: list[dict[str, Any]] = []
+    flags_per_round: list[dict[str, bool]] = []
     train_config, evaluate_config = ConfigRecord(), ConfigRecord()
     for rnd in range(1, cfg.num_server_rounds + 1):
         round_start = time.perf_counter()
@@ -209,6 +239,10 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
         answered = {c["node_id"] for c in record.clients}
         missing = [strategy.hospitals[m.metadata.dst_node_id] for m in messages if m.metadata.dst_node_id not in answered]
         per_hospital = {h: v["accuracy"] for h, v in record.evaluation.items()}
+        for c in record.clients:
+            c["malicious"] = truth.get(c["hospital"], False)
+        flags = flagged_hospitals(record.clients, len(messages))
+        flags_per_round.append(flags)
         round_record = {
             "round": rnd,
             "central": central,
@@ -221,6 +255,7 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
             "note": record.note,
             "hospital_accuracy": per_hospital,
             "fairness": metrics.fairness(per_hospital) if per_hospital else None,
+            "detection": round_detection(flags, truth),
         }
         run_dir.append_round(round_record)
         history.append(round_record)
@@ -242,6 +277,10 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
         "hospitals": len(hospitals),
         "fairness": history[-1]["fairness"],
         "run_dir": str(run_dir.path),
+        "attack": cfg.attacks.attack,
+        "malicious_hospitals": sorted(h for h, bad in truth.items() if bad),
+        "rare_class": rare_class,
+        "security": run_security(flags_per_round, truth, rare_holders),
     }
     run_dir.write_summary(summary)
     final = summary["final"]

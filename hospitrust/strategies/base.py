@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
@@ -87,6 +87,8 @@ class HospitrustStrategy(Strategy):
         self.device = torch.device(device)
         self.global_state: dict[str, torch.Tensor] | None = None
         self.records: dict[int, RoundRecord] = {}
+        # simulation only: (round, (n, d) updates, hospital names) -> updates, the colluding attackers' step
+        self.adversary: Callable[[int, torch.Tensor, list[str]], torch.Tensor] | None = None
 
     # ---- Flower Strategy interface ------------------------------------------------------
     def summary(self) -> None:
@@ -150,6 +152,8 @@ class HospitrustStrategy(Strategy):
         updates = torch.stack([r.update for r in accepted])
         for r in accepted:
             r.update = None  # the stacked copy is the only one kept
+        if self.adversary is not None:
+            updates = self.adversary(server_round, updates, [self._name_of(r.node_id) for r in accepted])
         num_examples = torch.tensor([r.num_examples for r in accepted], dtype=torch.float64, device=self.device)
         result = self.aggregate_updates(server_round, updates, num_examples, accepted)
 

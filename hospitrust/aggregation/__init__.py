@@ -1,0 +1,54 @@
+"""Robust aggregation rules as pure torch functions (no Flower imports).
+
+Every rule takes the stacked client updates ``x`` of shape ``(n, d)`` (one
+row per client, floating dtype, any device) and returns a ``(d,)`` tensor --
+except :func:`norm_clip`, which returns the clipped ``(n, d)`` updates.
+Selection rules also expose their scores / selected indices so a strategy
+can record which clients were chosen.
+"""
+
+from .bulyan import bulyan, bulyan_select
+from .centered_clipping import centered_clipping
+from .fltrust import fltrust, fltrust_trust
+from .geometric_median import geometric_median
+from .krum import (
+    gram,
+    krum,
+    krum_scores,
+    krum_select,
+    multi_krum,
+    multi_krum_select,
+    pairwise_sq_distances,
+)
+from .mean import mean
+from .median import coordinate_median
+from .norm_clip import norm_clip
+from .order_statistics import get_backend, set_backend
+from .trimmed_mean import trimmed_mean
+from .vectorize import FlatSpec, flatten_state, stack_updates, unflatten_state
+
+__all__ = [
+    "mean",
+    "coordinate_median",
+    "trimmed_mean",
+    "pairwise_sq_distances",
+    "gram",
+    "krum_scores",
+    "krum_select",
+    "krum",
+    "multi_krum_select",
+    "multi_krum",
+    "bulyan_select",
+    "bulyan",
+    "geometric_median",
+    "centered_clipping",
+    "norm_clip",
+    "fltrust_trust",
+    "fltrust",
+    "flatten_state",
+    "unflatten_state",
+    "stack_updates",
+    "FlatSpec",
+    "set_backend",
+    "get_backend",
+]

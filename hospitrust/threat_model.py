@@ -1,0 +1,76 @@
+"""Who attacks, and how the attack reaches the model (the wiring around hospitrust.attacks).
+
+- Malicious hospitals are a fixed set for the whole run: drawn by seed from
+  ``malicious-fraction`` or named by ``malicious-hospitals`` (partition ids in
+  simulation). A real SuperNode run by a red team says so with node config
+  ``malicious=true``.
+- A data attack poisons the malicious hospital's own training data in its ClientApp; an
+  update attack rewrites its own update after training; a colluding attack is an
+  omniscient simulation step on the server, between reply collection and aggregation
+  (it sees the honest updates, which no real attacker would).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from hospitrust.attacks import build_attack, malicious_set
+from hospitrust.attacks.base import Attack, ColludingAttack, DataAttack, UpdateAttack, attack_update_stack
+from hospitrust.config import NodeConfig, RunConfig
+
+
+def configured_attack(cfg: RunConfig) -> Attack | None:
+    """The run's attack with its schedule, or None."""
+    return build_attack(cfg.attacks.attack, cfg.attacks) if cfg.attacks.enabled else None
+
+
+def malicious_partitions(cfg: RunConfig, num_partitions: int) -> frozenset[int]:
+    if not cfg.attacks.enabled:
+        return frozenset()
+    return malicious_set(num_partitions, cfg.attacks, cfg.seed)
+
+
+def is_malicious(cfg: RunConfig, node: NodeConfig) -> bool:
+    explicit = (node.model_extra or {}).get("malicious")
+    if explicit is not None:
+        return bool(explicit) and cfg.attacks.enabled
+    if node.partition_id is None or node.num_partitions is None:
+        return False
+    return int(node.partition_id) in malicious_partitions(cfg, int(node.num_partitions))
+
+
+def hospital_attack(cfg: RunConfig, node: NodeConfig) -> Attack | None:
+    """The attack this hospital's ClientApp carries out itself (data or update), or None."""
+    if not is_malicious(cfg, node):
+        return None
+    attack = configured_attack(cfg)
+    return attack if isinstance(attack, (DataAttack, UpdateAttack)) else None
+
+
+def ground_truth(cfg: RunConfig, partition_of: Mapping[str, int], num_partitions: int) -> dict[str, bool]:
+    """hospital name -> malicious, for the record (simulation: from partition ids)."""
+    bad = malicious_partitions(cfg, num_partitions)
+    return {name: pid in bad for name, pid in partition_of.items()}
+
+
+class ColludingAdversary:
+    """The server-side simulation step: malicious rows of the update stack are replaced by
+    what the colluding attack crafts from the honest rows."""
+
+    def __init__(self, attack: ColludingAttack, malicious_hospitals: set[str], seed: int) -> None:
+        self.attack, self.malicious_hospitals, self.seed = attack, set(malicious_hospitals), seed
+
+    def __call__(self, server_round: int, updates: torch.Tensor, hospitals: list[str]) -> torch.Tensor:
+        rows = [i for i, h in enumerate(hospitals) if h in self.malicious_hospitals]
+        if not rows or len(rows) == len(hospitals):
+            return updates
+        generator = torch.Generator(device=updates.device).manual_seed(self.seed * 7919 + server_round)
+        return attack_update_stack(self.attack, updates, rows, server_round=server_round, generator=generator)
+
+
+def data_rng(cfg: RunConfig, node: NodeConfig) -> np.random.Generator:
+    """Fixed per hospital (not per round): a hospital's poisoned data stays the same all run."""
+    return np.random.default_rng([cfg.seed, int(node.partition_id or 0), 0xDA7A])

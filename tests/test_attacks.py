@@ -1,0 +1,429 @@
+"""Model-poisoning attacks, schedules, registry/plugins, settings and security metrics.
+
+Each attack is checked on small hand-made stacks against the rule its paper states.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import hospitrust.attacks as A
+from hospitrust.attacks import metrics as M
+from hospitrust.attacks import update_math as U
+
+
+def _stack(n: int = 8, d: int = 40, seed: int = 0, dtype=torch.float64) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    # honest updates share a drift (so the mean has a clear sign) plus spread
+    return (0.3 + torch.randn(n, d, generator=g)).to(dtype)
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ============================================================ single-hospital rules
+def test_sign_flip_scale_free_ride_and_noise():
+    u = torch.tensor([1.0, -2.0, 0.5])
+    assert torch.equal(U.sign_flip(u), -u)
+    assert torch.equal(U.scale(u, 10.0), torch.tensor([10.0, -20.0, 5.0]))
+    z = U.free_ride(u)
+    assert torch.equal(z, torch.zeros(3)) and z.dtype == u.dtype
+    disguised = U.free_ride(torch.zeros(10_000), noise=1e-3, generator=_gen())
+    assert 0 < disguised.abs().max() < 1e-2
+    noise = U.gaussian_noise(torch.zeros(20_000), 2.0, _gen())
+    assert abs(float(noise.std()) - 2.0) < 0.05
+    # the same generator seed gives the same attack; additive keeps the honest part
+    assert torch.equal(U.gaussian_noise(u, 1.0, _gen(3)), U.gaussian_noise(u, 1.0, _gen(3)))
+    assert torch.allclose(U.gaussian_noise(u, 1.0, _gen(3), additive=True) - u, U.gaussian_noise(u, 1.0, _gen(3)))
+    assert torch.equal(u, torch.tensor([1.0, -2.0, 0.5]))  # input untouched
+    with pytest.raises(ValueError, match="sigma"):
+        U.gaussian_noise(u, -1.0)
+    with pytest.raises(ValueError, match="noise"):
+        U.free_ride(u, noise=-0.1)
+    with pytest.raises(TypeError):
+        U.sign_flip(np.ones(3))
+
+
+def test_update_attack_classes():
+    u = torch.tensor([1.0, -2.0, 0.5])
+    assert torch.equal(A.SignFlip().apply(u, server_round=1), -u)
+    assert torch.equal(A.Scaling(3.0).apply(u, server_round=1), 3 * u)
+    assert torch.equal(A.FreeRider().apply(u, server_round=1), torch.zeros(3))
+    assert A.GaussianNoise(1.0).apply(u, server_round=1, generator=_gen()).shape == u.shape
+
+
+# ================================================================ colluding rules
+def test_alie_hand_computed_3x2():
+    # columns: [1, 3, 5] -> mean 3, std (ddof=1) 2 ; [2, 6, 1] -> mean 3, std sqrt(7)
+    h = torch.tensor([[1.0, 2.0], [3.0, 6.0], [5.0, 1.0]], dtype=torch.float64)
+    expected = torch.tensor([3.0 - 1.5 * 2.0, 3.0 - 1.5 * math.sqrt(7.0)], dtype=torch.float64)
+    assert torch.allclose(U.alie(h, 1.5), expected, atol=1e-12)
+
+
+def test_alie_within_z_std_of_mean():
+    h = _stack()
+    mean, std = h.mean(0), h.std(0)
+    for z in (0.5, 1.0, 1.5):
+        mal = U.alie(h, z)
+        assert torch.all((mal - mean).abs() <= z * std + 1e-12)
+        assert torch.all(mal <= mean)  # mean - z * std with z > 0
+    with pytest.raises(ValueError, match="at least 2"):
+        U.alie(h[:1], 1.0)
+
+
+def test_alie_z_formula_is_a_no_op_at_10_2():
+    assert U.alie_z_from_formula(10, 2) == 0.0
+    assert U.alie_z_from_formula(5, 1) == 0.0
+    assert U.alie_z_from_formula(10, 1) == pytest.approx(-0.1397, abs=1e-3)
+    assert U.alie_z_from_formula(10, 3) == pytest.approx(0.180, abs=1e-3)
+    assert U.alie_z_from_formula(10, 2, form="paper") == pytest.approx(0.2533, abs=1e-3)
+    with pytest.raises(ValueError):
+        U.alie_z_from_formula(10, 10)
+
+
+def test_ipm_is_minus_eps_mean():
+    h = _stack()
+    assert torch.allclose(U.ipm(h, 0.5), -0.5 * h.mean(0))
+    assert torch.allclose(U.ipm(h, 100.0), -100.0 * h.mean(0))
+    with pytest.raises(ValueError, match="eps"):
+        U.ipm(h, -0.1)
+    with pytest.raises(ValueError, match=r"\(n, d\)"):
+        U.ipm(h[0], 0.5)
+
+
+def _dists(mal: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(h - mal, dim=1)
+
+
+@pytest.mark.parametrize("perturbation", ["std", "unit", "sign"])
+def test_min_max_envelope_and_near_maximal_gamma(perturbation):
+    h = _stack()
+    max_pair = float(torch.cdist(h, h).max())
+    mal = U.min_max(h, perturbation)
+    assert float(_dists(mal, h).max()) <= max_pair * (1 + 1e-9)
+    gamma = U.min_max_gamma(h, perturbation)
+    assert gamma > 0
+    p = U.perturbation_vector(h, perturbation)
+    assert torch.allclose(mal, h.mean(0) + gamma * p)
+    bigger = h.mean(0) + gamma * 1.001 * p
+    assert float(_dists(bigger, h).max()) > max_pair  # slightly larger gamma violates
+    # the paper's bisection finds the same gamma
+    assert U.min_max_gamma(h, perturbation, method="bisection") == pytest.approx(gamma, rel=1e-4)
+
+
+@pytest.mark.parametrize("perturbation", ["std", "unit", "sign"])
+def test_min_sum_envelope_and_near_maximal_gamma(perturbation):
+    h = _stack()
+    bound = float((torch.cdist(h, h) ** 2).sum(dim=1).max())
+    mal = U.min_sum(h, perturbation)
+    assert float((_dists(mal, h) ** 2).sum()) <= bound * (1 + 1e-9)
+    gamma = U.min_sum_gamma(h, perturbation)
+    p = U.perturbation_vector(h, perturbation)
+    bigger = h.mean(0) + gamma * 1.001 * p
+    assert float((_dists(bigger, h) ** 2).sum()) > bound
+    assert U.min_sum_gamma(h, perturbation, method="bisection") == pytest.approx(gamma, rel=1e-4)
+
+
+def test_min_max_float32_and_direction():
+    h = _stack(dtype=torch.float32)
+    mal = U.min_max(h, "std")
+    assert mal.dtype == torch.float32
+    assert torch.all(mal <= h.mean(0) + 1e-6)  # p = -std pushes every coordinate down
+    with pytest.raises(ValueError, match="perturbation"):
+        U.min_max(h, "bogus")
+    with pytest.raises(ValueError, match="at least 2"):
+        U.min_sum(h[:1])
+
+
+@pytest.mark.parametrize("fn", [U.fang_trimmed_mean, U.fang_median])
+def test_fang_beyond_honest_range_opposite_to_mean(fn):
+    h = _stack(n=6, d=200)
+    mal = fn(h, 3, generator=_gen(1))
+    assert mal.shape == (3, 200)
+    s = torch.sign(h.mean(0))
+    lo, hi = h.min(0).values, h.max(0).values
+    up, down = s < 0, s > 0
+    assert up.any() and down.any()
+    assert torch.all(mal[:, down] <= lo[down])  # honest mean > 0: at/below the minimum
+    assert torch.all(mal[:, up] >= hi[up])  # honest mean < 0: at/above the maximum
+    # ... and within Fang's b = 2 interval
+    assert torch.all(mal[:, down] >= torch.where(lo > 0, lo / 2, 2 * lo)[down] - 1e-12)
+    assert torch.all(mal[:, up] <= torch.where(hi > 0, 2 * hi, hi / 2)[up] + 1e-12)
+    assert not torch.equal(mal[0], mal[1])  # attackers differ
+    with pytest.raises(ValueError):
+        fn(h, 0)
+
+
+def test_fang_hand_case():
+    # coordinate 0: honest mean > 0, min 1 > 0 -> values in [0.5, 1]
+    # coordinate 1: honest mean < 0, max -1 <= 0 -> values in [-1, -0.5]
+    h = torch.tensor([[1.0, -3.0], [2.0, -1.0]], dtype=torch.float64)
+    mal = U.fang_trimmed_mean(h, 50, generator=_gen())
+    assert torch.all((mal[:, 0] >= 0.5) & (mal[:, 0] <= 1.0))
+    assert torch.all((mal[:, 1] >= -1.0) & (mal[:, 1] <= -0.5))
+
+
+def test_mimic_and_sybil():
+    h = _stack(n=4, d=5)
+    assert torch.equal(U.mimic(h, 2), h[2])
+    with pytest.raises(ValueError, match="target_index"):
+        U.mimic(h, 4)
+    copies = U.sybil(h[0], 3)
+    assert copies.shape == (3, 5) and all(torch.equal(r, h[0]) for r in copies)
+    crafted = A.Sybil("mean").craft(h, 3, server_round=1)
+    assert torch.allclose(crafted, h.mean(0).expand(3, -1))
+    crafted = A.Sybil(A.SignFlip()).craft(h, 2, server_round=1)
+    assert torch.allclose(crafted[0], -h.mean(0)) and torch.equal(crafted[0], crafted[1])
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [A.ALIE(1.0), A.IPM(0.5), A.MinMax("std"), A.MinSum("unit"), A.FangTrimmedMean(), A.FangMedian(), A.Mimic(1), A.Sybil()],
+)
+def test_colluding_classes_shape(attack):
+    h = _stack(n=5, d=7, dtype=torch.float32)
+    out = attack.craft(h, 3, server_round=1, generator=_gen())
+    assert out.shape == (3, 7) and out.dtype == torch.float32
+    assert torch.isfinite(out).all()
+
+
+def test_attack_update_stack_server_step():
+    h = _stack(n=6, d=10)
+    out = A.attack_update_stack(A.IPM(0.5), h, [1, 4], server_round=1)
+    honest = h[[0, 2, 3, 5]]
+    assert torch.allclose(out[1], -0.5 * honest.mean(0)) and torch.allclose(out[4], out[1])
+    assert torch.equal(out[[0, 2, 3, 5]], honest)
+    assert torch.equal(h, _stack(n=6, d=10))  # input untouched
+    flipped = A.attack_update_stack(A.SignFlip(), h, [0], server_round=1)
+    assert torch.equal(flipped[0], -h[0]) and torch.equal(flipped[1:], h[1:])
+    # inactive: malicious hospitals keep their own honest updates
+    off = A.attack_update_stack(A.DelayedStart(A.IPM(0.5), start_round=3), h, [1], server_round=2)
+    assert torch.equal(off, h)
+    with pytest.raises(ValueError, match="at least one honest"):
+        A.attack_update_stack(A.IPM(0.5), h, range(6), server_round=1)
+
+
+def test_attack_state_dict_client_helper():
+    g = {"w": torch.ones(2, 2), "b": torch.zeros(2), "bn.num_batches_tracked": torch.tensor(5)}
+    w = {"w": torch.full((2, 2), 3.0), "b": torch.ones(2), "bn.num_batches_tracked": torch.tensor(7)}
+    out = A.attack_state_dict(A.SignFlip(), g, w, server_round=1)
+    assert torch.equal(out["w"], torch.full((2, 2), -1.0))  # 1 - (3 - 1)
+    assert torch.equal(out["b"], -torch.ones(2))
+    assert int(out["bn.num_batches_tracked"]) == 7
+    free = A.attack_state_dict(A.FreeRider(), g, w, server_round=1)
+    assert torch.equal(free["w"], g["w"]) and torch.equal(free["b"], g["b"])
+    off = A.attack_state_dict(A.OnOff(A.SignFlip(), rounds={2}), g, w, server_round=1)
+    assert torch.equal(off["w"], w["w"])
+
+
+# ======================================================================= schedules
+def test_on_off_rounds_and_period():
+    a = A.OnOff(A.SignFlip(), rounds={2, 5})
+    assert [r for r in range(1, 9) if a.active(r)] == [2, 5]
+    b = A.OnOff(A.SignFlip(), period=3)
+    assert [r for r in range(1, 10) if b.active(r)] == [3, 6, 9]
+    c = A.OnOff(A.SignFlip(), period=4, on_for=2)
+    assert [r for r in range(1, 10) if c.active(r)] == [3, 4, 7, 8]
+    u = torch.tensor([1.0, 2.0])
+    assert torch.equal(b.apply(u, server_round=1), u)  # off: honest update
+    assert torch.equal(b.apply(u, server_round=3), -u)
+    with pytest.raises(ValueError, match="exactly one"):
+        A.OnOff(A.SignFlip())
+    with pytest.raises(ValueError, match="on_for"):
+        A.OnOff(A.SignFlip(), period=2, on_for=3)
+
+
+def test_delayed_start_and_nesting():
+    a = A.DelayedStart(A.IPM(0.5), start_round=3)
+    assert [r for r in range(1, 7) if a.active(r)] == [4, 5, 6]
+    assert A.DelayedStart(A.SignFlip(), start_round=0).active(1)
+    nested = A.DelayedStart(A.OnOff(A.SignFlip(), period=2), start_round=3)
+    assert [r for r in range(1, 9) if nested.active(r)] == [4, 6, 8]
+    h = _stack(n=4, d=3)
+    # an inactive colluding attack sends copies of the honest mean
+    assert torch.allclose(a.craft(h, 2, server_round=1), h.mean(0).expand(2, -1))
+    assert torch.allclose(a.craft(h, 2, server_round=4), -0.5 * h.mean(0).expand(2, -1))
+
+
+def test_schedule_keeps_interface_and_pickles():
+    for attack, iface in [(A.LabelFlip(), A.DataAttack), (A.SignFlip(), A.UpdateAttack), (A.ALIE(), A.ColludingAttack)]:
+        wrapped = A.DelayedStart(A.OnOff(attack, period=2), start_round=1)
+        assert isinstance(wrapped, iface) and isinstance(wrapped, A.DelayedStart) and isinstance(wrapped.attack, A.OnOff)
+        assert A.attack_kind(wrapped) == iface.kind
+        back = pickle.loads(pickle.dumps(wrapped))
+        assert isinstance(back, iface) and [r for r in range(1, 7) if back.active(r)] == [2, 4, 6]
+        assert repr(copy.deepcopy(wrapped)) == repr(wrapped)
+    with pytest.raises(TypeError):
+        A.OnOff(object(), period=2)
+
+
+def test_data_attack_inactive_returns_data_unchanged():
+    images = np.zeros((4, 5, 5, 1), dtype=np.uint8)
+    labels = np.array([0, 1, 2, 1])
+    rng = np.random.default_rng(0)
+    a = A.DelayedStart(A.LabelFlip("all-to-one", target=2), start_round=2)
+    i2, l2 = a.poison_for_round(images, labels, server_round=1, rng=rng, num_classes=3)
+    assert i2 is images and l2 is labels
+    _, l3 = a.poison_for_round(images, labels, server_round=3, rng=rng, num_classes=3)
+    assert np.array_equal(l3, [2, 2, 2, 2])
+
+
+# ======================================================== registry, plugins, settings
+class MyPluginAttack(A.UpdateAttack):
+    """A user's own update attack (halves the update)."""
+
+    def apply(self, update, *, server_round, generator=None):
+        return update / 2
+
+
+class MyConfigurablePlugin(A.ColludingAttack):
+    def __init__(self, eps):
+        self.eps = eps
+
+    @classmethod
+    def from_settings(cls, settings):
+        return cls(settings.attack_eps)
+
+    def craft(self, honest, num_malicious, *, server_round, generator=None):
+        return (-self.eps * honest.mean(0)).repeat(num_malicious, 1)
+
+
+class NotAnAttack:
+    pass
+
+
+def test_registry_builds_every_attack_with_kind():
+    names = {
+        "label-flip", "backdoor", "corruption", "label-noise", "sign-flip", "scaling", "gaussian-noise",
+        "free-rider", "alie", "ipm", "min-max", "min-sum", "fang-trimmed-mean", "fang-median", "mimic", "sybil",
+    }  # fmt: skip
+    assert set(A.ATTACKS) == names == set(A.KINDS)
+    for name in names:
+        attack = A.build_attack(name, {})
+        assert A.attack_kind(attack) == A.KINDS[name]
+    assert A.build_attack("none", {}) is None
+    with pytest.raises(A.AttackError, match="unknown attack"):
+        A.build_attack("sign-flop", {})
+
+
+def test_build_attack_uses_settings_and_schedule():
+    cfg = {"attack": "alie", "attack-z": 1.5, "attack-start-round": 2, "attack-period": 2, "seed": 7}
+    s = A.AttackSettings.from_run_config(cfg)
+    attack = s.build()
+    assert isinstance(attack, A.DelayedStart) and isinstance(attack, A.ColludingAttack)
+    assert attack.attack.attack.z == 1.5
+    assert [r for r in range(1, 9) if attack.active(r)] == [4, 6, 8]
+    on = A.build_attack("scaling", {"attack-on-rounds": "1, 3", "attack-gamma": 4})
+    assert [r for r in range(1, 6) if on.active(r)] == [1, 3] and on.attack.gamma == 4.0
+    lf = A.build_attack("label-flip", {"label-flip-mode": "source-to-target", "attack-source": 2, "attack-target": 0})
+    assert (lf.mode, lf.source, lf.target) == ("source-to-target", 2, 0)
+    sy = A.build_attack("sybil", {"attack-sybil-base": "ipm"})
+    assert isinstance(sy.base, A.IPM)
+
+
+def test_plugin_loading():
+    attack = A.build_attack(f"{__name__}:MyPluginAttack", {})
+    assert isinstance(attack, MyPluginAttack)
+    assert torch.equal(attack.apply(torch.tensor([2.0]), server_round=1), torch.tensor([1.0]))
+    conf = A.build_attack(f"{__name__}:MyConfigurablePlugin", {"attack-eps": 2.0, "attack-period": 2})
+    assert isinstance(conf, A.ColludingAttack) and conf.attack.eps == 2.0 and not conf.active(1)
+    s = A.AttackSettings.from_run_config({"attack": f"{__name__}:MyPluginAttack"})
+    assert isinstance(s.build(), MyPluginAttack)
+
+
+@pytest.mark.parametrize(
+    ("path", "match"),
+    [
+        ("no_such_package_xyz.mod:Thing", "cannot import module"),
+        (f"{__name__}:DoesNotExist", "has no attribute"),
+        (f"{__name__}:NotAnAttack", "implements none of"),
+        (f"{__name__}:_UNUSED", "not a class"),
+        ("hospitrust.attacks.base:UpdateAttack", "abstract"),
+        (":Name", "package.module:ClassName"),
+    ],
+)
+def test_plugin_loading_errors(path, match):
+    with pytest.raises(A.AttackError, match=match):
+        A.build_attack(path, {})
+
+
+_UNUSED = 42
+
+
+def test_settings_defaults_bounds_and_errors():
+    s = A.AttackSettings.from_run_config({"num-server-rounds": 5, "strategy": "fedavg"})  # other keys ignored
+    assert s.attack == "none" and not s.enabled and s.malicious_fraction == 0.0
+    assert (s.attack_gamma, s.attack_z, s.attack_eps, s.attack_severity, s.attack_poison_fraction) == (10.0, 1.0, 0.5, 5, 0.5)
+    assert s.to_flat()["malicious-fraction"] == 0.0
+    assert A.AttackSettings.from_run_config({"attack-corruption": "gaussian-noise"}).attack_corruption == "gaussian_noise"
+    bad = [
+        {"malicious-fraction": 1.0},
+        {"attack-severity": 6},
+        {"attack-eps": -1},
+        {"attack": "nope"},
+        {"malicious-hospitals": "1,x"},
+        {"malicious-hospitals": "1", "malicious-fraction": 0.2},
+        {"attack-on-rounds": "0"},
+        {"attack-on-rounds": "1", "attack-period": 2},
+        {"attack-period": 2, "attack-on-for": 3},
+        {"attack-sybil-base": "label-flip"},
+        {"label-flip-mode": "sideways"},
+    ]
+    for cfg in bad:
+        with pytest.raises(ValueError, match="invalid attack settings"):
+            A.AttackSettings.from_run_config(cfg)
+
+
+def test_malicious_set():
+    cfg = {"malicious-fraction": 0.3}
+    a = A.malicious_set(10, cfg, seed=1)
+    assert len(a) == 3 and a == A.malicious_set(10, cfg, seed=1) and all(0 <= h < 10 for h in a)
+    assert any(A.malicious_set(10, cfg, seed=s) != a for s in range(2, 8))
+    assert len(A.malicious_set(5, {"malicious-fraction": 0.01}, seed=0)) == 1  # > 0 gives at least one
+    assert A.malicious_set(10, {}, seed=0) == frozenset()
+    assert A.malicious_set(10, {"malicious-hospitals": "0, 7"}, seed=0) == frozenset({0, 7})
+    with pytest.raises(ValueError, match="out of range"):
+        A.malicious_set(5, {"malicious-hospitals": "5"}, seed=0)
+    with pytest.raises(ValueError, match="no honest"):
+        A.malicious_set(2, {"malicious-fraction": 0.9}, seed=0)
+
+
+# ========================================================================= metrics
+def test_backdoor_and_targeted_flip_success():
+    true = np.array([0, 0, 1, 1, 2, 2])
+    pred_trig = np.array([0, 0, 0, 1, 0, 0])  # target 0: of the 4 non-target images, 3 -> 0
+    assert M.backdoor_success_rate(pred_trig, true, 0) == pytest.approx(0.75)
+    assert math.isnan(M.backdoor_success_rate([0, 0], [0, 0], 0))
+    pred = np.array([0, 1, 2, 1, 2, 1])  # source 1 -> target 2: 1 of 2
+    assert M.targeted_flip_success(pred, true, 1, 2) == pytest.approx(0.5)
+    assert math.isnan(M.targeted_flip_success(pred, true, 5, 2))
+    with pytest.raises(ValueError):
+        M.targeted_flip_success([0], [0, 1], 1, 2)
+
+
+def test_detection_rates_hand_case():
+    malicious = {"a": True, "b": True, "c": False, "d": False, "e": False}
+    flagged = {"a": True, "b": False, "c": True, "d": False}  # e missing: not flagged
+    r = M.detection_rates(flagged, malicious)
+    assert (r["tp"], r["fp"], r["fn"], r["tn"]) == (1, 1, 1, 2)
+    assert r["tpr"] == pytest.approx(0.5) and r["fpr"] == pytest.approx(1 / 3) and r["precision"] == pytest.approx(0.5)
+    none_bad = M.detection_rates({}, {"x": False, "y": False})
+    assert math.isnan(none_bad["tpr"]) and none_bad["fpr"] == 0.0 and math.isnan(none_bad["precision"])
+    all_bad = M.detection_rates({1: True}, {1: True})
+    assert all_bad["tpr"] == 1.0 and math.isnan(all_bad["fpr"])
+    with pytest.raises(ValueError, match="not in the malicious map"):
+        M.detection_rates({"z": True}, malicious)
+
+
+def test_rounds_to_detection():
+    malicious = {0: True, 1: True, 2: False}
+    flags = [{0: False, 2: True}, {0: True}, {0: True, 1: False}]
+    assert M.rounds_to_detection(flags, malicious) == {0: 2, 1: None}
+    assert M.rounds_to_detection(flags, malicious, first_round=0) == {0: 1, 1: None}
