@@ -44,6 +44,10 @@ class RunConfig(BaseModel):
     min_hospitals: int = Field(2, ge=1, description="Fewest valid replies a round needs to update the model.")
     reply_timeout: float = Field(600.0, gt=0.0, description="Seconds a round waits for hospitals' replies.")
     seed: int = Field(42, ge=0, description="Seeds partitions, model init, sampling and local training.")
+    assumed_malicious: int = Field(1, ge=0, description="f, the attackers a robust rule is sized for (trimmed-mean, krum, multi-krum, bulyan).")
+    multi_krum_m: int = Field(0, ge=0, description="Multi-Krum: updates averaged (0: n - f).")
+    clipping_tau: float = Field(0.0, ge=0.0, description="Centered clipping radius (0: the median distance to the center, each round).")
+    clipping_iters: int = Field(1, ge=1, le=100, description="Centered clipping iterations.")
     max_update_norm: float = Field(1e4, gt=0.0, description="Replies whose update (returned - global) has a larger L2 norm are rejected.")
     max_num_examples: int = Field(10_000_000, ge=1, description="Replies claiming more training examples are rejected.")
 
@@ -62,7 +66,7 @@ class RunConfig(BaseModel):
 
     # model and local training
     model: str = Field("small-cnn", description="Model architecture, by registry name.")
-    local_epochs: int = Field(1, ge=1, le=1000)
+    local_epochs: int = Field(2, ge=1, le=1000)
     batch_size: int = Field(32, ge=1, le=65536)
     learning_rate: float = Field(0.01, gt=0.0, le=10.0)
     optimizer: Literal["sgd", "adam"] = "sgd"

@@ -30,7 +30,8 @@ from hospitrust.models import build_model
 from hospitrust.results import RunDirectory, default_run_name
 from hospitrust.strategies import HospitrustStrategy, build_strategy
 from hospitrust.strategies.validation import ReplyLimits
-from hospitrust.training import pick_device, predict_proba, seed_everything
+from hospitrust.aggregation import flatten_state
+from hospitrust.training import pick_device, predict_proba, seed_everything, train
 
 app = ServerApp()
 
@@ -124,6 +125,25 @@ class CentralEvaluator:
         return report
 
 
+class ReferenceCohortTrainer:
+    """FLTrust's root update: the global model trained one local epoch on the server's
+    reference cohort, with the hospitals' optimizer settings."""
+
+    def __init__(self, cfg: RunConfig, info: DatasetInfo, device: torch.device) -> None:
+        self.cfg, self.info, self.device = cfg, info, device
+        self.cohort = reference_set(cfg)
+        self.model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
+
+    def __call__(self, global_state: dict[str, torch.Tensor], server_round: int) -> torch.Tensor:
+        seed_everything(self.cfg.seed, 10_000_019, server_round)
+        self.model.load_state_dict(global_state, strict=True)
+        train(self.model, self.cohort.images, self.cohort.labels, epochs=1, batch_size=self.cfg.batch_size,
+              learning_rate=self.cfg.learning_rate, optimizer=self.cfg.optimizer, momentum=self.cfg.momentum,
+              weight_decay=self.cfg.weight_decay, device=self.device)
+        trained = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        return flatten_state(trained)[0] - flatten_state(global_state)[0]
+
+
 def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: torch.device) -> HospitrustStrategy:
     train_config = {
         "local-epochs": cfg.local_epochs,
@@ -138,9 +158,23 @@ def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: t
         seed=cfg.seed,
         device=device,
     )
+    # each rule's own settings
     if cfg.strategy == "fedprox":
         kwargs["proximal_mu"] = cfg.proximal_mu
-    return build_strategy(cfg.strategy, hospitals, **kwargs)
+    if cfg.strategy in ("trimmed-mean", "krum", "multi-krum", "bulyan"):
+        kwargs["assumed_malicious"] = cfg.assumed_malicious
+    if cfg.strategy == "multi-krum":
+        kwargs["multi_krum_m"] = cfg.multi_krum_m
+    if cfg.strategy == "centered-clipping":
+        kwargs.update(clipping_tau=cfg.clipping_tau, clipping_iters=cfg.clipping_iters)
+    if cfg.strategy == "fltrust":
+        kwargs["server_update"] = ReferenceCohortTrainer(cfg, DatasetInfo.of(cfg.dataset), device)
+    strategy = build_strategy(cfg.strategy, hospitals, **kwargs)
+    if strategy.required_replies() > len(hospitals):
+        log(WARNING, "%s with assumed-malicious %d needs %d valid replies per round but there are only %d "
+            "hospitals: every round will keep the previous model", cfg.strategy, cfg.assumed_malicious,
+            strategy.required_replies(), len(hospitals))
+    return strategy
 
 
 def _progress_line(rnd: int, total: int, central: Mapping[str, Any], valid: int, asked: int, seconds: float) -> str:

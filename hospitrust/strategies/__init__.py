@@ -10,11 +10,18 @@ from typing import Any
 
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 from hospitrust.strategies.fedavg import FedAvg
+from hospitrust.strategies.bulyan import Bulyan
+from hospitrust.strategies.centered_clipping import CenteredClipping
 from hospitrust.strategies.fedprox import FedProx
+from hospitrust.strategies.fltrust import FLTrust
+from hospitrust.strategies.geometric_median import GeometricMedian
+from hospitrust.strategies.krum import Krum, MultiKrum
+from hospitrust.strategies.median import Median
+from hospitrust.strategies.trimmed_mean import TrimmedMean
 
 STRATEGIES: dict[str, type[HospitrustStrategy]] = {
-    "fedavg": FedAvg,
-    "fedprox": FedProx,
+    cls.name: cls
+    for cls in (FedAvg, FedProx, Median, TrimmedMean, Krum, MultiKrum, Bulyan, GeometricMedian, CenteredClipping, FLTrust)
 }
 
 
@@ -26,4 +33,7 @@ def build_strategy(name: str, hospitals, **kwargs: Any) -> HospitrustStrategy:
     return cls(hospitals, **kwargs)
 
 
-__all__ = ["Aggregate", "HospitrustStrategy", "STRATEGIES", "build_strategy", "FedAvg", "FedProx"]
+__all__ = [
+    "Aggregate", "HospitrustStrategy", "STRATEGIES", "build_strategy", "FedAvg", "FedProx", "Median", "TrimmedMean",
+    "Krum", "MultiKrum", "Bulyan", "GeometricMedian", "CenteredClipping", "FLTrust",
+]

@@ -140,9 +140,12 @@ class HospitrustStrategy(Strategy):
                 record.clients.append(self._client_entry(node_id, rejected=True, reason=reason))
                 log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(node_id), reason)
 
-        if len(accepted) < self.min_hospitals:
+        needed = max(self.min_hospitals, self.required_replies())
+        if len(accepted) < needed:
             record.kept_previous_model = True
-            record.note = f"{len(accepted)} valid replies < min-hospitals {self.min_hospitals}: kept the previous model"
+            why = (f"min-hospitals {self.min_hospitals}" if needed == self.min_hospitals
+                   else f"the {self.name} rule's minimum of {needed} (assumed malicious f)")
+            record.note = f"{len(accepted)} valid replies < {why}: kept the previous model"
             log(WARNING, "Round %d: %s", server_round, record.note)
             for r in accepted:
                 record.clients.append(self._client_entry(r.node_id, reply=r, weight=0.0, selected=False))
@@ -213,6 +216,10 @@ class HospitrustStrategy(Strategy):
         return MetricRecord({"mean-accuracy": float(accs.mean()), "accuracy-spread": float(accs.max() - accs.min())})
 
     # ---- what a rule implements ----------------------------------------------------------
+    def required_replies(self) -> int:
+        """Fewest valid replies the rule is defined for (e.g. Krum: 2f + 3)."""
+        return 1
+
     def aggregate_updates(
         self,
         server_round: int,

@@ -1,0 +1,35 @@
+"""Centered clipping (Karimireddy, He & Jaggi, ICML 2021)."""
+
+from __future__ import annotations
+
+import torch
+
+from hospitrust.aggregation import centered_clipping
+from hospitrust.strategies.base import Aggregate, HospitrustStrategy
+
+
+class CenteredClipping(HospitrustStrategy):
+    """Updates are clipped to radius tau around the previous round's aggregate (zero at first),
+    then averaged: v <- v + mean_i (x_i - v) min(1, tau / ||x_i - v||).
+
+    ``tau`` <= 0 picks the radius each round as the median distance of the updates to the
+    center, so half the hospitals are clipped whatever the model's scale."""
+
+    name = "centered-clipping"
+
+    def __init__(self, hospitals, *, clipping_tau: float = 0.0, clipping_iters: int = 1, **kwargs) -> None:
+        super().__init__(hospitals, **kwargs)
+        self.tau, self.iters = clipping_tau, clipping_iters
+        self.center: torch.Tensor | None = None  # state across rounds
+
+    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+        n, d = updates.shape
+        if self.center is None or self.center.numel() != d:
+            self.center = torch.zeros(d, dtype=updates.dtype, device=updates.device)
+        distances = torch.linalg.vector_norm(updates - self.center, dim=1)
+        tau = self.tau if self.tau > 0 else float(distances.median().clamp_min(1e-12))
+        update = centered_clipping(updates, self.center, tau, self.iters)
+        self.center = update.detach().clone()
+        clip = torch.clamp(tau / distances.double().clamp_min(1e-12), max=1.0)
+        return Aggregate(update, clip / clip.sum(), torch.ones(n, dtype=torch.bool),
+                         extra={"clip_factor": [float(c) for c in clip]})

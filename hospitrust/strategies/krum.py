@@ -1,0 +1,46 @@
+"""Krum and Multi-Krum (Blanchard et al., NeurIPS 2017)."""
+
+from __future__ import annotations
+
+import torch
+
+from hospitrust.aggregation import krum_scores, multi_krum_select, pairwise_sq_distances
+from hospitrust.strategies.base import Aggregate, HospitrustStrategy
+
+
+class MultiKrum(HospitrustStrategy):
+    """The mean of the m updates with the smallest Krum scores (sum of squared distances to
+    their n-f-2 nearest neighbours); m = n - f by default. Needs n >= 2f + 3."""
+
+    name = "multi-krum"
+
+    def __init__(self, hospitals, *, assumed_malicious: int = 1, multi_krum_m: int = 0, **kwargs) -> None:
+        super().__init__(hospitals, **kwargs)
+        self.f = assumed_malicious
+        self.m = multi_krum_m  # 0: n - f
+
+    def required_replies(self) -> int:
+        return 2 * self.f + 3
+
+    def _m(self, n: int) -> int:
+        return min(self.m, n) if self.m > 0 else n - self.f
+
+    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+        n = updates.shape[0]
+        distances = pairwise_sq_distances(updates)  # computed once, used for scores and selection
+        chosen = multi_krum_select(updates, self.f, self._m(n), distances=distances)
+        selected = torch.zeros(n, dtype=torch.bool)
+        selected[chosen.cpu()] = True
+        weights = selected.double() / selected.sum()
+        update = weights.to(updates.dtype).to(updates.device) @ updates
+        scores = krum_scores(updates, self.f, distances=distances)
+        return Aggregate(update, weights, selected, extra={"krum_score": [float(s) for s in scores]})
+
+
+class Krum(MultiKrum):
+    """The single update with the smallest Krum score."""
+
+    name = "krum"
+
+    def _m(self, n: int) -> int:
+        return 1

@@ -1,0 +1,25 @@
+"""Coordinate-wise trimmed mean (Yin et al., ICML 2018)."""
+
+from __future__ import annotations
+
+import torch
+
+from hospitrust.aggregation import trimmed_mean
+from hospitrust.strategies.base import Aggregate, HospitrustStrategy
+
+
+class TrimmedMean(HospitrustStrategy):
+    """Per coordinate, drop the f largest and f smallest values and average the rest (2f < n)."""
+
+    name = "trimmed-mean"
+
+    def __init__(self, hospitals, *, assumed_malicious: int = 1, **kwargs) -> None:
+        super().__init__(hospitals, **kwargs)
+        self.f = assumed_malicious
+
+    def required_replies(self) -> int:
+        return 2 * self.f + 1
+
+    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+        n = updates.shape[0]
+        return Aggregate(trimmed_mean(updates, self.f), torch.full((n,), 1.0 / n), torch.ones(n, dtype=torch.bool))

@@ -1,0 +1,120 @@
+"""The robust strategies on synthetic replies (fast: no training), and each in a real in-process run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from conftest import small_run_config
+from flower_harness import InProcessGrid
+from hospitrust.client_app import app as client_app
+from hospitrust.results import read_rounds
+from hospitrust.server_app import app as server_app
+from hospitrust.strategies import STRATEGIES, build_strategy
+
+D = 6
+
+
+def _replies(strategy, vectors, num_examples=None):
+    """Send the global model (zeros) and answer with global + vectors[i] from node i."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+
+    class _Grid:
+        def get_node_ids(self):
+            return list(strategy.hospitals)
+
+    global_arrays = ArrayRecord({"w": torch.zeros(D), "steps": torch.tensor(5)})
+    messages = list(strategy.configure_train(1, global_arrays, ConfigRecord(), _Grid()))
+    replies = []
+    for i, msg in enumerate(sorted(messages, key=lambda m: m.metadata.dst_node_id)):
+        n = 10 if num_examples is None else num_examples[i]
+        content = RecordDict({"arrays": ArrayRecord({"w": torch.tensor(vectors[i], dtype=torch.float32),
+                                                     "steps": torch.tensor(7 + i)}),
+                              "metrics": MetricRecord({"num-examples": n, "train-loss": 0.5})})
+        replies.append(Message(content, reply_to=msg))
+    arrays, _ = strategy.aggregate_train(1, replies)
+    return arrays, strategy.records[1]
+
+
+def _strategy(name, n, **kwargs):
+    hospitals = {100 + i: f"h{i}" for i in range(n)}
+    if name == "fltrust":
+        kwargs.setdefault("server_update", lambda state, rnd: torch.ones(D))
+    return build_strategy(name, hospitals, **kwargs)
+
+
+HONEST = [[1.0, 1, 1, 1, 1, 1], [1.2, 0.9, 1, 1.1, 1, 1], [0.9, 1.1, 1, 1, 0.9, 1], [1.1, 1, 0.9, 1, 1.1, 1],
+          [1.0, 1, 1.1, 0.9, 1, 1], [1.0, 1.05, 1, 1, 1, 0.95]]
+OUTLIER = [[-50.0, 40, -60, 50, -40, 60]]
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_identical_updates_give_that_update(name):
+    kwargs = {"proximal_mu": 0.1} if name == "fedprox" else {}
+    if name == "fltrust":  # FLTrust rescales to the root update's norm: give it the same update
+        kwargs["server_update"] = lambda state, rnd: torch.tensor([2.0, -1, 0, 3, 1, 1])
+    s = _strategy(name, 7, **kwargs)
+    arrays, record = _replies(s, [[2.0, -1, 0, 3, 1, 1]] * 7)
+    assert torch.allclose(torch.from_numpy(arrays["w"].numpy()), torch.tensor([2.0, -1, 0, 3, 1, 1]), atol=1e-5)
+    # integer buffers are copied (the largest counter among selected replies), never averaged
+    assert int(arrays["steps"].numpy()) in range(7, 14)
+    assert record.aggregation_seconds > 0
+
+
+@pytest.mark.parametrize("name", ["median", "trimmed-mean", "krum", "multi-krum", "bulyan", "geometric-median",
+                                  "centered-clipping", "fltrust"])
+def test_robust_rules_resist_one_far_outlier(name):
+    s = _strategy(name, 7)
+    arrays, record = _replies(s, HONEST + OUTLIER)
+    w = torch.from_numpy(arrays["w"].numpy())
+    assert float(torch.linalg.vector_norm(w - torch.ones(D))) < 1.0, (name, w)
+    fedavg, _ = _replies(_strategy("fedavg", 7), HONEST + OUTLIER)
+    assert float(torch.linalg.vector_norm(torch.from_numpy(fedavg["w"].numpy()) - torch.ones(D))) > 10
+
+
+@pytest.mark.parametrize("name", ["krum", "multi-krum", "bulyan", "fltrust"])
+def test_selection_rules_record_the_outlier_as_not_selected(name):
+    s = _strategy(name, 7)
+    _, record = _replies(s, HONEST + OUTLIER)
+    by_name = {c["hospital"]: c for c in record.clients}
+    assert not by_name["h6"]["selected"] and by_name["h6"]["weight"] == 0.0
+    assert sum(c["weight"] for c in record.clients) == pytest.approx(1.0)
+
+
+def test_krum_picks_one_honest_update():
+    _, record = _replies(_strategy("krum", 7), HONEST + OUTLIER)
+    assert [c["hospital"] for c in record.clients if c["selected"]] in (["h0"], ["h1"], ["h2"], ["h3"], ["h4"], ["h5"])
+
+
+def test_fltrust_gives_zero_trust_to_an_opposite_update():
+    s = _strategy("fltrust", 3)
+    arrays, record = _replies(s, [[1.0] * D, [2.0] * D, [-1.0] * D])
+    trust = {c["hospital"]: c["trust"] for c in record.clients}
+    assert trust["h2"] == 0.0 and trust["h0"] == pytest.approx(1.0) and trust["h1"] == pytest.approx(1.0)
+    # both honest updates rescaled to ||g|| = sqrt(6): the aggregate is g itself
+    assert torch.allclose(torch.from_numpy(arrays["w"].numpy()), torch.ones(D), atol=1e-5)
+
+
+def test_rule_minimum_keeps_previous_model_instead_of_crashing():
+    s = _strategy("bulyan", 5, assumed_malicious=1)  # needs 7
+    arrays, record = _replies(s, HONEST[:5])
+    assert arrays is None and record.kept_previous_model and "minimum of 7" in record.note
+
+
+def test_fedavg_weights_by_examples():
+    arrays, record = _replies(_strategy("fedavg", 2), [[0.0] * D, [3.0] * D], num_examples=[10, 20])
+    assert torch.allclose(torch.from_numpy(arrays["w"].numpy()), torch.full((D,), 2.0))
+    assert [c["weight"] for c in sorted(record.clients, key=lambda c: c["hospital"])] == pytest.approx([1 / 3, 2 / 3])
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_each_strategy_in_a_real_inprocess_run(tmp_path, data_dir, name):
+    cfg = small_run_config(tmp_path, **{"strategy": name, "num-server-rounds": 1, "train-subsample": 0.03,
+                                        "batch-size": 64, "local-epochs": 1})
+    grid = InProcessGrid(client_app, 7, cfg)
+    server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
+    (round1,) = read_rounds(tmp_path / "runs" / cfg["run-name"])
+    assert not round1["kept_previous_model"], round1["note"]
+    assert len(round1["clients"]) == 7 and round1["central"]["num_examples"] == 624
