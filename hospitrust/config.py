@@ -66,12 +66,12 @@ class RunConfig(BaseModel):
 
     # model and local training
     model: str = Field("small-cnn", description="Model architecture, by registry name.")
-    local_epochs: int = Field(2, ge=1, le=1000)
-    batch_size: int = Field(32, ge=1, le=65536)
-    learning_rate: float = Field(0.01, gt=0.0, le=10.0)
-    optimizer: Literal["sgd", "adam"] = "sgd"
-    momentum: float = Field(0.9, ge=0.0, lt=1.0)
-    weight_decay: float = Field(0.0, ge=0.0)
+    local_epochs: int = Field(2, ge=1, le=1000, description="Local epochs per round at each hospital.")
+    batch_size: int = Field(32, ge=1, le=65536, description="Local minibatch size.")
+    learning_rate: float = Field(0.01, gt=0.0, le=10.0, description="Local learning rate.")
+    optimizer: Literal["sgd", "adam"] = Field("sgd", description="Local optimizer: sgd or adam.")
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum.")
+    weight_decay: float = Field(0.0, ge=0.0, description="L2 weight decay.")
     proximal_mu: float = Field(0.01, gt=0.0, description="FedProx proximal term weight mu (used by strategy fedprox only).")
 
     # attacks (simulation ground truth): validated by hospitrust.attacks.settings.AttackSettings
@@ -237,3 +237,18 @@ def parse_node_config(raw: Mapping[str, Any]) -> NodeConfig:
         return NodeConfig(**data)
     except ValidationError as err:
         raise ConfigError(_format_errors(err, "node config", raw)) from None
+
+
+def run_config_markdown() -> str:
+    """The run config keys as a Markdown table (key, default, meaning), for the README."""
+    import json
+
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    for model in (RunConfig, AttackSettings):
+        defaults = model().model_dump()
+        for name, field in model.model_fields.items():
+            if name == "attacks":
+                continue
+            default = json.dumps(defaults[name])
+            rows.append(f"| `{name.replace('_', '-')}` | `{default}` | {field.description or ''} |")
+    return "\n".join(rows)

@@ -1,0 +1,59 @@
+"""The run directory's schema: written, read back, NaN as null, never overwritten."""
+
+from __future__ import annotations
+
+import json
+import pytest
+import torch
+
+from hospitrust.results import RunDirectory, read_rounds, read_summary
+
+
+def _round(i):
+    return {"round": i, "central": {"accuracy": 0.5, "auc": float("nan"), "per_class_recall": [1.0, float("nan")]},
+            "clients": [{"hospital": "h0", "node_id": 1, "num_examples": 3, "weight": 1.0, "train_loss": 0.1}],
+            "aggregation_seconds": 0.01, "round_seconds": 1.0}
+
+
+def test_round_trip(tmp_path):
+    rd = RunDirectory.create(tmp_path, "run")
+    rd.write_config({"seed": 1, "path": tmp_path})
+    rd.append_round(_round(1))
+    rd.append_round(_round(2))
+    rd.write_summary({"final": {"accuracy": 0.5}, "best_round": 2, "rounds": 2, "wall_seconds": 3.0,
+                      "dataset": "pneumoniamnist", "strategy": "fedavg"})
+    rd.save_model({"w": torch.ones(2), "n": torch.tensor(3)})
+    rounds = read_rounds(rd.path)
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert rounds[0]["central"]["auc"] is None and rounds[0]["central"]["per_class_recall"] == [1.0, None]
+    assert read_summary(rd.path)["best_round"] == 2
+    assert json.loads((rd.path / "config.json").read_text())["path"] == str(tmp_path)
+    assert torch.equal(torch.load(rd.path / "model.pt")["n"], torch.tensor(3))
+    # every line is strict JSON (no NaN tokens)
+    for line in (rd.path / "rounds.jsonl").read_text().splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+
+
+def test_incomplete_records_are_refused(tmp_path):
+    rd = RunDirectory.create(tmp_path, "run")
+    with pytest.raises(ValueError, match="round_seconds"):
+        rd.append_round({k: v for k, v in _round(1).items() if k != "round_seconds"})
+    with pytest.raises(ValueError, match="best_round"):
+        rd.write_summary({"final": {}})
+
+
+def test_an_earlier_run_is_never_overwritten(tmp_path):
+    first = RunDirectory.create(tmp_path, "run")
+    first.append_round(_round(1))
+    second = RunDirectory.create(tmp_path, "run")
+    assert second.path != first.path and second.path.name == "run-2"
+
+
+def test_readme_documents_every_run_config_key():
+    from pathlib import Path
+
+    from hospitrust.config import RunConfig
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    missing = [k for k in RunConfig().to_flat() if f"`{k}`" not in readme]
+    assert not missing, f"README lacks run config keys {missing}"
