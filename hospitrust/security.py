@@ -1,8 +1,9 @@
 """Security bookkeeping of a run: which hospitals a rule flagged, against the ground truth.
 
-A hospital is *flagged* in a round when the rule rejected its reply, left it out of the
-aggregate, or gave it less than half of an equal share (weight < 0.5 / hospitals asked):
-that covers rules that exclude (Krum, MAD exclusion) and rules that down-weight (trust).
+A hospital is *flagged* in a round when its reply was rejected or the rule left it out of
+the aggregate (``selected`` false), or when the rule itself says so (a ``flagged`` entry:
+trust rules flag the hospitals they down-weight). Smaller weights alone do not count: FedAvg
+gives a small hospital a small weight without suspecting it.
 """
 
 from __future__ import annotations
@@ -14,13 +15,9 @@ import numpy as np
 
 from hospitrust.attacks.metrics import detection_rates, rounds_to_detection
 
-DOWN_WEIGHT_FACTOR = 0.5
-
-
-def flagged_hospitals(clients: Sequence[Mapping[str, Any]], asked: int) -> dict[str, bool]:
-    share = DOWN_WEIGHT_FACTOR / max(asked, 1)
+def flagged_hospitals(clients: Sequence[Mapping[str, Any]]) -> dict[str, bool]:
     return {
-        c["hospital"]: bool(c.get("rejected") or not c.get("selected", True) or float(c.get("weight", 0.0)) < share)
+        c["hospital"]: bool(c["flagged"]) if "flagged" in c else bool(c.get("rejected") or not c.get("selected", True))
         for c in clients
     }
 

@@ -275,7 +275,7 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
         per_hospital = {h: v["accuracy"] for h, v in record.evaluation.items()}
         for c in record.clients:
             c["malicious"] = truth.get(c["hospital"], False)
-        flags = flagged_hospitals(record.clients, len(messages))
+        flags = flagged_hospitals(record.clients)
         flags_per_round.append(flags)
         round_record = {
             "round": rnd,

@@ -7,7 +7,7 @@ import torch
 from flwr.app import Context, RecordDict
 
 from conftest import small_run_config
-from flower_harness import InProcessGrid
+from hospitrust.inprocess import InProcessGrid
 from hospitrust.client_app import app as client_app
 from hospitrust.config import parse_node_config, parse_run_config
 from hospitrust.results import read_rounds, read_summary

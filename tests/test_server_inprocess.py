@@ -14,7 +14,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 
 from conftest import small_run_config
-from flower_harness import InProcessGrid
+from hospitrust.inprocess import InProcessGrid
 from hospitrust.client_app import app as client_app
 from hospitrust.results import CENTRAL_METRICS, CLIENT_FIELDS, ROUND_FIELDS, SUMMARY_FIELDS, read_rounds, read_summary
 from hospitrust.server_app import FederationFailure, app as server_app

@@ -8,7 +8,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.supercore.task_identity import TaskIdentity
 
 from conftest import small_run_config
-from flower_harness import InProcessGrid
+from hospitrust.inprocess import InProcessGrid
 from hospitrust.client_app import app as client_app
 from hospitrust.results import read_rounds
 from hospitrust.server_app import app as server_app

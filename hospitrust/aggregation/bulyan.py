@@ -35,6 +35,11 @@ def bulyan_select(
     ``theta`` times. The pairwise distances are computed once and every step
     uses the sub-matrix of the remaining rows.
 
+    Ties in score go to the lower index. In the last steps (``|R|`` down to
+    ``2f + 1``, i.e. ``max(1, f - 1)`` neighbours) two mutual nearest
+    neighbours can tie exactly when only one neighbour is counted, so for
+    ``f <= 2`` the selection may depend on the client order.
+
     ``selection="multi_krum"``: one Multi-Krum pass, the ``theta`` lowest
     Krum scores on the full set (what Flower's ``Bulyan`` does by default via
     ``select_multikrum``).

@@ -28,8 +28,8 @@ def geometric_median(
               \beta_i = \frac{\alpha_i}{\max(\varepsilon, \lVert z - x_i\rVert)}
 
     starting from the weighted mean, for at most ``iters`` steps, stopping
-    early when the objective improves by less than ``eps`` relative to its
-    value. Pillutla, Kakade, Harchaoui, "Robust Aggregation for Federated
+    early when a step moves :math:`z` by less than ``eps`` times the current
+    mean distance :math:`\sum_i \alpha_i \lVert z - x_i\rVert`. Pillutla, Kakade, Harchaoui, "Robust Aggregation for Federated
     Learning" (RFA), IEEE TSP 2022; Weiszfeld (1937).
 
     Every iterate is a convex combination :math:`z = \sum_j c_j x_j`, so
@@ -72,13 +72,13 @@ def geometric_median(
 
     c = alpha.clone()
     dist = dists(c)
-    obj = float(alpha @ dist)
     for _ in range(iters):
         beta = alpha / dist.clamp_min(eps)
-        c = beta / beta.sum()
+        c_new = beta / beta.sum()
+        delta = c_new - c
+        step = float(delta @ (g @ delta)) ** 0.5 if float(delta @ (g @ delta)) > 0 else 0.0
+        c = c_new
         dist = dists(c)
-        new_obj = float(alpha @ dist)
-        if abs(obj - new_obj) <= eps * max(new_obj, 1e-300):
+        if step <= eps * max(float(alpha @ dist), 1e-300):
             break
-        obj = new_obj
     return c.to(dtype=x.dtype, device=x.device) @ x

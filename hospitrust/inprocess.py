@@ -1,7 +1,10 @@
-"""An in-process Flower Grid: a ServerApp and ClientApp in one process, no Ray, no SuperLink.
+"""An in-process Flower Grid: the same ServerApp and ClientApp in one process, no Ray, no SuperLink.
 
-Messages are deep-copied on the way (like the wire); a ClientApp exception becomes an
-error reply, as in a real run. See Flower 1.42 reference section 10.
+For fast tests and for sweeps of many small runs on a few cores, where Ray's start-up
+and actor overhead would dominate. Messages are deep-copied on the way (like the wire);
+a ClientApp exception becomes an error reply, as in a real run. Hospitals train one
+after the other. Real runs (``hospitrust simulate``, SuperNodes) serialize messages and
+give each hospital its own process.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from flwr.supercore.task_identity import TaskIdentity
 
 
 class InProcessGrid(Grid):
+    """A Grid whose nodes are ClientApp calls in this process (node ids deliberately unordered)."""
+
     def __init__(self, client_app, num_nodes: int, run_config: dict, node_configs=None, run_id: int = 1,
                  reply_filter: Callable[[int, Message, Message], Message | None] | None = None) -> None:
         TaskIdentity.run_id = run_id
@@ -76,3 +81,14 @@ class InProcessGrid(Grid):
 
     def send_and_receive(self, messages, *, timeout=None):
         return self.pull_messages(self.push_messages(messages))
+
+
+def run_inprocess(run_config: dict, num_hospitals: int, reply_filter=None) -> None:
+    """Run the hospitrust ServerApp against ``num_hospitals`` in-process simulated hospitals."""
+    from flwr.app import Context, RecordDict
+
+    from hospitrust.client_app import app as client_app
+    from hospitrust.server_app import app as server_app
+
+    grid = InProcessGrid(client_app, num_hospitals, run_config, reply_filter=reply_filter)
+    server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=dict(run_config)))
