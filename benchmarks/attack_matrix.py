@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     base = tomllib.loads((find_app_dir() / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    base = {**base, **parse_overrides(args.run_config)}
+    base = {**base, **parse_overrides(args.run_config, base)}
     attacks, strategies = args.attacks.split(","), args.strategies.split(",")
     cells = []
     for attack in attacks:

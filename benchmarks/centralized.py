@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     defaults = tomllib.loads((find_app_dir() / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    cfg = parse_run_config({**defaults, **parse_overrides(args.run_config)})
+    cfg = parse_run_config({**defaults, **parse_overrides(args.run_config, defaults)})
     info = DatasetInfo.of(cfg.dataset)
     load_arrays(cfg)
     # the union of exactly the samples the hospitals train on (their local train splits)

@@ -61,9 +61,10 @@ def find_app_dir(start: Path | None = None) -> Path:
 _PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
 
 
-def parse_overrides(texts: list[str]) -> dict[str, object]:
+def parse_overrides(texts: list[str], defaults: dict | None = None) -> dict[str, object]:
     """``-c 'k=v k2=v2'`` as flwr parses it (TOML values), but a bare word is taken as a string,
-    so ``-c dataset=retinamnist`` works without shell-quoted quotes."""
+    so ``-c dataset=retinamnist`` works without shell-quoted quotes; and where ``defaults`` say a
+    key is a string, ``malicious-hospitals=1`` means the string "1"."""
     out: dict[str, object] = {}
     for text in texts:
         matches = _PAIR.findall(text)
@@ -74,6 +75,8 @@ def parse_overrides(texts: list[str]) -> dict[str, object]:
             try:
                 out[key] = tomllib.loads(f"v = {raw}")["v"]
             except tomllib.TOMLDecodeError:
+                out[key] = raw.strip("'\"")
+            if defaults is not None and isinstance(defaults.get(key), str) and not isinstance(out[key], str):
                 out[key] = raw.strip("'\"")
     return out
 
@@ -197,7 +200,7 @@ def simulate(
     app = (app_dir or find_app_dir()).resolve()
     project = tomllib.loads((app / "pyproject.toml").read_text())
     defaults = project["tool"]["flwr"]["app"].get("config", {})
-    values = parse_overrides(overrides or [])
+    values = parse_overrides(overrides or [], defaults)
     unknown = sorted(set(values) - set(defaults))
     if unknown:
         raise ConfigError(f"unknown run config key(s) {unknown}; known keys: {', '.join(sorted(defaults))}")

@@ -302,7 +302,7 @@ class NotAnAttack:
 def test_registry_builds_every_attack_with_kind():
     names = {
         "label-flip", "backdoor", "corruption", "label-noise", "sign-flip", "scaling", "gaussian-noise",
-        "free-rider", "alie", "ipm", "min-max", "min-sum", "fang-trimmed-mean", "fang-median", "mimic", "sybil",
+        "free-rider", "nan-update", "alie", "ipm", "min-max", "min-sum", "fang-trimmed-mean", "fang-median", "mimic", "sybil",
     }  # fmt: skip
     assert set(A.ATTACKS) == names == set(A.KINDS)
     for name in names:
@@ -427,3 +427,8 @@ def test_rounds_to_detection():
     flags = [{0: False, 2: True}, {0: True}, {0: True, 1: False}]
     assert M.rounds_to_detection(flags, malicious) == {0: 2, 1: None}
     assert M.rounds_to_detection(flags, malicious, first_round=0) == {0: 1, 1: None}
+
+
+def test_nan_update_is_all_nan():
+    out = A.NonFinite().apply(torch.ones(4), server_round=1)
+    assert out.shape == (4,) and bool(torch.isnan(out).all())

@@ -25,16 +25,23 @@ def _simulate(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.Comp
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_simulate_completes_and_writes_every_result_file(tmp_path, data_dir):
+def test_simulate_completes_writes_every_result_file_and_survives_a_nan_hospital(tmp_path, data_dir):
+    # hospital-1 sends NaN weights every round (fault injection): rejected, recorded, the run goes on
     out = tmp_path / "runs"
     res = _simulate(["--hospitals", "3", "--app", str(REPO), "-c", QUICK, "-c", f"output-dir={out} run-name=smoke",
-                     "--timeout", "500"], cwd=tmp_path)
+                     "-c", "attack=nan-update malicious-hospitals=1", "--timeout", "500"], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert "run ended finished:completed" in res.stdout
     run_dir = out / "smoke"
     for name in ("config.json", "rounds.jsonl", "summary.json", "model.pt", "class_counts.csv"):
         assert (run_dir / name).is_file(), name
-    assert [r["round"] for r in read_rounds(run_dir)] == [1, 2]
+    rounds = read_rounds(run_dir)
+    assert [r["round"] for r in rounds] == [1, 2]
+    for r in rounds:
+        by_hospital = {c["hospital"]: c for c in r["clients"]}
+        assert by_hospital["hospital-1"]["rejected"] and "NaN" in by_hospital["hospital-1"]["reason"]
+        assert not by_hospital["hospital-0"]["rejected"] and not by_hospital["hospital-2"]["rejected"]
+        assert not r["kept_previous_model"]
     summary = read_summary(run_dir)
     assert summary["hospitals"] == 3 and 0.0 <= summary["final"]["auc"] <= 1.0
     assert "final (pneumoniamnist, fedavg, 2 rounds" in res.stdout

@@ -408,6 +408,16 @@ class FreeRider(UpdateAttack):
         return U.free_ride(update, self.noise, generator)
 
 
+class NonFinite(UpdateAttack):
+    """A broken hospital, not a clever one: its update is all NaN (training diverged, a bad
+    GPU, a corrupted checkpoint). Reply validation must reject it; used as fault injection."""
+
+    name = "nan-update"
+
+    def apply(self, update, *, server_round, generator=None):
+        return torch.full_like(update, float("nan"))
+
+
 # =========================================================== colluding attacks
 class _SameForAll(ColludingAttack):
     """Colluding attack whose attackers all send one crafted ``(d,)`` update."""

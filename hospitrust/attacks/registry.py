@@ -35,6 +35,7 @@ ATTACKS: dict[str, Factory] = {
     "scaling": lambda s: B.Scaling(s.attack_gamma),
     "gaussian-noise": lambda s: B.GaussianNoise(s.attack_sigma),
     "free-rider": lambda s: B.FreeRider(s.attack_free_rider_noise),
+    "nan-update": lambda s: B.NonFinite(),
     # colluding attacks (server-side simulation step, sees honest updates)
     "alie": lambda s: B.ALIE(s.attack_z),
     "ipm": lambda s: B.IPM(s.attack_eps),
@@ -56,6 +57,7 @@ KINDS: dict[str, str] = {
     "scaling": "update",
     "gaussian-noise": "update",
     "free-rider": "update",
+    "nan-update": "update",
     "alie": "colluding",
     "ipm": "colluding",
     "min-max": "colluding",
