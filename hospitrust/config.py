@@ -48,6 +48,30 @@ class RunConfig(BaseModel):
     multi_krum_m: int = Field(0, ge=0, description="Multi-Krum: updates averaged (0: n - f).")
     clipping_tau: float = Field(0.0, ge=0.0, description="Centered clipping radius (0: the median distance to the center, each round).")
     clipping_iters: int = Field(1, ge=1, le=100, description="Centered clipping iterations.")
+    # trust rules (fedagain, hta, earn)
+    fedagain_benchmark: Literal["client", "server"] = Field("client", description="FedAgain E: client = the hospital's reported error of the incoming global on its validation set (the paper); server = 1 - reference-cohort balanced accuracy of the hospital's returned model (a variant).")
+    fedagain_divergence: Literal["l2", "cosine"] = Field("l2", description="FedAgain D: l2 = ||returned - global|| (the paper); cosine = 1 - cos(returned, global) (the authors' code).")
+    fedagain_divergence_quantile: float = Field(0.5, ge=0.0, le=1.0, description="FedAgain: D is floored at this quantile of the round's divergences (free-riders with D = 0).")
+    fedagain_error_quantile: float = Field(0.5, ge=0.0, le=1.0, description="FedAgain: E is floored at this quantile of the round's errors (a hospital reporting E = 0).")
+    fedagain_error_floor: float = Field(0.01, ge=0.0, le=1.0, description="FedAgain: absolute floor of E.")
+    hta_a: float = Field(0.5, ge=0.0, le=10.0, description="HTA exponent of s (direction agreement); 0 drops the signal.")
+    hta_b: float = Field(1.0, ge=0.0, le=10.0, description="HTA exponent of m (magnitude plausibility); 0 drops the signal.")
+    hta_c: float = Field(1.0, ge=0.0, le=10.0, description="HTA exponent of v (reference-cohort validation); 0 drops the signal.")
+    hta_ema_rate: float = Field(0.3, gt=0.0, le=1.0, description="HTA reputation EMA rate (weight of the new round).")
+    hta_variance_penalty: float = Field(1.0, ge=0.0, description="HTA: reputation = EMA - this x the EW standard deviation of tau.")
+    hta_lambda: float = Field(2.0, ge=0.0, description="HTA exclusion: reputation < median - lambda x MAD (and below kappa x median).")
+    hta_kappa: float = Field(0.5, ge=0.0, le=1.0, description="HTA exclusion: reputation < kappa x median (and below median - lambda x MAD).")
+    hta_clip: bool = Field(True, description="HTA: clip each kept update to the kept updates' median norm.")
+    hta_magnitude_tolerance: float = Field(2.0, ge=1.0, description="HTA m: norms within this factor of the median norm are not penalized.")
+    earn_evidence: Literal["update", "reported"] = Field("update", description="EARN evidence of who holds a class: update = positive bias update of the class row; reported = the hospitals' class counts (fakeable).")
+    earn_mode: Literal["blend", "peer", "history"] = Field("blend", description="EARN agreement: blend = p(c) peer + (1 - p(c)) history; peer = no blend; history = own history only.")
+    earn_cap: float = Field(0.5, gt=0.0, le=1.0, description="EARN: largest share one hospital may hold of a rare-class row (1: no cap).")
+    earn_history_rounds: int = Field(3, ge=1, le=1000, description="EARN: a hospital's first rounds averaged into its locked history row.")
+    earn_agree_threshold: float = Field(0.1, ge=0.0, le=1.0, description="EARN: a row agrees when its blended agreement is at least this.")
+    earn_audit: bool = Field(True, description="EARN: a row must also raise its class's logit on the reference cohort's images of that class.")
+    earn_rare_classes: str = Field("", description="EARN rare classes, e.g. '4' or '1,4'; empty: automatic (earn-rare-fraction).")
+    earn_rare_fraction: float = Field(0.6, gt=0.0, le=1.0, description="EARN automatic rare classes: reported total below this x the mean class total (and the rarest).")
+    earn_base: Literal["fedavg", "median"] = Field("fedavg", description="EARN rule for the body and the other rows.")
     max_update_norm: float = Field(1e4, gt=0.0, description="Replies whose update (returned - global) has a larger L2 norm are rejected.")
     max_num_examples: int = Field(10_000_000, ge=1, description="Replies claiming more training examples are rejected.")
 
@@ -132,6 +156,14 @@ class RunConfig(BaseModel):
             from hospitrust.datasets.partitioners import parse_specialist_classes
 
             parse_specialist_classes(v)  # raises ValueError with the reason
+        return v
+
+    @field_validator("earn_rare_classes")
+    @classmethod
+    def _earn_rare(cls, v: str) -> str:
+        from hospitrust.strategies.earn import parse_class_list
+
+        parse_class_list(v)  # raises ValueError with the reason
         return v
 
     @model_validator(mode="after")

@@ -144,6 +144,45 @@ class ReferenceCohortTrainer:
         return flatten_state(trained)[0] - flatten_state(global_state)[0]
 
 
+class ReferenceCohortJudge:
+    """The server's reference cohort as a judge of hospitals' updates (HTA's v, FedAgain's
+    server benchmark, EARN's row audit): balanced accuracy of candidate models
+    (global + u_h), and the global model's inputs to its last linear layer."""
+
+    def __init__(self, cfg: RunConfig, info: DatasetInfo, device: torch.device) -> None:
+        self.cfg, self.info, self.device = cfg, info, device
+        self.cohort = reference_set(cfg)
+        self.model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
+        self.head = [m for m in self.model.modules() if isinstance(m, torch.nn.Linear)][-1]
+
+    def score_candidates(self, global_state: dict[str, torch.Tensor], updates: torch.Tensor) -> torch.Tensor:
+        """(n,) balanced accuracy on the reference cohort of each candidate global + updates[i]."""
+        from hospitrust.aggregation import unflatten_state
+
+        global_vec, spec = flatten_state(global_state)
+        scores = []
+        for u in updates:
+            state = unflatten_state(global_vec + u.detach().cpu().to(global_vec.dtype), spec, global_state)
+            self.model.load_state_dict(state, strict=True)
+            pred = predict_proba(self.model, self.cohort.images, device=self.device).argmax(axis=1)
+            scores.append(metrics.balanced_accuracy(self.cohort.labels, pred))
+        return torch.tensor(scores, dtype=torch.float64)
+
+    __call__ = score_candidates
+
+    @torch.no_grad()
+    def head_features(self, global_state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The global model's inputs to its last linear layer on the cohort ((m, H)), and the labels ((m,))."""
+        self.model.load_state_dict(global_state, strict=True)
+        seen: list[torch.Tensor] = []
+        hook = self.head.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].detach().float().cpu()))
+        try:
+            predict_proba(self.model, self.cohort.images, device=self.device)
+        finally:
+            hook.remove()
+        return torch.cat(seen), torch.as_tensor(np.asarray(self.cohort.labels).reshape(-1), dtype=torch.long)
+
+
 def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: torch.device) -> HospitrustStrategy:
     train_config = {
         "local-epochs": cfg.local_epochs,
@@ -169,6 +208,26 @@ def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: t
         kwargs.update(clipping_tau=cfg.clipping_tau, clipping_iters=cfg.clipping_iters)
     if cfg.strategy == "fltrust":
         kwargs["server_update"] = ReferenceCohortTrainer(cfg, DatasetInfo.of(cfg.dataset), device)
+    # trust rules (fedagain, hta, earn)
+    if cfg.strategy == "fedagain":
+        kwargs.update(fedagain_benchmark=cfg.fedagain_benchmark, fedagain_divergence=cfg.fedagain_divergence,
+                      fedagain_divergence_quantile=cfg.fedagain_divergence_quantile,
+                      fedagain_error_quantile=cfg.fedagain_error_quantile, fedagain_error_floor=cfg.fedagain_error_floor)
+        if cfg.fedagain_benchmark == "server":
+            kwargs["candidate_scores"] = ReferenceCohortJudge(cfg, DatasetInfo.of(cfg.dataset), device).score_candidates
+    if cfg.strategy == "hta":
+        kwargs.update(hta_a=cfg.hta_a, hta_b=cfg.hta_b, hta_c=cfg.hta_c, hta_ema_rate=cfg.hta_ema_rate,
+                      hta_variance_penalty=cfg.hta_variance_penalty, hta_lambda=cfg.hta_lambda, hta_kappa=cfg.hta_kappa,
+                      hta_clip=cfg.hta_clip, hta_magnitude_tolerance=cfg.hta_magnitude_tolerance)
+        if cfg.hta_c > 0:
+            kwargs["candidate_scores"] = ReferenceCohortJudge(cfg, DatasetInfo.of(cfg.dataset), device).score_candidates
+    if cfg.strategy == "earn":
+        kwargs.update(earn_evidence=cfg.earn_evidence, earn_mode=cfg.earn_mode, earn_cap=cfg.earn_cap,
+                      earn_history_rounds=cfg.earn_history_rounds, earn_agree_threshold=cfg.earn_agree_threshold,
+                      earn_audit=cfg.earn_audit, earn_rare_classes=cfg.earn_rare_classes,
+                      earn_rare_fraction=cfg.earn_rare_fraction, earn_base=cfg.earn_base)
+        if cfg.earn_audit:
+            kwargs["head_features"] = ReferenceCohortJudge(cfg, DatasetInfo.of(cfg.dataset), device).head_features
     strategy = build_strategy(cfg.strategy, hospitals, **kwargs)
     if strategy.required_replies() > len(hospitals):
         log(WARNING, "%s with assumed-malicious %d needs %d valid replies per round but there are only %d "

@@ -18,10 +18,14 @@ from hospitrust.strategies.geometric_median import GeometricMedian
 from hospitrust.strategies.krum import Krum, MultiKrum
 from hospitrust.strategies.median import Median
 from hospitrust.strategies.trimmed_mean import TrimmedMean
+from hospitrust.strategies.fedagain import FedAgain
+from hospitrust.strategies.hta import HTA
+from hospitrust.strategies.earn import EARN
 
 STRATEGIES: dict[str, type[HospitrustStrategy]] = {
     cls.name: cls
-    for cls in (FedAvg, FedProx, Median, TrimmedMean, Krum, MultiKrum, Bulyan, GeometricMedian, CenteredClipping, FLTrust)
+    for cls in (FedAvg, FedProx, Median, TrimmedMean, Krum, MultiKrum, Bulyan, GeometricMedian, CenteredClipping, FLTrust,
+                FedAgain, HTA, EARN)
 }
 
 
@@ -36,4 +40,5 @@ def build_strategy(name: str, hospitals, **kwargs: Any) -> HospitrustStrategy:
 __all__ = [
     "Aggregate", "HospitrustStrategy", "STRATEGIES", "build_strategy", "FedAvg", "FedProx", "Median", "TrimmedMean",
     "Krum", "MultiKrum", "Bulyan", "GeometricMedian", "CenteredClipping", "FLTrust",
+    "FedAgain", "HTA", "EARN",
 ]

@@ -1,0 +1,221 @@
+"""EARN: Earned, Audited, Rare-class-aware per-class-row trust (pure math).
+
+The classifier row of class c (its weight row and bias) is where a hospital that holds c
+leaves its mark. Per rare class, each hospital earns trust slowly (+gain when its row
+agrees) and loses it fast (x decay when not); the row is averaged with FedAvg weight plus
+trust x evidence share, and no hospital may hold more than ``cap`` of it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "average_ranks",
+    "spearman",
+    "mean_class_spearman",
+    "update_evidence",
+    "holder_mask",
+    "peer_reliability",
+    "row_agreement",
+    "row_audit",
+    "trust_step",
+    "capped_weights",
+    "rare_row_weights",
+]
+
+
+def average_ranks(x: torch.Tensor) -> torch.Tensor:
+    """Ranks 1..n of a 1-D tensor, ties given their average rank (as scipy.stats.rankdata)."""
+    x = torch.as_tensor(x, dtype=torch.float64).flatten()
+    order = torch.argsort(x, stable=True)
+    ranks = torch.empty_like(x)
+    sorted_x = x[order]
+    n = x.numel()
+    i = 0
+    while i < n:
+        j = i
+        while j + 1 < n and sorted_x[j + 1] == sorted_x[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return ranks
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Spearman rank correlation (Pearson of average ranks); NaN when either side is constant."""
+    ra, rb = average_ranks(a), average_ranks(b)
+    if ra.numel() != rb.numel():
+        raise ValueError(f"spearman needs equal lengths, got {ra.numel()} and {rb.numel()}")
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    den = float(torch.linalg.vector_norm(ra) * torch.linalg.vector_norm(rb))
+    return float(ra @ rb) / den if den > 0 else math.nan
+
+
+def mean_class_spearman(evidence: torch.Tensor, counts: torch.Tensor) -> float:
+    """Per class, Spearman across hospitals of evidence vs true counts; the mean over classes
+    where both are non-constant (NaN if none)."""
+    e = torch.as_tensor(evidence, dtype=torch.float64)
+    k = torch.as_tensor(counts, dtype=torch.float64)
+    vals = [spearman(e[:, c], k[:, c]) for c in range(e.shape[1])]
+    vals = [v for v in vals if not math.isnan(v)]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def update_evidence(bias_updates: torch.Tensor) -> torch.Tensor:
+    r"""Update-derived evidence that hospital k holds class c: :math:`e_{kc} = \max(0, \Delta b_{kc})`.
+
+    Why the bias: with softmax cross-entropy, :math:`\partial L / \partial b_c = \bar p_c - \bar y_c`
+    over a batch, so local SGD moves :math:`b_c` by about
+    :math:`\eta\,(\#\{y = c\} - \sum_x p_c(x)) / B` per epoch: up when the hospital holds
+    more of c than the global model expects, down when it holds none. The sign separates
+    holders from non-holders; the positive part ranks holders by how much of c they hold.
+    Magnitudes of whole rows (which also carry the body's drift) do not.
+    """
+    return torch.as_tensor(bias_updates, dtype=torch.float64).clamp_min(0.0)
+
+
+def holder_mask(evidence: torch.Tensor) -> torch.Tensor:
+    """Hospital k holds class c when its evidence for c is positive: ``(n, C)`` bool."""
+    return torch.as_tensor(evidence, dtype=torch.float64) > 0
+
+
+def peer_reliability(num_holders: torch.Tensor | int) -> torch.Tensor:
+    r""":math:`p(c) = \mathrm{clip}((n(c) - 1) / 4, 0, 1)`: one holder, no peers to check with; five or more, full trust in the peer check."""
+    n = torch.as_tensor(num_holders, dtype=torch.float64)
+    return ((n - 1.0) / 4.0).clamp(0.0, 1.0)
+
+
+def _cos_pos(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    den = torch.linalg.vector_norm(x, dim=-1) * torch.linalg.vector_norm(ref, dim=-1)
+    cos = (x * ref).sum(-1) / den.clamp_min(1e-300)
+    return torch.where(den > 0, cos.clamp(0.0, 1.0), torch.zeros_like(cos))
+
+
+def row_agreement(
+    rows: torch.Tensor,
+    holders: torch.Tensor,
+    history: torch.Tensor | None,
+    history_known: torch.Tensor | None,
+    *,
+    mode: str = "blend",
+) -> dict[str, torch.Tensor]:
+    r"""Agreement of each hospital's class-c row update, in [0, 1].
+
+    .. math::
+
+        \mathrm{peer}_k = \max(0, \cos(r_k, \mathrm{med}_{j \in H \setminus k}\, r_j)),\quad
+        \mathrm{hist}_k = \max(0, \cos(r_k, \bar r_k)),\quad
+        a_k = p\,\mathrm{peer}_k + (1 - p)\,\mathrm{hist}_k
+
+    with H the holders of c, p = :func:`peer_reliability` of |H| (mode ``blend``), p = 1
+    (``peer``: no blend) or p = 0 (``history``), and :math:`\bar r_k` the hospital's own
+    locked history row. A missing term (no other holder; no history yet) drops out and the
+    other gets all the weight; with neither, ``a`` is NaN (nothing to judge by).
+
+    Parameters
+    ----------
+    rows : (n, R) the row updates of class c (weight row and bias).
+    holders : (n,) bool.
+    history : (n, R) or None; history_known : (n,) bool or None.
+    """
+    rows = rows.double()
+    n = rows.shape[0]
+    holders = torch.as_tensor(holders, dtype=torch.bool).flatten()
+    nh = int(holders.sum())
+    peer = torch.full((n,), math.nan, dtype=torch.float64)
+    for k in range(n):
+        others = holders.clone()
+        others[k] = False
+        if bool(others.any()):
+            ref = torch.quantile(rows[others], 0.5, dim=0)
+            peer[k] = _cos_pos(rows[k], ref)
+    hist = torch.full((n,), math.nan, dtype=torch.float64)
+    if history is not None and history_known is not None:
+        known = torch.as_tensor(history_known, dtype=torch.bool).flatten()
+        hist = torch.where(known, _cos_pos(rows, history.double()), hist)
+    if mode == "blend":
+        p = float(peer_reliability(nh))
+    elif mode == "peer":
+        p = 1.0
+    elif mode == "history":
+        p = 0.0
+    else:
+        raise ValueError(f"mode must be 'blend', 'peer' or 'history', got {mode!r}")
+    wp = torch.where(torch.isnan(peer), torch.zeros(n, dtype=torch.float64), torch.full((n,), p, dtype=torch.float64))
+    wh = torch.where(torch.isnan(hist), torch.zeros(n, dtype=torch.float64), torch.full((n,), 1.0 - p, dtype=torch.float64))
+    total = wp + wh
+    a = (wp * torch.nan_to_num(peer) + wh * torch.nan_to_num(hist)) / total.clamp_min(1e-300)
+    a = torch.where(total > 0, a, torch.full_like(a, math.nan))
+    return {"peer": peer, "history": hist, "agreement": a, "p": torch.tensor(p, dtype=torch.float64)}
+
+
+def row_audit(weight_rows: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, c: int) -> torch.Tensor:
+    r"""Does a row update make class c's logit rise more on class-c reference images than on the rest?
+
+    .. math::
+
+        \mathrm{audit}_k = \overline{\Delta w_{kc} \cdot h(x)}_{y = c} - \overline{\Delta w_{kc} \cdot h(x)}_{y \ne c}
+
+    :math:`h(x)` are the global model's inputs to its last layer on the server's reference
+    cohort (the bias update shifts every logit alike and cancels). First order in the row
+    update: cheap (one product per hospital) and not fakeable by the hospital. NaN for all
+    when the cohort lacks class c or has only class c.
+    """
+    w = weight_rows.double()
+    h = features.double()
+    y = torch.as_tensor(labels).flatten()
+    pos, neg = y == c, y != c
+    if not bool(pos.any()) or not bool(neg.any()):
+        return torch.full((w.shape[0],), math.nan, dtype=torch.float64)
+    dz = w @ h.T  # (n, m)
+    return dz[:, pos].mean(dim=1) - dz[:, neg].mean(dim=1)
+
+
+def trust_step(trust: torch.Tensor, agrees: torch.Tensor, *, gain: float = 0.1, decay: float = 0.5) -> torch.Tensor:
+    r"""Slow to earn, quick to lose: :math:`T \leftarrow \min(1, T + g)` when it agrees, :math:`T \leftarrow d\,T` when not."""
+    t = torch.as_tensor(trust, dtype=torch.float64)
+    ok = torch.as_tensor(agrees, dtype=torch.bool)
+    return torch.where(ok, (t + gain).clamp_max(1.0), t * decay)
+
+
+def capped_weights(w: torch.Tensor, cap: float = 0.5) -> torch.Tensor:
+    r"""Normalize ``w`` to sum 1 with no entry above ``cap`` (water filling: capped entries sit
+    at the cap, the rest share what is left in proportion to ``w``). ``cap >= 1`` only
+    normalizes; a cap below 1/n is raised to 1/n (the only feasible cap)."""
+    w = torch.as_tensor(w, dtype=torch.float64).clamp_min(0.0)
+    n = w.numel()
+    if float(w.sum()) <= 0:
+        w = torch.ones_like(w)
+    w = w / w.sum()
+    if cap >= 1.0:
+        return w
+    cap = max(cap, 1.0 / n)
+    fixed = torch.zeros(n, dtype=torch.bool)
+    out = w.clone()
+    for _ in range(n):
+        free = ~fixed
+        left = 1.0 - cap * int(fixed.sum())
+        base = w[free]
+        share = base / base.sum() if float(base.sum()) > 0 else torch.full_like(base, 1.0 / base.numel())
+        out = torch.where(fixed, torch.full_like(w, cap), torch.zeros_like(w))
+        out[free] = left * share
+        over = (out > cap + 1e-12) & free
+        if not bool(over.any()):
+            break
+        fixed |= over
+    return out
+
+
+def rare_row_weights(
+    fedavg: torch.Tensor, trust: torch.Tensor, evidence: torch.Tensor, *, cap: float = 0.5
+) -> torch.Tensor:
+    r"""Weights of a rare-class row: :math:`w_k \propto n_k / \sum n + T_k\, e_k / \sum e`, capped
+    (:func:`capped_weights`). With every trust at 0 this is FedAvg with the cap."""
+    f = torch.as_tensor(fedavg, dtype=torch.float64)
+    f = f / f.sum()
+    e = torch.as_tensor(evidence, dtype=torch.float64).clamp_min(0.0)
+    share = e / e.sum() if float(e.sum()) > 0 else torch.zeros_like(e)
+    return capped_weights(f + torch.as_tensor(trust, dtype=torch.float64) * share, cap)

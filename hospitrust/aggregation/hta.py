@@ -1,0 +1,159 @@
+"""HTA, Hospital Trust Aggregation: three bounded signals, a reputation over rounds, a dual MAD exclusion."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._validation import check_updates
+from .median import coordinate_median
+
+__all__ = ["hta_signals", "hta_fusion", "reputation_update", "mad_exclusion", "hta_weights"]
+
+
+def hta_signals(
+    x: torch.Tensor,
+    validation: torch.Tensor | None = None,
+    *,
+    magnitude_tolerance: float = 2.0,
+) -> dict[str, torch.Tensor]:
+    r"""The per-round signals, each in [0, 1].
+
+    .. math::
+
+        s_h = \max(0, \cos(u_h, \mathrm{med}(u))),\qquad
+        m_h = \exp\bigl(-\max(0,\ |\ln(\lVert u_h\rVert / \tilde\nu)| - \ln t)\bigr),\qquad
+        v_h = \mathrm{clip}(\beta_h / \tilde\beta,\ 0,\ 1)
+
+    :math:`\mathrm{med}(u)` is the coordinate-wise median of the updates, :math:`\tilde\nu`
+    the median update norm, :math:`t` the magnitude tolerance (norms within a factor t of
+    the median are fully plausible; beyond, the penalty is symmetric in the log ratio, so
+    a 10x scaler and a 10x shrinker score the same), :math:`\beta_h` the balanced accuracy
+    of (global + u_h) on the reference cohort and :math:`\tilde\beta` its median over the
+    round. Edge cases: a zero update has s = 0 and m = 0; a zero median has s = 1 (no
+    direction to agree with); a zero median norm gives m = 1; a zero median accuracy gives
+    v = 1; no validation (``None``) gives v = 1 (the ablation c = 0).
+
+    Returns ``{"s", "m", "v", "norm"}``, each ``(n,)`` float64 on CPU.
+    """
+    n, d = check_updates(x)
+    if magnitude_tolerance < 1.0:
+        raise ValueError(f"magnitude_tolerance must be >= 1, got {magnitude_tolerance}")
+    xd = x.double()
+    med = coordinate_median(x).double()
+    norms = torch.linalg.vector_norm(xd, dim=1)
+    med_norm_vec = float(torch.linalg.vector_norm(med))
+    if med_norm_vec > 0:
+        cos = (xd @ med) / (norms * med_norm_vec).clamp_min(1e-300)
+        s = torch.where(norms > 0, cos.clamp(0.0, 1.0), torch.zeros_like(cos))
+    else:
+        s = torch.ones(n, dtype=torch.float64, device=x.device)
+    med_norm = float(torch.quantile(norms, 0.5))
+    if med_norm > 0:
+        log_ratio = torch.log(norms.clamp_min(1e-300) / med_norm).abs()
+        m = torch.exp(-(log_ratio - math.log(magnitude_tolerance)).clamp_min(0.0))
+        m = torch.where(norms > 0, m, torch.zeros_like(m))
+    else:
+        m = torch.ones(n, dtype=torch.float64, device=x.device)
+    if validation is None:
+        v = torch.ones(n, dtype=torch.float64)
+    else:
+        acc = torch.as_tensor(validation, dtype=torch.float64).flatten().cpu()
+        if acc.numel() != n:
+            raise ValueError(f"validation must have one value per update (n={n}), got {acc.numel()}")
+        med_acc = float(torch.quantile(acc, 0.5))
+        v = (acc / med_acc).clamp(0.0, 1.0) if med_acc > 0 else torch.ones(n, dtype=torch.float64)
+    return {"s": s.cpu(), "m": m.cpu(), "v": v, "norm": norms.cpu()}
+
+
+def hta_fusion(s: torch.Tensor, m: torch.Tensor, v: torch.Tensor, a: float = 0.5, b: float = 1.0, c: float = 1.0) -> torch.Tensor:
+    r""":math:`\tau_h = s_h^a\, m_h^b\, v_h^c` (with :math:`0^0 = 1`: an exponent 0 drops that signal)."""
+    for name, e in (("a", a), ("b", b), ("c", c)):
+        if e < 0:
+            raise ValueError(f"exponent {name} must be >= 0, got {e}")
+    return s.double().pow(a) * m.double().pow(b) * v.double().pow(c)
+
+
+def reputation_update(
+    tau: float, ema: float | None, var: float, *, rate: float = 0.3, variance_penalty: float = 1.0
+) -> tuple[float, float, float]:
+    r"""One round of a hospital's reputation.
+
+    .. math::
+
+        \delta = \tau_t - r_{t-1},\quad
+        r_t = r_{t-1} + \rho\,\delta,\quad
+        \sigma^2_t = (1-\rho)(\sigma^2_{t-1} + \rho\,\delta^2),\quad
+        R_t = \mathrm{clip}(r_t - \gamma\,\sigma_t,\ 0,\ 1)
+
+    (the exponentially weighted mean and variance, Finch 2009); a first observation sets
+    :math:`r = \tau, \sigma^2 = 0`. The penalty is on the standard deviation, the same
+    units as the reputation, so a hospital that alternates honest and hostile rounds
+    (on-off) ends below one that is steadily mediocre.
+
+    Returns ``(ema, var, reputation)``.
+    """
+    if not 0.0 < rate <= 1.0:
+        raise ValueError(f"rate must be in (0, 1], got {rate}")
+    if ema is None:
+        ema, var = float(tau), 0.0
+    else:
+        delta = float(tau) - ema
+        ema = ema + rate * delta
+        var = (1.0 - rate) * (var + rate * delta * delta)
+    rep = min(1.0, max(0.0, ema - variance_penalty * math.sqrt(max(var, 0.0))))
+    return ema, var, rep
+
+
+def mad_exclusion(reputation: torch.Tensor, *, lam: float = 2.0, kappa: float = 0.5) -> dict[str, torch.Tensor]:
+    r"""Dual exclusion: h is excluded only when both
+    :math:`R_h < \mu - \lambda\,\mathrm{MAD}` and :math:`R_h < \kappa\,\mu`, with
+    :math:`\mu = \mathrm{median}(R)` and :math:`\mathrm{MAD} = \mathrm{median}|R - \mu|`
+    (raw, not scaled by 1.4826). The first test alone excludes honest hospitals when all
+    reputations are close (MAD near 0); the second alone excludes nobody when everyone is
+    low. The median itself is never excluded, so at least half the hospitals are kept.
+
+    Returns ``{"excluded", "below_mad", "below_kappa"}`` (bool) and ``mu``, ``mad`` (0-d).
+    """
+    r = torch.as_tensor(reputation, dtype=torch.float64).flatten()
+    mu = torch.quantile(r, 0.5)
+    mad = torch.quantile((r - mu).abs(), 0.5)
+    below_mad = r < mu - lam * mad
+    below_kappa = r < kappa * mu
+    return {"excluded": below_mad & below_kappa, "below_mad": below_mad, "below_kappa": below_kappa, "mu": mu, "mad": mad}
+
+
+def hta_weights(
+    x: torch.Tensor,
+    reputation: torch.Tensor,
+    num_examples: torch.Tensor,
+    keep: torch.Tensor,
+    *,
+    clip_to_median_norm: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Weights :math:`w_h \propto R_h n_h` over the kept hospitals (num-examples alone if
+    every kept reputation is 0), and the aggregate :math:`\sum_h w_h \tilde u_h` with
+    :math:`\tilde u_h = u_h \min(1, \tilde\nu_K / \lVert u_h\rVert)` when clipping
+    (:math:`\tilde\nu_K` the median norm of the kept updates), else :math:`u_h`.
+
+    Returns ``(update (d,), weights (n,) float64 CPU)``.
+    """
+    n, d = check_updates(x)
+    keep = torch.as_tensor(keep, dtype=torch.bool).flatten().cpu()
+    if not bool(keep.any()):
+        raise ValueError("at least one hospital must be kept")
+    r = torch.as_tensor(reputation, dtype=torch.float64).cpu()
+    ne = torch.as_tensor(num_examples, dtype=torch.float64).cpu()
+    raw = torch.where(keep, r * ne, torch.zeros_like(r))
+    if float(raw.sum()) <= 0:
+        raw = torch.where(keep, ne, torch.zeros_like(ne))
+    w = raw / raw.sum()
+    coef = w.clone()
+    if clip_to_median_norm:
+        norms = torch.linalg.vector_norm(x.double(), dim=1).cpu()
+        kept = norms[keep]
+        med = float(torch.quantile(kept, 0.5))
+        scale = torch.where(norms > med, med / norms.clamp_min(1e-300), torch.ones_like(norms))
+        coef = coef * scale
+    return coef.to(dtype=x.dtype, device=x.device) @ x, w

@@ -1,0 +1,238 @@
+"""EARN: Earned, Audited, Rare-class-aware aggregation (per-class-row trust)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from logging import INFO, WARNING
+
+import torch
+from flwr.common import log
+
+from hospitrust.aggregation import coordinate_median, flatten_state
+from hospitrust.aggregation.earn import (
+    holder_mask,
+    mean_class_spearman,
+    rare_row_weights,
+    row_agreement,
+    row_audit,
+    trust_step,
+    update_evidence,
+)
+from hospitrust.strategies.base import Aggregate, HospitrustStrategy
+
+EVIDENCE = ("update", "reported")
+MODES = ("blend", "peer", "history")
+BASES = ("fedavg", "median")
+FLAG_TRUST = 0.1  # a holder of a rare class whose trust on that row is below this, once its history is locked
+
+
+def classifier_head(global_state: dict[str, torch.Tensor]) -> tuple[int, int, int, int]:
+    """Where the last layer sits in the flat vector: ``(weight offset, C, H, bias offset)``.
+
+    The last float 1-D tensor (bias, shape (C,)) right after a float 2-D tensor of shape (C, H)."""
+    spec = flatten_state(global_state)[1]
+    for i in range(len(spec.keys) - 1, 0, -1):
+        bias, weight = spec.shapes[i], spec.shapes[i - 1]
+        if len(bias) == 1 and len(weight) == 2 and weight[0] == bias[0]:
+            return spec.offsets[i - 1], int(weight[0]), int(weight[1]), spec.offsets[i]
+    raise ValueError("earn needs a model whose last layer is a linear layer with a bias (weight (C, H), bias (C,))")
+
+
+def reported_counts(replies, num_classes: int) -> torch.Tensor | None:
+    """``class-counts`` of every reply as (n, C) float64, or None if any reply lacks a valid one."""
+    rows = []
+    for r in replies:
+        raw = r.metrics.get("class-counts")
+        if not isinstance(raw, (list, tuple)) or len(raw) != num_classes:
+            return None
+        try:
+            vals = [float(v) for v in raw]
+        except (TypeError, ValueError):
+            return None
+        if any(not math.isfinite(v) or v < 0 for v in vals):
+            return None
+        rows.append(vals)
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def parse_class_list(text: str) -> tuple[int, ...]:
+    """'3,4' -> (3, 4); '' -> () (automatic)."""
+    text = str(text).strip()
+    if not text:
+        return ()
+    try:
+        out = tuple(sorted({int(t) for t in text.split(",") if t.strip()}))
+    except ValueError:
+        raise ValueError(f"earn-rare-classes must be comma-separated class indices, e.g. '4' or '1,4'; got {text!r}") from None
+    if any(c < 0 for c in out):
+        raise ValueError(f"earn-rare-classes must be non-negative, got {text!r}")
+    return out
+
+
+class EARN(HospitrustStrategy):
+    """Per rare class c: evidence of who holds c (``reported`` class counts, or ``update``:
+    the positive part of each hospital's bias update of row c), n(c) holders,
+    p(c) = clip((n(c) - 1) / 4, 0, 1); agreement of the row update (weights and bias)
+    a = p peer + (1 - p) history (``earn-mode`` peer: p = 1; history: p = 0), the history
+    being the mean of the hospital's own rows over its first ``earn-history-rounds`` rounds,
+    then locked. Audited (``earn-audit``): the row must also raise class c's logit more on
+    the server's class-c reference images than on the others (:func:`row_audit`); a
+    consistent faker agrees with its own history but fails the audit. Trust per (k, c):
+    +gain on agreement, x decay otherwise (only for holders). Row c is averaged with
+    FedAvg weight + trust x evidence share, no hospital above ``earn-cap`` (1: no cap);
+    with all trust at 0 this is FedAvg with the cap. Other rows and the body: FedAvg or
+    the coordinate median (``earn-base``).
+
+    Rare classes: ``earn-rare-classes`` (e.g. '4'), or automatically those whose reported
+    federation total is below ``earn-rare-fraction`` x the mean class total, plus the
+    rarest; without reported counts, the classes with the fewest holders by evidence.
+    The update-derived evidence is compared with the reported counts every round
+    (mean over classes of the Spearman across hospitals), recorded as ``evidence_spearman``.
+
+    State (plain dicts by hospital name): ``trust`` {name: {class: T}}, ``history_sum``
+    {name: (C, H + 1) tensor}, ``history_rounds`` {name: int}.
+    """
+
+    name = "earn"
+
+    def __init__(
+        self,
+        hospitals,
+        *,
+        earn_evidence: str = "update",
+        earn_mode: str = "blend",
+        earn_cap: float = 0.5,
+        earn_history_rounds: int = 3,
+        earn_agree_threshold: float = 0.1,
+        earn_audit: bool = True,
+        earn_rare_classes: str = "",
+        earn_rare_fraction: float = 0.6,
+        earn_base: str = "fedavg",
+        earn_gain: float = 0.1,
+        earn_decay: float = 0.5,
+        head_features: Callable[[dict], tuple[torch.Tensor, torch.Tensor]] | None = None,
+        **kwargs,
+    ) -> None:
+        super().__init__(hospitals, **kwargs)
+        for key, value, allowed in (("earn-evidence", earn_evidence, EVIDENCE), ("earn-mode", earn_mode, MODES),
+                                    ("earn-base", earn_base, BASES)):
+            if value not in allowed:
+                raise ValueError(f"{key} must be one of {allowed}, got {value!r}")
+        if earn_audit and head_features is None:  # the ServerApp always gives one; bare use (tests) runs unaudited
+            log(WARNING, "earn: no head_features callable (reference cohort): rows are not audited")
+            earn_audit = False
+        self.evidence_source, self.mode, self.cap = earn_evidence, earn_mode, earn_cap
+        self.history_len, self.agree_threshold, self.audit = earn_history_rounds, earn_agree_threshold, earn_audit
+        self.rare_explicit = parse_class_list(earn_rare_classes)
+        self.rare_fraction, self.base = earn_rare_fraction, earn_base
+        self.gain, self.decay = earn_gain, earn_decay
+        self.head_features = head_features
+        self.trust: dict[str, dict[int, float]] = {}
+        self.history_sum: dict[str, torch.Tensor] = {}
+        self.history_rounds: dict[str, int] = {}
+        self.evidence_spearman: dict[int, float] = {}
+
+    def summary(self) -> None:
+        super().summary()
+        log(INFO, "\t└── EARN: evidence %s, mode %s, cap %g, history %d rounds, audit %s, rare %s, base %s",
+            self.evidence_source, self.mode, self.cap, self.history_len, self.audit,
+            list(self.rare_explicit) or f"auto (< {self.rare_fraction} x mean)", self.base)
+
+    def _rare_classes(self, counts: torch.Tensor | None, holders: torch.Tensor, num_classes: int) -> list[int]:
+        if self.rare_explicit:
+            return [c for c in self.rare_explicit if c < num_classes]
+        if counts is not None and float(counts.sum()) > 0:
+            totals = counts.sum(dim=0)
+            present = torch.nonzero(totals > 0).flatten().tolist()
+            rare = {c for c in present if float(totals[c]) < self.rare_fraction * float(totals.mean())}
+            rare.add(min(present, key=lambda c: float(totals[c])))
+            return sorted(rare)
+        n_holders = holders.sum(dim=0)
+        return sorted(torch.nonzero(n_holders == n_holders.min()).flatten().tolist())
+
+    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+        assert self.global_state is not None
+        n = updates.shape[0]
+        names = [self._name_of(r.node_id) for r in replies]
+        try:
+            w_off, C, H, b_off = classifier_head(self.global_state)
+        except ValueError as err:  # no linear head: no class rows to judge, the base rule alone
+            log(WARNING, "Round %d: %s; aggregated with earn-base %s only", server_round, err, self.base)
+            fedavg = (num_examples / num_examples.sum()).double().cpu()
+            update = (fedavg.to(updates.dtype).to(updates.device) @ updates if self.base == "fedavg"
+                      else coordinate_median(updates))
+            return Aggregate(update, fedavg, torch.ones(n, dtype=torch.bool), extra={"flagged": [False] * n})
+        W = updates[:, w_off : w_off + C * H].reshape(n, C, H).double().cpu()
+        B = updates[:, b_off : b_off + C].double().cpu()
+        counts = reported_counts(replies, C)
+        derived = update_evidence(B)
+        spear = mean_class_spearman(derived, counts) if counts is not None else math.nan
+        self.evidence_spearman[server_round] = spear
+        if self.evidence_source == "reported":
+            evidence = counts if counts is not None else torch.zeros(n, C, dtype=torch.float64)
+        else:
+            evidence = derived
+        holders = holder_mask(evidence)
+        rare = self._rare_classes(counts, holders, C)
+
+        fedavg = (num_examples / num_examples.sum()).double().cpu()
+        if self.base == "fedavg":
+            update = fedavg.to(updates.dtype).to(updates.device) @ updates
+        else:
+            update = coordinate_median(updates)
+        feats = labels = None
+        if self.audit and rare:
+            feats, labels = self.head_features(self.global_state)
+
+        known = torch.tensor([self.history_rounds.get(nm, 0) > 0 for nm in names])
+        hist_rows = torch.stack([
+            self.history_sum[nm] / self.history_rounds[nm] if self.history_rounds.get(nm, 0) > 0
+            else torch.zeros(C, H + 1, dtype=torch.float64) for nm in names
+        ])
+        agreement, audit_scores, row_weight, trust_now = ({} for _ in range(4))
+        for c in rare:
+            rows = torch.cat([W[:, c, :], B[:, c : c + 1]], dim=1)
+            ag = row_agreement(rows, holders[:, c], hist_rows[:, c, :], known, mode=self.mode)
+            a = ag["agreement"]
+            agrees = torch.nan_to_num(a, nan=-1.0) >= self.agree_threshold
+            if feats is not None:
+                au = row_audit(W[:, c, :], feats, labels, c)
+                agrees &= torch.isnan(au) | (au > 0)
+                audit_scores[c] = au
+            judged = holders[:, c] & ~torch.isnan(a)
+            old = torch.tensor([self.trust.get(nm, {}).get(c, 0.0) for nm in names], dtype=torch.float64)
+            new = torch.where(judged, trust_step(old, agrees, gain=self.gain, decay=self.decay), old)
+            for nm, t in zip(names, new.tolist()):
+                self.trust.setdefault(nm, {})[c] = t
+            w = rare_row_weights(fedavg, new, evidence[:, c], cap=self.cap)
+            wt = w.to(updates.dtype).to(updates.device)
+            update[w_off + c * H : w_off + (c + 1) * H] = wt @ updates[:, w_off + c * H : w_off + (c + 1) * H]
+            update[b_off + c] = wt @ updates[:, b_off + c]
+            agreement[c], row_weight[c], trust_now[c] = a, w, new
+
+        # the history: the mean of a hospital's rows over its first rounds, then locked
+        for i, nm in enumerate(names):
+            if self.history_rounds.get(nm, 0) < self.history_len:
+                rows_i = torch.cat([W[i], B[i].unsqueeze(1)], dim=1)
+                self.history_sum[nm] = self.history_sum.get(nm, torch.zeros_like(rows_i)) + rows_i
+                self.history_rounds[nm] = self.history_rounds.get(nm, 0) + 1
+
+        locked = [self.history_rounds.get(nm, 0) >= self.history_len for nm in names]
+        flagged = [
+            bool(locked[i] and any(bool(holders[i, c]) and float(trust_now[c][i]) < FLAG_TRUST for c in rare))
+            for i in range(n)
+        ]
+        def per(d, i):
+            return {str(c): float(v[i]) for c, v in d.items()}
+        return Aggregate(update, fedavg, torch.ones(n, dtype=torch.bool), extra={
+            "evidence": [[float(x) for x in evidence[i]] for i in range(n)],
+            "holds": [[int(c) for c in range(C) if bool(holders[i, c])] for i in range(n)],
+            "rare_classes": [list(rare)] * n,
+            "earn_trust": [per(trust_now, i) for i in range(n)],
+            "row_agreement": [per(agreement, i) for i in range(n)],
+            "row_audit": [per(audit_scores, i) for i in range(n)],
+            "rare_row_weight": [per(row_weight, i) for i in range(n)],
+            "evidence_spearman": [spear] * n,
+            "flagged": flagged,
+        })

@@ -1,0 +1,112 @@
+"""FedAgain (Reyes-Amezcua et al., arXiv:2603.19512): trust = 1 / (benchmark error x divergence)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from logging import INFO
+
+import torch
+from flwr.common import log
+
+from hospitrust.aggregation import fedagain_divergence, fedagain_trust, flatten_state
+from hospitrust.strategies.base import Aggregate, HospitrustStrategy
+
+BENCHMARKS = ("client", "server")
+DIVERGENCES = ("l2", "cosine")
+
+
+def reported_errors(replies) -> tuple[torch.Tensor, list[str]]:
+    """Each reply's ``benchmark-error``; a missing or invalid one counts as 1.0 (the worst), with a note."""
+    errors, notes = [], []
+    for r in replies:
+        raw = r.metrics.get("benchmark-error")
+        try:
+            e = float(raw)
+        except (TypeError, ValueError):
+            e = math.nan
+        if isinstance(raw, bool) or not math.isfinite(e) or not 0.0 <= e <= 1.0:
+            errors.append(1.0)
+            notes.append(f"benchmark-error {raw!r} missing or outside [0, 1]: counted as 1.0")
+        else:
+            errors.append(e)
+            notes.append("")
+    return torch.tensor(errors, dtype=torch.float64), notes
+
+
+class FedAgain(HospitrustStrategy):
+    """Trust ``T_k = 1 / (E'_k D'_k + eps)``, weights ``T / sum T``, aggregate ``sum_k w_k u_k``.
+
+    ``E``: ``client`` (the paper): the incoming global model's error on the hospital's own
+    validation set, as the hospital reports it (it can lie). ``server`` (a variant, not the
+    paper): the error of the hospital's returned model (global + u_k) on the server's
+    reference cohort, 1 - balanced accuracy, measured by the server (a hospital cannot
+    report it; the incoming global's own error would be one number for everyone and cancel
+    in T / sum T). ``D``: ``l2`` = ||u_k|| (the paper) or ``cosine`` = 1 - cos(w_k, w) (the
+    authors' code). Both factors are floored at the round's quantiles (see
+    :func:`hospitrust.aggregation.fedagain_trust`) so that a free-rider (D = 0) or a
+    hospital reporting E = 0 cannot take the aggregate.
+
+    ``candidate_scores``: callable (global state, (n, d) updates) -> (n,) balanced
+    accuracies on the reference cohort (built by the ServerApp); needed for ``server``.
+    A hospital is ``flagged`` when its trust is below half the round's median trust.
+    """
+
+    name = "fedagain"
+
+    def __init__(
+        self,
+        hospitals,
+        *,
+        fedagain_benchmark: str = "client",
+        fedagain_divergence: str = "l2",
+        fedagain_divergence_quantile: float = 0.5,
+        fedagain_error_quantile: float = 0.5,
+        fedagain_error_floor: float = 0.01,
+        candidate_scores: Callable[[dict, torch.Tensor], torch.Tensor] | None = None,
+        **kwargs,
+    ) -> None:
+        super().__init__(hospitals, **kwargs)
+        if fedagain_benchmark not in BENCHMARKS:
+            raise ValueError(f"fedagain-benchmark must be one of {BENCHMARKS}, got {fedagain_benchmark!r}")
+        if fedagain_divergence not in DIVERGENCES:
+            raise ValueError(f"fedagain-divergence must be one of {DIVERGENCES}, got {fedagain_divergence!r}")
+        if fedagain_benchmark == "server" and candidate_scores is None:
+            raise ValueError("fedagain-benchmark 'server' needs a candidate_scores callable (the reference cohort)")
+        self.benchmark = fedagain_benchmark
+        self.divergence = fedagain_divergence
+        self.divergence_quantile = fedagain_divergence_quantile
+        self.error_quantile = fedagain_error_quantile
+        self.error_floor = fedagain_error_floor
+        self.candidate_scores = candidate_scores
+
+    def summary(self) -> None:
+        super().summary()
+        log(INFO, "\t└── FedAgain: benchmark %s%s, divergence %s, floors: D at q%.2f, E at max(q%.2f, %g)",
+            self.benchmark, " (variant: server-measured)" if self.benchmark == "server" else "", self.divergence,
+            self.divergence_quantile, self.error_quantile, self.error_floor)
+
+    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+        assert self.global_state is not None
+        global_vec = flatten_state(self.global_state)[0].to(updates.device)
+        if self.benchmark == "client":
+            errors, notes = reported_errors(replies)
+        else:
+            errors = 1.0 - torch.as_tensor(self.candidate_scores(self.global_state, updates), dtype=torch.float64).cpu()
+            notes = [""] * len(replies)
+        divergence = fedagain_divergence(updates, global_vec, self.divergence)
+        res = fedagain_trust(errors, divergence, divergence_quantile=self.divergence_quantile,
+                             error_quantile=self.error_quantile, error_floor=self.error_floor)
+        weights = res["weights"]
+        update = weights.to(updates.dtype).to(updates.device) @ updates
+        trust = res["trust"]
+        flagged = trust < 0.5 * float(torch.quantile(trust, 0.5))
+        return Aggregate(update, weights, torch.ones(len(replies), dtype=torch.bool), extra={
+            "benchmark_error_used": [float(e) for e in errors],
+            "error_floored": [float(e) for e in res["error"]],
+            "divergence": [float(d) for d in divergence],
+            "divergence_floored": [float(d) for d in res["divergence"]],
+            "trust": [float(t) for t in trust],
+            "flagged": [bool(f) for f in flagged],
+            "note": notes,
+        })
