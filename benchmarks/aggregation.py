@@ -50,18 +50,29 @@ def resnet18_shapes() -> list[tuple[int, ...]]:
 SIZES = {"small": lambda: SMALL_CNN, "resnet18": resnet18_shapes}
 
 
-def timeit(fn, repeats: int) -> tuple[float, float]:
-    """(first call, median of ``repeats`` further calls) in seconds."""
-    t0 = time.perf_counter()
-    fn()
-    first = time.perf_counter() - t0
-    ts = []
+def timeit(fn, repeats: int, read=None, warmup: bool = True) -> tuple[float, float, float | None]:
+    """(first call, median of ``repeats`` further calls, median interleaved read).
+
+    With ``read`` given, every timed call is preceded by a timed ``read()``
+    so that the rule/read ratio compares runs made under the same machine
+    load (other processes may share the cores).
+    """
+    first = float("nan")
+    if warmup:
+        t0 = time.perf_counter()
+        fn()
+        first = time.perf_counter() - t0
+    ts, rs = [], []
     for _ in range(repeats):
         gc.collect()
+        if read is not None:
+            t0 = time.perf_counter()
+            read()
+            rs.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
-    return first, statistics.median(ts)
+    return first, statistics.median(ts), (statistics.median(rs) if rs else None)
 
 
 # ------------------------------------------------------------------ Flower side
@@ -137,6 +148,7 @@ def run(size: str, n: int, repeats: int, flower_repeats: int, f: int | None, see
     x = torch.randn(n, d, generator=g) * 0.01
     x[:f] += 5.0  # f "attackers" far away
     center = torch.zeros(d)
+    clip_out = torch.empty_like(x)
     server = x[f:].mean(0) + 0.001 * torch.randn(d, generator=g)
     xn = x.numpy()
     layers = []  # per client: list of layer views (as Flower holds them)
@@ -157,31 +169,32 @@ def run(size: str, n: int, repeats: int, flower_repeats: int, f: int | None, see
         "geometric_median": lambda: agg.geometric_median(x),
         "centered_clipping": lambda: agg.centered_clipping(x, center, 1.0),
         "norm_clip": lambda: agg.norm_clip(x, 1.0),
+        "norm_clip(out=)": lambda: agg.norm_clip(x, 1.0, out=clip_out),
         "fltrust": lambda: agg.fltrust(x, server),
     }
     flower = flower_baselines(layers, n, f)
-    _, t_read = timeit(lambda: x.sum(0), max(repeats, 5))
+    read = lambda: x.sum(0)  # noqa: E731
     rows = []
     for name, fn in rules.items():
-        first, t = timeit(fn, repeats)
+        first, t, t_read = timeit(fn, repeats, read)
         tf = None
         if name in flower:
-            _, tf = timeit(flower[name], flower_repeats)
-        rows.append((name, first, t, tf))
-    _, t_read2 = timeit(lambda: x.sum(0), max(repeats, 5))
-    t_read = statistics.median([t_read, t_read2])
+            tf = timeit(flower[name], flower_repeats, warmup=False)[1]
+        rows.append((name, first, t, t_read, tf))
+    t_read_all = statistics.median(r[3] for r in rows)
 
     print(f"\n## size={size} d={d:,} n={n} f={f} threads={torch.get_num_threads()} "
           f"backend={agg.get_backend()}")
-    print(f"one-pass read x.sum(0): {t_read * 1e3:.1f} ms")
-    print(f"| {'rule':<18} | {'first ms':>9} | {'median ms':>9} | {'/read':>6} | "
-          f"{'Flower ms':>9} | {'/Flower':>7} |")
-    print(f"|{'-' * 20}|{'-' * 11}|{'-' * 11}|{'-' * 8}|{'-' * 11}|{'-' * 9}|")
-    for name, first, t, tf in rows:
+    print(f"one-pass read x.sum(0): {t_read_all * 1e3:.1f} ms (median over all rules; "
+          f"/read uses the read timed right before each call of that rule)")
+    print(f"| {'rule':<18} | {'first ms':>9} | {'median ms':>9} | {'read ms':>8} | "
+          f"{'/read':>6} | {'Flower ms':>9} | {'/Flower':>7} |")
+    print(f"|{'-' * 20}|{'-' * 11}|{'-' * 11}|{'-' * 10}|{'-' * 8}|{'-' * 11}|{'-' * 9}|")
+    for name, first, t, t_read, tf in rows:
         fl = f"{tf * 1e3:9.1f}" if tf is not None else f"{'-':>9}"
         rf = f"{t / tf:7.3f}" if tf is not None else f"{'-':>7}"
-        print(f"| {name:<18} | {first * 1e3:9.1f} | {t * 1e3:9.1f} | {t / t_read:6.2f} | "
-              f"{fl} | {rf} |")
+        print(f"| {name:<18} | {first * 1e3:9.1f} | {t * 1e3:9.1f} | {t_read * 1e3:8.1f} | "
+              f"{t / t_read:6.2f} | {fl} | {rf} |")
     sys.stdout.flush()
 
 
@@ -191,7 +204,7 @@ def main(argv=None) -> None:
                    help="comma list of: " + ",".join(SIZES))
     p.add_argument("--clients", default="10,20,50", help="comma list of n")
     p.add_argument("--repeats", type=int, default=7, help="timed calls per rule")
-    p.add_argument("--flower-repeats", type=int, default=3,
+    p.add_argument("--flower-repeats", type=int, default=1,
                    help="timed calls per Flower baseline (they are slow)")
     p.add_argument("--f", type=int, default=None,
                    help="Byzantine count (default max(1, (n-3)//8))")

@@ -22,7 +22,9 @@ def small_run_config(tmp_path: Path, **overrides) -> dict:
     cfg.update(
         {
             "num-server-rounds": 2,
-            "train-subsample": 0.1,
+            "train-subsample": 0.05,
+            "local-epochs": 1,
+            "batch-size": 64,
             "output-dir": str(tmp_path / "runs"),
             "run-name": "test-run",
             "data-dir": str(DATA_DIR),

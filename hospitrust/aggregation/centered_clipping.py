@@ -8,19 +8,13 @@ from ._validation import check_updates, check_vector
 
 __all__ = ["centered_clipping"]
 
-_BLOCK_COLUMNS = 1 << 15
-
-
 def _distances_to(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Exact ``||x_i - v||`` for every row, float64, one blocked pass."""
-    n, d = x.shape
-    if x.device.type != "cpu":
-        return torch.linalg.vector_norm(x - v, dim=1).double()
-    acc = torch.zeros(n, dtype=torch.float64)
-    for c0 in range(0, d, _BLOCK_COLUMNS):
-        diff = x[:, c0 : c0 + _BLOCK_COLUMNS] - v[c0 : c0 + _BLOCK_COLUMNS]
-        acc += torch.linalg.vector_norm(diff, dim=1, dtype=torch.float64).square()
-    return acc.sqrt()
+    """Exact ``||x_i - v||`` for every row (no Gram identity), one pass, float64."""
+    if x.dtype not in (torch.float32, torch.float64):
+        return torch.linalg.vector_norm(x.float() - v.float(), dim=1).double()
+    return torch.cdist(
+        x[None], v[None, None], compute_mode="donot_use_mm_for_euclid_dist"
+    )[0, :, 0].double()
 
 
 def centered_clipping(

@@ -42,6 +42,9 @@ def mean(
     """
     n, _ = check_updates(x)
     if weights is None:
-        return x.sum(0) / n
-    w = check_weights(weights, n, x)
-    return (w / w.sum()) @ x
+        # A matrix-vector product reads x once and is faster than x.sum(0) / n.
+        w = torch.full((n,), 1.0 / n, dtype=x.dtype, device=x.device)
+    else:
+        w = check_weights(weights, n, x)
+        w = w / w.sum()
+    return w @ x
