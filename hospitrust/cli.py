@@ -42,11 +42,24 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--app", help="Flower app folder (default: found from the current folder)")
     sim.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is stopped (default 3600)")
     sim.set_defaults(func=_simulate)
+
+    from hospitrust.deploy import add_data_parser, add_deploy_parser
+
+    add_deploy_parser(sub)
+    add_data_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("deploy", "data"):
+        from hospitrust.deploy import DeployError
+
+        try:
+            return int(args.func(args))
+        except (DeployError, ValueError, OSError) as exc:
+            print(f"hospitrust {args.command}: {exc}", file=sys.stderr)
+            return 2
     return int(args.func(args))
 
 

@@ -27,7 +27,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from sklearn.metrics import f1_score, roc_auc_score
 
 __all__ = [
     "accuracy",
@@ -173,6 +172,8 @@ def macro_f1(y_true: Any, y_pred: Any) -> float:
     -------
     float
     """
+    from sklearn.metrics import f1_score  # lazy: a SuperNode starts a fresh ClientApp process per message
+
     t, p = _pair(y_true, y_pred)
     return float(f1_score(t, p, average="macro", zero_division=0))
 
@@ -241,6 +242,8 @@ def auc(y_true: Any, probs: Any) -> float:
         * ``float('nan')`` when ``y_true`` holds fewer than two distinct
           classes (AUC is undefined), including empty input.
     """
+    from sklearn.metrics import roc_auc_score  # lazy, as above
+
     t, p = _probs(y_true, probs)
     present = np.unique(t)
     if present.size < 2:

@@ -199,3 +199,18 @@ def test_every_clientapp_failing_fails_the_run(tmp_path, data_dir):
 
     with pytest.raises(FederationFailure, match="failed at every hospital"):
         _run(tmp_path, reply_filter=all_crash)
+
+
+def test_superlink_node_unavailable_error_counts_as_missing(tmp_path, data_dir):
+    # a dead SuperNode's reply comes from the SuperLink (node id 1), not from the hospital
+    def unavailable(index, incoming, reply):
+        if index == 1 and _is_train_reply(reply):
+            err = Message(Error(code=3, reason="Node Unavailable"), reply_to=incoming)
+            err.metadata.__dict__["_src_node_id"] = 1
+            return err
+        return reply
+
+    run_dir, _ = _run(tmp_path, reply_filter=unavailable)
+    for r in read_rounds(run_dir):
+        assert r["missing"] == ["hospital-1"]
+        assert sorted(c["hospital"] for c in r["clients"]) == ["hospital-0", "hospital-2"]

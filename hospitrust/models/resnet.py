@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch.nn as nn
-from torchvision.models import resnet18 as tv_resnet18
 
 # The functional blocks, in forward order (stem, four residual stages, head); block
 # ownership (FED-FBD) cuts the model along these names.
@@ -25,6 +24,9 @@ def resnet18(in_channels: int, num_classes: int, image_size: int = 28) -> nn.Mod
     3x3/stride-1 convolution without max-pool. At 128 and 224 the ImageNet stem is kept,
     with its input channels set to the dataset's.
     """
+    # imported here: torchvision costs seconds of start-up, and most runs use the small CNN
+    from torchvision.models import resnet18 as tv_resnet18
+
     model = tv_resnet18(weights=None, num_classes=num_classes)
     if image_size <= 64:
         model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)

@@ -128,6 +128,11 @@ class HospitrustStrategy(Strategy):
             global_vec = global_vec.to(self.device)
         for reply in replies:
             node_id = int(reply.metadata.src_node_id)
+            if node_id not in self.hospitals and reply.has_error():
+                # the SuperLink answers for a node that is gone ("node unavailable"): that
+                # hospital is missing this round, not a hospital that sent something bad
+                log(WARNING, "Round %d: no reply from a hospital: %s", server_round, reply.error.reason.strip()[:200])
+                continue
             try:
                 if self.global_state is None:
                     raise RejectedReply("no global model was sent this round")

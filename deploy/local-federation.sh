@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# deploy/local-federation.sh [N_HOSPITALS] [RUN_CONFIG]
+#
+# The whole deployment guide (docs/deployment.md) on 127.0.0.1, as an operator and N hospitals
+# would do it: CA, SuperLink certificate, hospitals' key pairs, SuperLink with TLS + SuperNode
+# authentication, registration, N SuperNodes (simulated hospitals: partition-id/num-partitions),
+# one `flwr run`, then the run's per-round seconds. Exit 0 only if the run ended finished:completed.
+# Everything lives in a fresh folder (printed); every process started here is stopped on exit.
+#
+#   HOSPITRUST_DATA_DIR=/path/to/medmnist deploy/local-federation.sh 3 'num-server-rounds=2 train-subsample=0.05'
+set -euo pipefail
+N=${1:-3}
+RUNCFG=${2:-"num-server-rounds=2 train-subsample=0.05"}
+APP=$(cd "$(dirname "$0")/.." && pwd)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/hospitrust-federation.XXXXXX")
+PORT=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
+: "${HOSPITRUST_DATA_DIR:?set HOSPITRUST_DATA_DIR to the folder with the MedMNIST .npz files}"
+export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+echo "work folder: $WORK   SuperLink: 127.0.0.1:$PORT"
+cd "$WORK"
+
+# operator: CA and the SuperLink's certificate
+hospitrust deploy ca --out certs
+hospitrust deploy server-cert --ca-dir certs --san 127.0.0.1 --san localhost
+# hospitals: each makes its own key pair and sends the .pub to the operator
+for i in $(seq 0 $((N-1))); do hospitrust deploy keygen --out "hospital-$i" --name "hospital-$i"; done
+# operator: SuperLink (setsid: its own process group, so cleanup stops its children too)
+setsid hospitrust deploy superlink --certs certs --database "$WORK/superlink/state.db" --host 127.0.0.1 --port "$PORT" \
+  > superlink.log 2>&1 & PIDS+=($!)
+export FLWR_HOME=$WORK/operator
+hospitrust deploy connection local-tls --address "127.0.0.1:$PORT" --ca certs/ca.crt --default
+for _ in $(seq 1 100); do curl -sf --cacert certs/ca.crt "https://127.0.0.1:$PORT/health" >/dev/null && break; sleep 0.5; done
+hospitrust deploy register hospital-*/hospital-*.pub --connection local-tls
+# hospitals: SuperNodes (simulated hospitals; a real one uses `hospitrust deploy supernode --data-path ...`)
+for i in $(seq 0 $((N-1))); do
+  FLWR_HOME=$WORK/hospital-$i/flwr setsid flower-supernode --root-certificates certs/ca.crt \
+    --superlink "127.0.0.1:$PORT" --auth-supernode-private-key "hospital-$i/hospital-$i.key" \
+    --node-config "partition-id=$i num-partitions=$N" --port $((PORT + 1 + i)) > "hospital-$i.log" 2>&1 & PIDS+=($!)
+done
+for _ in $(seq 1 120); do
+  n=$(flwr supernode list local-tls --format json 2>/dev/null | python3 -c 'import json,sys; print(sum(1 for x in json.load(sys.stdin).get("nodes", []) if x.get("status") == "online"))' 2>/dev/null || echo 0)
+  [ "$n" -ge "$N" ] && break; sleep 1
+done
+echo "$n SuperNodes online"
+# researcher: one run (absolute paths: the ServerApp's cwd is not this shell's)
+START=$(date +%s)
+RID=$(flwr run "$APP" local-tls --format json \
+  --run-config "$RUNCFG output-dir=\"$WORK/runs\" data-dir=\"$HOSPITRUST_DATA_DIR\" run-name=\"local-federation\"" \
+  | python3 -c 'import json,sys; print(json.load(sys.stdin)["run-id"])')
+echo "run $RID submitted"
+set +e
+hospitrust deploy status "$RID" --connection local-tls --wait --timeout "${RUN_TIMEOUT:-3600}"; RC=$?
+set -e
+echo "wall seconds from submit to finished: $(( $(date +%s) - START ))"
+flwr log "$RID" local-tls --show | grep -E "round +[0-9]+/|finished .* rounds" || true
+python3 - "$WORK/runs/local-federation/rounds.jsonl" <<'PY' || true
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+for r in rows:
+    print(f"round {r['round']}: {r['round_seconds']:.1f} s, asked {r['asked']}, missing {r['missing']}")
+print(f"mean round seconds: {sum(r['round_seconds'] for r in rows) / len(rows):.1f}")
+PY
+exit $RC

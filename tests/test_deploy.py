@@ -1,0 +1,252 @@
+"""A real deployment on 127.0.0.1: SuperLink with TLS and SuperNode authentication, three
+SuperNodes (one hospital with its own image folder, two simulated hospitals), `flwr run`.
+
+One federation (module fixture) serves every test; the test that kills a SuperNode runs
+last. Every process is started in its own session and killed (with its children) at the end.
+Timeouts are generous: on a loaded 2-core machine one deployment phase (a fresh
+`flwr-clientapp` process per message, importing torch) can take a minute or more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import DATA_DIR, REPO
+from hospitrust import deploy
+
+pytestmark = pytest.mark.slow
+
+RUN_TIMEOUT = float(os.environ.get("HOSPITRUST_TEST_RUN_TIMEOUT", "900"))
+REPLY_TIMEOUT = float(os.environ.get("HOSPITRUST_TEST_REPLY_TIMEOUT", "300"))
+QUICK = "num-server-rounds=2 train-subsample=0.05 batch-size=64"
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = dict(os.environ, FLWR_HOME=str(home), FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1",
+               HOSPITRUST_DATA_DIR=str(DATA_DIR), PYTHONUNBUFFERED="1")
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def write_image_folder(root: Path, per_class: int = 40, seed: int = 0) -> Path:
+    """A hospital's class-per-folder PNGs, taken from PneumoniaMNIST's training split."""
+    from PIL import Image
+
+    data = np.load(DATA_DIR / "pneumoniamnist.npz")
+    images, labels = data["train_images"], data["train_labels"].ravel()
+    rng = np.random.default_rng(seed)
+    for cls, name in enumerate(("normal", "pneumonia")):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in rng.choice(np.flatnonzero(labels == cls), per_class, replace=False):
+            Image.fromarray(images[i]).save(root / name / f"{i}.png")
+    return root
+
+
+class Federation:
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, Path] = {}
+
+    def start(self, name: str, cmd: list[str], home: Path) -> subprocess.Popen:
+        home.mkdir(parents=True, exist_ok=True)
+        log = self.work / f"{name}.log"
+        with open(log, "w") as fh:
+            proc = subprocess.Popen(cmd, env=_env(home), cwd=self.work, stdout=fh, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        self.procs[name], self.logs[name] = proc, log
+        return proc
+
+    def kill(self, name: str, sig=signal.SIGKILL) -> None:
+        proc = self.procs[name]
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            try:
+                self.kill(name, signal.SIGTERM)
+            except Exception:  # keep killing the others
+                pass
+
+    def flwr(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        return subprocess.run(["flwr", *args], env=_env(self.cli_home), cwd=self.work, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def tail(self, name: str, n: int = 3000) -> str:
+        return f"--- {name} ---\n" + self.logs[name].read_text()[-n:]
+
+    def submit(self, run_config: str) -> int:
+        res = self.flwr("run", str(REPO), "tls", "--run-config", run_config, "--format", "json")
+        assert res.returncode == 0, res.stdout + res.stderr
+        return int(json.loads(res.stdout)["run-id"])
+
+    def wait(self, run_id: int, timeout: float = RUN_TIMEOUT) -> tuple[str, str]:
+        status, details = deploy.wait_for_run(run_id, "tls", timeout, env=_env(self.cli_home), poll=3)
+        if status == "timeout":
+            self.flwr("stop", str(run_id), "tls")
+        return status, details
+
+    def run_log(self, run_id: int) -> str:
+        return self.flwr("log", str(run_id), "tls", "--show").stdout[-6000:]
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    if not (DATA_DIR / "pneumoniamnist.npz").is_file():
+        pytest.skip(f"MedMNIST files not found in {DATA_DIR}")
+    work = tmp_path_factory.mktemp("deploy")
+    fed = Federation(work)
+    certs, keys = work / "certs", work / "keys"
+    deploy.create_ca(certs)
+    deploy.create_server_cert(certs / "ca.crt", certs / "ca.key", certs, ["127.0.0.1", "localhost"])
+    deploy.create_ca(work / "other-ca")  # a CA the SuperLink's certificate is not signed by
+    for name in ("st-mary", "hospital-1", "hospital-2", "rogue"):
+        deploy.create_supernode_keys(keys, name)
+    fed.certs, fed.keys = certs, keys
+    fed.port = deploy.DEFAULT_PORT if os.environ.get("HOSPITRUST_TEST_FIXED_PORT") else _free_port()
+    fed.address = f"127.0.0.1:{fed.port}"
+    try:
+        cmd = deploy.superlink_command(ca=certs / "ca.crt", cert=certs / "server.pem", key=certs / "server.key",
+                                       database=work / "superlink" / "state.db", host="127.0.0.1", port=fed.port)
+        superlink = fed.start("superlink", cmd, work / "superlink")
+        deploy.wait_healthy(fed.address, certs / "ca.crt", timeout=120, proc=superlink)
+
+        fed.cli_home = work / "cli"
+        deploy.write_connection("tls", fed.address, certs / "ca.crt", make_default=True, home=fed.cli_home)
+        for name in ("st-mary", "hospital-1", "hospital-2"):
+            res = fed.flwr("supernode", "register", str(keys / f"{name}.pub"), "tls")
+            assert res.returncode == 0 and "registered successfully" in res.stdout, res.stdout + res.stderr
+
+        # the hospital with its own images starts through `hospitrust deploy supernode` (data check first)
+        data = write_image_folder(work / "st-mary-images")
+        fed.start("st-mary", [sys.executable, "-m", "hospitrust.cli", "deploy", "supernode", "--superlink", fed.address,
+                              "--ca", str(certs / "ca.crt"), "--key", str(keys / "st-mary.key"), "--data-path", str(data),
+                              "--hospital", "st-mary", "--port", str(_free_port())], work / "sn-st-mary")
+        for pid in (1, 2):
+            cmd = deploy.supernode_command(superlink=fed.address, ca=certs / "ca.crt", key=keys / f"hospital-{pid}.key",
+                                           node_config={"partition-id": pid, "num-partitions": 3}, port=_free_port())
+            fed.start(f"hospital-{pid}", cmd, work / f"sn-hospital-{pid}")
+        deadline = time.monotonic() + 240
+        while len(deploy.online_nodes("tls", env=_env(fed.cli_home))) < 3:
+            for name in ("st-mary", "hospital-1", "hospital-2"):
+                assert fed.procs[name].poll() is None, fed.tail(name)
+            assert time.monotonic() < deadline, "3 SuperNodes not online in 240 s\n" + fed.tail("superlink")
+            time.sleep(2)
+        yield fed
+    finally:
+        fed.stop_all()
+
+
+def _free_port() -> int:
+    from hospitrust.simulate import free_port
+
+    return free_port()
+
+
+def _run_config(fed: Federation, name: str, extra: str = "", reply_timeout: float = REPLY_TIMEOUT) -> str:
+    return (f'{QUICK} reply-timeout={reply_timeout} output-dir="{fed.work / "runs"}" data-dir="{DATA_DIR}" '
+            f'run-name="{name}" {extra}').strip()
+
+
+def test_tls_and_auth_run_completes_and_a_nan_hospital_is_rejected(federation):
+    fed = federation
+    run_id = fed.submit(_run_config(fed, "nan", 'attack="nan-update" malicious-hospitals="1"'))
+    status, details = fed.wait(run_id)
+    assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}\n{fed.tail('st-mary')}"
+    run_dir = fed.work / "runs" / "nan"
+    for name in ("summary.json", "rounds.jsonl", "config.json", "model.pt", "class_counts.csv"):
+        assert (run_dir / name).is_file(), name
+    rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [1, 2]
+    for r in rounds:
+        by = {c["hospital"]: c for c in r["clients"]}
+        assert set(by) == {"st-mary", "hospital-1", "hospital-2"}, by.keys()
+        assert by["hospital-1"]["rejected"] and "NaN" in by["hospital-1"]["reason"]
+        assert not by["st-mary"]["rejected"] and not by["hospital-2"]["rejected"]
+        assert r["missing"] == []
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["hospitals"] == 3 and summary["rounds"] == 2
+    # the data check ran before the hospital's SuperNode started
+    assert "OK: ready to join the federation" in fed.logs["st-mary"].read_text()
+
+
+def test_unregistered_supernode_is_refused(federation):
+    fed = federation
+    cmd = deploy.supernode_command(superlink=fed.address, ca=fed.certs / "ca.crt", key=fed.keys / "rogue.key",
+                                   node_config={"partition-id": 0, "num-partitions": 3}, port=_free_port(), max_retries=1,
+                                   max_wait_time=30)
+    proc = fed.start("rogue", cmd, fed.work / "sn-rogue")
+    try:
+        rc = proc.wait(timeout=180)
+    finally:
+        fed.kill("rogue")
+    log = fed.logs["rogue"].read_text()
+    # Flower's exit code 305 is printed; the process itself exits 1
+    assert rc != 0 and "Failed to activate SuperNode" in log and "305" in log, fed.tail("rogue")
+    assert len(deploy.online_nodes("tls", env=_env(fed.cli_home))) == 3
+
+
+def test_a_client_without_the_federation_ca_cannot_connect(federation):
+    fed = federation
+    # the flwr CLI with another CA's certificate
+    other_home = fed.work / "cli-other-ca"
+    deploy.write_connection("tls", fed.address, fed.work / "other-ca" / "ca.crt", make_default=True, home=other_home)
+    res = subprocess.run(["flwr", "ls", "tls", "--format", "json"], env=_env(other_home), cwd=fed.work,
+                         capture_output=True, text=True, timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 or '"success": false' in out, out
+    assert "runs" not in json.loads(res.stdout or "{}") if res.stdout.strip().startswith("{") else True
+    # a registered SuperNode that trusts another CA never gets online and gives up
+    cmd = deploy.supernode_command(superlink=fed.address, ca=fed.work / "other-ca" / "ca.crt",
+                                   key=fed.keys / "hospital-2.key", node_config={"partition-id": 2, "num-partitions": 3},
+                                   port=_free_port(), max_retries=1, max_wait_time=20)
+    proc = fed.start("wrong-ca", cmd, fed.work / "sn-wrong-ca")
+    try:
+        rc = proc.wait(timeout=180)
+    finally:
+        fed.kill("wrong-ca")
+    assert rc != 0, fed.tail("wrong-ca")
+    assert "CERTIFICATE_VERIFY_FAILED" in fed.logs["wrong-ca"].read_text() or "certificate" in fed.logs["wrong-ca"].read_text().lower()
+
+
+def test_a_supernode_killed_mid_run_is_recorded_and_the_run_completes(federation):
+    fed = federation
+    run_id = fed.submit(_run_config(fed, "killed", "min-hospitals=2"))
+    config = fed.work / "runs" / "killed" / "config.json"  # written right after the query round
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while not config.is_file():
+        assert time.monotonic() < deadline, "the run never got past its query round\n" + fed.run_log(run_id)
+        status, details = deploy.run_status(run_id, "tls", _env(fed.cli_home))
+        assert not status.startswith("finished"), f"{status}: {details}\n{fed.run_log(run_id)}"
+        time.sleep(1)
+    fed.kill("hospital-2")
+    status, details = fed.wait(run_id)
+    assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}"
+    rounds = [json.loads(line) for line in (fed.work / "runs" / "killed" / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [1, 2]
+    first = rounds[0]
+    by = {c["hospital"]: c for c in first["clients"]}
+    assert "hospital-2" in first["missing"], (
+        f"missing={first['missing']}; hospital-2's entry: {by.get('hospital-2')}; asked={first['asked']}")
+    for r in rounds:
+        valid = {c["hospital"] for c in r["clients"] if not c.get("rejected")}
+        assert valid == {"st-mary", "hospital-1"}, r["clients"]
+        assert not r["kept_previous_model"]
