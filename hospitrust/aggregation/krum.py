@@ -18,15 +18,24 @@ __all__ = [
 def gram(x: torch.Tensor) -> torch.Tensor:
     r"""Gram matrix :math:`G = X X^\top` as float64, shape ``(n, n)``.
 
-    One matrix product over ``x`` (about 1.5-2.5 reads of the data on a 2-core
-    CPU), in the input precision (float32 for half types), returned as
-    float64. A single large product is used rather than column blocks: with
-    other processes competing for the cores, many small multi-threaded ops
-    degrade badly.
+    One pass over ``x``, in the input precision (float32 for half types),
+    returned as float64. On CPU the product is accumulated over column blocks
+    of ``GRAM_BLOCK`` columns: MKL's single skinny product ``(n, d) @ (d, n)``
+    was 6x a read at n = 10, d = 11.2M on this 2-core machine, the blocked one
+    1.8x (and equal at n = 20).
     """
     check_updates(x)
     work = x if x.dtype in (torch.float32, torch.float64) else x.float()
-    return (work @ work.T).double()
+    if work.device.type != "cpu" or work.shape[1] <= GRAM_BLOCK:
+        return (work @ work.T).double()
+    g = torch.zeros(work.shape[0], work.shape[0], dtype=work.dtype)
+    for start in range(0, work.shape[1], GRAM_BLOCK):
+        block = work[:, start : start + GRAM_BLOCK]
+        g.addmm_(block, block.T)
+    return g.double()
+
+
+GRAM_BLOCK = 131_072
 
 
 def pairwise_sq_distances(x: torch.Tensor) -> torch.Tensor:
