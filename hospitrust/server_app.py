@@ -206,28 +206,20 @@ def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: t
         kwargs["multi_krum_m"] = cfg.multi_krum_m
     if cfg.strategy == "centered-clipping":
         kwargs.update(clipping_tau=cfg.clipping_tau, clipping_iters=cfg.clipping_iters)
+    info = DatasetInfo.of(cfg.dataset)
     if cfg.strategy == "fltrust":
-        kwargs["server_update"] = ReferenceCohortTrainer(cfg, DatasetInfo.of(cfg.dataset), device)
-    # trust rules (fedagain, hta, earn)
-    if cfg.strategy == "fedagain":
-        kwargs.update(fedagain_benchmark=cfg.fedagain_benchmark, fedagain_divergence=cfg.fedagain_divergence,
-                      fedagain_divergence_quantile=cfg.fedagain_divergence_quantile,
-                      fedagain_error_quantile=cfg.fedagain_error_quantile, fedagain_error_floor=cfg.fedagain_error_floor)
-        if cfg.fedagain_benchmark == "server":
-            kwargs["candidate_scores"] = ReferenceCohortJudge(cfg, DatasetInfo.of(cfg.dataset), device).score_candidates
-    if cfg.strategy == "hta":
-        kwargs.update(hta_a=cfg.hta_a, hta_b=cfg.hta_b, hta_c=cfg.hta_c, hta_ema_rate=cfg.hta_ema_rate,
-                      hta_variance_penalty=cfg.hta_variance_penalty, hta_lambda=cfg.hta_lambda, hta_kappa=cfg.hta_kappa,
-                      hta_clip=cfg.hta_clip, hta_magnitude_tolerance=cfg.hta_magnitude_tolerance)
-        if cfg.hta_c > 0:
-            kwargs["candidate_scores"] = ReferenceCohortJudge(cfg, DatasetInfo.of(cfg.dataset), device).score_candidates
-    if cfg.strategy == "earn":
-        kwargs.update(earn_evidence=cfg.earn_evidence, earn_mode=cfg.earn_mode, earn_cap=cfg.earn_cap,
-                      earn_history_rounds=cfg.earn_history_rounds, earn_agree_threshold=cfg.earn_agree_threshold,
-                      earn_audit=cfg.earn_audit, earn_rare_classes=cfg.earn_rare_classes,
-                      earn_rare_fraction=cfg.earn_rare_fraction, earn_base=cfg.earn_base)
-        if cfg.earn_audit:
-            kwargs["head_features"] = ReferenceCohortJudge(cfg, DatasetInfo.of(cfg.dataset), device).head_features
+        kwargs["server_update"] = ReferenceCohortTrainer(cfg, info, device)
+    # trust rules: every run config field named after the rule (fedagain_*, hta_*, earn_*) is its option
+    if cfg.strategy in ("fedagain", "hta", "earn"):
+        prefix = cfg.strategy + "_"
+        kwargs.update({k: v for k, v in cfg.model_dump(exclude={"attacks"}).items() if k.startswith(prefix)})
+    needs_scores = (cfg.strategy == "fedagain" and cfg.fedagain_benchmark == "server") or (
+        cfg.strategy == "hta" and cfg.hta_c > 0
+    )
+    if needs_scores:
+        kwargs["candidate_scores"] = ReferenceCohortJudge(cfg, info, device).score_candidates
+    if cfg.strategy == "earn" and cfg.earn_audit:
+        kwargs["head_features"] = ReferenceCohortJudge(cfg, info, device).head_features
     strategy = build_strategy(cfg.strategy, hospitals, **kwargs)
     if strategy.required_replies() > len(hospitals):
         log(WARNING, "%s with assumed-malicious %d needs %d valid replies per round but there are only %d "

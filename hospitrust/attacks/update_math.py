@@ -287,12 +287,7 @@ def _min_max_parts(honest, perturbation, method, gamma_init, tol):
     a2 = (a * a).sum(dim=1)
     b = a @ p
     c = float(p @ p)
-    if method == "exact":
-        return _largest_feasible_gamma(a2, b, c, bound), mean, p
-    if method == "bisection":
-        feasible = lambda g: float((a2 + 2 * g * b + g * g * c).max()) <= bound  # noqa: E731
-        return _bisect_gamma(feasible, gamma_init, tol), mean, p
-    raise ValueError(f"method must be 'exact' or 'bisection', got {method!r}")
+    return _solve_gamma(a2, b, c, bound, method, gamma_init, tol), mean, p
 
 
 def min_sum_gamma(
@@ -313,6 +308,16 @@ def min_sum_gamma(
     return _min_sum_parts(honest, perturbation, method, gamma_init, tol)[0]
 
 
+def _solve_gamma(a2, b, c, bound, method, gamma_init, tol) -> float:
+    """Largest gamma with max_i (a2_i + 2 gamma b_i + gamma^2 c) <= bound: closed form or bisection."""
+    if method == "exact":
+        return _largest_feasible_gamma(a2, b, c, bound)
+    if method == "bisection":
+        feasible = lambda g: float((a2 + 2 * g * b + g * g * c).max()) <= bound  # noqa: E731
+        return _bisect_gamma(feasible, gamma_init, tol)
+    raise ValueError(f"method must be 'exact' or 'bisection', got {method!r}")
+
+
 def _min_sum_parts(honest, perturbation, method, gamma_init, tol):
     p = perturbation_vector(honest, perturbation)
     h = honest.double()
@@ -322,12 +327,7 @@ def _min_sum_parts(honest, perturbation, method, gamma_init, tol):
     a2 = torch.tensor([float((a * a).sum())], dtype=torch.float64)
     b = torch.tensor([float((a @ p).sum())], dtype=torch.float64)
     c = float(p @ p) * h.shape[0]
-    if method == "exact":
-        return _largest_feasible_gamma(a2, b, c, bound), mean, p
-    if method == "bisection":
-        feasible = lambda g: float(a2 + 2 * g * b + g * g * c) <= bound  # noqa: E731
-        return _bisect_gamma(feasible, gamma_init, tol), mean, p
-    raise ValueError(f"method must be 'exact' or 'bisection', got {method!r}")
+    return _solve_gamma(a2, b, c, bound, method, gamma_init, tol), mean, p
 
 
 def min_max(
