@@ -24,13 +24,14 @@ class InProcessGrid(Grid):
     """A Grid whose nodes are ClientApp calls in this process (node ids deliberately unordered)."""
 
     def __init__(self, client_app, num_nodes: int, run_config: dict, node_configs=None, run_id: int = 1,
-                 reply_filter: Callable[[int, Message, Message], Message | None] | None = None) -> None:
+                 reply_filter: Callable[[int, Message, Message], Message | None] | None = None,
+                 first_node_id: int = 7_000_000) -> None:
         TaskIdentity.run_id = run_id
         TaskIdentity.node_id = 1
         TaskIdentity.task_id = 1
         self._client_app, self._run = client_app, Run.create_empty(run_id)
         # node ids deliberately out of partition order: the server must map them by query
-        self.node_ids = [7_000_000 + 37 * (num_nodes - i) for i in range(num_nodes)]
+        self.node_ids = [first_node_id + 37 * (num_nodes - i) for i in range(num_nodes)]
         node_configs = node_configs or [{"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)]
         self.contexts = {
             nid: Context(run_id=run_id, node_id=nid, node_config=dict(nc), state=RecordDict(), run_config=dict(run_config))

@@ -6,6 +6,7 @@
   - ``rounds.jsonl``       one JSON object per round (ROUND_FIELDS; ``clients``: CLIENT_FIELDS)
   - ``summary.json``       SUMMARY_FIELDS
   - ``model.pt``           the final global model (torch state_dict)
+  - ``checkpoint.pt``      server state after the last finished round (hospitrust.checkpoint)
 
 Later features add fields; none is ever renamed. NaN and infinities are written as null
 (JSON has no NaN).
@@ -13,10 +14,12 @@ Later features add fields; none is ever renamed. NaN and infinities are written 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
 import os
+import time
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -71,6 +74,28 @@ class RunDirectory:
             path = base / f"{run_name}-{suffix}"
         return cls(path)
 
+    @contextlib.contextmanager
+    def exclusive(self, timeout: float = 0.0, poll: float = 1.0):
+        """Hold ``.lock`` in the directory (an OS file lock: a killed holder releases it);
+        waits up to ``timeout`` seconds for another holder, then raises RuntimeError."""
+        import fcntl
+
+        fh = open(self.path / ".lock", "a+")
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise RuntimeError(f"run directory {self.path} is in use by another ServerApp "
+                                           f"(waited {timeout:.0f} s for its lock)") from None
+                    time.sleep(poll)
+            yield self
+        finally:
+            fh.close()  # releases the lock
+
     def _write_atomic(self, name: str, text: str) -> Path:
         target = self.path / name
         tmp = target.with_suffix(target.suffix + ".tmp")
@@ -90,6 +115,11 @@ class RunDirectory:
             fh.write(line + "\n")
             fh.flush()
             os.fsync(fh.fileno())
+
+    def rewrite_rounds(self, records: Iterable[Mapping[str, Any]]) -> Path:
+        """rounds.jsonl with exactly these records (a resumed run drops rounds after its checkpoint)."""
+        lines = "".join(json.dumps(jsonable(r), allow_nan=False) + "\n" for r in records)
+        return self._write_atomic("rounds.jsonl", lines)
 
     def write_summary(self, summary: Mapping[str, Any]) -> Path:
         missing = [k for k in SUMMARY_FIELDS if k not in summary]

@@ -212,6 +212,8 @@ def simulate(
         values["data-dir"] = str(Path(str(merged["data-dir"])).expanduser().resolve())
     elif os.environ.get(DATA_DIR_ENV):
         values["data-dir"] = str(Path(os.environ[DATA_DIR_ENV]).expanduser().resolve())
+    if merged.get("resume-from"):
+        values["resume-from"] = str(Path(str(merged["resume-from"])).expanduser().resolve())
     if not merged.get("run-name"):
         values["run-name"] = time.strftime("%Y%m%d-%H%M%S") + f"-{merged['dataset']}-{merged['strategy']}-{secrets.token_hex(2)}"
     cfg = parse_run_config({**defaults, **values})  # every config error surfaces here, before anything starts
@@ -280,8 +282,12 @@ def simulate(
             _flwr(["stop", str(run_id), "sim"], env, work)
             details = f"timed out after {timeout:.0f} s (status was {status}); the run was stopped"
             status = "timeout"
-        candidates = sorted(Path(values["output-dir"]).glob(f"{values['run-name']}*"))
-        run_dir = candidates[-1] if candidates else None
+        if values.get("resume-from"):  # a resumed run goes on in the checkpoint's directory
+            resumed = Path(values["resume-from"])
+            run_dir = resumed if resumed.is_dir() else resumed.parent
+        else:
+            candidates = sorted(Path(values["output-dir"]).glob(f"{values['run-name']}*"))
+            run_dir = candidates[-1] if candidates else None
     finally:
         _stop(superlink)
         if status != COMPLETED:

@@ -188,6 +188,49 @@ def test_tls_and_auth_run_completes_and_a_nan_hospital_is_rejected(federation):
     assert "OK: ready to join the federation" in fed.logs["st-mary"].read_text()
 
 
+def _model_hash(path: Path) -> str:
+    import hashlib
+
+    import torch
+
+    state, h = torch.load(path), hashlib.sha256()
+    for k in sorted(state):
+        h.update(k.encode())
+        h.update(state[k].contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def test_a_stopped_run_resumes_and_ends_with_the_unbroken_runs_model(federation):
+    from hospitrust.checkpoint import load_checkpoint
+
+    fed = federation
+    extra = 'attack="nan-update" malicious-hospitals="1"'  # the TLS test's run: its model is the unbroken one
+    reference = fed.work / "runs" / "nan" / "model.pt"
+    if not reference.is_file():  # that test was deselected: run it unbroken here
+        assert fed.wait(fed.submit(_run_config(fed, "nan", extra)))[0] == deploy.COMPLETED
+    run_dir = fed.work / "runs" / "resume"
+    run_id = fed.submit(_run_config(fed, "resume", extra))
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while not (run_dir / "checkpoint.pt").is_file():  # round 1 done
+        assert time.monotonic() < deadline, fed.run_log(run_id)
+        time.sleep(1)
+    res = fed.flwr("stop", str(run_id), "tls")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert fed.wait(run_id)[0] == "finished:stopped"
+    assert not (run_dir / "summary.json").exists()
+    stopped_after = load_checkpoint(run_dir)["round"]
+    assert stopped_after == 1
+
+    # operator: the same run config plus resume-from; it waits for the stopped ServerApp to let go
+    resumed = fed.submit(_run_config(fed, "resume", f'{extra} resume-from="{run_dir}"'))
+    status, details = fed.wait(resumed)
+    assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(resumed)}"
+    assert _model_hash(run_dir / "model.pt") == _model_hash(reference)
+    rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert json.loads((run_dir / "summary.json").read_text())["resumed_at"] == [1]
+
+
 def test_unregistered_supernode_is_refused(federation):
     fed = federation
     cmd = deploy.supernode_command(superlink=fed.address, ca=fed.certs / "ca.crt", key=fed.keys / "rogue.key",

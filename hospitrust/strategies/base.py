@@ -9,6 +9,7 @@ implements ``aggregate_updates`` only.
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import time
@@ -89,6 +90,21 @@ class HospitrustStrategy(Strategy):
         self.records: dict[int, RoundRecord] = {}
         # simulation only: (round, (n, d) updates, hospital names) -> updates, the colluding attackers' step
         self.adversary: Callable[[int, torch.Tensor, list[str]], torch.Tensor] | None = None
+
+    # attributes that carry over from round to round (trust, reputation, history): saved in
+    # the server checkpoint with the sampling RNG; subclasses list theirs, keyed by hospital name
+    state_attrs: tuple[str, ...] = ()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.getstate(), **{a: copy.deepcopy(getattr(self, a)) for a in self.state_attrs}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        missing = [a for a in ("rng", *self.state_attrs) if a not in state]
+        if missing:
+            raise ValueError(f"{self.name}: checkpoint state lacks {missing} (saved by another strategy?)")
+        self.rng.setstate(state["rng"])
+        for a in self.state_attrs:
+            setattr(self, a, copy.deepcopy(state[a]))
 
     # ---- Flower Strategy interface ------------------------------------------------------
     def summary(self) -> None:

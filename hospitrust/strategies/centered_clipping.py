@@ -16,6 +16,7 @@ class CenteredClipping(HospitrustStrategy):
     center, so half the hospitals are clipped whatever the model's scale."""
 
     name = "centered-clipping"
+    state_attrs = ("center",)
 
     def __init__(self, hospitals, *, clipping_tau: float = 0.0, clipping_iters: int = 1, **kwargs) -> None:
         super().__init__(hospitals, **kwargs)
@@ -26,6 +27,7 @@ class CenteredClipping(HospitrustStrategy):
         n, d = updates.shape
         if self.center is None or self.center.numel() != d:
             self.center = torch.zeros(d, dtype=updates.dtype, device=updates.device)
+        self.center = self.center.to(device=updates.device, dtype=updates.dtype)  # a checkpoint loads on the CPU
         distances = torch.linalg.vector_norm(updates - self.center, dim=1)
         tau = self.tau if self.tau > 0 else float(distances.median().clamp_min(1e-12))
         update = centered_clipping(updates, self.center, tau, self.iters)

@@ -95,6 +95,7 @@ class EARN(HospitrustStrategy):
     """
 
     name = "earn"
+    state_attrs = ("trust", "history_sum", "history_rounds", "evidence_spearman")
 
     def __init__(
         self,

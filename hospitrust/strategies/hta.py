@@ -33,6 +33,7 @@ class HTA(HospitrustStrategy):
     """
 
     name = "hta"
+    state_attrs = ("ema", "var", "reputation")
 
     def __init__(
         self,
