@@ -148,7 +148,6 @@ def run(size: str, n: int, repeats: int, flower_repeats: int, f: int | None, see
     x = torch.randn(n, d, generator=g) * 0.01
     x[:f] += 5.0  # f "attackers" far away
     center = torch.zeros(d)
-    clip_out = torch.empty_like(x)
     server = x[f:].mean(0) + 0.001 * torch.randn(d, generator=g)
     xn = x.numpy()
     layers = []  # per client: list of layer views (as Flower holds them)
@@ -169,7 +168,6 @@ def run(size: str, n: int, repeats: int, flower_repeats: int, f: int | None, see
         "geometric_median": lambda: agg.geometric_median(x),
         "centered_clipping": lambda: agg.centered_clipping(x, center, 1.0),
         "norm_clip": lambda: agg.norm_clip(x, 1.0),
-        "norm_clip(out=)": lambda: agg.norm_clip(x, 1.0, out=clip_out),
         "fltrust": lambda: agg.fltrust(x, server),
     }
     flower = flower_baselines(layers, n, f)

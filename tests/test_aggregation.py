@@ -110,10 +110,15 @@ def test_centered_clipping_hand():
 
 def test_norm_clip_hand():
     x = T([[3.0, 4.0], [0.3, 0.4]])
-    out = agg.norm_clip(x, 1.0)
+    # rows clipped to norm 1: (0.6, 0.8) and (0.3, 0.4) untouched; then their mean
+    close(agg.norm_clip(x, 1.0), [0.45, 0.6])
+    close(agg.norm_clip(x, 1.0, weights=[1.0, 3.0]), [(0.6 + 3 * 0.3) / 4, (0.8 + 3 * 0.4) / 4])
+    out = agg.clip_rows(x, 1.0)
     assert out.shape == (2, 2)
     close(out, [[0.6, 0.8], [0.3, 0.4]])
     close(x, [[3.0, 4.0], [0.3, 0.4]])  # input untouched
+    agg.clip_rows(x, 1.0, out=x)  # in place
+    close(x, [[0.6, 0.8], [0.3, 0.4]])
 
 
 def test_fltrust_hand():
@@ -142,6 +147,7 @@ def _rules(f=1):
         "geometric_median": lambda x: agg.geometric_median(x),
         "centered_clipping": lambda x: agg.centered_clipping(x, c, 0.5, iters=3),
         "fltrust": lambda x: agg.fltrust(x, x.mean(0)),
+        "norm_clip": lambda x: agg.norm_clip(x, 100.0),
     }
 
 
@@ -169,7 +175,8 @@ def test_identical_vectors(name):
         close(agg.centered_clipping(x, v, 0.1), v)
     else:
         close(_rules()[name](x), v)
-    close(agg.norm_clip(x, 100.0), x)
+    close(agg.clip_rows(x, 100.0), x)
+    close(agg.norm_clip(x, 100.0), v)
 
 
 def test_median_trimmed_within_min_max():
@@ -435,3 +442,28 @@ def test_no_flower_imports_in_package():
     for p in pkg.glob("*.py"):
         src = p.read_text()
         assert "import flwr" not in src and "from flwr" not in src, p.name
+
+
+@pytest.mark.parametrize("outlier_scale", [5.0, 1e7])
+def test_multi_krum_blocked_path_is_the_mean_of_the_selected(outlier_scale):
+    """Above GRAM_BLOCK columns Multi-Krum sums all rows during the Gram pass and subtracts
+    the few left out; a huge left-out row (a scaling attack) must not cancel the honest digits."""
+    from hospitrust.aggregation.krum import GRAM_BLOCK
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(9, 2 * GRAM_BLOCK + 7, generator=g)
+    x[2] *= outlier_scale
+    x[6] += 4.0
+    idx = agg.multi_krum_select(x, 2)
+    assert 2 not in idx.tolist() and 6 not in idx.tolist()
+    close(agg.multi_krum(x, 2).double(), x[idx].double().mean(0), atol=1e-5, rtol=1e-5)
+
+
+def test_centered_clipping_blocked_distances_are_exact():
+    from hospitrust.aggregation.centered_clipping import DIST_BLOCK, _distances_to
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(5, 3 * DIST_BLOCK + 11, generator=g)
+    v = x[0] + 1e-3 * torch.randn(x.shape[1], generator=g)  # a row very close to the center
+    expected = torch.linalg.vector_norm(x.double() - v.double(), dim=1)
+    close(_distances_to(x, v), expected, atol=1e-6, rtol=1e-5)

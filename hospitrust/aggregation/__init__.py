@@ -1,8 +1,8 @@
 """Robust aggregation rules as pure torch functions (no Flower imports).
 
 Every rule takes the stacked client updates ``x`` of shape ``(n, d)`` (one
-row per client, floating dtype, any device) and returns a ``(d,)`` tensor --
-except :func:`norm_clip`, which returns the clipped ``(n, d)`` updates.
+row per client, floating dtype, any device) and returns a ``(d,)`` tensor
+(:func:`clip_rows` is the helper that returns clipped ``(n, d)`` updates).
 Selection rules also expose their scores / selected indices so a strategy
 can record which clients were chosen.
 """
@@ -22,7 +22,7 @@ from .krum import (
 )
 from .mean import mean
 from .median import coordinate_median
-from .norm_clip import norm_clip
+from .norm_clip import clip_factors, clip_rows, norm_clip
 from .order_statistics import get_backend, set_backend
 from .trimmed_mean import trimmed_mean
 from .vectorize import FlatSpec, flatten_state, stack_updates, unflatten_state
@@ -43,6 +43,8 @@ __all__ = [
     "geometric_median",
     "centered_clipping",
     "norm_clip",
+    "clip_factors",
+    "clip_rows",
     "fltrust_trust",
     "fltrust",
     "flatten_state",

@@ -8,13 +8,26 @@ from ._validation import check_updates, check_vector
 
 __all__ = ["centered_clipping"]
 
+DIST_BLOCK = 65_536
+
+
 def _distances_to(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Exact ``||x_i - v||`` for every row (no Gram identity), one pass, float64."""
+    """Exact ``||x_i - v||`` for every row (no Gram identity: the updates may sit close to
+    the center), one pass over ``x``, float64. On the CPU the differences are formed one
+    cache-sized column block at a time instead of as an ``(n, d)`` temporary."""
     if x.dtype not in (torch.float32, torch.float64):
         return torch.linalg.vector_norm(x.float() - v.float(), dim=1).double()
-    return torch.cdist(
-        x[None], v[None, None], compute_mode="donot_use_mm_for_euclid_dist"
-    )[0, :, 0].double()
+    n, d = x.shape
+    if x.device.type != "cpu" or d <= DIST_BLOCK:
+        return torch.linalg.vector_norm(x - v, dim=1).double()
+    acc = torch.zeros(n, dtype=torch.float64)
+    buf = torch.empty(n, DIST_BLOCK, dtype=x.dtype)
+    for start in range(0, d, DIST_BLOCK):
+        block = x[:, start : start + DIST_BLOCK]
+        diff = buf[:, : block.shape[1]]
+        torch.sub(block, v[start : start + DIST_BLOCK], out=diff)
+        acc += torch.linalg.vector_norm(diff, dim=1, dtype=torch.float64).square_()
+    return acc.sqrt_()
 
 
 def centered_clipping(
