@@ -178,6 +178,34 @@ def macro_f1(y_true: Any, y_pred: Any) -> float:
     return float(f1_score(t, p, average="macro", zero_division=0))
 
 
+RARE_FRACTION = 0.6  # a class is rare when its share is under this fraction of the mean class
+
+
+def rare_classes(class_totals: Any, fraction: float = RARE_FRACTION) -> list[int]:
+    """The federation's rare classes from its per-class training totals: every present class
+    with fewer than ``fraction`` x the mean count, and always the rarest one."""
+    totals = np.asarray(class_totals, dtype=float).reshape(-1)
+    present = np.flatnonzero(totals > 0)
+    if present.size == 0:
+        return []
+    mean = totals[present].mean()  # over the classes present
+    rare = {int(c) for c in present if totals[c] < fraction * mean}
+    rare.add(int(present[np.argmin(totals[present])]))
+    return sorted(rare)
+
+
+def rare_class_macro_f1(y_true: Any, y_pred: Any, classes: Any) -> float:
+    """Mean F1 over the given (rare) classes; each class's F1 is 0 when it is neither
+    predicted correctly nor at all (``zero_division=0``). NaN when ``classes`` is empty."""
+    from sklearn.metrics import f1_score
+
+    labels = [int(c) for c in classes]
+    if not labels:
+        return float("nan")
+    t, p = _pair(y_true, y_pred)
+    return float(np.mean(f1_score(t, p, labels=labels, average=None, zero_division=0)))
+
+
 def per_class_recall(y_true: Any, y_pred: Any, num_classes: int) -> list[float]:
     """Recall (sensitivity) of every class id ``0 .. num_classes-1``.
 

@@ -191,3 +191,23 @@ def test_fairness_errors():
         metrics.fairness({"a": float("nan")})
     with pytest.raises(ValueError, match="'b'"):
         metrics.fairness({"a": 0.5, "b": "high"})
+
+
+def test_rare_classes_by_share_of_the_mean_and_always_the_rarest():
+    from hospitrust.metrics import rare_classes
+
+    # mean 100: 40 and 55 are under 0.6 x mean; an absent class is never rare
+    assert rare_classes([40, 55, 205, 100, 0]) == [0, 1]
+    assert rare_classes([100, 100, 99]) == [2]  # the rarest, even when close to the mean
+    assert rare_classes([0, 0]) == []
+
+
+def test_rare_class_macro_f1_hand():
+    from hospitrust.metrics import rare_class_macro_f1
+
+    y_true = [0, 0, 1, 1, 2, 2]
+    y_pred = [0, 1, 1, 1, 2, 0]
+    # class 0: precision 1/2, recall 1/2 -> F1 0.5; class 2: precision 1, recall 1/2 -> F1 2/3
+    assert abs(rare_class_macro_f1(y_true, y_pred, [0, 2]) - (0.5 + 2 / 3) / 2) < 1e-12
+    assert rare_class_macro_f1(y_true, y_pred, [1]) == pytest.approx(0.8)  # P 2/3, R 1
+    assert rare_class_macro_f1(y_true, [1] * 6, [0]) == 0.0  # never predicted

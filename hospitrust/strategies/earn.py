@@ -19,6 +19,7 @@ from hospitrust.aggregation.earn import (
     trust_step,
     update_evidence,
 )
+from hospitrust.metrics import rare_classes
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 
 EVIDENCE = ("update", "reported")
@@ -144,11 +145,7 @@ class EARN(HospitrustStrategy):
         if self.rare_explicit:
             return [c for c in self.rare_explicit if c < num_classes]
         if counts is not None and float(counts.sum()) > 0:
-            totals = counts.sum(dim=0)
-            present = torch.nonzero(totals > 0).flatten().tolist()
-            rare = {c for c in present if float(totals[c]) < self.rare_fraction * float(totals.mean())}
-            rare.add(min(present, key=lambda c: float(totals[c])))
-            return sorted(rare)
+            return rare_classes(counts.sum(dim=0).numpy(), self.rare_fraction)
         n_holders = holders.sum(dim=0)
         return sorted(torch.nonzero(n_holders == n_holders.min()).flatten().tolist())
 
