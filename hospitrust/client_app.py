@@ -18,6 +18,7 @@ from hospitrust.models import build_model
 from hospitrust.attacks.base import DataAttack, UpdateAttack, attack_state_dict
 from hospitrust.threat_model import data_rng, hospital_attack
 from hospitrust.training import pick_device, predict_proba, seed_everything, train
+from hospitrust.contribution.client import contribution_evaluate_mod, remember_round_mod, secure_train_mod
 
 app = ClientApp()
 
@@ -60,7 +61,9 @@ def describe(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"info": record}), reply_to=msg)
 
 
-@app.train()
+# SecAgg+ train messages (secure-aggregation) go through Flower's secaggplus_mod; with
+# contribution-scoring the hospital keeps M0 and its sent model to evaluate counterfactuals later
+@app.train(mods=[secure_train_mod, remember_round_mod])
 def train_handler(msg: Message, context: Context) -> Message:
     cfg, node, info, data = _setup(context)
     server_cfg = msg.content["config"]
@@ -115,7 +118,7 @@ def train_handler(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"arrays": arrays, "metrics": reply_metrics}), reply_to=msg)
 
 
-@app.evaluate()
+@app.evaluate(mods=[contribution_evaluate_mod])
 def evaluate_handler(msg: Message, context: Context) -> Message:
     """Federated evaluation: the global model on this hospital's local validation set."""
     cfg, node, info, data = _setup(context)
@@ -138,3 +141,9 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
         ),
         reply_to=msg,
     )
+
+
+# FED-FBD (strategy fbd): "train.fbd" messages carry only this hospital's colors' blocks
+from hospitrust.fbd.client import FBD_ACTION, fbd_train  # noqa: E402
+
+app.train(FBD_ACTION)(fbd_train)

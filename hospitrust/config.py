@@ -74,6 +74,27 @@ class RunConfig(BaseModel):
     earn_base: Literal["fedavg", "median"] = Field("fedavg", description="EARN rule for the body and the other rows.")
     max_update_norm: float = Field(1e4, gt=0.0, description="Replies whose update (returned - global) has a larger L2 norm are rejected.")
     max_num_examples: int = Field(10_000_000, ge=1, description="Replies claiming more training examples are rejected.")
+    # contribution scores (hospitrust.contribution) and secure aggregation (SecAgg+)
+    contribution_scoring: bool = Field(False, description="Score each hospital's contribution every round (LOO, IOI, Fair-Private, Everybody-Else, COS) from scalars the hospitals compute; needs a weighted-mean strategy (fedavg, fedprox, contribution).")
+    contribution_utility: Literal["balanced-accuracy", "neg-loss"] = Field("balanced-accuracy", description="Contribution utility v on each hospital's validation set: balanced-accuracy or neg-loss (minus cross-entropy).")
+    contribution_score: Literal["fp", "ee"] = Field("fp", description="Score the contribution strategy weights by: fp (Fair-Private) or ee (Everybody-Else), accumulated, clipped at 0.")
+    contribution_selfish_hospitals: str = Field("", description="Simulation: partition ids (e.g. '0' or '0,3') of selfish hospitals that inflate the evaluations they report.")
+    contribution_selfish_inflation: float = Field(0.05, ge=0.0, le=1.0, description="Simulation: how much a selfish hospital inflates its reported LOO and IOI (utility units).")
+    secure_aggregation: bool = Field(False, description="Aggregate with Flower's SecAgg+ (legacy SecAggPlusWorkflow + secaggplus_mod): the server only ever holds the sum; strategy must be fedavg.")
+    secagg_clipping_range: float = Field(8.0, gt=0.0, description="SecAgg+: model values are clipped to [-range, range] before quantization.")
+    secagg_quantization_range: int = Field(4194304, ge=2, description="SecAgg+: quantization levels over the clipping range.")
+    secagg_max_weight: float = Field(0.0, ge=0.0, description="SecAgg+: largest num-examples a hospital may weigh in with; 0: the largest training set reported in the query round (models are scaled by n/max before quantization, so a loose bound costs precision).")
+    secagg_reconstruction_threshold: float = Field(0.67, gt=0.0, le=1.0, description="SecAgg+: share of the hospitals' key shares needed to unmask the sum.")
+
+    # block ownership (strategy fbd, hospitrust.fbd)
+    fbd_colors: int = Field(6, ge=1, le=64, description="FED-FBD: colors in the warehouse (complete models, each from one version of every block).")
+    fbd_redundancy: int = Field(3, ge=1, description="FED-FBD: writers per color; a generated plan needs colors x redundancy to be a multiple of the hospitals.")
+    fbd_plan: str = Field("", description="FED-FBD shipping plan: '' generates one (seeded); 'hospital-0:0,1,2; hospital-1:3,4,5' (a bare index i means hospital-i) or a plan .json path.")
+    fbd_lambda: float = Field(0.1, ge=0.0, le=100.0, description="FED-FBD: weight of the KL term to the sibling color's predictions (0: plain cross-entropy).")
+    fbd_routing: Literal["ensemble", "max-confidence"] = Field("ensemble", description="FED-FBD inference routing: ensemble (average of colors) or max-confidence (per sample, the most confident color).")
+    fbd_exclude_colors: str = Field("", description="FED-FBD: colors left out of routing, e.g. '1,4'.")
+    fbd_detect_z: float = Field(1.5, gt=0.0, description="FED-FBD detection: a color whose reference-cohort loss z-score exceeds this is flagged.")
+    fbd_exclude_flagged: bool = Field(False, description="FED-FBD: leave flagged colors out of routing.")
 
     # data
     dataset: str = Field("pneumoniamnist", description="MedMNIST 2D flag.")
@@ -104,6 +125,8 @@ class RunConfig(BaseModel):
     # results
     output_dir: str = Field("runs", description="Folder for run directories (made absolute).")
     run_name: str = Field("", description="Run directory name; empty: <time>-<dataset>-<strategy>.")
+    checkpoint: bool = Field(True, description="Write checkpoint.pt (model, round, strategy state) after every round.")
+    resume_from: str = Field("", description="A run directory or checkpoint.pt to continue from; the run goes on in that directory.")
 
     @field_validator("image_size")
     @classmethod
@@ -170,6 +193,17 @@ class RunConfig(BaseModel):
     def _cross_checks(self) -> "RunConfig":
         if self.partitioner == "specialist" and not self.specialist_classes.strip():
             raise ValueError("partitioner 'specialist' needs specialist-classes, e.g. '4:0' (class 4 only at hospital 0)")
+        if self.strategy == "fbd":
+            from hospitrust.fbd.blocks import blocks_for
+            from hospitrust.fbd.routing import parse_color_list
+
+            blocks_for(self.model)  # raises ValueError naming the models that have a block cut
+            excluded = parse_color_list(self.fbd_exclude_colors, self.fbd_colors)
+            if len(excluded) >= self.fbd_colors:
+                raise ValueError(f"fbd-exclude-colors leaves none of the {self.fbd_colors} colors for routing")
+        from hospitrust.contribution.settings import check_contribution_settings
+
+        check_contribution_settings(self)
         return self
 
     # ---- conveniences -------------------------------------------------------------

@@ -23,17 +23,22 @@ from hospitrust.attacks.base import Backdoor, ColludingAttack, LabelFlip
 from hospitrust.attacks.metrics import backdoor_success_rate, targeted_flip_success
 from hospitrust.security import flagged_hospitals, rare_class_holders, round_detection, run_security
 from hospitrust.threat_model import ColludingAdversary, configured_attack, ground_truth
+from hospitrust.checkpoint import check_compatible, load_checkpoint, restore_rng_states, save_checkpoint
 from hospitrust.config import RunConfig, parse_run_config
+from hospitrust.contribution.federation import ContributionTracker
+from hospitrust.secure_aggregation import SecureTrainRound
 from hospitrust.datasets.federation import load_arrays, reference_set, test_set
 from hospitrust.datasets.medmnist_source import DatasetInfo
 from hospitrust.models import build_model
 from hospitrust.results import RunDirectory, default_run_name
 from hospitrust.strategies import HospitrustStrategy, build_strategy
+from hospitrust.strategies.base import RoundRecord
 from hospitrust.strategies.validation import ReplyLimits
 from hospitrust.aggregation import flatten_state
 from hospitrust.training import pick_device, predict_proba, seed_everything, train
 
 app = ServerApp()
+RUN_DIR_LOCK_TIMEOUT = 300.0  # seconds a resumed run waits for the stopped run's ServerApp to exit
 
 
 def wait_for_nodes(grid: Grid, minimum: int, timeout: float, poll: float = 1.0) -> list[int]:
@@ -110,11 +115,15 @@ class CentralEvaluator:
         self.backdoor = inner if isinstance(inner, Backdoor) else None
         self.targeted_flip = inner if isinstance(inner, LabelFlip) and inner.mode == "source-to-target" else None
         self.triggered = self.backdoor.trigger(self.test.images) if self.backdoor is not None else None
+        self.rare_classes: list[int] = []  # set from the federation's class counts
 
     def __call__(self, arrays: ArrayRecord) -> dict[str, Any]:
         self.model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
         probs = predict_proba(self.model, self.test.images, device=self.device)
         report = metrics.classification_report(self.test.labels, probs, self.info.num_classes)
+        if self.rare_classes:
+            report["rare_class_macro_f1"] = metrics.rare_class_macro_f1(self.test.labels, probs.argmax(axis=1),
+                                                                        self.rare_classes)
         if self.backdoor is not None:
             pred = predict_proba(self.model, self.triggered, device=self.device).argmax(axis=1)
             report["attack_success_rate"] = backdoor_success_rate(pred, self.test.labels, self.backdoor.target)
@@ -209,6 +218,8 @@ def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: t
     info = DatasetInfo.of(cfg.dataset)
     if cfg.strategy == "fltrust":
         kwargs["server_update"] = ReferenceCohortTrainer(cfg, info, device)
+    if cfg.strategy == "contribution":
+        kwargs["contribution_score"] = cfg.contribution_score
     # trust rules: every run config field named after the rule (fedagain_*, hta_*, earn_*) is its option
     if cfg.strategy in ("fedagain", "hta", "earn"):
         prefix = cfg.strategy + "_"
@@ -264,14 +275,31 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
     """The whole run; returns its directory. Raises on bad config or missing data before any round."""
     started = time.time()
     cfg = parse_run_config(context.run_config)
+    if cfg.strategy == "fbd":  # block ownership keeps a warehouse of colors, not one global model
+        from hospitrust.fbd.server import run_fbd_federation
+
+        return run_fbd_federation(grid, context)
     info = DatasetInfo.of(cfg.dataset)
     load_arrays(cfg)  # a missing dataset fails here, before any hospital is contacted
     seed_everything(cfg.seed)
     device = pick_device()
 
-    run_dir = RunDirectory.create(cfg.output_dir, cfg.run_name or default_run_name(cfg.dataset, cfg.strategy))
-    log(INFO, "hospitrust: run directory %s", run_dir.path)
+    resume = load_checkpoint(cfg.resume_from) if cfg.resume_from else None
+    if resume is not None:  # the run goes on in its own directory
+        check_compatible(resume["config"], cfg.to_flat())
+        run_dir = RunDirectory(resume["path"].parent)
+        log(INFO, "hospitrust: resuming %s after round %d", run_dir.path, resume["round"])
+    else:
+        run_dir = RunDirectory.create(cfg.output_dir, cfg.run_name or default_run_name(cfg.dataset, cfg.strategy))
+        log(INFO, "hospitrust: run directory %s", run_dir.path)
+    # one ServerApp writes a run directory at a time: a stopped run's ServerApp may still be
+    # finishing its round when the resumed one starts
+    with run_dir.exclusive(timeout=RUN_DIR_LOCK_TIMEOUT):
+        return _federate(grid, cfg, info, device, run_dir, resume, started)
 
+
+def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.device, run_dir: RunDirectory,
+              resume: dict[str, Any] | None, started: float) -> RunDirectory:
     hospitals, rows = discover_hospitals(grid, cfg)
     log(INFO, "hospitrust: %d hospitals, %s, partitioner %s\n%s", len(hospitals), cfg.dataset, cfg.partitioner,
         format_class_counts(rows, info.class_names))
@@ -303,26 +331,49 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
         strategy.adversary = ColludingAdversary(attack, {h for h, bad in truth.items() if bad}, cfg.seed)
     strategy.summary()
     evaluator = CentralEvaluator(cfg, info, device, attack)
-    initial = evaluator(arrays)
-    log(INFO, "round   0 (initial model)  bal-acc %.4f  auc %.4f", initial["balanced_accuracy"], initial["auc"])
+    evaluator.rare_classes = metrics.rare_classes(np.sum([r["train"] for r in rows], axis=0))
 
     history: list[dict[str, Any]] = []
     flags_per_round: list[dict[str, bool]] = []
+    resumed_at: list[int] = []
+    if resume is None:
+        initial = evaluator(arrays)
+        log(INFO, "round   0 (initial model)  bal-acc %.4f  auc %.4f", initial["balanced_accuracy"], initial["auc"])
+    else:
+        arrays = ArrayRecord(resume["model"])
+        strategy.load_state_dict(resume["strategy_state"])
+        history, flags_per_round = list(resume["history"]), list(resume["flags_per_round"])
+        resumed_at = [*resume.get("resumed_at", []), resume["round"]]
+        run_dir.rewrite_rounds(history)  # rounds after the checkpoint (a crash mid-round) are dropped
+        restore_rng_states(resume["rng"])
     train_config, evaluate_config = ConfigRecord(), ConfigRecord()
-    for rnd in range(1, cfg.num_server_rounds + 1):
+    # contribution scores from hospitals' reported scalars; SecAgg+ hands the server the sum only
+    contribution = ContributionTracker(hospitals) if cfg.contribution_scoring else None
+    if contribution is not None:
+        contribution.restore(history)  # a resumed run keeps its earlier rounds' scores
+    secure = (SecureTrainRound(cfg, hospitals, strategy.train_config, train_sizes=[sum(r["train"]) for r in rows])
+              if cfg.secure_aggregation else None)
+    for rnd in range(len(history) + 1, cfg.num_server_rounds + 1):
         round_start = time.perf_counter()
-        messages = list(strategy.configure_train(rnd, arrays, train_config, grid))
-        replies = list(grid.send_and_receive(messages, timeout=cfg.reply_timeout))
-        new_arrays, _ = strategy.aggregate_train(rnd, replies)
-        _fail_if_every_hospital_crashed(rnd, strategy.records[rnd].clients, len(messages))
+        if secure is None:
+            messages = list(strategy.configure_train(rnd, arrays, train_config, grid))
+            replies = list(grid.send_and_receive(messages, timeout=cfg.reply_timeout))
+            new_arrays, _ = strategy.aggregate_train(rnd, replies)
+            asked = [m.metadata.dst_node_id for m in messages]
+        else:
+            new_arrays, asked = secure(grid, rnd, arrays, strategy.records.setdefault(rnd, RoundRecord()))
+        _fail_if_every_hospital_crashed(rnd, strategy.records[rnd].clients, len(asked))
         if new_arrays is not None:
             arrays = new_arrays
         eval_messages = list(strategy.configure_evaluate(rnd, arrays, evaluate_config, grid))
-        strategy.aggregate_evaluate(rnd, grid.send_and_receive(eval_messages, timeout=cfg.reply_timeout))
+        if contribution is not None:
+            eval_messages = contribution.ask(rnd, strategy.records[rnd], eval_messages)
+        eval_replies = list(grid.send_and_receive(eval_messages, timeout=cfg.reply_timeout))
+        strategy.aggregate_evaluate(rnd, eval_replies)
         central = evaluator(arrays)
         record = strategy.records[rnd]
         answered = {c["node_id"] for c in record.clients}
-        missing = [strategy.hospitals[m.metadata.dst_node_id] for m in messages if m.metadata.dst_node_id not in answered]
+        missing = [strategy.hospitals[nid] for nid in asked if nid not in answered]
         per_hospital = {h: v["accuracy"] for h, v in record.evaluation.items()}
         for c in record.clients:
             c["malicious"] = truth.get(c["hospital"], False)
@@ -334,7 +385,7 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
             "clients": record.clients,
             "aggregation_seconds": record.aggregation_seconds,
             "round_seconds": time.perf_counter() - round_start,
-            "asked": len(messages),
+            "asked": len(asked),
             "missing": missing,
             "kept_previous_model": record.kept_previous_model,
             "note": record.note,
@@ -342,10 +393,16 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
             "fairness": metrics.fairness(per_hospital) if per_hospital else None,
             "detection": round_detection(flags, truth),
         }
+        if contribution is not None:
+            round_record["contribution"] = contribution.score(rnd, eval_replies, strategy)
         run_dir.append_round(round_record)
         history.append(round_record)
         valid = sum(1 for c in record.clients if not c.get("rejected"))
-        log(INFO, "%s", _progress_line(rnd, cfg.num_server_rounds, central, valid, len(messages), round_record["round_seconds"]))
+        log(INFO, "%s", _progress_line(rnd, cfg.num_server_rounds, central, valid, len(asked), round_record["round_seconds"]))
+        if cfg.checkpoint:
+            save_checkpoint(run_dir.path, round=rnd, model_state=arrays.to_torch_state_dict(),
+                            strategy_name=cfg.strategy, strategy_state=strategy.state_dict(), config=cfg.to_flat(),
+                            history=history, flags_per_round=flags_per_round, resumed_at=resumed_at)
 
     final_state = arrays.to_torch_state_dict()
     run_dir.save_model(final_state)
@@ -365,9 +422,21 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
         "attack": cfg.attacks.attack,
         "malicious_hospitals": sorted(h for h, bad in truth.items() if bad),
         "rare_class": rare_class,
+        "rare_classes": evaluator.rare_classes,
         "security": run_security(flags_per_round, truth, rare_holders),
+        "resumed_at": resumed_at,
     }
+    if contribution is not None:
+        summary["contribution"] = contribution.summary()
+        contribution.write(run_dir.path)
     run_dir.write_summary(summary)
+    if cfg.strategy not in ("fedavg", "fedprox"):  # rules that weigh hospitals: draw whose update counted
+        try:
+            from hospitrust.trust_plot import plot_trust
+
+            plot_trust(run_dir.path)
+        except Exception as exc:  # a picture never fails a finished run
+            log(WARNING, "hospitrust: trust plot not drawn: %s", exc)
     final = summary["final"]
     log(INFO, "hospitrust: finished %d rounds in %.1f s\n%s\nfinal: accuracy %.4f  balanced accuracy %.4f  AUC %.4f  "
         "worst-class recall %.4f  (best round %d)\nresults: %s",

@@ -21,11 +21,13 @@ from hospitrust.strategies.trimmed_mean import TrimmedMean
 from hospitrust.strategies.fedagain import FedAgain
 from hospitrust.strategies.hta import HTA
 from hospitrust.strategies.earn import EARN
+from hospitrust.strategies.fbd import FBD
+from hospitrust.strategies.contribution import ContributionWeighted
 
 STRATEGIES: dict[str, type[HospitrustStrategy]] = {
     cls.name: cls
     for cls in (FedAvg, FedProx, Median, TrimmedMean, Krum, MultiKrum, Bulyan, GeometricMedian, CenteredClipping, FLTrust,
-                FedAgain, HTA, EARN)
+                FedAgain, HTA, EARN, ContributionWeighted, FBD)
 }
 
 
@@ -40,5 +42,5 @@ def build_strategy(name: str, hospitals, **kwargs: Any) -> HospitrustStrategy:
 __all__ = [
     "Aggregate", "HospitrustStrategy", "STRATEGIES", "build_strategy", "FedAvg", "FedProx", "Median", "TrimmedMean",
     "Krum", "MultiKrum", "Bulyan", "GeometricMedian", "CenteredClipping", "FLTrust",
-    "FedAgain", "HTA", "EARN",
+    "FedAgain", "HTA", "EARN", "ContributionWeighted", "FBD",
 ]

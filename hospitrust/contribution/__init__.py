@@ -1,0 +1,27 @@
+"""Contribution evaluation: who contributed what, computable under secure aggregation.
+
+``scores``     pure math: LOO, IOI, Fair-Private, Everybody-Else, COS, exact and multi-round Shapley
+``interface``  the narrow interface scoring sees (aggregates and reported scalars) and the ledger
+``client``     a hospital's own evaluations of models it can build (and the ClientApp mods)
+``federation`` the server's side in a Flower round
+``settings``   cross-checks of the contribution and secure-aggregation run config keys
+"""
+
+from hospitrust.contribution.scores import (
+    coalition_values,
+    coalition_weights,
+    cosine_to_aggregate,
+    everybody_else,
+    fair_private,
+    include_one_in,
+    leave_one_out,
+    marginals_from_table,
+    multi_round_shapley,
+    shapley_exact,
+    spearman,
+)
+
+__all__ = [
+    "coalition_values", "coalition_weights", "cosine_to_aggregate", "everybody_else", "fair_private",
+    "include_one_in", "leave_one_out", "marginals_from_table", "multi_round_shapley", "shapley_exact", "spearman",
+]

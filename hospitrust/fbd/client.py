@@ -1,0 +1,90 @@
+"""The hospital side of FED-FBD: a ``train.fbd`` message handler for the ClientApp.
+
+The message carries only this hospital's colors' blocks: the color it writes this round
+(``fbd-color``) and, when it owns another, the sibling color it distills from
+(``fbd-sibling``). It returns every block of the color it writes, and nothing else; the
+server checks that against the plan anyway. A malicious simulated hospital's data or
+update attack is applied here, as in the plain ClientApp.
+"""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+
+from hospitrust.attacks.base import DataAttack, UpdateAttack, attack_state_dict
+from hospitrust.config import parse_node_config, parse_run_config
+from hospitrust.datasets import DatasetInfo, load_hospital
+from hospitrust.fbd.training import train_with_sibling
+from hospitrust.fbd.warehouse import color_key, parse_color_key
+from hospitrust.models import build_model
+from hospitrust.threat_model import data_rng, hospital_attack
+from hospitrust.training import pick_device, seed_everything
+
+FBD_ACTION = "fbd"
+
+
+def _color_state(arrays: ArrayRecord, color: int) -> dict[str, torch.Tensor]:
+    out = {}
+    for name in arrays.keys():
+        parsed = parse_color_key(name)
+        if parsed is not None and parsed[0] == color:
+            out[parsed[1]] = torch.from_numpy(arrays[name].numpy().copy())
+    if not out:
+        raise ValueError(f"the server sent no tensors of color {color}; got keys like {list(arrays.keys())[:3]}")
+    return out
+
+
+def fbd_train(msg: Message, context: Context) -> Message:
+    cfg = parse_run_config(context.run_config)
+    node = parse_node_config(context.node_config)
+    info = DatasetInfo.of(cfg.dataset)
+    data = load_hospital(cfg, node)
+    server_cfg = msg.content["config"]
+    server_round = int(server_cfg.get("server-round", 0))
+    color = int(server_cfg["fbd-color"])
+    sibling = int(server_cfg.get("fbd-sibling", -1))
+    lam = float(server_cfg.get("fbd-lambda", cfg.fbd_lambda))
+    device = pick_device()
+    seed_everything(cfg.seed, node.partition_id if node.partition_id is not None else 0, server_round)
+
+    arrays = msg.content["arrays"]
+    received = _color_state(arrays, color)
+    student = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
+    student.load_state_dict(received, strict=True)
+    teacher = None
+    if sibling >= 0:
+        teacher = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
+        teacher.load_state_dict(_color_state(arrays, sibling), strict=True)
+
+    attack = hospital_attack(cfg, node)
+    images, labels = data.train.images, data.train.labels
+    if isinstance(attack, DataAttack):
+        images, labels = attack.poison_for_round(images, labels, server_round=server_round, rng=data_rng(cfg, node),
+                                                 num_classes=info.num_classes)
+    result = train_with_sibling(
+        student, teacher, images, labels, lam=lam,
+        epochs=int(server_cfg.get("local-epochs", cfg.local_epochs)),
+        batch_size=int(server_cfg.get("batch-size", cfg.batch_size)),
+        learning_rate=float(server_cfg.get("learning-rate", cfg.learning_rate)),
+        optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=device,
+    )
+    state = {k: v.detach().cpu() for k, v in student.state_dict().items()}
+    if isinstance(attack, UpdateAttack):
+        generator = torch.Generator().manual_seed(cfg.seed * 7919 + server_round)
+        state = attack_state_dict(attack, received, state, server_round=server_round, generator=generator)
+    reply = RecordDict(
+        {
+            "arrays": ArrayRecord({color_key(color, k): v for k, v in state.items()}),
+            "metrics": MetricRecord(
+                {
+                    "num-examples": int(result.num_examples),
+                    "train-loss": float(result.loss),
+                    "cross-entropy": float(result.cross_entropy),
+                    "kl": float(result.kl),
+                    "fbd-color": color,
+                }
+            ),
+        }
+    )
+    return Message(reply, reply_to=msg)

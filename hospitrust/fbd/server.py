@@ -1,0 +1,223 @@
+"""The server side of a FED-FBD run (strategy ``fbd``): the round loop around the warehouse.
+
+``server_app.run_federation`` hands over here when the run config says ``strategy = "fbd"``.
+The generic loop does not fit: its state is one global model, FED-FBD's is a warehouse of
+colors evaluated through routing. What is shared is reused: the query round, the run
+directory, the threat model, the results schema.
+
+Run directory additions: ``fbd_plan.json`` (the validated plan), ``fbd_stamps.jsonl``
+(append-only stamp log), ``warehouse.pt`` (checkpointed every round), and per round in
+``rounds.jsonl`` an ``fbd`` object (schedule, per-color metrics, detection z-scores,
+flagged colors, every routing mode).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from logging import INFO
+
+from flwr.app import ConfigRecord, Context
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from hospitrust import metrics
+from hospitrust.config import RunConfig, parse_run_config
+from hospitrust.datasets.federation import load_arrays, reference_set, test_set
+from hospitrust.datasets.medmnist_source import DatasetInfo
+from hospitrust.fbd.plan import ShippingPlan, make_plan, parse_plan
+from hospitrust.fbd.routing import (
+    ROUTING_MODES, color_losses, color_probabilities, flagged_colors, loss_zscores, parse_color_list, route,
+)
+from hospitrust.fbd.stamps import STAMP_LOG, StampLog
+from hospitrust.fbd.warehouse import Warehouse
+from hospitrust.results import RunDirectory, default_run_name
+from hospitrust.security import round_detection
+from hospitrust.strategies.fbd import FBD
+from hospitrust.strategies.validation import ReplyLimits
+from hospitrust.threat_model import configured_attack, ground_truth
+from hospitrust.training import pick_device, seed_everything
+
+PLAN_FILE = "fbd_plan.json"
+WAREHOUSE_FILE = "warehouse.pt"
+
+
+def plan_from_config(cfg: RunConfig, hospitals: list[str]) -> ShippingPlan:
+    if cfg.fbd_plan.strip():
+        return parse_plan(cfg.fbd_plan, hospitals, cfg.fbd_colors, cfg.fbd_redundancy, cfg.seed)
+    return make_plan(hospitals, cfg.fbd_colors, cfg.fbd_redundancy, cfg.seed)
+
+
+def check_fbd_options(cfg: RunConfig) -> None:
+    """Options of the generic loop that strategy fbd does not offer fail here, by name."""
+    from hospitrust.config import ConfigError
+
+    unsupported = {
+        "resume-from": bool(getattr(cfg, "resume_from", "")),
+        "secure-aggregation": bool(getattr(cfg, "secure_aggregation", False)),
+        "contribution-scoring": bool(getattr(cfg, "contribution_scoring", False)),
+    }
+    on = [k for k, v in unsupported.items() if v]
+    if on:
+        raise ConfigError(f"invalid run config: strategy fbd does not support {', '.join(on)} "
+                          "(its state is a warehouse of colors, written by direct replacement); turn them off")
+
+
+class WarehouseEvaluator:
+    """Every color on the test split and the reference cohort; routing; detection."""
+
+    def __init__(self, cfg: RunConfig, info: DatasetInfo, device) -> None:
+        self.cfg, self.info, self.device = cfg, info, device
+        self.test, self.cohort = test_set(cfg), reference_set(cfg)
+        self.named_exclusions = parse_color_list(cfg.fbd_exclude_colors, cfg.fbd_colors)
+
+    def __call__(self, warehouse: Warehouse) -> tuple[dict[str, Any], dict[str, Any]]:
+        k = self.info.num_classes
+        probs = color_probabilities(warehouse, self.test.images, device=self.device)
+        ref_probs = color_probabilities(warehouse, self.cohort.images, device=self.device)
+        losses = color_losses(ref_probs, self.cohort.labels)
+        z = loss_zscores(losses)
+        flagged = flagged_colors(z, self.cfg.fbd_detect_z)
+        exclude = sorted(set(self.named_exclusions) | (set(flagged) if self.cfg.fbd_exclude_flagged else set()))
+        if len(exclude) >= warehouse.num_colors:
+            exclude = sorted(self.named_exclusions)  # never exclude everything: fall back to the named ones
+        colors = {}
+        for m in range(warehouse.num_colors):
+            rep = metrics.classification_report(self.test.labels, probs[m], k)
+            colors[str(m)] = {"accuracy": rep["accuracy"], "balanced_accuracy": rep["balanced_accuracy"], "auc": rep["auc"],
+                              "reference_loss": float(losses[m]), "z": float(z[m]), "flagged": m in flagged}
+        routing = {}
+        for mode in ROUTING_MODES:
+            for label, ex in ((mode, ()), (f"{mode}-without-excluded", exclude)):
+                if label.endswith("excluded") and not ex:
+                    continue
+                rep = metrics.classification_report(self.test.labels, route(probs, mode, ex), k)
+                routing[label] = {"accuracy": rep["accuracy"], "balanced_accuracy": rep["balanced_accuracy"], "auc": rep["auc"]}
+        central = metrics.classification_report(self.test.labels, route(probs, self.cfg.fbd_routing, exclude), k)
+        return central, {"colors": colors, "flagged_colors": flagged, "excluded_colors": exclude,
+                         "routing_mode": self.cfg.fbd_routing, "routing": routing}
+
+
+def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
+    """A whole FED-FBD run; returns its directory."""
+    from hospitrust.server_app import _fail_if_every_hospital_crashed, discover_hospitals, format_class_counts
+
+    started = time.time()
+    cfg = parse_run_config(context.run_config)
+    check_fbd_options(cfg)
+    info = DatasetInfo.of(cfg.dataset)
+    load_arrays(cfg)
+    seed_everything(cfg.seed)
+    device = pick_device()
+    run_dir = RunDirectory.create(cfg.output_dir, cfg.run_name or default_run_name(cfg.dataset, cfg.strategy))
+    log(INFO, "hospitrust: run directory %s", run_dir.path)
+
+    hospitals, rows = discover_hospitals(grid, cfg)
+    log(INFO, "hospitrust: %d hospitals, %s, partitioner %s\n%s", len(hospitals), cfg.dataset, cfg.partitioner,
+        format_class_counts(rows, info.class_names))
+    run_dir.write_class_counts(info.class_names, rows)
+    plan = plan_from_config(cfg, [r["hospital"] for r in rows])
+    plan.save(run_dir.path / PLAN_FILE)
+    run_dir.write_config({
+        **cfg.to_flat(),
+        "data-dir-resolved": str(cfg.resolved_data_dir() or ""),
+        "hospitals": {str(nid): name for nid, name in hospitals.items()},
+        "partitions": {r["hospital"]: r["partition_id"] for r in rows},
+        "num-partitions": max([r.get("num_partitions", -1) for r in rows] + [len(rows)]),
+        "class-names": list(info.class_names),
+        "server-device": str(device),
+        "reference-cohort-size": len(reference_set(cfg)),
+    })
+
+    attack = configured_attack(cfg)
+    partition_of = {r["hospital"]: r["partition_id"] for r in rows}
+    num_partitions = max([r.get("num_partitions", -1) for r in rows] + [len(rows)])
+    truth = ground_truth(cfg, partition_of, num_partitions)
+    malicious = sorted(h for h, bad in truth.items() if bad)
+    if attack is not None:
+        log(INFO, "hospitrust: attack %s by %s", attack, malicious or "nobody")
+
+    warehouse = Warehouse.create(cfg.model, info.in_channels, info.num_classes, cfg.image_size, cfg.fbd_colors, cfg.seed)
+    stamps = StampLog(run_dir.path / STAMP_LOG)
+    stamps.extend({"event": "init", **s} for s in warehouse.init_stamps())
+    strategy = FBD(
+        hospitals, plan=plan, warehouse=warehouse, fbd_lambda=cfg.fbd_lambda, stamp_log=stamps,
+        train_config={"local-epochs": cfg.local_epochs, "batch-size": cfg.batch_size, "learning-rate": cfg.learning_rate},
+        fraction_train=1.0, min_hospitals=cfg.min_hospitals,
+        limits=ReplyLimits(max_update_norm=cfg.max_update_norm, max_num_examples=cfg.max_num_examples),
+        seed=cfg.seed, device=device,
+    )
+    strategy.summary()
+    evaluator = WarehouseEvaluator(cfg, info, device)  # every color on the test split: once per round, not before
+
+    history: list[dict[str, Any]] = []
+    for rnd in range(1, cfg.num_server_rounds + 1):
+        round_start = time.perf_counter()
+        messages = list(strategy.configure_train(rnd, None, ConfigRecord(), grid))
+        replies = list(grid.send_and_receive(messages, timeout=cfg.reply_timeout))
+        strategy.aggregate_train(rnd, replies)
+        record = strategy.records[rnd]
+        _fail_if_every_hospital_crashed(rnd, record.clients, len(messages))
+        warehouse.save(run_dir.path / WAREHOUSE_FILE)
+        central, fbd = evaluator(warehouse)
+        for c in record.clients:
+            c["malicious"] = truth.get(c["hospital"], False)
+        answered = {c["node_id"] for c in record.clients}
+        missing = [strategy.hospitals[m.metadata.dst_node_id] for m in messages if m.metadata.dst_node_id not in answered]
+        fbd["schedule"] = {h: m for h, m in plan.schedule(rnd).items()}
+        fbd["rejected_writes"] = sum(len(c.get("rejected_writes", [])) for c in record.clients)
+        round_record = {
+            "round": rnd,
+            "central": central,
+            "clients": record.clients,
+            "aggregation_seconds": record.aggregation_seconds,
+            "round_seconds": time.perf_counter() - round_start,
+            "asked": len(messages),
+            "missing": missing,
+            "kept_previous_model": record.kept_previous_model,
+            "note": record.note,
+            "hospital_accuracy": {},
+            "fairness": None,
+            "detection": round_detection({c["hospital"]: False for c in record.clients}, truth),
+            "fbd": fbd,
+        }
+        run_dir.append_round(round_record)
+        history.append(round_record)
+        log(INFO, "round %3d/%d  %s auc %.4f  bal-acc %.4f  writes %d  rejected writes %d  flagged colors %s  %.1fs",
+            rnd, cfg.num_server_rounds, cfg.fbd_routing, central["auc"], central["balanced_accuracy"],
+            sum(len(c["accepted_blocks"]) for c in record.clients), fbd["rejected_writes"], fbd["flagged_colors"],
+            round_record["round_seconds"])
+
+    reached = {h: sorted({m for m, _ in warehouse.reached_by(h)}) for h in malicious}
+    tainted = sorted(set().union(*reached.values())) if reached else []
+    clean = [m for m in range(warehouse.num_colors) if m not in tainted]
+    best = max(history, key=lambda r: (r["central"]["balanced_accuracy"], -r["round"]))
+    summary = {
+        "final": history[-1]["central"],
+        "best_round": best["round"],
+        "best": best["central"],
+        "rounds": len(history),
+        "wall_seconds": time.time() - started,
+        "dataset": cfg.dataset,
+        "strategy": cfg.strategy,
+        "model": cfg.model,
+        "hospitals": len(hospitals),
+        "run_dir": str(run_dir.path),
+        "attack": cfg.attacks.attack,
+        "malicious_hospitals": malicious,
+        "fbd": {
+            "plan": plan.to_json(),
+            "colors_reached_by_malicious": tainted,
+            "clean_colors": clean,
+            "final_colors": history[-1]["fbd"]["colors"],
+            "final_routing": history[-1]["fbd"]["routing"],
+            "block_hashes": warehouse.hashes(),
+            "rejected_writes": sum(r["fbd"]["rejected_writes"] for r in history),
+        },
+    }
+    run_dir.write_summary(summary)
+    log(INFO, "hospitrust: fbd finished %d rounds in %.1f s; routed (%s) auc %.4f bal-acc %.4f; clean colors %s\nresults: %s",
+        len(history), summary["wall_seconds"], cfg.fbd_routing, summary["final"]["auc"],
+        summary["final"]["balanced_accuracy"], clean, run_dir.path)
+    return run_dir

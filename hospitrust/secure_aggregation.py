@@ -1,0 +1,147 @@
+"""Secure aggregation with Flower's SecAgg+: the server only ever holds the sum.
+
+Flower 1.42 has no Message-API SecAgg strategy; the supported path is the legacy
+``SecAggPlusWorkflow`` driving a legacy strategy through a ``LegacyContext``, with
+``secaggplus_mod`` on the ClientApp (here behind ``contribution.client.secure_train_mod``,
+which also adapts FitIns/FitRes to the Message-API train handler). One
+``SecureTrainRound`` call runs one SecAgg+ round: setup, key sharing, masked vectors,
+unmasking. Each hospital sends ``[n_i, n_i * model_i]`` quantized and masked; the
+server unmasks only the sum, i.e. the example-weighted mean model (FedAvg). What the
+server learns per hospital is its ``num-examples`` and its scalar train metrics.
+
+Precision: model values are clipped to ``[-secagg-clipping-range, +range]`` and quantized
+to ``secagg-quantization-range`` levels, so the aggregate differs from plain FedAvg by up
+to about ``2 * range / levels`` per value (about 4e-6 with the defaults).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from logging import INFO
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+from flwr.common import FitIns, Parameters, log, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.serverapp import Grid
+
+from hospitrust.config import RunConfig
+from hospitrust.strategies.base import RoundRecord
+
+
+def _legacy_strategy_class():
+    from flwr.server.strategy import Strategy
+
+    class SecureFedAvg(Strategy):
+        """The legacy strategy SecAggPlusWorkflow drives: asks every hospital, keeps the
+        unmasked mean. ``results`` reach it with every FitRes' parameters already replaced
+        by the aggregate; only num-examples and scalar metrics are per hospital."""
+
+        def __init__(self, node_ids: list[int], fit_config: dict[str, Any]) -> None:
+            self.node_ids, self.fit_config = node_ids, fit_config
+            self.results: list[tuple[int, int, dict]] = []
+            self.failures = 0
+            self.aggregate: Parameters | None = None
+
+        def initialize_parameters(self, client_manager):
+            return None
+
+        def configure_fit(self, server_round, parameters, client_manager):
+            proxies = [p for p in client_manager.all().values() if p.node_id in self.node_ids]
+            return [(p, FitIns(parameters, dict(self.fit_config))) for p in sorted(proxies, key=lambda p: p.node_id)]
+
+        def aggregate_fit(self, server_round, results, failures):
+            self.failures = len(failures)
+            self.results = [(int(proxy.node_id), int(res.num_examples), dict(res.metrics)) for proxy, res in results]
+            if not results:
+                return None, {}
+            self.aggregate = results[0][1].parameters  # all equal: the unmasked weighted mean
+            return self.aggregate, {}
+
+        def configure_evaluate(self, server_round, parameters, client_manager):
+            return []
+
+        def aggregate_evaluate(self, server_round, results, failures):
+            return None, {}
+
+        def evaluate(self, server_round, parameters):
+            return None
+
+    return SecureFedAvg
+
+
+class SecureTrainRound:
+    """Runs one SecAgg+ training round per call and writes the strategy's RoundRecord."""
+
+    def __init__(self, cfg: RunConfig, hospitals: dict[int, str], train_config: dict[str, Any],
+                 train_sizes: list[int] | None = None) -> None:
+        self.cfg, self.hospitals = cfg, dict(hospitals)
+        # each model is scaled by n_i / max_weight before quantization: the tightest bound
+        # keeps the most precision (a hospital above it still aggregates, with a warning)
+        self.max_weight = cfg.secagg_max_weight or float(max(train_sizes or [0]) or 1)
+        self.train_config = {**train_config, "secagg-clipping-range": cfg.secagg_clipping_range}
+
+    def workflow(self):
+        from flwr.server.workflow import SecAggPlusWorkflow
+
+        n = len(self.hospitals)
+        return SecAggPlusWorkflow(
+            num_shares=n,
+            reconstruction_threshold=max(2, round(self.cfg.secagg_reconstruction_threshold * n)),
+            max_weight=self.max_weight,
+            clipping_range=self.cfg.secagg_clipping_range,
+            quantization_range=self.cfg.secagg_quantization_range,
+            timeout=self.cfg.reply_timeout,
+        )
+
+    def __call__(self, grid: Grid, server_round: int, arrays: ArrayRecord, record: RoundRecord) -> tuple[ArrayRecord | None, list[int]]:
+        """(new global model or None, node ids asked). Fills ``record.clients``."""
+        from flwr.server import LegacyContext, ServerConfig
+        from flwr.server.client_manager import SimpleClientManager
+        from flwr.server.compat.grid_client_proxy import GridClientProxy
+        from flwr.compat.common.recorddict_compat import parameters_to_arrayrecord
+        from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
+
+        state = arrays.to_torch_state_dict()
+        bad = [k for k, v in state.items() if not v.is_floating_point()]
+        if bad:
+            raise ValueError(f"secure-aggregation averages every array; the model has integer buffers {bad}: use a model without them")
+        names, dtypes = list(state), {k: v.dtype for k, v in state.items()}
+        online = set(grid.get_node_ids())
+        node_ids = sorted(nid for nid in self.hospitals if nid in online)
+        strategy = _legacy_strategy_class()(node_ids, {**self.train_config, "server-round": server_round})
+        manager = SimpleClientManager()
+        run_id = grid.run.run_id
+        for nid in node_ids:
+            manager.register(GridClientProxy(nid, grid, run_id))
+        context = LegacyContext(Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config={}),
+                                config=ServerConfig(num_rounds=1), strategy=strategy, client_manager=manager)
+        params = ndarrays_to_parameters([state[k].detach().cpu().numpy() for k in names])
+        context.state.array_records[MAIN_PARAMS_RECORD] = parameters_to_arrayrecord(params, keep_input=True)
+        context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({Key.CURRENT_ROUND: server_round})
+        log(INFO, "Round %d: SecAgg+ over %d hospitals", server_round, len(node_ids))
+        self.workflow()(grid, context)
+
+        answered = {nid for nid, _, _ in strategy.results}
+        total = float(sum(n for _, n, _ in strategy.results))
+        for nid, n, metrics in strategy.results:
+            record.clients.append({
+                "hospital": self.hospitals.get(nid, f"unknown-node-{nid}"), "node_id": nid, "num_examples": n,
+                "weight": n / total if total > 0 else 0.0,
+                "train_loss": float(metrics.get("train-loss", float("nan"))),
+                "benchmark_error": float(metrics.get("benchmark-error", float("nan"))),
+                "selected": True, "rejected": False, "reason": "", "secure_aggregation": True,
+            })
+        for nid in node_ids:
+            if nid not in answered:
+                record.clients.append({"hospital": self.hospitals[nid], "node_id": nid, "num_examples": 0, "weight": 0.0,
+                                       "selected": False, "rejected": True,
+                                       "reason": "error reply: dropped out of the SecAgg+ round"})
+        if strategy.aggregate is None or len(answered) < self.cfg.min_hospitals:
+            record.kept_previous_model = True
+            record.note = f"SecAgg+ produced no aggregate from {len(answered)} hospital(s): kept the previous model"
+            return None, node_ids
+        mean = parameters_to_ndarrays(strategy.aggregate)
+        new_state = OrderedDict((k, torch.from_numpy(np.asarray(a)).to(dtypes[k]).reshape(state[k].shape)) for k, a in zip(names, mean))
+        return ArrayRecord(new_state), node_ids

@@ -1,0 +1,54 @@
+"""Contribution-weighted aggregation: each hospital weighs in with its clipped positive score.
+
+``Δ = Σ_i w_i u_i`` with ``w_i ∝ max(s_i, 0)``, where ``s_i`` is hospital i's contribution
+score (Fair-Private or Everybody-Else, run config ``contribution-score``) accumulated over
+the rounds scored so far. Until every hospital in the round has a score, and whenever no
+score is positive, it is FedAvg (weights ∝ examples). The scores come from
+``hospitrust.contribution`` through ``update_scores`` after each round; the aggregate is
+still a weighted mean, so the next round's contribution scores stay defined. A hospital
+whose accumulated score is not positive gets weight 0: it is out of the aggregate and, not
+being in it, out of later scoring too (its score is frozen), which is how a label flipper
+is shut out. Not available under secure aggregation (the server cannot weight a sum).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from hospitrust.strategies.base import Aggregate, HospitrustStrategy
+
+
+class ContributionWeighted(HospitrustStrategy):
+    name = "contribution"
+    state_attrs = ("scores",)  # checkpointed: the accumulated scores the weights come from
+
+    def __init__(self, hospitals, *, contribution_score: str = "fp", **common) -> None:
+        super().__init__(hospitals, **common)
+        if contribution_score not in ("fp", "ee"):
+            raise ValueError(f"contribution_score must be 'fp' or 'ee', got {contribution_score!r}")
+        self.contribution_score = contribution_score
+        self.scores: dict[str, float] = {}
+
+    def update_scores(self, totals: Mapping[str, Mapping[str, float]]) -> None:
+        """Accumulated scores per hospital (``ContributionLedger.totals()``)."""
+        self.scores = {h: float(v[self.contribution_score]) for h, v in totals.items()}
+
+    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+        names = [self._name_of(r.node_id) for r in replies]
+        fedavg = num_examples / num_examples.sum()
+        raw = torch.tensor([max(self.scores.get(h, float("nan")), 0.0) if h in self.scores else float("nan") for h in names],
+                           dtype=torch.float64, device=num_examples.device)
+        if torch.isnan(raw).any() or float(raw.sum()) <= 0.0:
+            weights, mode = fedavg, "fedavg"
+        else:
+            weights, mode = raw / raw.sum(), self.contribution_score
+        update = weights.to(updates.dtype) @ updates
+        return Aggregate(
+            update=update,
+            weights=weights,
+            selected=weights > 0,
+            extra={"contribution_weighting": [mode] * len(replies),
+                   "accumulated_score": [self.scores.get(h, float("nan")) for h in names]},
+        )

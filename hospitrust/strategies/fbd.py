@@ -1,0 +1,227 @@
+"""FED-FBD (Chen & McMillan 2026): block ownership with direct replacement.
+
+The strategy's state is the warehouse (``hospitrust.fbd.warehouse``), not one global
+model. Each round, every hospital the schedule names gets only its colors' blocks (the
+color it writes and a sibling color to distill from) in a ``train.fbd`` message; its reply
+replaces those blocks outright, block by block, where the shipping plan lets that hospital
+write them. Every other write (a color it does not own, a color it was not scheduled to
+write this round, an incomplete block, a bad tensor) is rejected and recorded, in
+``rounds.jsonl`` and in the stamp log. Nothing is averaged.
+
+``aggregate_train`` returns ``(None, metrics)``: the new state is ``self.warehouse``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from logging import INFO, WARNING
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from hospitrust.fbd.plan import ShippingPlan
+from hospitrust.fbd.stamps import StampLog
+from hospitrust.fbd.warehouse import Warehouse, parse_color_key
+from hospitrust.strategies.base import HospitrustStrategy, RoundRecord
+from hospitrust.strategies.validation import RejectedReply, _short
+
+
+class FBD(HospitrustStrategy):
+    """Block ownership: per-hospital shipping, permission-checked direct replacement."""
+
+    name = "fbd"
+
+    def __init__(self, hospitals: Mapping[int, str], *, plan: ShippingPlan | None = None,
+                 warehouse: Warehouse | None = None, fbd_lambda: float = 0.1, stamp_log: StampLog | None = None,
+                 **common: Any) -> None:
+        super().__init__(hospitals, **common)
+        if plan is None or warehouse is None:
+            raise ValueError("strategy fbd needs a shipping plan and a warehouse (run it through hospitrust.fbd.server)")
+        if plan.num_colors != warehouse.num_colors:
+            raise ValueError(f"plan has {plan.num_colors} colors, warehouse {warehouse.num_colors}")
+        self.plan, self.warehouse, self.fbd_lambda, self.stamp_log = plan.validate(), warehouse, float(fbd_lambda), stamp_log
+        self.seed = int(common.get("seed", 0))
+        self._shipped: dict[int, dict[str, Any]] = {}
+
+    def summary(self) -> None:
+        log(INFO, "\t├── Strategy: fbd (block ownership, direct replacement)")
+        log(INFO, "\t├── Colors: %d, redundancy %d, lambda %.3g, blocks %s", self.plan.num_colors, self.plan.redundancy,
+            self.fbd_lambda, ", ".join(self.warehouse.block_names))
+        for h in self.plan.hospitals:
+            log(INFO, "\t│   %s writes colors %s", h, list(self.plan.colors_of[h]))
+        log(INFO, "\t└── Reply bounds: update norm <= %g, num-examples <= %d", self.limits.max_update_norm,
+            self.limits.max_num_examples)
+
+    # ---- train --------------------------------------------------------------------------------------
+    def _sibling(self, hospital: str, color: int, server_round: int) -> int:
+        """A sibling with parameters different from ``color`` (identical ones teach nothing)."""
+        mine = [self.warehouse.meta[(color, b)].hash for b in self.warehouse.block_names]
+        others = [m for m in self.plan.colors_of.get(hospital, ()) if m != color
+                  and [self.warehouse.meta[(m, b)].hash for b in self.warehouse.block_names] != mine]
+        if not others:
+            return -1
+        pick = self.plan.sibling(hospital, color, server_round, self.seed)
+        return pick if pick in others else others[0]
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord | None, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        online = set(grid.get_node_ids())
+        node_of = {name: nid for nid, name in self.hospitals.items()}
+        self._shipped = {}
+        messages = []
+        for hospital, color in self.plan.schedule(server_round).items():
+            nid = node_of.get(hospital)
+            if nid is None or nid not in online:
+                log(WARNING, "Round %d: %s is scheduled to write color %d but is not connected", server_round, hospital, color)
+                continue
+            sibling = self._sibling(hospital, color, server_round)
+            colors = [color] + ([sibling] if sibling >= 0 else [])
+            teacher = self.warehouse.color_influences(sibling) if sibling >= 0 else set()
+            self._shipped[nid] = {"hospital": hospital, "color": color, "sibling": sibling, "teacher_influences": teacher}
+            cfg = ConfigRecord({**self.train_config, **dict(config), "server-round": server_round, "fbd-color": color,
+                                "fbd-sibling": sibling, "fbd-lambda": self.fbd_lambda})
+            content = RecordDict({"arrays": self.warehouse.to_arrays(colors), "config": cfg})
+            messages.append(Message(content, dst_node_id=nid, message_type=f"{MessageType.TRAIN}.fbd"))
+        return messages
+
+    def _check(self, reply: Message, shipped: dict[str, Any]) -> tuple[dict, list[tuple[str, dict]], list[dict], int]:
+        """(metrics, accepted (block, tensors) writes, rejected writes, num-examples) of one reply;
+        RejectedReply when the reply as a whole is unusable."""
+        hospital, color = shipped["hospital"], shipped["color"]
+        if reply.has_error():
+            raise RejectedReply(f"error reply: {_short(reply.error.reason)}")
+        if not reply.has_content():
+            raise RejectedReply("empty reply")
+        content = reply.content
+        if "arrays" not in content.array_records or len(content.array_records) != 1:
+            raise RejectedReply(f"expected exactly one ArrayRecord named 'arrays', got {sorted(content.array_records)}")
+        if "metrics" not in content.metric_records:
+            raise RejectedReply("no MetricRecord named 'metrics'")
+        metrics = dict(content.metric_records["metrics"])
+        n = metrics.get("num-examples")
+        if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(float(n)) or n != int(n) or n <= 0:
+            raise RejectedReply(f"'num-examples' must be a positive integer, got {n!r}")
+        if n > self.limits.max_num_examples:
+            raise RejectedReply(f"'num-examples' {n} exceeds the bound {self.limits.max_num_examples}")
+        record = content.array_records["arrays"]
+        rejected: list[dict] = []
+        by_color: dict[int, dict[str, Any]] = {}
+        for name in record.keys():
+            parsed = parse_color_key(name)
+            if parsed is None or parsed[1] not in self.warehouse.states[0] or parsed[0] >= self.warehouse.num_colors:
+                rejected.append({"key": name, "reason": "not a tensor of any color of the warehouse"})
+                continue
+            by_color.setdefault(parsed[0], {})[parsed[1]] = name
+        accepted: list[tuple[str, dict]] = []
+        for m in sorted(by_color):
+            names = by_color[m]
+            for block in self.warehouse.block_names:
+                present = [k for k in self.warehouse.block_keys[block] if k in names]
+                if not present:
+                    continue
+                write = {"color": m, "block": block}
+                if not self.plan.may_write(hospital, m):
+                    rejected.append({**write, "reason": f"the plan does not let {hospital} write color {m} "
+                                                        f"(its writers: {self.plan.writers(m)})"})
+                    continue
+                if m != color:
+                    rejected.append({**write, "reason": f"{hospital} is scheduled to write color {color} this round, not {m}"})
+                    continue
+                missing = [k for k in self.warehouse.block_keys[block] if k not in names]
+                if missing:
+                    rejected.append({**write, "reason": f"incomplete block: missing {missing[:3]}"})
+                    continue
+                try:
+                    tensors = {k: torch.from_numpy(record[names[k]].numpy().copy()) for k in present}
+                except Exception as exc:  # undecodable bytes
+                    rejected.append({**write, "reason": f"arrays cannot be decoded: {type(exc).__name__}"})
+                    continue
+                problem = self._tensor_problem(m, tensors)
+                if problem:
+                    rejected.append({**write, "reason": problem})
+                    continue
+                accepted.append((block, tensors))
+        if accepted:
+            current = self.warehouse.states[color]
+            sq = sum(float(((t.double() - current[k].double()) ** 2).sum())
+                     for _, ts in accepted for k, t in ts.items() if t.is_floating_point())
+            norm = math.sqrt(sq)
+            if norm > self.limits.max_update_norm:
+                rejected.extend({"color": color, "block": b, "reason": f"update norm {norm:.4g} exceeds the bound "
+                                 f"{self.limits.max_update_norm:g} (max-update-norm)"} for b, _ in accepted)
+                accepted = []
+        return metrics, accepted, rejected, int(n)
+
+    def _tensor_problem(self, color: int, tensors: dict[str, torch.Tensor]) -> str:
+        for k, t in tensors.items():
+            ref = self.warehouse.states[color][k]
+            if tuple(t.shape) != tuple(ref.shape):
+                return f"array {k!r} has shape {tuple(t.shape)}, expected {tuple(ref.shape)}"
+            if t.dtype != ref.dtype:
+                return f"array {k!r} has dtype {t.dtype}, expected {ref.dtype}"
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                return f"array {k!r} contains NaN or Inf"
+        return ""
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        started = time.perf_counter()
+        record = RoundRecord()
+        self.records[server_round] = record
+        stamps: list[dict] = []
+        writes = 0
+        for reply in replies:
+            nid = int(reply.metadata.src_node_id)
+            if nid not in self.hospitals and reply.has_error():
+                log(WARNING, "Round %d: no reply from a hospital: %s", server_round, reply.error.reason.strip()[:200])
+                continue
+            shipped = self._shipped.get(nid)
+            entry_extra = {"color": -1, "sibling": -1, "accepted_blocks": [], "rejected_writes": []}
+            try:
+                if shipped is None:
+                    raise RejectedReply("this hospital was not asked to train this round")
+                entry_extra.update(color=shipped["color"], sibling=shipped["sibling"])
+                metrics, accepted, rejected, n = self._check(reply, shipped)
+            except RejectedReply as rej:
+                record.clients.append(self._client_entry(nid, rejected=True, reason=rej.reason, **entry_extra))
+                log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(nid), rej.reason)
+                continue
+            except Exception as exc:  # a check failed on odd input: still the hospital's fault
+                reason = f"unreadable reply: {type(exc).__name__}: {_short(exc)}"
+                record.clients.append(self._client_entry(nid, rejected=True, reason=reason, **entry_extra))
+                log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(nid), reason)
+                continue
+            hospital, color = shipped["hospital"], shipped["color"]
+            # training couples the blocks of a color: each new version carries every block's history
+            influences = self.warehouse.color_influences(color) | {hospital} | set(shipped["teacher_influences"])
+            for block, tensors in accepted:
+                old = self.warehouse.meta[(color, block)]
+                stamp = self.warehouse.write_block(color, block, tensors, writer=hospital, server_round=server_round,
+                                                   trail=old.trail + [hospital], influences=influences)
+                stamps.append({"event": "write", **stamp})
+                writes += 1
+            for bad in rejected:
+                stamps.append({"event": "rejected", "round": server_round, "writer": hospital, **bad})
+                log(WARNING, "Round %d: rejected write by %s: %s", server_round, hospital, bad["reason"])
+            checked = SimpleNamespace(num_examples=n, metrics=metrics)
+            record.clients.append(self._client_entry(
+                nid, reply=checked, weight=1.0 if accepted else 0.0, selected=bool(accepted),
+                rejected=not accepted, reason="" if accepted else "no block write accepted (see rejected_writes)",
+                **{**entry_extra, "accepted_blocks": [b for b, _ in accepted], "rejected_writes": rejected}))
+        if self.stamp_log is not None:
+            self.stamp_log.extend(stamps)
+        record.aggregation_seconds = time.perf_counter() - started
+        if not writes:
+            record.kept_previous_model = True
+            record.note = "no block was written this round"
+        return None, MetricRecord({"blocks-written": writes, "valid-replies": sum(1 for c in record.clients if c["selected"])})
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord | None, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """No federated evaluation: the warehouse is evaluated centrally (routing, per color)."""
+        return []
