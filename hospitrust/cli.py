@@ -47,6 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_deploy_parser(sub)
     add_data_parser(sub)
+
+    from hospitrust.fbd.cli import add_unlearn_parser
+
+    add_unlearn_parser(sub)
+
+    from hospitrust.bench.cli import add_bench_parsers
+
+    add_bench_parsers(sub)
     return parser
 
 

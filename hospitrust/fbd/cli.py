@@ -142,6 +142,8 @@ def unlearn_command(args: argparse.Namespace) -> int:
     print(f"unlearning time {result['seconds'] * 1000:.1f} ms (load {result['load_seconds']:.2f} s, "
           f"save {result['save_seconds']:.2f} s)" + (f", BatchNorm recalibration {result['recalibration_seconds']:.2f} s"
                                                      if result["bn_recalibrated"] else ""))
+    if args.recalibrate_bn and not result["bn_recalibrated"]:
+        print("--recalibrate-bn: the replaced blocks have no BatchNorm layers; nothing to recalibrate")
     ev = result.get("evaluation")
     if ev:
         b, a = ev["before"], ev["after"]
