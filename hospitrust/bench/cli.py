@@ -1,0 +1,97 @@
+"""``hospitrust bench GRID.toml`` and ``hospitrust report GRID_DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from hospitrust.bench.grid import GridError, parse_grid
+    from hospitrust.bench.runner import GridLocked, run_grid
+    from hospitrust.simulate import SimulationError
+
+    try:
+        grid = parse_grid(args.grid)
+    except GridError as exc:
+        print(f"hospitrust bench: {exc}", file=sys.stderr)
+        return 2
+    if args.backend:
+        grid.backend = args.backend
+    if args.no_shared_superlink:
+        grid.shared_superlink = False
+    if args.ray_address and grid.backend != "simulation":
+        print("hospitrust bench: --ray-address needs the simulation backend (grid backend = \"simulation\" "
+              "or --backend simulation): in-process cells do not use Ray", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else Path("runs") / "bench" / grid.name
+    if args.dry_run:
+        from hospitrust.bench.runner import cell_state
+
+        for cell in grid.cells:
+            print(f"{cell_state(out.resolve(), cell):8s} {cell.name}")
+        print(f"{len(grid.cells)} cells ({grid.duplicates} duplicate combinations merged, {grid.skipped} skipped by "
+              f"[[when]] rules); every cell's run config is valid; results would go to {out.resolve()}")
+        return 0
+    try:
+        outcome = run_grid(grid, out, workers=args.workers, retry_failed=args.retry_failed,
+                           ray_address=args.ray_address or "", limit=args.limit)
+    except (GridLocked, SimulationError) as exc:
+        print(f"hospitrust bench: {exc}", file=sys.stderr)
+        return 2
+    if args.report:
+        from hospitrust.bench.report import make_report
+
+        html_path, md_path = make_report(out)
+        print(f"report: {html_path}\n        {md_path}")
+    if outcome.interrupted:
+        return 130
+    return 0 if outcome.failed == 0 else 1
+
+
+def _report(args: argparse.Namespace) -> int:
+    from hospitrust.bench.report import make_report
+
+    grid_dir = Path(args.grid_dir)
+    if not grid_dir.is_dir():
+        print(f"hospitrust report: {grid_dir} is not a folder (give the --out folder of `hospitrust bench`)", file=sys.stderr)
+        return 2
+    if args.store:
+        from hospitrust.bench.store import build_store
+
+        build_store(grid_dir)
+    html_path, md_path = make_report(grid_dir, metric=args.metric, baseline=args.baseline, out_dir=args.out,
+                                     max_scenarios=args.max_scenarios)
+    print(f"report: {html_path}\n        {md_path}")
+    return 0
+
+
+def add_bench_parsers(sub) -> None:
+    bench = sub.add_parser(
+        "bench", help="run a benchmark grid (resumable, parallel)",
+        description="Run every cell of a grid file (strategies x attacks x ... x seeds); finished cells are skipped, "
+                    "so a stopped grid can be started again. See docs/benchmark.md.")
+    bench.add_argument("grid", help="the grid file, e.g. benchmarks/smoke.toml")
+    bench.add_argument("--out", help="grid folder (default runs/bench/<grid name>)")
+    bench.add_argument("--workers", type=int, help="cells in flight (default: the grid's `workers`)")
+    bench.add_argument("--retry-failed", action="store_true", help="run failed cells again")
+    bench.add_argument("--backend", choices=["inprocess", "simulation"], help="override the grid's backend")
+    bench.add_argument("--no-shared-superlink", action="store_true",
+                       help="simulation backend: one SuperLink per cell (hospitrust simulate) instead of one per grid")
+    bench.add_argument("--ray-address", help="simulation backend: run on this existing Ray cluster (e.g. 10.0.0.5:6379)")
+    bench.add_argument("--limit", type=int, help="run at most this many unfinished cells, then stop")
+    bench.add_argument("--report", action="store_true", help="write the report when the grid is done")
+    bench.add_argument("--dry-run", action="store_true", help="validate the grid and list its cells and their state")
+    bench.set_defaults(func=_bench)
+
+    report = sub.add_parser("report", help="HTML + Markdown report of a grid folder",
+                            description="Figures and tables of a grid folder (or any folder of run directories).")
+    report.add_argument("grid_dir", help="the grid folder (`hospitrust bench --out`)")
+    report.add_argument("--metric", choices=["balanced_accuracy", "accuracy", "auc", "macro_f1", "worst_class_recall"],
+                        help="headline metric (default: the grid's, else balanced_accuracy)")
+    report.add_argument("--baseline", help="strategy for paired differences (default: the grid's, else fedavg)")
+    report.add_argument("--out", help="report folder (default GRID_DIR/report)")
+    report.add_argument("--max-scenarios", type=int, default=6, help="scenarios drawn (default 6)")
+    report.add_argument("--store", action="store_true", help="also (re)write results.csv / cells.csv / results.sqlite")
+    report.set_defaults(func=_report)

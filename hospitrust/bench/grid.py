@@ -1,0 +1,297 @@
+"""A benchmark grid: a TOML file that expands into named cells, each a complete run config.
+
+    [grid]
+    name = "smoke"
+    backend = "inprocess"          # inprocess (default) | simulation
+    workers = 2                    # cells in flight
+    aggregation-backend = "auto"   # eager: no torch.compile of median/trimmed-mean kernels (short cells)
+    hospitals = 4                  # simulated hospitals per cell (or an axis, below)
+    metric = "balanced_accuracy"   # the report's headline metric
+    baseline = "fedavg"            # paired differences are taken against this strategy
+
+    [base]                         # run config for every cell (over pyproject's defaults)
+    num-server-rounds = 2
+    assumed-malicious = "auto"     # max(1, round(malicious-fraction x hospitals))
+
+    [axes]                         # the cartesian product of these
+    strategy = ["fedavg", "median"]
+    attack = ["none", "sign-flip"]
+    seed = [1, 2]
+    heterogeneity = [              # an axis of tables sets several keys at once; `label` names it
+        { label = "iid", partitioner = "iid" },
+        { label = "dir0.1", partitioner = "dirichlet", dirichlet-alpha = 0.1 },
+    ]
+
+    [[when]]                       # applied to every cell in order, after the axes
+    if = { attack = "none" }       # a list value means any of
+    set = { malicious-fraction = 0.0 }
+    # skip = true                  # or drop the matching cells
+
+A cell's name is ``key=value`` for every axis, joined by ``__`` (values as resolved after the
+``when`` rules, table axes by their label); cells that resolve to the same name must have the
+same config and are run once. Every cell's run config is validated with
+``hospitrust.config.parse_run_config`` when the grid is loaded, before anything runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BACKENDS = ("inprocess", "simulation")
+GRID_KEYS = {"name", "description", "backend", "workers", "hospitals", "metric", "baseline", "keep-models", "timeout",
+             "threads-per-worker", "reuse-workers", "shared-superlink", "aggregation-backend"}
+AXIS_ONLY_KEYS = {"hospitals"}  # axes that are not run config keys
+METRICS = ("balanced_accuracy", "accuracy", "auc", "macro_f1", "worst_class_recall")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+\-]")
+
+
+class GridError(ValueError):
+    """The grid file is wrong; the message names the table, key or cell and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid: its name, its axis values (for tables and plots) and its run config."""
+
+    name: str
+    axes: dict[str, Any]
+    run_config: dict[str, Any]
+    hospitals: int
+
+    def columns(self) -> dict[str, Any]:
+        return {"cell": self.name, **self.axes, "hospitals": self.hospitals}
+
+
+@dataclass
+class Grid:
+    name: str
+    path: Path | None
+    backend: str
+    workers: int
+    metric: str
+    baseline: str
+    keep_models: bool
+    timeout: float
+    threads_per_worker: int
+    reuse_workers: bool
+    shared_superlink: bool
+    aggregation_backend: str
+    description: str
+    axes: dict[str, list[Any]]
+    cells: list[Cell] = field(default_factory=list)
+    skipped: int = 0
+    duplicates: int = 0
+
+    @property
+    def axis_names(self) -> list[str]:
+        return list(self.axes)
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return _UNSAFE.sub("_", str(value))
+
+
+def cell_name(axis_values: Mapping[str, Any]) -> str:
+    """``key=value__key=value``: readable, safe as a folder name, stable across runs of the grid."""
+    name = "__".join(f"{k}={_format_value(v)}" for k, v in axis_values.items()) or "cell"
+    if len(name) > 200:  # folder names stop at 255 bytes; keep them unique
+        digest = hashlib.sha1(name.encode()).hexdigest()[:10]
+        name = f"{name[:180]}__{digest}"
+    return name
+
+
+def _matches(condition: Mapping[str, Any], values: Mapping[str, Any]) -> bool:
+    for key, wanted in condition.items():
+        have = values.get(key)
+        options = wanted if isinstance(wanted, list) else [wanted]
+        if not any(have == o or (isinstance(have, (int, float)) and isinstance(o, (int, float)) and math.isclose(have, o))
+                   for o in options):
+            return False
+    return True
+
+
+def _defaults(app_dir: Path | None) -> dict[str, Any]:
+    from hospitrust.simulate import find_app_dir
+
+    folder = app_dir or find_app_dir()
+    return dict(tomllib.loads((folder / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
+
+
+def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None = None,
+               validate: bool = True) -> Grid:
+    """Read a grid (a TOML path or an already-parsed dict), expand it into cells, validate every cell."""
+    path = None
+    if isinstance(source, Mapping):
+        data = dict(source)
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise GridError(f"grid file {path} does not exist")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise GridError(f"{path}: not valid TOML: {exc}") from None
+    unknown_tables = sorted(set(data) - {"grid", "base", "axes", "when"})
+    if unknown_tables:
+        raise GridError(f"unknown table(s) {unknown_tables}; a grid has [grid], [base], [axes] and [[when]]")
+    meta = dict(data.get("grid", {}))
+    bad = sorted(set(meta) - GRID_KEYS)
+    if bad:
+        raise GridError(f"[grid]: unknown key(s) {bad}; known: {', '.join(sorted(GRID_KEYS))}")
+    backend = meta.get("backend", "inprocess")
+    if backend not in BACKENDS:
+        raise GridError(f"[grid] backend = {backend!r}; allowed: {', '.join(BACKENDS)}")
+    if meta.get("aggregation-backend", "auto") not in ("auto", "eager", "compile"):
+        raise GridError(f"[grid] aggregation-backend = {meta['aggregation-backend']!r}; allowed: auto, eager, compile "
+                        "(HOSPITRUST_AGG_BACKEND of the workers: eager skips torch.compile of the order statistics)")
+    metric = meta.get("metric", "balanced_accuracy")
+    if metric not in METRICS:
+        raise GridError(f"[grid] metric = {metric!r}; allowed: {', '.join(METRICS)}")
+    workers = meta.get("workers", 2)
+    if not isinstance(workers, int) or workers < 1:
+        raise GridError(f"[grid] workers = {workers!r}: must be an integer >= 1")
+    default_hospitals = meta.get("hospitals", 10)
+
+    defaults = _defaults(app_dir)
+    base = dict(data.get("base", {}))
+    axes_raw = dict(data.get("axes", {}))
+    for key, values in axes_raw.items():
+        if not isinstance(values, list) or not values:
+            raise GridError(f"[axes] {key} must be a non-empty list, got {values!r}")
+        if any(isinstance(v, dict) for v in values) and not all(isinstance(v, dict) for v in values):
+            raise GridError(f"[axes] {key}: mix of tables and plain values; use one or the other")
+        if all(isinstance(v, dict) for v in values):
+            labels = [v.get("label") for v in values]
+            if any(not isinstance(lbl, str) or not lbl for lbl in labels):
+                raise GridError(f"[axes] {key}: every table needs a `label` (a short name for the cell names)")
+            if len(set(labels)) != len(labels):
+                raise GridError(f"[axes] {key}: labels repeat: {labels}")
+        elif key not in defaults and key not in AXIS_ONLY_KEYS:
+            raise GridError(_unknown_key_message(f"[axes] {key}", key, defaults))
+    for key in base:
+        if key not in defaults:
+            raise GridError(_unknown_key_message(f"[base] {key}", key, defaults))
+    rules = data.get("when", [])
+    if not isinstance(rules, list):
+        raise GridError("[[when]] must be an array of tables: [[when]] if = {...} set = {...}")
+    for i, rule in enumerate(rules):
+        extra = sorted(set(rule) - {"if", "set", "skip"})
+        if extra or "if" not in rule or not ({"set", "skip"} & set(rule)):
+            raise GridError(f"[[when]] #{i + 1}: needs `if` and `set` or `skip` (got keys {sorted(rule)})")
+
+    grid = Grid(
+        name=str(meta.get("name", path.stem if path else "grid")), path=path, backend=backend, workers=workers,
+        metric=metric, baseline=str(meta.get("baseline", "fedavg")), keep_models=bool(meta.get("keep-models", False)),
+        timeout=float(meta.get("timeout", 3600.0)), threads_per_worker=int(meta.get("threads-per-worker", 0)),
+        reuse_workers=bool(meta.get("reuse-workers", True)), shared_superlink=bool(meta.get("shared-superlink", True)),
+        aggregation_backend=str(meta.get("aggregation-backend", "auto")),
+        description=str(meta.get("description", "")), axes=axes_raw,
+    )
+    errors: list[str] = []
+    seen: dict[str, Cell] = {}
+    keys = list(axes_raw)
+    for combo in itertools.product(*(axes_raw[k] for k in keys)):
+        config = {**defaults, **base}
+        hospitals = default_hospitals
+        labels: dict[str, Any] = {}
+        for key, value in zip(keys, combo):
+            if isinstance(value, dict):
+                labels[key] = value["label"]
+                for k, v in value.items():
+                    if k == "label":
+                        continue
+                    if k == "hospitals":
+                        hospitals = v
+                    elif k not in defaults:
+                        errors.append(_unknown_key_message(f"[axes] {key} ({value['label']})", k, defaults))
+                    else:
+                        config[k] = v
+            elif key == "hospitals":
+                hospitals = value
+            else:
+                config[key] = value
+        skip = False
+        for rule in rules:
+            view = {**config, **labels, "hospitals": hospitals}
+            if _matches(rule["if"], view):
+                if rule.get("skip"):
+                    skip = True
+                    break
+                for k, v in rule.get("set", {}).items():
+                    if k == "hospitals":
+                        hospitals = v
+                    elif k not in defaults:
+                        errors.append(_unknown_key_message("[[when]] set", k, defaults))
+                    else:
+                        config[k] = v
+        if skip:
+            grid.skipped += 1
+            continue
+        if not isinstance(hospitals, int) or hospitals < 1:
+            errors.append(f"hospitals = {hospitals!r}: must be an integer >= 1")
+            continue
+        if config.get("assumed-malicious") == "auto":
+            config["assumed-malicious"] = max(1, round(float(config.get("malicious-fraction", 0.0)) * hospitals))
+        axis_values = {k: labels.get(k, hospitals if k == "hospitals" else config.get(k)) for k in keys}
+        name = cell_name(axis_values)
+        config["run-name"] = name
+        cell = Cell(name=name, axes=axis_values, run_config=config, hospitals=hospitals)
+        if name in seen:
+            if seen[name].run_config != config or seen[name].hospitals != hospitals:
+                errors.append(f"cell {name}: two axis combinations give this name with different run configs")
+            grid.duplicates += 1
+            continue
+        seen[name] = cell
+        grid.cells.append(cell)
+
+    if validate:
+        errors += validate_cells(grid.cells)
+    if errors:
+        shown = errors[:20] + ([f"... and {len(errors) - 20} more"] if len(errors) > 20 else [])
+        raise GridError(f"grid {grid.name}: {len(errors)} problem(s), nothing was run:\n" + "\n".join(shown))
+    if not grid.cells:
+        raise GridError(f"grid {grid.name} has no cells (every combination was skipped)")
+    return grid
+
+
+def validate_cells(cells: list[Cell]) -> list[str]:
+    """Every cell's run config through parse_run_config (and the hospital count against it)."""
+    from hospitrust.config import ConfigError, parse_run_config
+
+    errors = []
+    for cell in cells:
+        try:
+            cfg = parse_run_config(cell.run_config)
+        except ConfigError as exc:
+            errors.append(f"cell {cell.name}: {exc}")
+            continue
+        if cfg.min_hospitals > cell.hospitals:
+            errors.append(f"cell {cell.name}: min-hospitals = {cfg.min_hospitals} but hospitals = {cell.hospitals}")
+    return errors
+
+
+def _unknown_key_message(where: str, key: str, defaults: Mapping[str, Any]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, list(defaults) + ["hospitals"], n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{where}: unknown run config key {key!r}{hint}"
+
+
+def grid_fingerprint(grid: Grid) -> str:
+    """A short hash of all cells' configs, stored beside the results to notice an edited grid."""
+    blob = json.dumps([[c.name, c.hospitals, c.run_config] for c in grid.cells], sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
