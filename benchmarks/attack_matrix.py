@@ -29,11 +29,17 @@ ATTACKS = [
 STRATEGIES = ["fedavg", "median", "trimmed-mean", "krum", "multi-krum", "fltrust"]
 # the targeted label flip (pneumonia -> normal: a missed diagnosis) has a success rate to report
 ATTACK_DEFAULTS = {"label-flip-mode": "source-to-target", "attack-source": 1, "attack-target": 0}
+# named variants: an attack with a schedule (honest for 2 rounds to earn trust, then attacking)
+VARIANTS = {"delayed-sign-flip": {"attack": "sign-flip", "attack-start-round": 2},
+            "delayed-label-flip": {"attack": "label-flip", "attack-start-round": 2}}
+# the trust-rule comparison (issue: trust rules), beside fedavg, median, multi-krum, fltrust
+TRUST_ATTACKS = ["none", "label-flip", "backdoor", "sign-flip", "scaling", "alie", "ipm", "min-max", "free-rider",
+                 "delayed-sign-flip"]
 
 
 def _cell_config(base: dict, attack: str, strategy: str, fraction: float, out: Path) -> dict:
     cfg = {**base, **ATTACK_DEFAULTS, "strategy": strategy, "attack": attack, "output-dir": str(out),
-           "run-name": f"{attack}__{strategy}"}
+           "run-name": f"{attack}__{strategy}", **VARIANTS.get(attack, {})}
     cfg["malicious-fraction"] = 0.0 if attack == "none" else fraction
     # rules sized for f: the true number of attackers (a generous assumption for the defence)
     cfg["assumed-malicious"] = max(1, round(fraction * 10))
@@ -63,17 +69,18 @@ def _fmt(x, digits=3) -> str:
 
 
 def table(out: Path, attacks: list[str], strategies: list[str]) -> str:
-    rows = ["| attack | strategy | balanced acc | AUC | attack success | detection TPR | detection FPR |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| attack | strategy | balanced acc | AUC | worst recall | attack success | detection TPR | detection FPR |",
+            "|---|---|---|---|---|---|---|---|"]
     for attack in attacks:
         for strategy in strategies:
             path = out / f"{attack}__{strategy}" / "summary.json"
             if not path.is_file():
-                rows.append(f"| {attack} | {strategy} | failed or not run | | | | |")
+                rows.append(f"| {attack} | {strategy} | failed or not run | | | | | |")
                 continue
             s = json.loads(path.read_text())
             f, sec = s["final"], s.get("security", {})
             rows.append(f"| {attack} | {strategy} | {_fmt(f['balanced_accuracy'])} | {_fmt(f['auc'])} | "
+                        f"{_fmt(f.get('worst_class_recall'))} | "
                         f"{_fmt(f.get('attack_success_rate'))} | {_fmt(sec.get('tpr'), 2)} | {_fmt(sec.get('fpr'), 2)} |")
     return "\n".join(rows)
 
