@@ -446,8 +446,8 @@ def test_no_flower_imports_in_package():
 
 @pytest.mark.parametrize("outlier_scale", [5.0, 1e7])
 def test_multi_krum_blocked_path_is_the_mean_of_the_selected(outlier_scale):
-    """Above GRAM_BLOCK columns Multi-Krum sums all rows during the Gram pass and subtracts
-    the few left out; a huge left-out row (a scaling attack) must not cancel the honest digits."""
+    """Above GRAM_BLOCK columns (the blocked Gram product) Multi-Krum still averages exactly
+    the selected rows, whatever the size of a left-out row (a scaling attack)."""
     from hospitrust.aggregation.krum import GRAM_BLOCK
 
     g = torch.Generator().manual_seed(5)

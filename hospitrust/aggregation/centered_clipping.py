@@ -26,7 +26,7 @@ def _distances_to(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         block = x[:, start : start + DIST_BLOCK]
         diff = buf[:, : block.shape[1]]
         torch.sub(block, v[start : start + DIST_BLOCK], out=diff)
-        acc += torch.linalg.vector_norm(diff, dim=1, dtype=torch.float64).square_()
+        acc += torch.linalg.vector_norm(diff, dim=1).double().square_()
     return acc.sqrt_()
 
 

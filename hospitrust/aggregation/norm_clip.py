@@ -20,7 +20,7 @@ def clip_factors(x: torch.Tensor, max_norm: float) -> torch.Tensor:
     r"""``(n,)`` float64 factors :math:`\min(1, C / \lVert x_i\rVert_2)`: one pass over ``x``."""
     check_updates(x)
     _check_max_norm(max_norm)
-    norms = torch.linalg.vector_norm(x, dim=1, dtype=torch.float64)
+    norms = torch.linalg.vector_norm(x, dim=1).double()  # dtype=float64 here would copy x to float64 first
     return torch.where(norms > max_norm, max_norm / norms.clamp_min(1e-300), torch.ones_like(norms))
 
 
