@@ -44,3 +44,11 @@ def test_plot_written_as_png(tmp_path):
     (tmp_path / "empty" / "rounds.jsonl").write_text("")
     with pytest.raises(ValueError, match="no rounds"):
         plot_trust(tmp_path / "empty")
+
+
+def test_hospitrust_report_on_a_run_directory_draws_its_trust(tmp_path):
+    from hospitrust.cli import main
+
+    (tmp_path / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rounds()))
+    assert main(["report", str(tmp_path)]) == 0
+    assert (tmp_path / "trust.png").read_bytes()[:4] == b"\x89PNG"

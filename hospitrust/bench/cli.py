@@ -57,6 +57,15 @@ def _report(args: argparse.Namespace) -> int:
     if not grid_dir.is_dir():
         print(f"hospitrust report: {grid_dir} is not a folder (give the --out folder of `hospitrust bench`)", file=sys.stderr)
         return 2
+    if (grid_dir / "rounds.jsonl").is_file():  # one run directory: its trust picture
+        from hospitrust.trust_plot import plot_trust
+
+        try:
+            print(f"trust plot: {plot_trust(grid_dir)}")
+        except ValueError as exc:
+            print(f"hospitrust report: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if args.store:
         from hospitrust.bench.store import build_store
 
@@ -87,7 +96,8 @@ def add_bench_parsers(sub) -> None:
 
     report = sub.add_parser("report", help="HTML + Markdown report of a grid folder",
                             description="Figures and tables of a grid folder (or any folder of run directories).")
-    report.add_argument("grid_dir", help="the grid folder (`hospitrust bench --out`)")
+    report.add_argument("grid_dir", help="the grid folder (`hospitrust bench --out`), or one run directory "
+                                         "(draws its trust.png: each hospital's trust over rounds)")
     report.add_argument("--metric", choices=["balanced_accuracy", "accuracy", "auc", "macro_f1", "worst_class_recall"],
                         help="headline metric (default: the grid's, else balanced_accuracy)")
     report.add_argument("--baseline", help="strategy for paired differences (default: the grid's, else fedavg)")
