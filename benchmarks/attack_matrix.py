@@ -37,10 +37,15 @@ TRUST_ATTACKS = ["none", "label-flip", "backdoor", "sign-flip", "scaling", "alie
                  "delayed-sign-flip"]
 
 
-def _cell_config(base: dict, attack: str, strategy: str, fraction: float, out: Path) -> dict:
-    cfg = {**base, **ATTACK_DEFAULTS, "strategy": strategy, "attack": attack, "output-dir": str(out),
-           "run-name": f"{attack}__{strategy}", **VARIANTS.get(attack, {})}
-    cfg["malicious-fraction"] = 0.0 if attack == "none" else fraction
+def _cell_config(base: dict, attack: str, strategy: str, fraction: float, out: Path,
+                 overrides: dict | None = None) -> dict:
+    """pyproject defaults < the matrix's attack defaults < -c overrides < the cell's own keys."""
+    cfg = {**base, **ATTACK_DEFAULTS, **(overrides or {}), "strategy": strategy, "attack": attack,
+           "output-dir": str(out), "run-name": f"{attack}__{strategy}", **VARIANTS.get(attack, {})}
+    if attack == "none":
+        cfg["malicious-fraction"], cfg["malicious-hospitals"] = 0.0, ""
+    elif not str(cfg.get("malicious-hospitals", "")).strip():  # named attackers (-c) win over the fraction
+        cfg["malicious-fraction"] = fraction
     # rules sized for f: the true number of attackers (a generous assumption for the defence)
     cfg["assumed-malicious"] = max(1, round(fraction * 10))
     return cfg
@@ -102,12 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     base = tomllib.loads((find_app_dir() / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    base = {**base, **parse_overrides(args.run_config, base)}
+    overrides = parse_overrides(args.run_config, base)
     attacks, strategies = args.attacks.split(","), args.strategies.split(",")
     cells = []
     for attack in attacks:
         for strategy in strategies:
-            cfg = _cell_config(base, attack, strategy, args.malicious_fraction, out)
+            cfg = _cell_config(base, attack, strategy, args.malicious_fraction, out, overrides)
             parse_run_config(cfg)  # a bad cell fails here, before any run
             if not (out / cfg["run-name"] / "summary.json").is_file():
                 cells.append((cfg, args.hospitals))

@@ -36,9 +36,9 @@ def _model_hash(run_dir) -> str:
     return h.hexdigest()
 
 
-# rules whose state carries over rounds (reputation, trust and history, the clipping center);
+# rules whose state carries over rounds (reputation, trust and history);
 # fraction-train < 1 also puts the sampling RNG in play
-@pytest.mark.parametrize("strategy", ["hta", "earn", "centered-clipping"])
+@pytest.mark.parametrize("strategy", ["hta", "earn"])
 def test_resumed_run_ends_with_the_unbroken_runs_model(tmp_path, data_dir, monkeypatch, strategy):
     common = dict(strategy=strategy, **{"num-server-rounds": 3, "fraction-train": 0.75, "min-hospitals": 2})
     whole = small_run_config(tmp_path, **{**common, "run-name": "whole"})

@@ -1,0 +1,91 @@
+"""The trust-rule tables from attack-matrix folders (benchmarks/attack_matrix.py output):
+balanced accuracy / worst-class recall per attack and rule, detection of the rules that
+exclude, honest rare-class hospitals wrongly flagged, and EARN's evidence Spearman.
+
+    python benchmarks/trust_tables.py runs/attack-matrix [--attacks none,label-flip,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+RULES = ["fedavg", "median", "multi-krum", "fltrust", "fedagain", "hta", "earn"]
+ATTACKS = ["none", "label-flip", "backdoor", "sign-flip", "scaling", "alie", "ipm", "min-max", "free-rider",
+           "delayed-sign-flip"]
+
+
+def _load(folder: Path, attack: str, rule: str) -> dict | None:
+    path = folder / f"{attack}__{rule}" / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _f(x, digits=3) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def accuracy_table(folder: Path, attacks: list[str], rules: list[str]) -> str:
+    rows = ["| attack | " + " | ".join(rules) + " |", "|---|" + "---|" * len(rules)]
+    for attack in attacks:
+        cells = []
+        for rule in rules:
+            s = _load(folder, attack, rule)
+            cells.append("not run" if s is None else
+                         f"{_f(s['final']['balanced_accuracy'])} / {_f(s['final']['worst_class_recall'])}")
+        rows.append(f"| {attack} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def detection_table(folder: Path, attacks: list[str], rules: list[str]) -> str:
+    rows = ["| attack | rule | TPR | FPR | honest rare-class holders | wrongly flagged (hospital-rounds) |",
+            "|---|---|---|---|---|---|"]
+    for attack in attacks:
+        for rule in rules:
+            s = _load(folder, attack, rule)
+            if s is None:
+                continue
+            sec = s.get("security", {})
+            rows.append(f"| {attack} | {rule} | {_f(sec.get('tpr'), 2)} | {_f(sec.get('fpr'), 2)} | "
+                        f"{len(sec.get('honest_rare_class_holders', []))} | {sec.get('honest_rare_class_flagged', '-')} |")
+    return "\n".join(rows)
+
+
+def earn_spearman(folder: Path, attacks: list[str]) -> str:
+    rows = ["| attack | EARN update-evidence Spearman vs true counts (mean over rounds) | per round |", "|---|---|---|"]
+    for attack in attacks:
+        path = folder / f"{attack}__earn" / "rounds.jsonl"
+        if not path.is_file():
+            continue
+        per_round = []
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            vals = [c.get("evidence_spearman") for c in r["clients"] if c.get("evidence_spearman") is not None]
+            if vals:
+                per_round.append(vals[0])
+        if per_round:
+            rows.append(f"| {attack} | {statistics.mean(per_round):.2f} | {', '.join(f'{v:.2f}' for v in per_round)} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("folder")
+    p.add_argument("--attacks", default=",".join(ATTACKS))
+    p.add_argument("--rules", default=",".join(RULES))
+    args = p.parse_args(argv)
+    folder, attacks, rules = Path(args.folder), args.attacks.split(","), args.rules.split(",")
+    print("Balanced accuracy / worst-class recall\n")
+    print(accuracy_table(folder, attacks, rules))
+    print("\nDetection (rules that exclude or flag)\n")
+    print(detection_table(folder, [a for a in attacks if a != "none"], [r for r in rules if r in ("hta", "earn", "multi-krum")]))
+    print("\nEARN evidence\n")
+    print(earn_spearman(folder, attacks))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
