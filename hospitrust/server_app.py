@@ -259,6 +259,25 @@ def format_summary_table(history: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def summary_head(cfg: RunConfig, history: list[dict[str, Any]], num_hospitals: int, run_dir: RunDirectory,
+                 started: float) -> dict[str, Any]:
+    """The summary.json fields every run has (the final and best round, what ran, where)."""
+    best = max(history, key=lambda r: (r["central"]["balanced_accuracy"], -r["round"]))
+    return {
+        "final": history[-1]["central"],
+        "best_round": best["round"],
+        "best": best["central"],
+        "rounds": len(history),
+        "wall_seconds": time.time() - started,
+        "dataset": cfg.dataset,
+        "strategy": cfg.strategy,
+        "model": cfg.model,
+        "hospitals": num_hospitals,
+        "run_dir": str(run_dir.path),
+        "attack": cfg.attacks.attack,
+    }
+
+
 class FederationFailure(RuntimeError):
     """Every hospital's ClientApp failed: a broken app or setup, not one bad hospital."""
 
@@ -406,20 +425,9 @@ def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.devic
 
     final_state = arrays.to_torch_state_dict()
     run_dir.save_model(final_state)
-    best = max(history, key=lambda r: (r["central"]["balanced_accuracy"], -r["round"]))
     summary = {
-        "final": history[-1]["central"],
-        "best_round": best["round"],
-        "best": best["central"],
-        "rounds": len(history),
-        "wall_seconds": time.time() - started,
-        "dataset": cfg.dataset,
-        "strategy": cfg.strategy,
-        "model": cfg.model,
-        "hospitals": len(hospitals),
+        **summary_head(cfg, history, len(hospitals), run_dir, started),
         "fairness": history[-1]["fairness"],
-        "run_dir": str(run_dir.path),
-        "attack": cfg.attacks.attack,
         "malicious_hospitals": sorted(h for h, bad in truth.items() if bad),
         "rare_class": rare_class,
         "rare_classes": evaluator.rare_classes,
@@ -441,7 +449,7 @@ def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.devic
     log(INFO, "hospitrust: finished %d rounds in %.1f s\n%s\nfinal: accuracy %.4f  balanced accuracy %.4f  AUC %.4f  "
         "worst-class recall %.4f  (best round %d)\nresults: %s",
         len(history), summary["wall_seconds"], format_summary_table(history), final["accuracy"],
-        final["balanced_accuracy"], final["auc"], final["worst_class_recall"], best["round"], run_dir.path)
+        final["balanced_accuracy"], final["auc"], final["worst_class_recall"], summary["best_round"], run_dir.path)
     return run_dir
 
 

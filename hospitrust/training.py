@@ -41,6 +41,16 @@ class TrainResult:
     steps: int
 
 
+def make_optimizer(params, optimizer: str, learning_rate: float, momentum: float,
+                   weight_decay: float) -> torch.optim.Optimizer:
+    """The hospitals' local optimizer by run config name (sgd or adam)."""
+    if optimizer == "sgd":
+        return torch.optim.SGD(params, lr=learning_rate, momentum=momentum, weight_decay=weight_decay)
+    if optimizer == "adam":
+        return torch.optim.Adam(params, lr=learning_rate, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {optimizer!r}; allowed: adam, sgd")
+
+
 def train(
     model: nn.Module,
     images: np.ndarray,
@@ -63,12 +73,7 @@ def train(
     if n == 0:
         return TrainResult(float("nan"), 0, 0)
     params = [p for p in model.parameters() if p.requires_grad]
-    if optimizer == "sgd":
-        opt = torch.optim.SGD(params, lr=learning_rate, momentum=momentum, weight_decay=weight_decay)
-    elif optimizer == "adam":
-        opt = torch.optim.Adam(params, lr=learning_rate, weight_decay=weight_decay)
-    else:
-        raise ValueError(f"unknown optimizer {optimizer!r}; allowed: adam, sgd")
+    opt = make_optimizer(params, optimizer, learning_rate, momentum, weight_decay)
     global_params = [p.detach().clone() for p in params] if proximal_mu > 0 else None
     y_all = torch.from_numpy(labels).to(device)
     total, seen, steps = 0.0, 0, 0

@@ -101,7 +101,8 @@ class WarehouseEvaluator:
 
 def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
     """A whole FED-FBD run; returns its directory."""
-    from hospitrust.server_app import _fail_if_every_hospital_crashed, discover_hospitals, format_class_counts
+    from hospitrust.server_app import (_fail_if_every_hospital_crashed, discover_hospitals, format_class_counts,
+                                       summary_head)
 
     started = time.time()
     cfg = parse_run_config(context.run_config)
@@ -192,19 +193,8 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
     reached = {h: sorted({m for m, _ in warehouse.reached_by(h)}) for h in malicious}
     tainted = sorted(set().union(*reached.values())) if reached else []
     clean = [m for m in range(warehouse.num_colors) if m not in tainted]
-    best = max(history, key=lambda r: (r["central"]["balanced_accuracy"], -r["round"]))
     summary = {
-        "final": history[-1]["central"],
-        "best_round": best["round"],
-        "best": best["central"],
-        "rounds": len(history),
-        "wall_seconds": time.time() - started,
-        "dataset": cfg.dataset,
-        "strategy": cfg.strategy,
-        "model": cfg.model,
-        "hospitals": len(hospitals),
-        "run_dir": str(run_dir.path),
-        "attack": cfg.attacks.attack,
+        **summary_head(cfg, history, len(hospitals), run_dir, started),
         "malicious_hospitals": malicious,
         "fbd": {
             "plan": plan.to_json(),

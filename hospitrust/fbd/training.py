@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hospitrust.training import pick_device, to_batch
+from hospitrust.training import make_optimizer, pick_device, to_batch
 
 
 @dataclass
@@ -67,12 +67,7 @@ def train_with_sibling(
     if n == 0:
         return SiblingTrainResult(float("nan"), float("nan"), float("nan"), 0, 0)
     params = [p for p in student.parameters() if p.requires_grad]
-    if optimizer == "sgd":
-        opt = torch.optim.SGD(params, lr=learning_rate, momentum=momentum, weight_decay=weight_decay)
-    elif optimizer == "adam":
-        opt = torch.optim.Adam(params, lr=learning_rate, weight_decay=weight_decay)
-    else:
-        raise ValueError(f"unknown optimizer {optimizer!r}; allowed: adam, sgd")
+    opt = make_optimizer(params, optimizer, learning_rate, momentum, weight_decay)
     y_all = torch.from_numpy(np.asarray(labels).reshape(-1)).long().to(device)
     tot = ce_tot = kl_tot = 0.0
     seen = steps = 0
