@@ -467,3 +467,19 @@ def test_centered_clipping_blocked_distances_are_exact():
     v = x[0] + 1e-3 * torch.randn(x.shape[1], generator=g)  # a row very close to the center
     expected = torch.linalg.vector_norm(x.double() - v.double(), dim=1)
     close(_distances_to(x, v), expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_gram_batched_blocks_match_float64_product(layout):
+    """The CPU Gram over column blocks (batched product plus a ragged tail) equals X X^T
+    computed in float64, also for a column-major input."""
+    from hospitrust.aggregation.krum import GRAM_BLOCK, gram
+
+    g = torch.Generator().manual_seed(3)
+    d = 2 * GRAM_BLOCK + 7
+    x = torch.randn(7, d, generator=g) if layout == "contiguous" else torch.randn(d, 7, generator=g).T
+    ref = x.double() @ x.double().T
+    got = gram(x)
+    assert got.dtype == torch.float64 and got.shape == (7, 7)
+    # float32 products: error relative to the largest entry (the diagonal)
+    assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()

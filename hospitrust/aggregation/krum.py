@@ -19,23 +19,30 @@ def gram(x: torch.Tensor) -> torch.Tensor:
     r"""Gram matrix :math:`G = X X^\top` as float64, shape ``(n, n)``.
 
     One pass over ``x``, in the input precision (float32 for half types),
-    returned as float64. On CPU the product is accumulated over column blocks
-    of ``GRAM_BLOCK`` columns: MKL's single skinny product ``(n, d) @ (d, n)``
-    was 6x a read at n = 10, d = 11.2M on this 2-core machine, the blocked one
-    1.8x (and equal at n = 20).
+    returned as float64. On CPU the columns are cut into ``GRAM_BLOCK``-wide
+    blocks and the per-block Grams come from one batched product
+    (``torch.bmm``), then summed: MKL's single skinny product
+    ``(n, d) @ (d, n)`` was 6x a read at n = 10, d = 11.2M on this 2-core
+    machine, a loop of per-block ``addmm_`` 2.4-3x (one thread does the work
+    with a 20 x 20 output), the batched product 1.6x (it splits the batch over
+    the threads), and summing per-block partials is also more accurate.
     """
     check_updates(x)
     work = x if x.dtype in (torch.float32, torch.float64) else x.float()
-    if work.device.type != "cpu" or work.shape[1] <= GRAM_BLOCK:
+    n, d = work.shape
+    if work.device.type != "cpu" or d <= GRAM_BLOCK:
         return (work @ work.T).double()
-    g = torch.zeros(work.shape[0], work.shape[0], dtype=work.dtype)
-    for start in range(0, work.shape[1], GRAM_BLOCK):
-        block = work[:, start : start + GRAM_BLOCK]
-        g.addmm_(block, block.T)
+    work = work.contiguous()  # a column-major input would go through a slow, less exact path
+    blocks = d // GRAM_BLOCK
+    body = work[:, : blocks * GRAM_BLOCK].unflatten(1, (blocks, GRAM_BLOCK)).transpose(0, 1)
+    g = torch.bmm(body, body.transpose(1, 2)).sum(0, dtype=work.dtype)
+    tail = work[:, blocks * GRAM_BLOCK :]
+    if tail.shape[1]:
+        g = g + tail @ tail.T
     return g.double()
 
 
-GRAM_BLOCK = 131_072
+GRAM_BLOCK = 65_536
 
 
 def pairwise_sq_distances(x: torch.Tensor) -> torch.Tensor:
