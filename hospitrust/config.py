@@ -97,8 +97,8 @@ class RunConfig(BaseModel):
     fbd_exclude_flagged: bool = Field(False, description="FED-FBD: leave flagged colors out of routing.")
 
     # data
-    dataset: str = Field("pneumoniamnist", description="MedMNIST 2D flag.")
-    image_size: int = Field(28, description="MedMNIST image size: 28, 64, 128 or 224.")
+    dataset: str = Field("pneumoniamnist", description="MedMNIST 2D flag, or torchvision's mnist / cifar10.")
+    image_size: int = Field(28, description="Image size: 28, 64, 128 or 224 (the MedMNIST sizes); mnist and cifar10 are resampled to it, and also take 32.")
     data_dir: str = Field("", description="Folder of MedMNIST files; empty: $HOSPITRUST_DATA_DIR, else medmnist's default.")
     partitioner: str = Field("dirichlet", description="How training data is split over simulated hospitals.")
     dirichlet_alpha: float = Field(0.5, gt=0.0, description="Dirichlet concentration (dirichlet, specialist).")
@@ -131,8 +131,8 @@ class RunConfig(BaseModel):
     @field_validator("image_size")
     @classmethod
     def _image_size(cls, v: int) -> int:
-        if v not in (28, 64, 128, 224):
-            raise ValueError(f"must be one of 28, 64, 128, 224 (the MedMNIST sizes), got {v}")
+        if v not in (28, 32, 64, 128, 224):
+            raise ValueError(f"must be one of 28, 64, 128, 224 (the MedMNIST sizes) or 32 (mnist, cifar10), got {v}")
         return v
 
     @field_validator("strategy")
@@ -147,11 +147,11 @@ class RunConfig(BaseModel):
     @field_validator("dataset")
     @classmethod
     def _dataset(cls, v: str) -> str:
-        from hospitrust.datasets.medmnist_source import available_flags
+        from hospitrust.datasets.medmnist_source import dataset_flags
 
-        flags = available_flags()
+        flags = dataset_flags()
         if v not in flags:
-            raise ValueError(f"unknown dataset {v!r}; allowed (MedMNIST 2D flags): {_allowed(flags)}")
+            raise ValueError(f"unknown dataset {v!r}; allowed (MedMNIST 2D flags, mnist, cifar10): {_allowed(flags)}")
         return v
 
     @field_validator("partitioner")
@@ -191,6 +191,10 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
+        from hospitrust.datasets.medmnist_source import MEDMNIST_SIZES, available_flags
+
+        if self.dataset in available_flags() and self.image_size not in MEDMNIST_SIZES:
+            raise ValueError(f"image-size {self.image_size}: MedMNIST ships {', '.join(map(str, MEDMNIST_SIZES))} only")
         if self.partitioner == "specialist" and not self.specialist_classes.strip():
             raise ValueError("partitioner 'specialist' needs specialist-classes, e.g. '4:0' (class 4 only at hospital 0)")
         if self.strategy == "fbd":

@@ -45,8 +45,12 @@ class HospitalData:
 
 
 def load_arrays(cfg: RunConfig) -> MedMNISTArrays:
+    """The configured dataset's three splits: a MedMNIST file or torchvision's MNIST / CIFAR-10."""
+    from hospitrust.datasets.torchvision_source import TORCHVISION_DATASETS, load_torchvision
+
     root = cfg.resolved_data_dir()
-    return load_medmnist(cfg.dataset, cfg.image_size, str(root) if root else None)
+    load = load_torchvision if cfg.dataset in TORCHVISION_DATASETS else load_medmnist
+    return load(cfg.dataset, cfg.image_size, str(root) if root else None)
 
 
 def _stratified_subsample(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:

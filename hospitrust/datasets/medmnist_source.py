@@ -38,6 +38,16 @@ def available_flags() -> tuple[str, ...]:
     )
 
 
+def dataset_flags() -> tuple[str, ...]:
+    """Every dataset a run can name: the MedMNIST 2D flags plus torchvision's MNIST and CIFAR-10."""
+    from hospitrust.datasets.torchvision_source import TORCHVISION_DATASETS
+
+    return tuple(sorted(available_flags() + tuple(TORCHVISION_DATASETS)))
+
+
+MEDMNIST_SIZES = (28, 64, 128, 224)
+
+
 @dataclass(frozen=True)
 class DatasetInfo:
     flag: str
@@ -49,8 +59,13 @@ class DatasetInfo:
 
     @classmethod
     def of(cls, flag: str) -> "DatasetInfo":
+        from hospitrust.datasets.torchvision_source import TORCHVISION_DATASETS
+
+        if flag in TORCHVISION_DATASETS:
+            spec = TORCHVISION_DATASETS[flag]
+            return cls(flag, spec.num_classes, spec.in_channels, spec.class_names, "multi-class", spec.license)
         if flag not in available_flags():
-            raise ValueError(f"unknown dataset {flag!r}; allowed: {', '.join(available_flags())}")
+            raise ValueError(f"unknown dataset {flag!r}; allowed: {', '.join(dataset_flags())}")
         info = _info()[flag]
         labels = info["label"]
         names = tuple(str(labels[str(i)]) for i in range(len(labels)))
