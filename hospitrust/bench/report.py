@@ -414,6 +414,21 @@ def section_paired(data: ReportData, max_scenarios: int) -> Section:
     return sec
 
 
+def section_findings(data: ReportData) -> Section | None:
+    """The HTA authors' headline findings beside ours, when the grid can pair them."""
+    from hospitrust.bench.findings import hta_findings
+
+    table = hta_findings(data.done, data.metric)
+    if not len(table):
+        return None
+    sec = Section("The HTA authors' findings beside ours",
+                  f"Each of ours is the mean of paired differences of the final {data.metric}, in points, between "
+                  "cells that differ only in the compared factor (same dataset, regime, seed, attacker fraction); "
+                  "min .. max over the pairs. The authors' figures are in points of balanced accuracy.")
+    sec.tables.append(("HTA authors' findings and ours", table.set_index(["finding", "dataset"])))
+    return sec
+
+
 def section_overhead(data: ReportData) -> Section:
     sec = Section("Where the time went", "Per cell: wall time of the cell (measured by the bench worker; for a folder "
                   "of runs without bench.jsonl, the run's own wall_seconds), time inside rounds (local training, "
@@ -458,6 +473,9 @@ def make_report(grid_dir: str | Path, *, metric: str | None = None, baseline: st
         sections = [section_curves(data, max_scenarios), section_heatmaps(data, max_scenarios),
                     section_worst_case(data, max_scenarios), section_trust(data), section_detection(data, max_scenarios),
                     section_spread(data, max_scenarios), section_paired(data, max_scenarios)]
+        findings = section_findings(data)
+        if findings is not None:
+            sections.append(findings)
     sections.append(section_overhead(data))
 
     md = [f"# {title}", "", intro, ""]
