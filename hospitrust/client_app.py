@@ -106,7 +106,9 @@ def train_handler(msg: Message, context: Context) -> Message:
             "train-loss": float(result.loss),
             "benchmark-error": float(1.0 - before["accuracy"]),
             "benchmark-loss": float(before["loss"]),
-            "class-counts": data.train.class_counts(info.num_classes),
+            # the labels it trained on: a data attacker reports its poisoned labels (a
+            # rare-class faker claims the class it fakes); honest hospitals their own counts
+            "class-counts": [int(c) for c in np.bincount(train_labels, minlength=info.num_classes)[: info.num_classes]],
             "rounds-trained": rounds_trained,
         }
     )

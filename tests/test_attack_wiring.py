@@ -95,3 +95,26 @@ def test_colluding_adversary_rewrites_only_malicious_rows():
     assert torch.equal(out[[0, 1, 3]], honest)
     # nobody malicious in this round's replies: unchanged
     assert torch.equal(adversary(1, honest, ["a", "b", "d"]), honest)
+
+
+def test_data_attacker_reports_the_class_counts_it_trained_on(tmp_path, data_dir):
+    """A label flipper (here: a rare-class faker relabelling its class-1 images as class 0)
+    reports the counts of its poisoned labels, which the reported-evidence rules see;
+    honest hospitals report their own."""
+    from hospitrust.datasets import federation
+
+    counts = {}
+
+    def capture(index, incoming, reply):
+        if reply.has_content() and "arrays" in reply.content.array_records:  # a train reply
+            counts[index] = list(reply.content["metrics"]["class-counts"])
+        return reply
+
+    _run(tmp_path, reply_filter=capture, num_nodes=4, **{
+        "num-server-rounds": 1, "attack": "label-flip", "label-flip-mode": "source-to-target",
+        "attack-source": 1, "attack-target": 0, "malicious-hospitals": "0"})
+    cfg = parse_run_config(small_run_config(tmp_path, **{"train-subsample": 0.05, "batch-size": 64}))
+    true = [federation.simulated_hospital(cfg, i, 4).train.class_counts(2) for i in range(4)]
+    assert true[0][1] > 0  # the attacker has class-1 images to relabel
+    assert counts[0] == [true[0][0] + true[0][1], 0]
+    assert [counts[i] for i in (1, 2, 3)] == true[1:]

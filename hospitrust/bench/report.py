@@ -34,7 +34,7 @@ from hospitrust.bench.store import collect, overhead_table
 HYPER_PREFIXES = ("hta-", "fedagain-", "earn-", "clipping-", "multi-krum-m", "proximal-mu", "fbd-", "contribution-score")
 NOT_SCENARIO = {"cell", "strategy", "attack", "malicious-fraction", "seed", "assumed-malicious", "run-name", "status"}
 METRIC_NAMES = {"balanced_accuracy": "balanced accuracy", "accuracy": "accuracy", "auc": "AUC", "macro_f1": "macro-F1",
-                "worst_class_recall": "worst-class recall"}
+                "worst_class_recall": "worst-class recall", "rare_class_macro_f1": "rare-class macro-F1"}
 
 
 @dataclass

@@ -28,7 +28,8 @@ ALWAYS = ("strategy", "attack", "malicious-fraction", "seed", "dataset", "partit
           "num-server-rounds")
 NOT_CONFIG = {"run-name", "output-dir", "data-dir", "data-dir-resolved", "resume-from", "server-device", "class-names",
               "hospitals", "reference-cohort-size"}
-CENTRAL = ("balanced_accuracy", "accuracy", "auc", "macro_f1", "worst_class_recall", "loss", "attack_success_rate")
+CENTRAL = ("balanced_accuracy", "accuracy", "auc", "macro_f1", "worst_class_recall", "rare_class_macro_f1", "loss",
+           "attack_success_rate")
 
 
 def cell_dirs(grid_dir: Path) -> list[Path]:

@@ -1,0 +1,126 @@
+"""EARN against a rare-class faker: the weight the faker captures on the rare row, the honest
+specialist's trust over rounds, and the authors' rare-class macro-F1 gates.
+
+Reads a folder of finished runs from ``hospitrust bench benchmarks/earn-faker.toml`` (or any
+folder of runs with the same layout) and prints a Markdown table:
+
+    python benchmarks/earn_faker.py runs/bench/earn-faker [--rare 4 --faker hospital-5 --specialist hospital-0]
+
+- captured / fair: the faker's weight on the rare class's row (``rare_row_weight``) over its
+  FedAvg weight, mean over rounds. 1 means faking earned nothing beyond what it gets without
+  any trust (the "fair share"; EARN with all trust at 0 is FedAvg); the method's authors saw
+  7.5 for a consistent faker under history-only checking.
+- the specialist's trust on the rare row at the last round and the first round it reached 0.8
+  (the authors' gate: by round 15).
+- rare-class macro-F1 at the end; gates: under attack within 0.05 of the same rule without the
+  attack, and without attack above FedAvg.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+
+def _rounds(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _client(rnd: dict, name: str) -> dict | None:
+    return next((c for c in rnd.get("clients", []) if c.get("hospital") == name), None)
+
+
+def run_figures(run: Path, rare: str, faker: str, specialist: str) -> dict:
+    config = json.loads((run / "config.json").read_text())
+    cfg = config.get("run_config", config)
+    rounds = _rounds(run)
+    ratios, row_weights, trust = [], [], []
+    for rnd in rounds:
+        f = _client(rnd, faker)
+        if f is not None and f.get("weight"):
+            row_w = (f.get("rare_row_weight") or {}).get(rare, f["weight"])  # no per-row rule: FedAvg weight
+            row_weights.append(row_w)
+            ratios.append(row_w / f["weight"])
+        s = _client(rnd, specialist)
+        if s is not None and "earn_trust" in s:
+            trust.append((rnd["round"], (s.get("earn_trust") or {}).get(rare, math.nan)))
+    first_08 = next((r for r, t in trust if t >= 0.8), None)
+    spear = [c.get("evidence_spearman") for rnd in rounds for c in rnd.get("clients", [])[:1]
+             if isinstance(c.get("evidence_spearman"), (int, float))]
+    final = rounds[-1]["central"] if rounds else {}
+    return {
+        "run": run.name,
+        "strategy": cfg.get("strategy"),
+        "mode": cfg.get("earn-mode", "-") if cfg.get("strategy") == "earn" else "-",
+        "evidence": cfg.get("earn-evidence", "-") if cfg.get("strategy") == "earn" else "-",
+        "cap": cfg.get("earn-cap", "-") if cfg.get("strategy") == "earn" else "-",
+        "attack": cfg.get("attack", "none"),
+        "captured_over_fair": sum(ratios) / len(ratios) if ratios and cfg.get("attack", "none") != "none" else math.nan,
+        "faker_row_weight": sum(row_weights) / len(row_weights) if row_weights and cfg.get("attack", "none") != "none" else math.nan,
+        "specialist_trust_last": trust[-1][1] if trust else math.nan,
+        "specialist_first_round_0.8": first_08,
+        "evidence_spearman": sum(spear) / len(spear) if spear else math.nan,
+        "rare_f1": final.get("rare_class_macro_f1", math.nan),
+        "balanced_accuracy": final.get("balanced_accuracy", math.nan),
+        "rounds": len(rounds),
+    }
+
+
+def _label(row: dict) -> str:
+    if row["strategy"] != "earn":
+        return str(row["strategy"])
+    parts = [f"mode={row['mode']}"]
+    if row["evidence"] != "update":
+        parts.append(f"evidence={row['evidence']}")
+    if row["cap"] not in ("-", 0.5):
+        parts.append(f"cap={row['cap']}")
+    return "earn (" + ", ".join(parts) + ")"
+
+
+def table(rows: list[dict]) -> str:
+    def fmt(v, digits=3):
+        if v is None:
+            return "never"
+        if isinstance(v, float):
+            return "-" if math.isnan(v) else f"{v:.{digits}f}"
+        return str(v)
+
+    by = {(_label(r), r["attack"]): r for r in rows}
+    fedavg_clean = by.get(("fedavg", "none"), {}).get("rare_f1", math.nan)
+    out = ["| rule | attack | faker's rare-row weight | captured / fair | specialist trust (last round) | "
+           "specialist trust >= 0.8 from round | evidence Spearman | rare-class macro-F1 | gate | balanced acc. |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (_label(r) != "fedavg", _label(r), r["attack"] != "none")):
+        label = _label(r)
+        if r["attack"] == "none":
+            gate = "-" if label == "fedavg" else ("pass" if r["rare_f1"] > fedavg_clean else "fail") + " (> FedAvg)"
+        else:
+            clean = by.get((label, "none"), {}).get("rare_f1", math.nan)
+            gate = ("pass" if abs(r["rare_f1"] - clean) <= 0.05 else "fail") + " (within 0.05 of no attack)"
+        out.append(f"| {label} | {r['attack']} | {fmt(r['faker_row_weight'])} | {fmt(r['captured_over_fair'], 2)} | "
+                   f"{fmt(r['specialist_trust_last'], 2)} | {fmt(r['specialist_first_round_0.8'])} | "
+                   f"{fmt(r['evidence_spearman'], 2)} | {fmt(r['rare_f1'])} | {gate} | {fmt(r['balanced_accuracy'])} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("folder", help="a bench grid folder (cells/*) or a folder of run directories")
+    p.add_argument("--rare", default="4", help="the rare class whose row is judged")
+    p.add_argument("--faker", default="hospital-5")
+    p.add_argument("--specialist", default="hospital-0")
+    a = p.parse_args()
+    base = Path(a.folder) / "cells" if (Path(a.folder) / "cells").is_dir() else Path(a.folder)
+    runs = sorted(d for d in base.iterdir() if (d / "rounds.jsonl").is_file())
+    if not runs:
+        raise SystemExit(f"no finished runs (rounds.jsonl) under {base}")
+    rows = [run_figures(r, a.rare, a.faker, a.specialist) for r in runs]
+    text = table(rows)
+    print(text)
+    (Path(a.folder) / "earn_faker.md").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
