@@ -451,3 +451,52 @@ def test_fbd_refuses_generic_loop_options_by_name():
         pytest.skip("this build has no resume-from key")
     with pytest.raises(ConfigError, match="strategy fbd does not support resume-from"):
         check_fbd_options(parse_run_config(flat).model_copy(update={"resume_from": "/tmp/some-run"}))
+
+
+def test_negative_batchnorm_variance_is_rejected_by_both_validators():
+    """A reply whose BatchNorm running_var has negative entries (Gaussian noise sent as an
+    update does this) would turn every prediction into NaN: the generic validator rejects the
+    reply and FBD rejects the block write."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from hospitrust.aggregation import flatten_state
+    from hospitrust.strategies.fbd import FBD
+    from hospitrust.strategies.validation import RejectedReply, ReplyLimits, check_train_reply
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    bn = torch.nn.BatchNorm1d(3)
+    global_state = {k: v.clone() for k, v in bn.state_dict().items()}
+    incoming = Message(RecordDict({"arrays": ArrayRecord({k: Array(v.numpy()) for k, v in global_state.items()})}),
+                       dst_node_id=5, message_type="train")
+    bad = {k: v.clone() for k, v in global_state.items()}
+    bad["running_var"][1] = -0.5
+    with pytest.raises(RejectedReply, match="running_var.*negative"):
+        check_train_reply(_reply(incoming, bad), global_state, flatten_state(global_state)[0], ReplyLimits())
+    good = {k: v.clone() for k, v in global_state.items()}
+    good["running_var"][1] = 0.0  # zero is a valid variance
+    assert check_train_reply(_reply(incoming, good), global_state, flatten_state(global_state)[0], ReplyLimits())
+
+    wh = Warehouse.create("resnet18", 1, 2, 28, 2, 0, shared_init=True)
+    strategy = FBD({11: "hospital-0", 12: "hospital-1"}, plan=parse_plan("0:0; 1:1", SIX[:2], 2, 1), warehouse=wh,
+                   stamp_log=None, seed=0)
+    key = next(k for k in wh.states[0] if k.endswith("running_var"))
+    tensors = {key: -torch.ones_like(wh.states[0][key])}
+    assert "negative" in strategy._tensor_problem(0, tensors)
+    assert strategy._tensor_problem(0, {key: torch.ones_like(wh.states[0][key])}) == ""
+
+
+def test_evaluator_leaves_a_broken_color_out_instead_of_failing(tmp_path, data_dir):
+    """A color predicting NaN is reported broken, flagged and left out of routing; the round's
+    metrics stay finite (the ResNet-18 noise run once died here in round 1)."""
+    from hospitrust.config import parse_run_config
+    from hospitrust.datasets import DatasetInfo
+    from hospitrust.fbd.server import WarehouseEvaluator
+
+    cfg = parse_run_config(small_run_config(tmp_path, **{"strategy": "fbd", "fbd-colors": 3, "fbd-redundancy": 1}))
+    wh = _warehouse(colors=3)
+    wh.states[1]["classifier.4.weight"] = torch.full_like(wh.states[1]["classifier.4.weight"], float("nan"))
+    central, fbd = WarehouseEvaluator(cfg, DatasetInfo.of(cfg.dataset), torch.device("cpu"))(wh)
+    assert fbd["broken_colors"] == [1] and 1 in fbd["flagged_colors"] and 1 in fbd["excluded_colors"]
+    assert fbd["colors"]["1"]["broken"] and fbd["colors"]["1"]["z"] is None
+    assert np.isfinite(central["auc"]) and np.isfinite(central["balanced_accuracy"])
+    json.dumps(fbd, allow_nan=False)  # what goes into rounds.jsonl is plain JSON

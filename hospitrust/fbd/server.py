@@ -16,6 +16,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
+
 from logging import INFO
 
 from flwr.app import ConfigRecord, Context
@@ -76,17 +78,29 @@ class WarehouseEvaluator:
         k = self.info.num_classes
         probs = color_probabilities(warehouse, self.test.images, device=self.device)
         ref_probs = color_probabilities(warehouse, self.cohort.images, device=self.device)
+        # a color that predicts NaN / Inf (a state no check caught) is broken: uniform
+        # predictions for its own metrics, infinite reference loss, always left out of routing
+        broken = [m for m in range(warehouse.num_colors)
+                  if not (np.isfinite(probs[m]).all() and np.isfinite(ref_probs[m]).all())]
+        for m in broken:
+            probs[m], ref_probs[m] = 1.0 / k, 1.0 / k
         losses = color_losses(ref_probs, self.cohort.labels)
-        z = loss_zscores(losses)
-        flagged = flagged_colors(z, self.cfg.fbd_detect_z)
+        losses[broken] = np.inf
+        finite = np.isfinite(losses)
+        z = np.full_like(losses, np.inf)
+        z[finite] = loss_zscores(losses[finite])
+        finite_idx = np.flatnonzero(finite)
+        flagged = sorted({int(finite_idx[i]) for i in flagged_colors(z[finite], self.cfg.fbd_detect_z)} | set(broken))
         exclude = sorted(set(self.named_exclusions) | (set(flagged) if self.cfg.fbd_exclude_flagged else set()))
         if len(exclude) >= warehouse.num_colors:
             exclude = sorted(self.named_exclusions)  # never exclude everything: fall back to the named ones
+        exclude = sorted(set(exclude) | set(broken)) if len(broken) < warehouse.num_colors else exclude
         colors = {}
         for m in range(warehouse.num_colors):
             rep = metrics.classification_report(self.test.labels, probs[m], k)
             colors[str(m)] = {"accuracy": rep["accuracy"], "balanced_accuracy": rep["balanced_accuracy"], "auc": rep["auc"],
-                              "reference_loss": float(losses[m]), "z": float(z[m]), "flagged": m in flagged}
+                              "reference_loss": float(losses[m]) if finite[m] else None,
+                              "z": float(z[m]) if finite[m] else None, "flagged": m in flagged, "broken": m in broken}
         routing = {}
         for mode in ROUTING_MODES:
             for label, ex in ((mode, ()), (f"{mode}-without-excluded", exclude)):
@@ -95,7 +109,7 @@ class WarehouseEvaluator:
                 rep = metrics.classification_report(self.test.labels, route(probs, mode, ex), k)
                 routing[label] = {"accuracy": rep["accuracy"], "balanced_accuracy": rep["balanced_accuracy"], "auc": rep["auc"]}
         central = metrics.classification_report(self.test.labels, route(probs, self.cfg.fbd_routing, exclude), k)
-        return central, {"colors": colors, "flagged_colors": flagged, "excluded_colors": exclude,
+        return central, {"colors": colors, "flagged_colors": flagged, "excluded_colors": exclude, "broken_colors": broken,
                          "routing_mode": self.cfg.fbd_routing, "routing": routing}
 
 

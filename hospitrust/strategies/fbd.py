@@ -29,7 +29,7 @@ from hospitrust.fbd.plan import ShippingPlan
 from hospitrust.fbd.stamps import StampLog
 from hospitrust.fbd.warehouse import Warehouse, parse_color_key
 from hospitrust.strategies.base import HospitrustStrategy, RoundRecord
-from hospitrust.strategies.validation import RejectedReply, _short
+from hospitrust.strategies.validation import RejectedReply, _short, negative_running_var
 
 
 class FBD(HospitrustStrategy):
@@ -167,6 +167,8 @@ class FBD(HospitrustStrategy):
                 return f"array {k!r} has dtype {t.dtype}, expected {ref.dtype}"
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 return f"array {k!r} contains NaN or Inf"
+            if negative_running_var(k, t):
+                return f"array {k!r} (a BatchNorm variance) has negative entries"
         return ""
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:

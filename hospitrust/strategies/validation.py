@@ -44,6 +44,12 @@ def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def negative_running_var(name: str, t: torch.Tensor) -> bool:
+    """A BatchNorm ``running_var`` below zero: not a state any training produces, and
+    sqrt(var + eps) of it turns every prediction of the model into NaN."""
+    return name.endswith("running_var") and t.is_floating_point() and bool((t < 0).any())
+
+
 def check_train_reply(
     reply: Message,
     global_state: Mapping[str, torch.Tensor],
@@ -77,6 +83,8 @@ def check_train_reply(
             raise RejectedReply(f"array {name!r} has shape {tuple(t.shape)}, expected {tuple(ref.shape)}")
         if t.dtype != ref.dtype:
             raise RejectedReply(f"array {name!r} has dtype {t.dtype}, expected {ref.dtype}")
+        if negative_running_var(name, t):
+            raise RejectedReply(f"array {name!r} (a BatchNorm variance) has negative entries")
 
     # One pass for the update, one for its norm; a NaN or Inf anywhere makes the norm non-finite.
     update = flatten_state(state)[0].to(global_vector.device) - global_vector
