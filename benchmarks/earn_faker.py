@@ -56,6 +56,7 @@ def run_figures(run: Path, rare: str, faker: str, specialist: str) -> dict:
         "mode": cfg.get("earn-mode", "-") if cfg.get("strategy") == "earn" else "-",
         "evidence": cfg.get("earn-evidence", "-") if cfg.get("strategy") == "earn" else "-",
         "cap": cfg.get("earn-cap", "-") if cfg.get("strategy") == "earn" else "-",
+        "audit": cfg.get("earn-audit", True) if cfg.get("strategy") == "earn" else "-",
         "attack": cfg.get("attack", "none"),
         "captured_over_fair": sum(ratios) / len(ratios) if ratios and cfg.get("attack", "none") != "none" else math.nan,
         "faker_row_weight": sum(row_weights) / len(row_weights) if row_weights and cfg.get("attack", "none") != "none" else math.nan,
@@ -76,6 +77,8 @@ def _label(row: dict) -> str:
         parts.append(f"evidence={row['evidence']}")
     if row["cap"] not in ("-", 0.5):
         parts.append(f"cap={row['cap']}")
+    if row["audit"] is False:
+        parts.append("no audit")
     return "earn (" + ", ".join(parts) + ")"
 
 
