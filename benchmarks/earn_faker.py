@@ -57,6 +57,7 @@ def run_figures(run: Path, rare: str, faker: str, specialist: str) -> dict:
         "evidence": cfg.get("earn-evidence", "-") if cfg.get("strategy") == "earn" else "-",
         "cap": cfg.get("earn-cap", "-") if cfg.get("strategy") == "earn" else "-",
         "audit": cfg.get("earn-audit", True) if cfg.get("strategy") == "earn" else "-",
+        "audit_by": cfg.get("earn-audit-by", "row") if cfg.get("strategy") == "earn" else "-",
         "attack": cfg.get("attack", "none"),
         "captured_over_fair": sum(ratios) / len(ratios) if ratios and cfg.get("attack", "none") != "none" else math.nan,
         "faker_row_weight": sum(row_weights) / len(row_weights) if row_weights and cfg.get("attack", "none") != "none" else math.nan,
@@ -79,6 +80,8 @@ def _label(row: dict) -> str:
         parts.append(f"cap={row['cap']}")
     if row["audit"] is False:
         parts.append("no audit")
+    elif row["audit_by"] == "model":
+        parts.append("model audit")
     return "earn (" + ", ".join(parts) + ")"
 
 

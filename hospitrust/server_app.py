@@ -180,6 +180,28 @@ class ReferenceCohortJudge:
     __call__ = score_candidates
 
     @torch.no_grad()
+    def candidate_logits(self, global_state: dict[str, torch.Tensor], updates: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logits on the cohort of the global model ((m, C)) and of each candidate global +
+        updates[i] ((n, m, C)), and the labels ((m,))."""
+        from hospitrust.aggregation import unflatten_state
+
+        from hospitrust.training import to_batch
+
+        global_vec, spec = flatten_state(global_state)
+        batch = to_batch(self.cohort.images, self.device)  # the cohort is small: one batch
+
+        def logits(state) -> torch.Tensor:
+            self.model.load_state_dict(state, strict=True)
+            self.model.to(self.device).eval()
+            return self.model(batch).double().cpu()
+
+        base = logits(global_state)
+        cands = torch.stack([logits(unflatten_state(global_vec + u.detach().cpu().to(global_vec.dtype), spec, global_state))
+                             for u in updates])
+        return base, cands, torch.as_tensor(np.asarray(self.cohort.labels).reshape(-1), dtype=torch.long)
+
+    @torch.no_grad()
     def head_features(self, global_state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The global model's inputs to its last linear layer on the cohort ((m, H)), and the labels ((m,))."""
         self.model.load_state_dict(global_state, strict=True)
@@ -230,7 +252,8 @@ def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: t
     if needs_scores:
         kwargs["candidate_scores"] = ReferenceCohortJudge(cfg, info, device).score_candidates
     if cfg.strategy == "earn" and cfg.earn_audit:
-        kwargs["head_features"] = ReferenceCohortJudge(cfg, info, device).head_features
+        judge = ReferenceCohortJudge(cfg, info, device)
+        kwargs["head_features"], kwargs["candidate_logits"] = judge.head_features, judge.candidate_logits
     strategy = build_strategy(cfg.strategy, hospitals, **kwargs)
     if strategy.required_replies() > len(hospitals):
         log(WARNING, "%s with assumed-malicious %d needs %d valid replies per round but there are only %d "

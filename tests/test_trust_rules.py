@@ -403,3 +403,46 @@ def test_trust_rule_config_is_validated():
         parse_run_config({"hta-kappa": 2.0})
     cfg = parse_run_config({"strategy": "hta", "hta-a": 0.0, "earn-rare-classes": "1,4"})
     assert cfg.hta_a == 0.0 and cfg.earn_rare_classes == "1,4"
+
+
+def test_model_audit_hand_computed():
+    """Margin gain of class c's logit (class-c images minus the rest) over the global model."""
+    labels = torch.tensor([0, 0, 1, 1])
+    global_logits = torch.zeros(4, 2)
+    cands = torch.zeros(3, 4, 2)
+    cands[0, :, 1] = torch.tensor([0.0, 0.0, 2.0, 2.0])  # raises class 1 where it belongs: +2
+    cands[1, :, 1] = 3.0  # raises class 1 everywhere (a faker's relabelled images): 0
+    cands[2, :, 1] = torch.tensor([1.0, 1.0, 0.0, 0.0])  # raises it on the wrong images: -1
+    audit = earn.model_audit(cands, global_logits, labels, 1)
+    assert audit.tolist() == pytest.approx([2.0, 0.0, -1.0])
+    assert torch.isnan(earn.model_audit(cands, global_logits, torch.tensor([1, 1, 1, 1]), 1)).all()
+
+
+def _candidate_logits(global_state, updates):
+    """The synthetic rounds' models: logits = h(x) W^T + b on the reference features."""
+    from hospitrust.aggregation import flatten_state, unflatten_state
+
+    feats, labels = _reference_features(global_state)
+    vec, spec = flatten_state(global_state)
+
+    def logits(state):
+        return (feats @ state["head.weight"].T + state["head.bias"]).double()
+
+    cands = torch.stack([logits(unflatten_state(vec + u, spec, global_state)) for u in updates])
+    return logits(global_state), cands, labels
+
+
+def test_earn_model_audit_rewards_the_specialist_and_not_the_faker():
+    s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", earn_audit_by="model",
+                       candidate_logits=_candidate_logits)
+    gen = torch.Generator().manual_seed(0)
+    for rnd in range(1, 13):
+        _, by = _earn_round(s, rnd, gen)
+    assert s.trust["h0"][2] >= 0.8 and s.trust["h1"][2] < 0.05
+    assert by["h1"]["rare_row_weight"]["2"] <= 1 / 6 + 1e-9
+    assert by["h0"]["row_audit"]["2"] > 0 > by["h1"]["row_audit"]["2"]
+
+
+def test_earn_audit_by_is_validated():
+    with pytest.raises(ValueError, match="earn-audit-by"):
+        build_strategy("earn", _hospitals(3), earn_audit_by="oracle")

@@ -174,6 +174,30 @@ def row_audit(weight_rows: torch.Tensor, features: torch.Tensor, labels: torch.T
     return dz[:, pos].mean(dim=1) - dz[:, neg].mean(dim=1)
 
 
+def model_audit(candidate_logits: torch.Tensor, global_logits: torch.Tensor, labels: torch.Tensor, c: int) -> torch.Tensor:
+    r"""Does hospital k's whole candidate model (global + its update) separate class c better
+    than the global model on the server's reference cohort?
+
+    .. math::
+
+        \mathrm{audit}_k = m_c(\theta + u_k) - m_c(\theta),\qquad
+        m_c = \overline{z_c(x)}_{y = c} - \overline{z_c(x)}_{y \ne c}
+
+    with :math:`z_c` the class-c logit. Unlike :func:`row_audit` it reads the row with the body
+    the hospital trained it on. A faker that relabels other images as c raises :math:`z_c` on
+    those images too, so its margin does not grow. ``candidate_logits`` ``(n, m, C)``,
+    ``global_logits`` ``(m, C)``; NaN for all when the cohort lacks class c or has only class c.
+    """
+    z = torch.as_tensor(candidate_logits, dtype=torch.float64)[..., c]
+    g = torch.as_tensor(global_logits, dtype=torch.float64)[..., c]
+    y = torch.as_tensor(labels).flatten()
+    pos, neg = y == c, y != c
+    if not bool(pos.any()) or not bool(neg.any()):
+        return torch.full((z.shape[0],), math.nan, dtype=torch.float64)
+    margin = z[:, pos].mean(dim=1) - z[:, neg].mean(dim=1)
+    return margin - (g[pos].mean() - g[neg].mean())
+
+
 def trust_step(trust: torch.Tensor, agrees: torch.Tensor, *, gain: float = 0.1, decay: float = 0.5) -> torch.Tensor:
     r"""Slow to earn, quick to lose: :math:`T \leftarrow \min(1, T + g)` when it agrees, :math:`T \leftarrow d\,T` when not."""
     t = torch.as_tensor(trust, dtype=torch.float64)

@@ -13,6 +13,7 @@ from hospitrust.aggregation import coordinate_median, flatten_state
 from hospitrust.aggregation.earn import (
     holder_mask,
     mean_class_spearman,
+    model_audit,
     rare_row_weights,
     row_agreement,
     row_audit,
@@ -25,6 +26,7 @@ from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 EVIDENCE = ("update", "reported")
 MODES = ("blend", "peer", "history")
 BASES = ("fedavg", "median")
+AUDITS = ("row", "model")
 FLAG_TRUST = 0.1  # a holder of a rare class whose trust on that row is below this, once its history is locked
 
 
@@ -78,8 +80,10 @@ class EARN(HospitrustStrategy):
     a = p peer + (1 - p) history (``earn-mode`` peer: p = 1; history: p = 0), the history
     being the mean of the hospital's own rows over its first ``earn-history-rounds`` rounds,
     then locked. Audited (``earn-audit``): the row must also raise class c's logit more on
-    the server's class-c reference images than on the others (:func:`row_audit`); a
-    consistent faker agrees with its own history but fails the audit. Trust per (k, c):
+    the server's class-c reference images than on the others (``earn-audit-by`` row:
+    :func:`row_audit`, the row against the global model's features; model:
+    :func:`model_audit`, the hospital's whole candidate model); a consistent faker agrees
+    with its own history but fails the audit. Trust per (k, c):
     +gain on agreement, x decay otherwise (only for holders). Row c is averaged with
     FedAvg weight + trust x evidence share, no hospital above ``earn-cap`` (1: no cap);
     with all trust at 0 this is FedAvg with the cap. Other rows and the body: FedAvg or
@@ -108,28 +112,32 @@ class EARN(HospitrustStrategy):
         earn_history_rounds: int = 3,
         earn_agree_threshold: float = 0.1,
         earn_audit: bool = True,
+        earn_audit_by: str = "row",
         earn_rare_classes: str = "",
         earn_rare_fraction: float = 0.6,
         earn_base: str = "fedavg",
         earn_gain: float = 0.1,
         earn_decay: float = 0.5,
         head_features: Callable[[dict], tuple[torch.Tensor, torch.Tensor]] | None = None,
+        candidate_logits: Callable[[dict, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None,
         **kwargs,
     ) -> None:
         super().__init__(hospitals, **kwargs)
         for key, value, allowed in (("earn-evidence", earn_evidence, EVIDENCE), ("earn-mode", earn_mode, MODES),
-                                    ("earn-base", earn_base, BASES)):
+                                    ("earn-base", earn_base, BASES), ("earn-audit-by", earn_audit_by, AUDITS)):
             if value not in allowed:
                 raise ValueError(f"{key} must be one of {allowed}, got {value!r}")
-        if earn_audit and head_features is None:  # the ServerApp always gives one; bare use (tests) runs unaudited
-            log(WARNING, "earn: no head_features callable (reference cohort): rows are not audited")
+        judge = head_features if earn_audit_by == "row" else candidate_logits
+        if earn_audit and judge is None:  # the ServerApp always gives both; bare use (tests) runs unaudited
+            log(WARNING, "earn: no %s callable (reference cohort): rows are not audited",
+                "head_features" if earn_audit_by == "row" else "candidate_logits")
             earn_audit = False
         self.evidence_source, self.mode, self.cap = earn_evidence, earn_mode, earn_cap
         self.history_len, self.agree_threshold, self.audit = earn_history_rounds, earn_agree_threshold, earn_audit
         self.rare_explicit = parse_class_list(earn_rare_classes)
         self.rare_fraction, self.base = earn_rare_fraction, earn_base
         self.gain, self.decay = earn_gain, earn_decay
-        self.head_features = head_features
+        self.head_features, self.candidate_logits, self.audit_by = head_features, candidate_logits, earn_audit_by
         self.trust: dict[str, dict[int, float]] = {}
         self.history_sum: dict[str, torch.Tensor] = {}
         self.history_rounds: dict[str, int] = {}
@@ -138,7 +146,7 @@ class EARN(HospitrustStrategy):
     def summary(self) -> None:
         super().summary()
         log(INFO, "\t└── EARN: evidence %s, mode %s, cap %g, history %d rounds, audit %s, rare %s, base %s",
-            self.evidence_source, self.mode, self.cap, self.history_len, self.audit,
+            self.evidence_source, self.mode, self.cap, self.history_len, self.audit and self.audit_by,
             list(self.rare_explicit) or f"auto (< {self.rare_fraction} x mean)", self.base)
 
     def _rare_classes(self, counts: torch.Tensor | None, holders: torch.Tensor, num_classes: int) -> list[int]:
@@ -179,9 +187,12 @@ class EARN(HospitrustStrategy):
             update = fedavg.to(updates.dtype).to(updates.device) @ updates
         else:
             update = coordinate_median(updates)
-        feats = labels = None
+        feats = labels = logits = None
         if self.audit and rare:
-            feats, labels = self.head_features(self.global_state)
+            if self.audit_by == "row":
+                feats, labels = self.head_features(self.global_state)
+            else:
+                logits = self.candidate_logits(self.global_state, updates)
 
         known = torch.tensor([self.history_rounds.get(nm, 0) > 0 for nm in names])
         hist_rows = torch.stack([
@@ -194,8 +205,9 @@ class EARN(HospitrustStrategy):
             ag = row_agreement(rows, holders[:, c], hist_rows[:, c, :], known, mode=self.mode)
             a = ag["agreement"]
             agrees = torch.nan_to_num(a, nan=-1.0) >= self.agree_threshold
-            if feats is not None:
-                au = row_audit(W[:, c, :], feats, labels, c)
+            if feats is not None or logits is not None:
+                au = (row_audit(W[:, c, :], feats, labels, c) if feats is not None
+                      else model_audit(logits[1], logits[0], logits[2], c))
                 agrees &= torch.isnan(au) | (au > 0)
                 audit_scores[c] = au
             judged = holders[:, c] & ~torch.isnan(a)
