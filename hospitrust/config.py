@@ -63,7 +63,7 @@ class RunConfig(BaseModel):
     hta_kappa: float = Field(0.5, ge=0.0, le=1.0, description="HTA exclusion: reputation < kappa x median (and below median - lambda x MAD).")
     hta_clip: bool = Field(True, description="HTA: clip each kept update to the kept updates' median norm.")
     hta_magnitude_tolerance: float = Field(2.0, ge=1.0, description="HTA m: norms within this factor of the median norm are not penalized.")
-    earn_evidence: Literal["update", "reported"] = Field("update", description="EARN evidence of who holds a class: update = positive bias update of the class row; reported = the hospitals' class counts (fakeable).")
+    earn_evidence: Literal["update", "update-count", "reported"] = Field("update", description="EARN evidence of who holds a class: update = positive bias update of the class row; update-count = counts estimated from the bias update per local step and num-examples; reported = the hospitals' class counts (fakeable).")
     earn_mode: Literal["blend", "peer", "history"] = Field("blend", description="EARN agreement: blend = p(c) peer + (1 - p(c)) history; peer = no blend; history = own history only.")
     earn_cap: float = Field(0.5, gt=0.0, le=1.0, description="EARN: largest share one hospital may hold of a rare-class row (1: no cap).")
     earn_history_rounds: int = Field(3, ge=1, le=1000, description="EARN: a hospital's first rounds averaged into its locked history row.")

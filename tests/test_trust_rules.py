@@ -446,3 +446,28 @@ def test_earn_model_audit_rewards_the_specialist_and_not_the_faker():
 def test_earn_audit_by_is_validated():
     with pytest.raises(ValueError, match="earn-audit-by"):
         build_strategy("earn", _hospitals(3), earn_audit_by="oracle")
+
+
+def test_update_count_evidence_hand_computed():
+    """n_k * clip(softmax(b)_c + db_kc / (eta * E * ceil(n_k / B)), 0, 1)."""
+    global_bias = torch.zeros(2)  # prior 1/2, 1/2
+    db = torch.tensor([[0.1, -0.1], [-0.2, 0.2], [-1.0, 1.0]])
+    n = torch.tensor([64, 32, 32])
+    ev = earn.update_count_evidence(db, n, global_bias, learning_rate=0.1, batch_size=32, local_epochs=1)
+    # hospital 0: 2 steps -> share 0.5 +- 0.1 / 0.2 = (1.0, 0.0); hospital 1: 1 step -> (0.0, 1.0)... clipped
+    assert ev[0].tolist() == pytest.approx([64.0, 0.0])
+    assert ev[1].tolist() == pytest.approx([0.0, 32.0])
+    assert ev[2].tolist() == pytest.approx([0.0, 32.0])  # clipped at [0, 1]
+    small = earn.update_count_evidence(torch.tensor([[0.01, -0.01]]), torch.tensor([32]), global_bias,
+                                       learning_rate=0.1, batch_size=32, local_epochs=2)
+    assert small[0].tolist() == pytest.approx([32 * 0.55, 32 * 0.45])  # 2 epochs: 2 steps
+
+
+def test_earn_runs_on_update_count_evidence():
+    s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", earn_evidence="update-count",
+                       train_config={"learning-rate": 0.1, "batch-size": 32, "local-epochs": 1})
+    gen = torch.Generator().manual_seed(0)
+    for rnd in range(1, 4):
+        _, by = _earn_round(s, rnd, gen)
+    assert 2 in by["h0"]["holds"] and 2 not in by["h3"]["holds"]  # h3's class-2 bias went down
+    assert not math.isnan(by["h0"]["evidence_spearman"])

@@ -18,12 +18,13 @@ from hospitrust.aggregation.earn import (
     row_agreement,
     row_audit,
     trust_step,
+    update_count_evidence,
     update_evidence,
 )
 from hospitrust.metrics import rare_classes
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 
-EVIDENCE = ("update", "reported")
+EVIDENCE = ("update", "update-count", "reported")
 MODES = ("blend", "peer", "history")
 BASES = ("fedavg", "median")
 AUDITS = ("row", "model")
@@ -172,7 +173,15 @@ class EARN(HospitrustStrategy):
         W = updates[:, w_off : w_off + C * H].reshape(n, C, H).double().cpu()
         B = updates[:, b_off : b_off + C].double().cpu()
         counts = reported_counts(replies, C)
-        derived = update_evidence(B)
+        if self.evidence_source == "update-count":
+            global_bias = flatten_state(self.global_state)[0][b_off : b_off + C]
+            derived = update_count_evidence(
+                B, num_examples.double().cpu(), global_bias,
+                learning_rate=float(self.train_config.get("learning-rate", 0.01)),
+                batch_size=int(self.train_config.get("batch-size", 32)),
+                local_epochs=int(self.train_config.get("local-epochs", 1)))
+        else:
+            derived = update_evidence(B)
         spear = mean_class_spearman(derived, counts) if counts is not None else math.nan
         self.evidence_spearman[server_round] = spear
         if self.evidence_source == "reported":
