@@ -50,7 +50,7 @@ class RunConfig(BaseModel):
     clipping_iters: int = Field(1, ge=1, le=100, description="Centered clipping iterations.")
     # trust rules (fedagain, hta, earn)
     fedagain_benchmark: Literal["client", "server"] = Field("client", description="FedAgain E: client = the hospital's reported error of the incoming global on its validation set (the paper); server = 1 - reference-cohort balanced accuracy of the hospital's returned model (a variant).")
-    fedagain_divergence: Literal["l2", "cosine"] = Field("l2", description="FedAgain D: l2 = ||returned - global|| (the paper); cosine = 1 - cos(returned, global) (the authors' code).")
+    fedagain_divergence: Literal["l2", "cosine", "median"] = Field("l2", description="FedAgain D: l2 = ||returned - global|| (the paper); cosine = 1 - cos(returned, global) (the authors' code); median = ||update - coordinate-wise median update|| (a variant).")
     fedagain_divergence_quantile: float = Field(0.5, ge=0.0, le=1.0, description="FedAgain: D is floored at this quantile of the round's divergences (free-riders with D = 0).")
     fedagain_error_quantile: float = Field(0.5, ge=0.0, le=1.0, description="FedAgain: E is floored at this quantile of the round's errors (a hospital reporting E = 0).")
     fedagain_error_floor: float = Field(0.01, ge=0.0, le=1.0, description="FedAgain: absolute floor of E.")

@@ -471,3 +471,19 @@ def test_earn_runs_on_update_count_evidence():
         _, by = _earn_round(s, rnd, gen)
     assert 2 in by["h0"]["holds"] and 2 not in by["h3"]["holds"]  # h3's class-2 bias went down
     assert not math.isnan(by["h0"]["evidence_spearman"])
+
+
+def test_fedagain_median_divergence_sees_a_sign_flip_that_l2_does_not():
+    """l2 gives a sign-flipped copy of an honest update the same D; measured from the
+    coordinate-wise median update it is far away and loses trust."""
+    from hospitrust.aggregation import fedagain_divergence, fedagain_trust
+
+    honest = torch.tensor([[1.0, 2.0], [1.2, 1.8], [0.8, 2.2], [1.0, 2.1]])
+    x = torch.cat([honest, -honest[:1]])  # hospital 4 flips hospital 0's update
+    l2 = fedagain_divergence(x, kind="l2")
+    assert l2[4] == pytest.approx(float(l2[0]))
+    med = fedagain_divergence(x, kind="median")
+    # median of each coordinate over the 5 rows: (1.0, 2.0)
+    assert med.tolist() == pytest.approx([0.0, math.hypot(0.2, 0.2), math.hypot(0.2, 0.2), 0.1, math.hypot(2, 4)])
+    w = fedagain_trust(torch.full((5,), 0.2), med)["weights"]
+    assert w[4] < 0.2 * w[:4].min()

@@ -15,14 +15,22 @@ def fedagain_divergence(x: torch.Tensor, global_vector: torch.Tensor | None = No
     ``l2``: :math:`D_k = \lVert w_k - w\rVert = \lVert u_k\rVert` (the paper).
     ``cosine``: :math:`D_k = 1 - \cos(w + u_k, w)` on the full parameter vectors (the
     authors' public code); a zero vector on either side gives :math:`D_k = 1`.
+    ``median`` (our variant): :math:`D_k = \lVert u_k - \mathrm{med}(u)\rVert`, the distance to
+    the round's coordinate-wise median update. The paper's ``l2`` gives a sign-flipped
+    update the same D as the honest one it came from (same norm); measured from the
+    median it is about twice as far.
 
     Returns ``(n,)`` float64 on CPU.
     """
     n, d = check_updates(x)
     if kind == "l2":
         return torch.linalg.vector_norm(x.double(), dim=1).cpu()
+    if kind == "median":
+        from .median import coordinate_median
+
+        return torch.linalg.vector_norm((x - coordinate_median(x)).double(), dim=1).cpu()
     if kind != "cosine":
-        raise ValueError(f"kind must be 'l2' or 'cosine', got {kind!r}")
+        raise ValueError(f"kind must be 'l2', 'cosine' or 'median', got {kind!r}")
     if global_vector is None:
         raise ValueError("cosine divergence needs the global vector")
     g = check_vector(global_vector, d, "global_vector", x).double()

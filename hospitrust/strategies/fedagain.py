@@ -13,7 +13,7 @@ from hospitrust.aggregation import fedagain_divergence, fedagain_trust, flatten_
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 
 BENCHMARKS = ("client", "server")
-DIVERGENCES = ("l2", "cosine")
+DIVERGENCES = ("l2", "cosine", "median")
 
 
 def reported_errors(replies) -> tuple[torch.Tensor, list[str]]:
