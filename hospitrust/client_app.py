@@ -6,7 +6,6 @@ message); the module-level caches only avoid reloading data inside one process.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -14,6 +13,7 @@ from flwr.clientapp import ClientApp
 from hospitrust import metrics
 from hospitrust.config import parse_node_config, parse_run_config
 from hospitrust.datasets import DatasetInfo, load_hospital
+from hospitrust.datasets.federation import LabelledImages
 from hospitrust.models import build_model
 from hospitrust.attacks.base import DataAttack, UpdateAttack, attack_state_dict
 from hospitrust.threat_model import data_rng, hospital_attack
@@ -108,7 +108,7 @@ def train_handler(msg: Message, context: Context) -> Message:
             "benchmark-loss": float(before["loss"]),
             # the labels it trained on: a data attacker reports its poisoned labels (a
             # rare-class faker claims the class it fakes); honest hospitals their own counts
-            "class-counts": [int(c) for c in np.bincount(train_labels, minlength=info.num_classes)[: info.num_classes]],
+            "class-counts": LabelledImages(train_images, train_labels).class_counts(info.num_classes),
             "rounds-trained": rounds_trained,
         }
     )

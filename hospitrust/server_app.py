@@ -166,16 +166,9 @@ class ReferenceCohortJudge:
 
     def score_candidates(self, global_state: dict[str, torch.Tensor], updates: torch.Tensor) -> torch.Tensor:
         """(n,) balanced accuracy on the reference cohort of each candidate global + updates[i]."""
-        from hospitrust.aggregation import unflatten_state
-
-        global_vec, spec = flatten_state(global_state)
-        scores = []
-        for u in updates:
-            state = unflatten_state(global_vec + u.detach().cpu().to(global_vec.dtype), spec, global_state)
-            self.model.load_state_dict(state, strict=True)
-            pred = predict_proba(self.model, self.cohort.images, device=self.device).argmax(axis=1)
-            scores.append(metrics.balanced_accuracy(self.cohort.labels, pred))
-        return torch.tensor(scores, dtype=torch.float64)
+        _, cands, labels = self.candidate_logits(global_state, updates)
+        return torch.tensor([metrics.balanced_accuracy(labels.numpy(), c.argmax(dim=1).numpy()) for c in cands],
+                            dtype=torch.float64)
 
     __call__ = score_candidates
 
@@ -185,7 +178,6 @@ class ReferenceCohortJudge:
         """Logits on the cohort of the global model ((m, C)) and of each candidate global +
         updates[i] ((n, m, C)), and the labels ((m,))."""
         from hospitrust.aggregation import unflatten_state
-
         from hospitrust.training import to_batch
 
         global_vec, spec = flatten_state(global_state)

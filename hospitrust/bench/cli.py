@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from hospitrust.bench.grid import METRICS
+
 
 def _bench(args: argparse.Namespace) -> int:
     from hospitrust.bench.grid import GridError, parse_grid
@@ -98,7 +100,7 @@ def add_bench_parsers(sub) -> None:
                             description="Figures and tables of a grid folder (or any folder of run directories).")
     report.add_argument("grid_dir", help="the grid folder (`hospitrust bench --out`), or one run directory "
                                          "(draws its trust.png: each hospital's trust over rounds)")
-    report.add_argument("--metric", choices=["balanced_accuracy", "accuracy", "auc", "macro_f1", "worst_class_recall", "rare_class_macro_f1"],
+    report.add_argument("--metric", choices=list(METRICS),
                         help="headline metric (default: the grid's, else balanced_accuracy)")
     report.add_argument("--baseline", help="strategy for paired differences (default: the grid's, else fedavg)")
     report.add_argument("--out", help="report folder (default GRID_DIR/report)")

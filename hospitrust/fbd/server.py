@@ -14,11 +14,10 @@ flagged colors, every routing mode).
 from __future__ import annotations
 
 import time
+from logging import INFO
 from typing import Any
 
 import numpy as np
-
-from logging import INFO
 
 from flwr.app import ConfigRecord, Context
 from flwr.common import log
