@@ -51,14 +51,23 @@ def write_image_folder(root: Path, per_class: int = 40, seed: int = 0) -> Path:
     return root
 
 
+# what a SuperNode logs once it is done with a message it pulled (sent, or dropped for a run no longer running)
+_MESSAGE_DONE = ("Sent successfully", "Ignoring reply message", "Ignoring message", "Failed to send message",
+                 "Failed to receive message", "The message will not be processed")
+HOSPITALS = ("st-mary", "hospital-1", "hospital-2")
+
+
 class Federation:
     def __init__(self, work: Path) -> None:
         self.work = work
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
+        self.commands: dict[str, tuple[list[str], Path]] = {}
+        self.restarted: list[str] = []
 
     def start(self, name: str, cmd: list[str], home: Path) -> subprocess.Popen:
         home.mkdir(parents=True, exist_ok=True)
+        self.commands[name] = (cmd, home)
         log = self.work / f"{name}.log"
         with open(log, "w") as fh:
             proc = subprocess.Popen(cmd, env=_env(home), cwd=self.work, stdout=fh, stderr=subprocess.STDOUT,
@@ -93,7 +102,55 @@ class Federation:
     def tail(self, name: str, n: int = 3000) -> str:
         return f"--- {name} ---\n" + self.logs[name].read_text()[-n:]
 
+    def busy(self) -> list[str]:
+        """SuperNodes (alive) still working on a message they pulled.
+
+        A SuperNode handles one message at a time and pulls the next only after the reply is out,
+        so a stopped run's ClientApp still training holds the next run's messages back."""
+        out = []
+        for name in HOSPITALS:
+            if name in self.procs and self.procs[name].poll() is None:
+                text = self.logs[name].read_text(errors="replace")
+                if text.count("Receiving:") > sum(text.count(m) for m in _MESSAGE_DONE):
+                    out.append(name)
+        return out
+
+    def wait_idle(self, timeout: float = 240) -> None:
+        """Before a run starts: every SuperNode done with earlier runs' messages.
+
+        Flower 1.42's SuperNode waits forever for the reply of a ClientApp that failed before it read
+        its message (e.g. its run was stopped meanwhile): such a SuperNode is restarted, as an
+        operator would, and the restart is recorded in ``self.restarted``."""
+        deadline = time.monotonic() + timeout
+        while (stuck := self.busy()) and time.monotonic() < deadline:
+            time.sleep(2)
+        for name in stuck:
+            self.restarted.append(name)
+            self.kill(name)
+            cmd, home = self.commands[name]
+            self.start(name, cmd, home)
+        if stuck:
+            self.wait_online([name for name in HOSPITALS if self.procs[name].poll() is None])
+
+    def wait_online(self, names: list[str], timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        count = len(names)
+        while len(deploy.online_nodes("tls", env=_env(self.cli_home))) < count:
+            for name in names:
+                assert self.procs[name].poll() is None, self.tail(name)
+            assert time.monotonic() < deadline, f"{count} SuperNodes not online in {timeout:.0f} s\n" + self.tail("superlink")
+            time.sleep(2)
+
+    def diagnostics(self, run_dir: Path | None = None) -> str:
+        """SuperNode log tails (and the run's rounds.jsonl) for an assertion message."""
+        parts = [f"restarted SuperNodes: {self.restarted}"]
+        if run_dir is not None and (run_dir / "rounds.jsonl").is_file():
+            parts.append("--- rounds.jsonl ---\n" + (run_dir / "rounds.jsonl").read_text()[-4000:])
+        parts += [self.tail(name, 1500) for name in HOSPITALS if name in self.logs]
+        return "\n".join(parts)
+
     def submit(self, run_config: str) -> int:
+        self.wait_idle()
         res = self.flwr("run", str(REPO), "tls", "--run-config", run_config, "--format", "json")
         assert res.returncode == 0, res.stdout + res.stderr
         return int(json.loads(res.stdout)["run-id"])
@@ -144,12 +201,7 @@ def federation(tmp_path_factory):
             cmd = deploy.supernode_command(superlink=fed.address, ca=certs / "ca.crt", key=keys / f"hospital-{pid}.key",
                                            node_config={"partition-id": pid, "num-partitions": 3}, port=_free_port())
             fed.start(f"hospital-{pid}", cmd, work / f"sn-hospital-{pid}")
-        deadline = time.monotonic() + 240
-        while len(deploy.online_nodes("tls", env=_env(fed.cli_home))) < 3:
-            for name in ("st-mary", "hospital-1", "hospital-2"):
-                assert fed.procs[name].poll() is None, fed.tail(name)
-            assert time.monotonic() < deadline, "3 SuperNodes not online in 240 s\n" + fed.tail("superlink")
-            time.sleep(2)
+        fed.wait_online(list(HOSPITALS))
         yield fed
     finally:
         fed.stop_all()
@@ -225,7 +277,9 @@ def test_a_stopped_run_resumes_and_ends_with_the_unbroken_runs_model(federation)
     resumed = fed.submit(_run_config(fed, "resume", f'{extra} resume-from="{run_dir}"'))
     status, details = fed.wait(resumed)
     assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(resumed)}"
-    assert _model_hash(run_dir / "model.pt") == _model_hash(reference)
+    assert _model_hash(run_dir / "model.pt") == _model_hash(reference), (
+        "--- the unbroken run's rounds.jsonl ---\n" + (reference.parent / "rounds.jsonl").read_text()[-4000:] + "\n"
+        + fed.diagnostics(run_dir))
     rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [1, 2]
     assert json.loads((run_dir / "summary.json").read_text())["resumed_at"] == [1]
@@ -291,5 +345,5 @@ def test_a_supernode_killed_mid_run_is_recorded_and_the_run_completes(federation
         f"missing={first['missing']}; hospital-2's entry: {by.get('hospital-2')}; asked={first['asked']}")
     for r in rounds:
         valid = {c["hospital"] for c in r["clients"] if not c.get("rejected")}
-        assert valid == {"st-mary", "hospital-1"}, r["clients"]
+        assert valid == {"st-mary", "hospital-1"}, fed.diagnostics(fed.work / "runs" / "killed")
         assert not r["kept_previous_model"]
