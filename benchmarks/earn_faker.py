@@ -80,8 +80,8 @@ def _label(row: dict) -> str:
         parts.append(f"cap={row['cap']}")
     if row["audit"] is False:
         parts.append("no audit")
-    elif row["audit_by"] == "model":
-        parts.append("model audit")
+    elif row["audit_by"] != "row-shift-free":  # the default audit goes unnamed
+        parts.append(f"{row['audit_by']} audit")
     return "earn (" + ", ".join(parts) + ")"
 
 

@@ -69,7 +69,7 @@ class RunConfig(BaseModel):
     earn_history_rounds: int = Field(3, ge=1, le=1000, description="EARN: a hospital's first rounds averaged into its locked history row.")
     earn_agree_threshold: float = Field(0.1, ge=0.0, le=1.0, description="EARN: a row agrees when its blended agreement is at least this.")
     earn_audit: bool = Field(True, description="EARN: a row must also raise its class's logit on the reference cohort's images of that class.")
-    earn_audit_by: Literal["row", "model"] = Field("row", description="EARN audit: 'row' (the class row update against the global model's features) or 'model' (the hospital's whole candidate model, global + its update, must separate the class better on the reference cohort than the global model).")
+    earn_audit_by: Literal["row", "row-shift-free", "model"] = Field("row-shift-free", description="EARN audit: 'row' (the class row update against the global model's features), 'row-shift-free' (the same with the row's component along the mean feature removed, so raising the class everywhere is not scored) or 'model' (the hospital's whole candidate model, global + its update, must separate the class better on the reference cohort than the global model).")
     earn_rare_classes: str = Field("", description="EARN rare classes, e.g. '4' or '1,4'; empty: automatic (earn-rare-fraction).")
     earn_rare_fraction: float = Field(0.6, gt=0.0, le=1.0, description="EARN automatic rare classes: reported total below this x the mean class total (and the rarest).")
     earn_base: Literal["fedavg", "median"] = Field("fedavg", description="EARN rule for the body and the other rows.")

@@ -257,6 +257,21 @@ def test_earn_row_agreement_and_audit_by_hand():
     assert audit.tolist() == pytest.approx([1.0, -1.0, -1.0])
 
 
+def test_shift_free_row_audit_by_hand():
+    """A row update along the cohort's mean feature (raise the class everywhere) scores 0; the
+    plain audit scores it by feature size. Mean feature [1.5, .5], unit [3, 1] / sqrt(10)."""
+    feats = torch.tensor([[2.0, 0.0], [2.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
+    labels = torch.tensor([0, 0, 1, 1])
+    rows = torch.tensor([[3.0, 1.0], [0.0, 1.0]])
+    # plain: [3,1].[1,1] - [3,1].[2,0] = 4 - 6; [0,1]: 1 - 0
+    assert earn.row_audit(rows, feats, labels, 1).tolist() == pytest.approx([-2.0, 1.0])
+    # shift-free: [3,1] -> 0; [0,1] -> [0,1] - (1/sqrt(10)) [3,1]/sqrt(10) = [-.3, .9]: .6 - (-.6)
+    assert earn.row_audit(rows, feats, labels, 1, shift_free=True).tolist() == pytest.approx([0.0, 1.2])
+    # zero features: nothing to remove, the plain audit
+    zeros = torch.zeros(4, 2)
+    assert earn.row_audit(rows, zeros, labels, 1, shift_free=True).tolist() == pytest.approx([0.0, 0.0])
+
+
 def test_spearman_matches_scipy():
     a = torch.tensor([3.0, 1.0, 2.0, 2.0, 5.0, 0.0])
     b = torch.tensor([10.0, 2.0, 3.0, 4.0, 4.0, 1.0])
@@ -446,6 +461,11 @@ def test_earn_model_audit_rewards_the_specialist_and_not_the_faker():
 def test_earn_audit_by_is_validated():
     with pytest.raises(ValueError, match="earn-audit-by"):
         build_strategy("earn", _hospitals(3), earn_audit_by="oracle")
+    from hospitrust.config import ConfigError, parse_run_config
+
+    with pytest.raises(ConfigError, match="earn-audit-by"):
+        parse_run_config({"earn-audit-by": "row-shiftfree"})
+    assert parse_run_config({"earn-audit-by": "row-shift-free"}).earn_audit_by == "row-shift-free"
 
 
 def test_update_count_evidence_hand_computed():

@@ -182,7 +182,8 @@ def row_agreement(
     return {"peer": peer, "history": hist, "agreement": a, "p": torch.tensor(p, dtype=torch.float64)}
 
 
-def row_audit(weight_rows: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, c: int) -> torch.Tensor:
+def row_audit(weight_rows: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, c: int,
+              *, shift_free: bool = False) -> torch.Tensor:
     r"""Does a row update make class c's logit rise more on class-c reference images than on the rest?
 
     .. math::
@@ -193,9 +194,24 @@ def row_audit(weight_rows: torch.Tensor, features: torch.Tensor, labels: torch.T
     cohort (the bias update shifts every logit alike and cancels). First order in the row
     update: cheap (one product per hospital) and not fakeable by the hospital. NaN for all
     when the cohort lacks class c or has only class c.
+
+    ``shift_free``: first remove from each row update its component along the cohort's mean
+    feature :math:`\bar h`, :math:`\Delta w_\perp = \Delta w - (\Delta w \cdot \hat h)\hat h`.
+    Why: ReLU features are non-negative, so a row update that raises (or lowers) class c's
+    logit on every image moves mostly along :math:`\bar h`, and its plain audit then has the
+    sign of :math:`\|h\|` on class-c images minus the rest, not of any discrimination. On
+    RetinaMNIST the grade-4 images have the smaller features: the honest grade-4 specialist,
+    which raises grade 4 everywhere, scored negative and the non-holders, which lower it,
+    positive.
     """
     w = weight_rows.double()
     h = features.double()
+    if shift_free:
+        mean = h.mean(dim=0)
+        norm = torch.linalg.vector_norm(mean)
+        if float(norm) > 0:
+            unit = mean / norm
+            w = w - (w @ unit).unsqueeze(1) * unit.unsqueeze(0)
     y = torch.as_tensor(labels).flatten()
     pos, neg = y == c, y != c
     if not bool(pos.any()) or not bool(neg.any()):

@@ -27,7 +27,7 @@ from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 EVIDENCE = ("update", "update-count", "reported")
 MODES = ("blend", "peer", "history")
 BASES = ("fedavg", "median")
-AUDITS = ("row", "model")
+AUDITS = ("row", "row-shift-free", "model")
 FLAG_TRUST = 0.1  # a holder of a rare class whose trust on that row is below this, once its history is locked
 
 
@@ -81,9 +81,11 @@ class EARN(HospitrustStrategy):
     a = p peer + (1 - p) history (``earn-mode`` peer: p = 1; history: p = 0), the history
     being the mean of the hospital's own rows over its first ``earn-history-rounds`` rounds,
     then locked. Audited (``earn-audit``): the row must also raise class c's logit more on
-    the server's class-c reference images than on the others (``earn-audit-by`` row:
-    :func:`row_audit`, the row against the global model's features; model:
-    :func:`model_audit`, the hospital's whole candidate model); a consistent faker agrees
+    the server's class-c reference images than on the others (``earn-audit-by``
+    row-shift-free, the default: :func:`row_audit` of the row without its component along
+    the mean feature, so raising class c on every image earns nothing; row: the plain row
+    against the global model's features; model: :func:`model_audit`, the hospital's whole
+    candidate model); a consistent faker agrees
     with its own history but fails the audit. Trust per (k, c):
     +gain on agreement, x decay otherwise (only for holders). Row c is averaged with
     FedAvg weight + trust x evidence share, no hospital above ``earn-cap`` (1: no cap);
@@ -113,7 +115,7 @@ class EARN(HospitrustStrategy):
         earn_history_rounds: int = 3,
         earn_agree_threshold: float = 0.1,
         earn_audit: bool = True,
-        earn_audit_by: str = "row",
+        earn_audit_by: str = "row-shift-free",
         earn_rare_classes: str = "",
         earn_rare_fraction: float = 0.6,
         earn_base: str = "fedavg",
@@ -128,10 +130,10 @@ class EARN(HospitrustStrategy):
                                     ("earn-base", earn_base, BASES), ("earn-audit-by", earn_audit_by, AUDITS)):
             if value not in allowed:
                 raise ValueError(f"{key} must be one of {allowed}, got {value!r}")
-        judge = head_features if earn_audit_by == "row" else candidate_logits
+        judge = candidate_logits if earn_audit_by == "model" else head_features
         if earn_audit and judge is None:  # the ServerApp always gives both; bare use (tests) runs unaudited
             log(WARNING, "earn: no %s callable (reference cohort): rows are not audited",
-                "head_features" if earn_audit_by == "row" else "candidate_logits")
+                "candidate_logits" if earn_audit_by == "model" else "head_features")
             earn_audit = False
         self.evidence_source, self.mode, self.cap = earn_evidence, earn_mode, earn_cap
         self.history_len, self.agree_threshold, self.audit = earn_history_rounds, earn_agree_threshold, earn_audit
@@ -198,7 +200,7 @@ class EARN(HospitrustStrategy):
             update = coordinate_median(updates)
         feats = labels = logits = None
         if self.audit and rare:
-            if self.audit_by == "row":
+            if self.audit_by != "model":
                 feats, labels = self.head_features(self.global_state)
             else:
                 logits = self.candidate_logits(self.global_state, updates)
@@ -215,7 +217,8 @@ class EARN(HospitrustStrategy):
             a = ag["agreement"]
             agrees = torch.nan_to_num(a, nan=-1.0) >= self.agree_threshold
             if feats is not None or logits is not None:
-                au = (row_audit(W[:, c, :], feats, labels, c) if feats is not None
+                au = (row_audit(W[:, c, :], feats, labels, c, shift_free=self.audit_by == "row-shift-free")
+                      if feats is not None
                       else model_audit(logits[1], logits[0], logits[2], c))
                 agrees &= torch.isnan(au) | (au > 0)
                 audit_scores[c] = au
