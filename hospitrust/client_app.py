@@ -17,7 +17,7 @@ from hospitrust.datasets.federation import LabelledImages
 from hospitrust.models import build_model
 from hospitrust.attacks.base import DataAttack, UpdateAttack, attack_state_dict
 from hospitrust.threat_model import data_rng, hospital_attack
-from hospitrust.training import pick_device, predict_proba, seed_everything, train
+from hospitrust.training import balanced_class_weights, pick_device, predict_proba, seed_everything, train
 from hospitrust.contribution.client import contribution_evaluate_mod, remember_round_mod, secure_train_mod
 
 app = ClientApp()
@@ -96,6 +96,7 @@ def train_handler(msg: Message, context: Context) -> Message:
         weight_decay=cfg.weight_decay,
         proximal_mu=float(server_cfg.get("proximal-mu", 0.0)),  # only fedprox sends it
         device=device,
+        class_weights=balanced_class_weights(train_labels, info.num_classes) if cfg.class_weighted_loss else None,
     )
     rounds_trained = int(context.state["hospital"]["rounds-trained"]) + 1 if "hospital" in context.state else 1
     context.state["hospital"] = MetricRecord({"rounds-trained": rounds_trained})

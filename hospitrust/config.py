@@ -118,6 +118,7 @@ class RunConfig(BaseModel):
     optimizer: Literal["sgd", "adam"] = Field("sgd", description="Local optimizer: sgd or adam.")
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum.")
     weight_decay: float = Field(0.0, ge=0.0, description="L2 weight decay.")
+    class_weighted_loss: bool = Field(False, description="Weigh each class's loss by n / (classes held x its count) in the hospital's own training labels (scikit-learn's 'balanced'), so rare classes are learned; also the server's own training on the reference cohort (FLTrust's root update), not FED-FBD's.")
     proximal_mu: float = Field(0.01, gt=0.0, description="FedProx proximal term weight mu (used by strategy fedprox only).")
 
     # attacks (simulation ground truth): validated by hospitrust.attacks.settings.AttackSettings

@@ -35,7 +35,7 @@ from hospitrust.strategies import HospitrustStrategy, build_strategy
 from hospitrust.strategies.base import RoundRecord
 from hospitrust.strategies.validation import ReplyLimits
 from hospitrust.aggregation import flatten_state
-from hospitrust.training import pick_device, predict_proba, seed_everything, train
+from hospitrust.training import balanced_class_weights, pick_device, predict_proba, seed_everything, train
 
 app = ServerApp()
 RUN_DIR_LOCK_TIMEOUT = 300.0  # seconds a resumed run waits for the stopped run's ServerApp to exit
@@ -148,7 +148,9 @@ class ReferenceCohortTrainer:
         self.model.load_state_dict(global_state, strict=True)
         train(self.model, self.cohort.images, self.cohort.labels, epochs=1, batch_size=self.cfg.batch_size,
               learning_rate=self.cfg.learning_rate, optimizer=self.cfg.optimizer, momentum=self.cfg.momentum,
-              weight_decay=self.cfg.weight_decay, device=self.device)
+              weight_decay=self.cfg.weight_decay, device=self.device,
+              class_weights=(balanced_class_weights(self.cohort.labels, self.info.num_classes)
+                             if self.cfg.class_weighted_loss else None))
         trained = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         return flatten_state(trained)[0] - flatten_state(global_state)[0]
 

@@ -65,8 +65,11 @@ def train(
     proximal_mu: float = 0.0,
     device: torch.device | None = None,
     generator: torch.Generator | None = None,
+    class_weights: torch.Tensor | None = None,
 ) -> TrainResult:
-    """Minibatch training; with ``proximal_mu > 0`` adds FedProx's (mu/2)||w - w_global||^2."""
+    """Minibatch training; with ``proximal_mu > 0`` adds FedProx's (mu/2)||w - w_global||^2;
+    ``class_weights`` (one per class) weigh each sample's cross-entropy by its label's weight
+    (PyTorch's weighted mean: sum w_y l / sum w_y)."""
     device = device or pick_device()
     model.to(device).train()
     n = int(labels.shape[0])
@@ -76,6 +79,7 @@ def train(
     opt = make_optimizer(params, optimizer, learning_rate, momentum, weight_decay)
     global_params = [p.detach().clone() for p in params] if proximal_mu > 0 else None
     y_all = torch.from_numpy(labels).to(device)
+    weight = None if class_weights is None else torch.as_tensor(class_weights, dtype=torch.float32).to(device)
     total, seen, steps = 0.0, 0, 0
     for _ in range(epochs):
         order = torch.randperm(n, generator=generator)
@@ -83,7 +87,7 @@ def train(
             idx = order[start : start + batch_size]
             x = to_batch(images[idx.numpy()], device)
             y = y_all[idx.to(device)]
-            loss = F.cross_entropy(model(x), y)
+            loss = F.cross_entropy(model(x), y, weight=weight)
             if global_params is not None:
                 prox = sum(((p - g) ** 2).sum() for p, g in zip(params, global_params))
                 loss = loss + 0.5 * proximal_mu * prox
@@ -94,6 +98,21 @@ def train(
             seen += int(y.shape[0])
             steps += 1
     return TrainResult(total / max(seen, 1), n, steps)
+
+
+def balanced_class_weights(labels: np.ndarray, num_classes: int) -> torch.Tensor:
+    r"""scikit-learn's ``class_weight='balanced'`` over the classes present:
+    :math:`w_c = n / (K\,n_c)` with K the number of classes present; 1 for absent classes
+    (no sample carries their weight)."""
+    y = np.asarray(labels).astype(np.int64).ravel()
+    if y.size and (y.min() < 0 or y.max() >= num_classes):
+        raise ValueError(f"labels must lie in [0, {num_classes}), got {int(y.min())}..{int(y.max())}")
+    counts = np.bincount(y, minlength=num_classes).astype(np.float64)
+    present = counts > 0
+    w = np.ones(num_classes, dtype=np.float64)
+    if present.any():
+        w[present] = y.size / (int(present.sum()) * counts[present])
+    return torch.from_numpy(w).float()
 
 
 @torch.no_grad()

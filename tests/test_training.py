@@ -1,0 +1,68 @@
+"""Local training: the class-weighted loss (`class-weighted-loss`) by hand and through a run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from flwr.app import Context, RecordDict
+
+from conftest import small_run_config
+from hospitrust.training import balanced_class_weights, to_batch, train
+
+
+def test_balanced_class_weights_by_hand():
+    # n = 4, two classes present: w0 = 4 / (2 x 3), w1 = 4 / (2 x 1); class 2 absent -> 1
+    w = balanced_class_weights(np.array([0, 0, 0, 1]), 3)
+    assert w.tolist() == pytest.approx([2 / 3, 2.0, 1.0])
+    # balanced labels: every weight 1
+    assert balanced_class_weights(np.array([0, 1, 2, 0, 1, 2]), 3).tolist() == pytest.approx([1.0, 1.0, 1.0])
+    assert balanced_class_weights(np.array([], dtype=np.int64), 2).tolist() == [1.0, 1.0]
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 2\)"):
+        balanced_class_weights(np.array([0, 2]), 2)
+
+
+def test_one_weighted_step_matches_the_hand_computed_gradient():
+    """One full-batch SGD step with class weights = w - lr * grad(sum w_y l / sum w_y)."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(6, 2, 2, 1), dtype=np.uint8)
+    labels = np.array([0, 0, 0, 0, 1, 1])
+    weights = balanced_class_weights(labels, 2)  # [0.75, 1.5]
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
+
+    expected = model()
+    x, y = to_batch(images, torch.device("cpu")), torch.from_numpy(labels)
+    logits = expected(x)
+    per_sample = F.cross_entropy(logits, y, reduction="none")
+    loss = (weights[y] * per_sample).sum() / weights[y].sum()
+    loss.backward()
+    with torch.no_grad():
+        for p in expected.parameters():
+            p -= 0.1 * p.grad
+
+    for cw, should_match in ((weights, True), (None, False)):
+        m = model()
+        train(m, images, labels, epochs=1, batch_size=6, learning_rate=0.1, momentum=0.0, device=torch.device("cpu"),
+              generator=torch.Generator().manual_seed(0), class_weights=cw)
+        same = all(torch.allclose(a, b, atol=1e-6) for a, b in zip(m.parameters(), expected.parameters()))
+        assert same is should_match
+
+
+def test_class_weighted_loss_reaches_the_hospitals_training(tmp_path, data_dir):
+    """The same seeded run with and without `class-weighted-loss` ends with different models."""
+    from hospitrust.client_app import app as client_app
+    from hospitrust.inprocess import InProcessGrid
+    from hospitrust.results import read_rounds
+    from hospitrust.server_app import app as server_app
+
+    losses = []
+    for weighted in (False, True):
+        cfg = small_run_config(tmp_path / str(weighted), **{"class-weighted-loss": weighted, "num-server-rounds": 1})
+        grid = InProcessGrid(client_app, 3, cfg)
+        server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
+        losses.append(read_rounds(tmp_path / str(weighted) / "runs" / cfg["run-name"])[-1]["central"]["loss"])
+    assert losses[0] != pytest.approx(losses[1], rel=1e-6)
