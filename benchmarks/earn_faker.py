@@ -52,6 +52,7 @@ def run_figures(run: Path, rare: str, faker: str, specialist: str) -> dict:
     final = rounds[-1]["central"] if rounds else {}
     return {
         "run": run.name,
+        "seed": cfg.get("seed", "-"),
         "strategy": cfg.get("strategy"),
         "mode": cfg.get("earn-mode", "-") if cfg.get("strategy") == "earn" else "-",
         "evidence": cfg.get("earn-evidence", "-") if cfg.get("strategy") == "earn" else "-",
@@ -93,19 +94,20 @@ def table(rows: list[dict]) -> str:
             return "-" if math.isnan(v) else f"{v:.{digits}f}"
         return str(v)
 
-    by = {(_label(r), r["attack"]): r for r in rows}
-    fedavg_clean = by.get(("fedavg", "none"), {}).get("rare_f1", math.nan)
-    out = ["| rule | attack | faker's rare-row weight | captured / fair | specialist trust (last round) | "
+    # gates compare runs of the same seed
+    by = {(_label(r), r["attack"], r["seed"]): r for r in rows}
+    out = ["| rule | attack | seed | faker's rare-row weight | captured / fair | specialist trust (last round) | "
            "specialist trust >= 0.8 from round | evidence Spearman | rare-class macro-F1 | gate | balanced acc. |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (_label(r) != "fedavg", _label(r), r["attack"] != "none")):
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (_label(r) != "fedavg", _label(r), r["attack"] != "none", r["seed"])):
         label = _label(r)
         if r["attack"] == "none":
+            fedavg_clean = by.get(("fedavg", "none", r["seed"]), {}).get("rare_f1", math.nan)
             gate = "-" if label == "fedavg" else ("pass" if r["rare_f1"] > fedavg_clean else "fail") + " (> FedAvg)"
         else:
-            clean = by.get((label, "none"), {}).get("rare_f1", math.nan)
+            clean = by.get((label, "none", r["seed"]), {}).get("rare_f1", math.nan)
             gate = ("pass" if abs(r["rare_f1"] - clean) <= 0.05 else "fail") + " (within 0.05 of no attack)"
-        out.append(f"| {label} | {r['attack']} | {fmt(r['faker_row_weight'])} | {fmt(r['captured_over_fair'], 2)} | "
+        out.append(f"| {label} | {r['attack']} | {r['seed']} | {fmt(r['faker_row_weight'])} | {fmt(r['captured_over_fair'], 2)} | "
                    f"{fmt(r['specialist_trust_last'], 2)} | {fmt(r['specialist_first_round_0.8'])} | "
                    f"{fmt(r['evidence_spearman'], 2)} | {fmt(r['rare_f1'])} | {gate} | {fmt(r['balanced_accuracy'])} |")
     return "\n".join(out)
