@@ -3,6 +3,7 @@ balanced accuracy / worst-class recall per attack and rule, detection of the rul
 exclude, honest rare-class hospitals wrongly flagged, and EARN's evidence Spearman.
 
     python benchmarks/trust_tables.py runs/attack-matrix [--attacks none,label-flip,...]
+    python benchmarks/trust_tables.py runs/am-seed42 runs/am-seed1 runs/am-seed2   # + mean +- std over seeds
 """
 
 from __future__ import annotations
@@ -71,19 +72,40 @@ def earn_spearman(folder: Path, attacks: list[str]) -> str:
     return "\n".join(rows)
 
 
+def seeds_table(folders: list[Path], attacks: list[str], rules: list[str]) -> str:
+    """Balanced accuracy, mean +- sample std over the folders (one seed each) that ran the cell."""
+    rows = ["| attack | " + " | ".join(rules) + " |", "|---|" + "---|" * len(rules)]
+    for attack in attacks:
+        cells = []
+        for rule in rules:
+            vals = [s["final"]["balanced_accuracy"] for f in folders if (s := _load(f, attack, rule)) is not None]
+            if not vals:
+                cells.append("not run")
+            elif len(vals) == 1:
+                cells.append(f"{_f(vals[0])} (n=1)")
+            else:
+                cells.append(f"{statistics.mean(vals):.3f} ± {statistics.stdev(vals):.3f} (n={len(vals)})")
+        rows.append(f"| {attack} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("folder")
+    p.add_argument("folders", nargs="+", help="attack-matrix folders; with several (one per seed), the first gets the per-cell tables")
     p.add_argument("--attacks", default=",".join(ATTACKS))
     p.add_argument("--rules", default=",".join(RULES))
     args = p.parse_args(argv)
-    folder, attacks, rules = Path(args.folder), args.attacks.split(","), args.rules.split(",")
+    folders, attacks, rules = [Path(f) for f in args.folders], args.attacks.split(","), args.rules.split(",")
+    folder = folders[0]
     print("Balanced accuracy / worst-class recall\n")
     print(accuracy_table(folder, attacks, rules))
     print("\nDetection (rules that exclude or flag)\n")
     print(detection_table(folder, [a for a in attacks if a != "none"], [r for r in rules if r in ("hta", "earn", "multi-krum")]))
     print("\nEARN evidence\n")
     print(earn_spearman(folder, attacks))
+    if len(folders) > 1:
+        print(f"\nBalanced accuracy over {len(folders)} folders (seeds): mean ± std\n")
+        print(seeds_table(folders, [a for a in attacks if any(_load(f, a, r) for f in folders for r in rules)], rules))
     return 0
 
 

@@ -1,0 +1,61 @@
+"""The table scripts under benchmarks/ on hand-made run folders: what they average and pair."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from conftest import REPO
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _summary(folder: Path, cell: str, balanced_accuracy: float) -> None:
+    (folder / cell).mkdir(parents=True)
+    (folder / cell / "summary.json").write_text(json.dumps(
+        {"final": {"balanced_accuracy": balanced_accuracy, "worst_class_recall": 0.0}}))
+
+
+def test_trust_tables_mean_and_sample_std_over_seed_folders(tmp_path):
+    tables = _script("trust_tables")
+    folders = [tmp_path / s for s in ("s42", "s1", "s2")]
+    for folder, value in zip(folders, (0.5, 0.6, 0.7)):
+        _summary(folder, "none__fedavg", value)
+    _summary(folders[0], "none__hta", 0.8)  # one seed only
+    text = tables.seeds_table(folders, ["none", "label-flip"], ["fedavg", "hta"])
+    # mean 0.6, sample std sqrt(((0.1)^2 + 0 + (0.1)^2) / 2) = 0.1
+    assert "| none | 0.600 ± 0.100 (n=3) | 0.800 (n=1) |" in text
+    assert "| label-flip | not run | not run |" in text
+
+
+def _run(folder: Path, name: str, strategy: str, attack: str, seed: int, rare_f1: float) -> None:
+    run = folder / "cells" / name
+    run.mkdir(parents=True)
+    cfg = {"strategy": strategy, "attack": attack, "seed": seed, "earn-mode": "blend", "earn-evidence": "update",
+           "earn-cap": 0.5, "earn-audit": True, "earn-audit-by": "row-shift-free"}
+    (run / "config.json").write_text(json.dumps({"run_config": cfg}))
+    (run / "rounds.jsonl").write_text(json.dumps(
+        {"round": 1, "clients": [], "central": {"rare_class_macro_f1": rare_f1, "balanced_accuracy": 0.3}}) + "\n")
+
+
+def test_earn_faker_gates_compare_runs_of_the_same_seed(tmp_path):
+    script = _script("earn_faker")
+    _run(tmp_path, "fedavg-none-1", "fedavg", "none", 1, 0.10)
+    _run(tmp_path, "fedavg-none-2", "fedavg", "none", 2, 0.30)
+    _run(tmp_path, "earn-none-1", "earn", "none", 1, 0.20)  # above seed 1's FedAvg, below seed 2's
+    _run(tmp_path, "earn-none-2", "earn", "none", 2, 0.20)
+    _run(tmp_path, "earn-flip-1", "earn", "label-flip", 1, 0.22)  # within 0.05 of seed 1's clean run
+    _run(tmp_path, "earn-flip-2", "earn", "label-flip", 2, 0.30)  # 0.10 from seed 2's
+    rows = [script.run_figures(r, "4", "hospital-5", "hospital-0") for r in sorted((tmp_path / "cells").iterdir())]
+    lines = {(line.split(" | ")[0].lstrip("| "), line.split(" | ")[1], line.split(" | ")[2]): line
+             for line in script.table(rows).splitlines()[2:]}
+    assert "pass (> FedAvg)" in lines[("earn (mode=blend)", "none", "1")]
+    assert "fail (> FedAvg)" in lines[("earn (mode=blend)", "none", "2")]
+    assert "pass (within 0.05 of no attack)" in lines[("earn (mode=blend)", "label-flip", "1")]
+    assert "fail (within 0.05 of no attack)" in lines[("earn (mode=blend)", "label-flip", "2")]
