@@ -72,7 +72,7 @@ class RunConfig(BaseModel):
     earn_audit_by: Literal["row", "row-shift-free", "model"] = Field("row-shift-free", description="EARN audit: 'row' (the class row update against the global model's features), 'row-shift-free' (the same with the row's component along the mean feature removed, so raising the class everywhere is not scored) or 'model' (the hospital's whole candidate model, global + its update, must separate the class better on the reference cohort than the global model).")
     earn_rare_classes: str = Field("", description="EARN rare classes, e.g. '4' or '1,4'; empty: automatic (earn-rare-fraction).")
     earn_rare_fraction: float = Field(0.6, gt=0.0, le=1.0, description="EARN automatic rare classes: reported total below this x the mean class total (and the rarest).")
-    earn_base: Literal["fedavg", "median"] = Field("fedavg", description="EARN rule for the body and the other rows.")
+    earn_base: Literal["fedavg", "median", "hta"] = Field("hta", description="EARN rule for the body and the other rows: fedavg, median, or hta (HTA with its hta-* options; its weights also replace FedAvg's in the rare rows).")
     max_update_norm: float = Field(1e4, gt=0.0, description="Replies whose update (returned - global) has a larger L2 norm are rejected.")
     max_num_examples: int = Field(10_000_000, ge=1, description="Replies claiming more training examples are rejected.")
     # contribution scores (hospitrust.contribution) and secure aggregation (SecAgg+)

@@ -240,8 +240,10 @@ def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: t
     if cfg.strategy in ("fedagain", "hta", "earn"):
         prefix = cfg.strategy + "_"
         kwargs.update({k: v for k, v in cfg.model_dump(exclude={"attacks"}).items() if k.startswith(prefix)})
+    if cfg.strategy == "earn" and cfg.earn_base == "hta":  # EARN's base rule takes HTA's own options
+        kwargs["hta_options"] = {k: v for k, v in cfg.model_dump(exclude={"attacks"}).items() if k.startswith("hta_")}
     needs_scores = (cfg.strategy == "fedagain" and cfg.fedagain_benchmark == "server") or (
-        cfg.strategy == "hta" and cfg.hta_c > 0
+        cfg.hta_c > 0 and (cfg.strategy == "hta" or (cfg.strategy == "earn" and cfg.earn_base == "hta"))
     )
     if needs_scores:
         kwargs["candidate_scores"] = ReferenceCohortJudge(cfg, info, device).score_candidates

@@ -14,14 +14,17 @@ from hospitrust.server_app import app as server_app
 CASES = {
     "fedagain": ({"fedagain-benchmark": "server", "fedagain-divergence": "cosine"}, ("trust", "divergence", "flagged")),
     "hta": ({}, ("s", "m", "v", "tau", "reputation", "excluded", "exclusion_reason", "flagged")),
-    "earn": ({"earn-rare-classes": "0"}, ("evidence", "earn_trust", "row_audit", "rare_row_weight", "evidence_spearman")),
+    "earn": ({"earn-rare-classes": "0", "earn-base": "fedavg"}, ("evidence", "earn_trust", "row_audit", "rare_row_weight", "evidence_spearman")),
+    # EARN on an HTA base: HTA's signals (v from the reference cohort) and EARN's, side by side
+    "earn-on-hta": ({"strategy": "earn", "earn-rare-classes": "0", "earn-base": "hta"},
+                    ("s", "v", "reference_balanced_accuracy", "reputation", "excluded", "earn_trust", "rare_row_weight")),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_trust_rule_in_a_real_inprocess_run(tmp_path, data_dir, name):
     extra, keys = CASES[name]
-    cfg = small_run_config(tmp_path, **{"strategy": name, "num-server-rounds": 2, "train-subsample": 0.03,
+    cfg = small_run_config(tmp_path, **{"strategy": name.split("-")[0], "num-server-rounds": 2, "train-subsample": 0.03,
                                         "batch-size": 64, "local-epochs": 1, **extra})
     grid = InProcessGrid(client_app, 5, cfg)
     server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))

@@ -343,9 +343,10 @@ def _trained_evidence(split, C, F, H, n):
     return per_round, counts, bias
 
 
-def _earn_round(s, rnd, gen, audit_faker=True, n=6, C=3, H=4):
+def _earn_round(s, rnd, gen, audit_faker=True, n=6, C=3, H=4, flipper=None):
     """Rare class 2: h0 holds it (row along feature e2, bias up); h1 fakes it consistently
-    (bias up, row along e0); the rest hold classes 0 and 1 only."""
+    (bias up, row along e0); the rest hold classes 0 and 1 only; ``flipper`` (an index) sends
+    its honest update negated."""
     g = {"body": torch.zeros(3), "head.weight": torch.zeros(C, H), "head.bias": torch.zeros(C)}
     deltas, metrics = [], []
     for i in range(n):
@@ -362,7 +363,10 @@ def _earn_round(s, rnd, gen, audit_faker=True, n=6, C=3, H=4):
         else:
             w[2, 2] -= 0.3
             b[2] = -0.3
-        deltas.append({"body": torch.ones(3) + 0.05 * torch.randn(3, generator=gen), "head.weight": w, "head.bias": b})
+        delta = {"body": torch.ones(3) + 0.05 * torch.randn(3, generator=gen), "head.weight": w, "head.bias": b}
+        if i == flipper:
+            delta = {k: -v for k, v in delta.items()}
+        deltas.append(delta)
         metrics.append({"class-counts": [50, 50, 20 if i == 0 else 0]})
     return _send(s, rnd, g, deltas, metrics)
 
@@ -373,7 +377,8 @@ def _reference_features(state):
 
 
 def test_earn_rewards_the_specialist_and_not_a_consistent_faker():
-    s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", head_features=_reference_features)
+    s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", head_features=_reference_features,
+                       earn_base="fedavg")  # the FedAvg base: the weights below by hand
     gen = torch.Generator().manual_seed(0)
     for rnd in range(1, 13):
         arrays, by = _earn_round(s, rnd, gen)
@@ -388,6 +393,27 @@ def test_earn_rewards_the_specialist_and_not_a_consistent_faker():
     assert not math.isnan(by["h0"]["evidence_spearman"])
 
 
+def test_earn_on_an_hta_base_weighs_the_body_by_reputation_and_keeps_it_across_a_checkpoint():
+    kw = dict(earn_rare_classes="2", head_features=_reference_features, earn_base="hta", hta_options={"hta_c": 0.0})
+    s = build_strategy("earn", _hospitals(7), **kw)
+    gen = torch.Generator().manual_seed(0)
+    for rnd in range(1, 13):
+        _, by = _earn_round(s, rnd, gen, n=7, flipper=6)
+    # HTA's direction signal is 0 for the negated update: no reputation, no weight in the body
+    assert by["h6"]["s"] == 0.0 and by["h6"]["weight"] == pytest.approx(0.0, abs=1e-12)
+    assert by["h6"]["flagged"]
+    assert sum(c["weight"] for c in by.values()) == pytest.approx(1.0)
+    # the rare row still rewards the specialist and holds the faker to at most its base weight
+    assert s.trust["h0"][2] >= 0.8 and s.trust["h1"][2] < 0.05
+    assert by["h1"]["rare_row_weight"]["2"] <= by["h1"]["weight"] + 1e-9
+    assert by["h0"]["rare_row_weight"]["2"] > by["h0"]["weight"]
+    # HTA's reputations travel with EARN's state (the server checkpoint)
+    restored = build_strategy("earn", _hospitals(7), **kw)
+    restored.load_state_dict(s.state_dict())
+    assert restored.base_rule.reputation == s.base_rule.reputation and restored.base_rule.ema == s.base_rule.ema
+    assert restored.trust == s.trust
+
+
 def test_earn_history_only_without_audit_shows_the_known_failure():
     s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", earn_mode="history", earn_audit=False)
     gen = torch.Generator().manual_seed(0)
@@ -400,7 +426,7 @@ def test_earn_history_only_without_audit_shows_the_known_failure():
 
 def test_earn_with_zero_trust_is_capped_fedavg_on_rare_rows():
     s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", earn_evidence="reported",
-                       head_features=_reference_features)
+                       head_features=_reference_features, earn_base="fedavg")
     gen = torch.Generator().manual_seed(0)
     _, by = _earn_round(s, 1, gen)  # round 1: h0's peer (the faker) disagrees: trust stays 0
     assert all(by[f"h{i}"]["rare_row_weight"]["2"] == pytest.approx(1 / 6) for i in range(6))

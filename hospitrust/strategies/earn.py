@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 from logging import INFO, WARNING
 
 import torch
@@ -23,10 +24,11 @@ from hospitrust.aggregation.earn import (
 )
 from hospitrust.metrics import rare_classes
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
+from hospitrust.strategies.hta import HTA
 
 EVIDENCE = ("update", "update-count", "reported")
 MODES = ("blend", "peer", "history")
-BASES = ("fedavg", "median")
+BASES = ("fedavg", "median", "hta")
 AUDITS = ("row", "row-shift-free", "model")
 FLAG_TRUST = 0.1  # a holder of a rare class whose trust on that row is below this, once its history is locked
 
@@ -89,8 +91,10 @@ class EARN(HospitrustStrategy):
     with its own history but fails the audit. Trust per (k, c):
     +gain on agreement, x decay otherwise (only for holders). Row c is averaged with
     FedAvg weight + trust x evidence share, no hospital above ``earn-cap`` (1: no cap);
-    with all trust at 0 this is FedAvg with the cap. Other rows and the body: FedAvg or
-    the coordinate median (``earn-base``).
+    with all trust at 0 this is FedAvg with the cap. Other rows and the body: FedAvg, the
+    coordinate median or HTA (``earn-base``). With HTA, HTA's weights replace FedAvg's in
+    the rare rows too (an update HTA excludes starts there from 0 and counts only through
+    the trust it earned on that row); the rare rows average the unclipped row updates.
 
     Rare classes: ``earn-rare-classes`` (e.g. '4'), or automatically those whose reported
     federation total is below ``earn-rare-fraction`` x the mean class total, plus the
@@ -103,7 +107,7 @@ class EARN(HospitrustStrategy):
     """
 
     name = "earn"
-    state_attrs = ("trust", "history_sum", "history_rounds", "evidence_spearman")
+    state_attrs = ("trust", "history_sum", "history_rounds", "evidence_spearman", "base_state")
 
     def __init__(
         self,
@@ -118,11 +122,13 @@ class EARN(HospitrustStrategy):
         earn_audit_by: str = "row-shift-free",
         earn_rare_classes: str = "",
         earn_rare_fraction: float = 0.6,
-        earn_base: str = "fedavg",
+        earn_base: str = "hta",
         earn_gain: float = 0.1,
         earn_decay: float = 0.5,
         head_features: Callable[[dict], tuple[torch.Tensor, torch.Tensor]] | None = None,
         candidate_logits: Callable[[dict, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None,
+        hta_options: dict[str, Any] | None = None,
+        candidate_scores: Callable[[dict, torch.Tensor], torch.Tensor] | None = None,
         **kwargs,
     ) -> None:
         super().__init__(hospitals, **kwargs)
@@ -141,6 +147,10 @@ class EARN(HospitrustStrategy):
         self.rare_fraction, self.base = earn_rare_fraction, earn_base
         self.gain, self.decay = earn_gain, earn_decay
         self.head_features, self.candidate_logits, self.audit_by = head_features, candidate_logits, earn_audit_by
+        # earn-base hta: HTA (its hta-* options, reputation kept across rounds) weighs the body and
+        # the other rows, and its weights replace FedAvg's in the rare rows
+        self.base_rule = (HTA(hospitals, candidate_scores=candidate_scores, **(hta_options or {}), **kwargs)
+                          if earn_base == "hta" else None)
         self.trust: dict[str, dict[int, float]] = {}
         self.history_sum: dict[str, torch.Tensor] = {}
         self.history_rounds: dict[str, int] = {}
@@ -151,6 +161,28 @@ class EARN(HospitrustStrategy):
         log(INFO, "\t└── EARN: evidence %s, mode %s, cap %g, history %d rounds, audit %s, rare %s, base %s",
             self.evidence_source, self.mode, self.cap, self.history_len, self.audit and self.audit_by,
             list(self.rare_explicit) or f"auto (< {self.rare_fraction} x mean)", self.base)
+
+    @property
+    def base_state(self) -> dict[str, Any]:
+        """The base rule's state across rounds (HTA's reputations), saved in the checkpoint."""
+        return {} if self.base_rule is None else {a: getattr(self.base_rule, a) for a in self.base_rule.state_attrs}
+
+    @base_state.setter
+    def base_state(self, state: dict[str, Any]) -> None:
+        if self.base_rule is not None:
+            for a in self.base_rule.state_attrs:
+                setattr(self.base_rule, a, state.get(a, {}))
+
+    def _base(self, server_round, updates, num_examples, replies) -> tuple[torch.Tensor, torch.Tensor, Aggregate | None]:
+        """The base rule's update and its per-hospital weights (what the rare rows start from)."""
+        fedavg = (num_examples / num_examples.sum()).double().cpu()
+        if self.base == "fedavg":
+            return fedavg.to(updates.dtype).to(updates.device) @ updates, fedavg, None
+        if self.base == "median":
+            return coordinate_median(updates), fedavg, None
+        self.base_rule.global_state = self.global_state
+        agg = self.base_rule.aggregate_updates(server_round, updates, num_examples, replies)
+        return agg.update.clone(), agg.weights.double().cpu(), agg
 
     def _rare_classes(self, counts: torch.Tensor | None, holders: torch.Tensor, num_classes: int) -> list[int]:
         if self.rare_explicit:
@@ -168,10 +200,10 @@ class EARN(HospitrustStrategy):
             w_off, C, H, b_off = classifier_head(self.global_state)
         except ValueError as err:  # no linear head: no class rows to judge, the base rule alone
             log(WARNING, "Round %d: %s; aggregated with earn-base %s only", server_round, err, self.base)
-            fedavg = (num_examples / num_examples.sum()).double().cpu()
-            update = (fedavg.to(updates.dtype).to(updates.device) @ updates if self.base == "fedavg"
-                      else coordinate_median(updates))
-            return Aggregate(update, fedavg, torch.ones(n, dtype=torch.bool), extra={"flagged": [False] * n})
+            update, base_w, base_agg = self._base(server_round, updates, num_examples, replies)
+            if base_agg is not None:
+                return base_agg
+            return Aggregate(update, base_w, torch.ones(n, dtype=torch.bool), extra={"flagged": [False] * n})
         W = updates[:, w_off : w_off + C * H].reshape(n, C, H).double().cpu()
         B = updates[:, b_off : b_off + C].double().cpu()
         counts = reported_counts(replies, C)
@@ -193,11 +225,7 @@ class EARN(HospitrustStrategy):
         holders = holder_mask(evidence)
         rare = self._rare_classes(counts, holders, C)
 
-        fedavg = (num_examples / num_examples.sum()).double().cpu()
-        if self.base == "fedavg":
-            update = fedavg.to(updates.dtype).to(updates.device) @ updates
-        else:
-            update = coordinate_median(updates)
+        update, base_w, base_agg = self._base(server_round, updates, num_examples, replies)
         feats = labels = logits = None
         if self.audit and rare:
             if self.audit_by != "model":
@@ -227,7 +255,7 @@ class EARN(HospitrustStrategy):
             new = torch.where(judged, trust_step(old, agrees, gain=self.gain, decay=self.decay), old)
             for nm, t in zip(names, new.tolist()):
                 self.trust.setdefault(nm, {})[c] = t
-            w = rare_row_weights(fedavg, new, evidence[:, c], cap=self.cap)
+            w = rare_row_weights(base_w, new, evidence[:, c], cap=self.cap)
             wt = w.to(updates.dtype).to(updates.device)
             update[w_off + c * H : w_off + (c + 1) * H] = wt @ updates[:, w_off + c * H : w_off + (c + 1) * H]
             update[b_off + c] = wt @ updates[:, b_off + c]
@@ -247,7 +275,12 @@ class EARN(HospitrustStrategy):
         ]
         def per(d, i):
             return {str(c): float(v[i]) for c, v in d.items()}
-        return Aggregate(update, fedavg, torch.ones(n, dtype=torch.bool), extra={
+        extra_base = {} if base_agg is None else dict(base_agg.extra)
+        if base_agg is not None:  # flagged by either: HTA's exclusion or a lost rare-row trust
+            flagged = [bool(a or b) for a, b in zip(flagged, extra_base.pop("flagged"))]
+        selected = torch.ones(n, dtype=torch.bool) if base_agg is None else base_agg.selected
+        return Aggregate(update, base_w, selected, extra={
+            **extra_base,
             "evidence": [[float(x) for x in evidence[i]] for i in range(n)],
             "holds": [[int(c) for c in range(C) if bool(holders[i, c])] for i in range(n)],
             "rare_classes": [list(rare)] * n,
