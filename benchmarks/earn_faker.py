@@ -7,9 +7,9 @@ folder of runs with the same layout) and prints a Markdown table:
     python benchmarks/earn_faker.py runs/bench/earn-faker [--rare 4 --faker hospital-5 --specialist hospital-0]
 
 - captured / fair: the faker's weight on the rare class's row (``rare_row_weight``) over its
-  FedAvg weight, mean over rounds. 1 means faking earned nothing beyond what it gets without
-  any trust (the "fair share"; EARN with all trust at 0 is FedAvg); the method's authors saw
-  7.5 for a consistent faker under history-only checking.
+  data share n_k / sum n (FedAvg's weight, whatever the base rule), mean over rounds. 1 means
+  faking earned it its data share and no more (EARN on the FedAvg base with all trust at 0);
+  the method's authors saw 7.5 for a consistent faker under history-only checking.
 - the specialist's trust on the rare row at the last round and the first round it reached 0.8
   (the authors' gate: by round 15).
 - rare-class macro-F1 at the end; gates: under attack within 0.05 of the same rule without the
@@ -39,10 +39,13 @@ def run_figures(run: Path, rare: str, faker: str, specialist: str) -> dict:
     ratios, row_weights, trust = [], [], []
     for rnd in rounds:
         f = _client(rnd, faker)
-        if f is not None and f.get("weight"):
-            row_w = (f.get("rare_row_weight") or {}).get(rare, f["weight"])  # no per-row rule: FedAvg weight
+        valid = [c for c in rnd.get("clients", []) if not c.get("rejected")]
+        total = sum(c.get("num_examples", 0) for c in valid)
+        if f is not None and not f.get("rejected") and total > 0 and f.get("num_examples"):
+            fair = f["num_examples"] / total  # its data share: FedAvg's weight, whatever the base rule
+            row_w = (f.get("rare_row_weight") or {}).get(rare, f.get("weight", fair))  # no per-row rule: its weight
             row_weights.append(row_w)
-            ratios.append(row_w / f["weight"])
+            ratios.append(row_w / fair)
         s = _client(rnd, specialist)
         if s is not None and "earn_trust" in s:
             trust.append((rnd["round"], (s.get("earn_trust") or {}).get(rare, math.nan)))
