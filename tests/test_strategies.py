@@ -17,8 +17,9 @@ from hospitrust.strategies import STRATEGIES, build_strategy
 D = 6
 
 
-def _replies(strategy, vectors, num_examples=None):
-    """Send the global model (zeros) and answer with global + vectors[i] from node i."""
+def _replies(strategy, vectors, num_examples=None, order=None):
+    """Send the global model (zeros) and answer with global + vectors[i] from node i; the
+    replies reach the strategy in ``order`` (indices; default node order)."""
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
 
     class _Grid:
@@ -34,6 +35,8 @@ def _replies(strategy, vectors, num_examples=None):
                                                      "steps": torch.tensor(7 + i)}),
                               "metrics": MetricRecord({"num-examples": n, "train-loss": 0.5})})
         replies.append(Message(content, reply_to=msg))
+    if order is not None:
+        replies = [replies[i] for i in order]
     arrays, _ = strategy.aggregate_train(1, replies)
     return arrays, strategy.records[1]
 
@@ -66,6 +69,20 @@ def test_identical_updates_give_that_update(name):
     # integer buffers are copied (the largest counter among selected replies), never averaged
     assert int(arrays["steps"].numpy()) in range(7, 14)
     assert record.aggregation_seconds > 0
+
+
+@pytest.mark.parametrize("name", ["fedavg", "multi-krum", "geometric-median", "fedagain", "hta", "earn"])
+def test_the_order_replies_arrive_in_does_not_change_a_bit(name):
+    """Hospitals finish in any order; the same updates must give the bit-identical model (a
+    float sum depends on the order of its terms, so the rules sum in hospital order)."""
+    gen = torch.Generator().manual_seed(3)
+    vectors = (torch.randn(7, D, generator=gen) * torch.logspace(-3, 3, D)).tolist()
+    sizes = [3, 17, 5, 101, 9, 44, 60]
+    models = []
+    for order in (None, [6, 2, 4, 0, 5, 1, 3]):
+        arrays, _ = _replies(_strategy(name, 7), vectors, num_examples=sizes, order=order)
+        models.append(torch.from_numpy(arrays["w"].numpy()))
+    assert torch.equal(models[0], models[1])
 
 
 @pytest.mark.parametrize("name", ["median", "trimmed-mean", "krum", "multi-krum", "bulyan", "geometric-median",

@@ -142,7 +142,9 @@ class HospitrustStrategy(Strategy):
         if self.global_state is not None:
             global_vec, spec = flatten_state(self.global_state)
             global_vec = global_vec.to(self.device)
-        for reply in replies:
+        # replies arrive in whatever order the hospitals finish; floating-point sums depend on
+        # the order of their terms, so the same seed gives the same model only in a fixed order
+        for reply in self._in_hospital_order(replies):
             node_id = int(reply.metadata.src_node_id)
             if node_id not in self.hospitals and reply.has_error():
                 # the SuperLink answers for a node that is gone ("node unavailable"): that
@@ -214,7 +216,7 @@ class HospitrustStrategy(Strategy):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Per-hospital accuracy of the global model on local validation sets (fairness)."""
         per_hospital: dict[str, dict[str, float]] = {}
-        for reply in replies:
+        for reply in self._in_hospital_order(replies):
             if reply.has_error() or not reply.has_content() or "metrics" not in reply.content.metric_records:
                 continue
             m = reply.content.metric_records["metrics"]
@@ -252,6 +254,14 @@ class HospitrustStrategy(Strategy):
         raise NotImplementedError
 
     # ---- helpers ---------------------------------------------------------------------------
+    def _in_hospital_order(self, replies: Iterable[Message]) -> list[Message]:
+        """Replies sorted by hospital name (then node id): arrival order must not change a result."""
+        def key(reply: Message) -> tuple[str, int]:
+            node_id = int(reply.metadata.src_node_id)
+            return self._name_of(node_id), node_id
+
+        return sorted(replies, key=key)
+
     def _name_of(self, node_id: int) -> str:
         return self.hospitals.get(node_id, f"unknown-node-{node_id}")
 

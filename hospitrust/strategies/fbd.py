@@ -177,7 +177,7 @@ class FBD(HospitrustStrategy):
         self.records[server_round] = record
         stamps: list[dict] = []
         writes = 0
-        for reply in replies:
+        for reply in self._in_hospital_order(replies):  # stamps and writes in a fixed order
             nid = int(reply.metadata.src_node_id)
             if nid not in self.hospitals and reply.has_error():
                 log(WARNING, "Round %d: no reply from a hospital: %s", server_round, reply.error.reason.strip()[:200])
