@@ -106,6 +106,26 @@ def _png_ok(data: bytes) -> tuple[int, int]:
     return img.size
 
 
+def test_a_cell_that_finished_as_the_bench_was_killed_is_logged_on_the_next_start(tmp_path):
+    """The worker wrote the cell's summary, the parent was killed before logging it: the next
+    start logs it (late, without timing), so the event log still has every finished cell."""
+    grid = parse_grid(SMOKE)
+    out = tmp_path / "smoke"
+    for cell in grid.cells:  # every cell finished; only the first one's event made it
+        (out / "cells" / cell.name).mkdir(parents=True)
+        (out / "cells" / cell.name / "summary.json").write_text("{}")
+    (out / "bench.jsonl").write_text(json.dumps({"event": "cell", "cell": grid.cells[0].name, "status": "done",
+                                                 "seconds": 3.0}) + "\n")
+    outcome = run_grid(grid, out, progress=lambda line: None, build_store=False)
+    assert outcome.ran == 0 and outcome.done == len(grid.cells)
+    done = [e for e in _events(out) if e["event"] == "cell" and e["status"] == "done"]
+    assert sorted(e["cell"] for e in done) == sorted(c.name for c in grid.cells)
+    late = [e for e in done if e.get("recorded_late")]
+    assert len(late) == len(grid.cells) - 1 and all(e["seconds"] is None for e in late)
+    run_grid(grid, out, progress=lambda line: None, build_store=False)  # and only once
+    assert len([e for e in _events(out) if e["event"] == "cell"]) == len(grid.cells)
+
+
 def test_smoke_grid_killed_resumed_failed_retried_stored_and_reported(tmp_path, data_dir):
     out = tmp_path / "smoke"
     env = {**os.environ, "HOSPITRUST_DATA_DIR": str(data_dir)}

@@ -194,6 +194,11 @@ def _run_locked(grid: Grid, out: Path, *, workers, retry_failed, ray_address, li
     started = time.time()
     _append_event(out, {"event": "start", "cells": len(grid.cells), "todo": len(todo), "workers": workers,
                         "backend": grid.backend, "ray_address": ray_address, "pid": os.getpid()})
+    # a cell can finish in the moment a bench is killed, before its event is written: log it now
+    recorded = _recorded_done(out)
+    for name in [n for n, state in states.items() if state == "done" and n not in recorded]:
+        _append_event(out, {"event": "cell", "cell": name, "status": "done", "seconds": None,
+                            "recorded_late": "finished while an earlier start was interrupted"})
     outcome = BenchOutcome(total=len(grid.cells), done=done_before, failed=failed_before if not retry_failed else 0,
                            ran=0, skipped_done=done_before, skipped_failed=0 if retry_failed else failed_before,
                            wall_seconds=0.0)
@@ -312,6 +317,20 @@ def _run_locked(grid: Grid, out: Path, *, workers, retry_failed, ray_address, li
     if build_store:
         _store(out, grid, say)
     return outcome
+
+
+def _recorded_done(out: Path) -> set[str]:
+    """Cells whose finish is in the event log."""
+    path = out / "bench.jsonl"
+    names = set()
+    for raw in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            ev = json.loads(raw)
+        except json.JSONDecodeError:
+            continue
+        if ev.get("event") == "cell" and ev.get("status") == "done":
+            names.add(str(ev.get("cell")))
+    return names
 
 
 def _earlier_durations(out: Path) -> list[float]:

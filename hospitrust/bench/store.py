@@ -137,6 +137,8 @@ def collect(grid_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
             final, sec, fair = summary.get("final", {}), summary.get("security") or {}, summary.get("fairness") or {}
             train = sum(_num(r.get("round_seconds")) for r in rounds if r.get("round_seconds") is not None)
             ev = done_events.get(name, {})
+            if ev.get("seconds") is None:  # no event, or one logged late without its timing
+                ev = {}
             cell_seconds = _num(ev.get("seconds")) if ev else _num(summary.get("wall_seconds"))
             cell.update({f"final_{m}": _num(final.get(m)) for m in CENTRAL})
             cell.update(rounds=len(rounds), best_round=summary.get("best_round"),
