@@ -245,10 +245,11 @@ def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: t
     needs_scores = (cfg.strategy == "fedagain" and cfg.fedagain_benchmark == "server") or (
         cfg.hta_c > 0 and (cfg.strategy == "hta" or (cfg.strategy == "earn" and cfg.earn_base == "hta"))
     )
+    needs_audit = cfg.strategy == "earn" and cfg.earn_audit
+    judge = ReferenceCohortJudge(cfg, info, device) if needs_scores or needs_audit else None  # one cohort load
     if needs_scores:
-        kwargs["candidate_scores"] = ReferenceCohortJudge(cfg, info, device).score_candidates
-    if cfg.strategy == "earn" and cfg.earn_audit:
-        judge = ReferenceCohortJudge(cfg, info, device)
+        kwargs["candidate_scores"] = judge.score_candidates
+    if needs_audit:
         kwargs["head_features"], kwargs["candidate_logits"] = judge.head_features, judge.candidate_logits
     strategy = build_strategy(cfg.strategy, hospitals, **kwargs)
     if strategy.required_replies() > len(hospitals):
