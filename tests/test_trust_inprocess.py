@@ -15,9 +15,9 @@ CASES = {
     "fedagain": ({"fedagain-benchmark": "server", "fedagain-divergence": "cosine"}, ("trust", "divergence", "flagged")),
     "hta": ({}, ("s", "m", "v", "tau", "reputation", "excluded", "exclusion_reason", "flagged")),
     "earn": ({"earn-rare-classes": "0", "earn-base": "fedavg"}, ("evidence", "earn_trust", "row_audit", "rare_row_weight", "evidence_spearman")),
-    # EARN on an HTA base: HTA's signals (v from the reference cohort) and EARN's, side by side
+    # EARN on an HTA base: HTA's signals (v from the reference cohort) and EARN's, side by side; s_raw: HTA's direction before EARN's excuse
     "earn-on-hta": ({"strategy": "earn", "earn-rare-classes": "0", "earn-base": "hta"},
-                    ("s", "v", "reference_balanced_accuracy", "reputation", "excluded", "earn_trust", "rare_row_weight")),
+                    ("s", "s_raw", "v", "reference_balanced_accuracy", "reputation", "excluded", "earn_trust", "rare_row_weight")),
 }
 
 

@@ -12,8 +12,10 @@ from flwr.supercore.task_identity import TaskIdentity
 from scipy.stats import rankdata, spearmanr
 
 from hospitrust.aggregation import (
+    excused_direction,
     fedagain_divergence,
     fedagain_trust,
+    flatten_state,
     hta_fusion,
     hta_signals,
     hta_weights,
@@ -343,10 +345,11 @@ def _trained_evidence(split, C, F, H, n):
     return per_round, counts, bias
 
 
-def _earn_round(s, rnd, gen, audit_faker=True, n=6, C=3, H=4, flipper=None):
+def _earn_round(s, rnd, gen, audit_faker=True, n=6, C=3, H=4, flipper=None, specialist_body=None):
     """Rare class 2: h0 holds it (row along feature e2, bias up); h1 fakes it consistently
     (bias up, row along e0); the rest hold classes 0 and 1 only; ``flipper`` (an index) sends
-    its honest update negated."""
+    its honest update negated; ``specialist_body`` replaces h0's body update (the others' is
+    about (1, 1, 1))."""
     g = {"body": torch.zeros(3), "head.weight": torch.zeros(C, H), "head.bias": torch.zeros(C)}
     deltas, metrics = [], []
     for i in range(n):
@@ -364,6 +367,8 @@ def _earn_round(s, rnd, gen, audit_faker=True, n=6, C=3, H=4, flipper=None):
             w[2, 2] -= 0.3
             b[2] = -0.3
         delta = {"body": torch.ones(3) + 0.05 * torch.randn(3, generator=gen), "head.weight": w, "head.bias": b}
+        if i == 0 and specialist_body is not None:
+            delta["body"] = specialist_body + 0.05 * torch.randn(3, generator=gen)
         if i == flipper:
             delta = {k: -v for k, v in delta.items()}
         deltas.append(delta)
@@ -412,6 +417,42 @@ def test_earn_on_an_hta_base_weighs_the_body_by_reputation_and_keeps_it_across_a
     restored.load_state_dict(s.state_dict())
     assert restored.base_rule.reputation == s.base_rule.reputation and restored.base_rule.ema == s.base_rule.ema
     assert restored.trust == s.trust
+
+
+def test_earn_excuses_an_audited_specialists_direction_but_not_a_sign_flipper():
+    """HTA alone marks the specialist down for its orthogonal body update (s = 0); once its
+    grade-2 row has passed the audit, EARN floors its s at that trust x the round's median s,
+    so it counts as a typical hospital and regains about its data share of the body. The sign flipper (its negated rare row even passes the audit)
+    is still held out by v, the reference-cohort check of its whole update."""
+    g = {"body": torch.zeros(3), "head.weight": torch.zeros(3, 4), "head.bias": torch.zeros(3)}
+    honest = flatten_state({"body": torch.ones(3), "head.weight": torch.zeros(3, 4), "head.bias": torch.zeros(3)})[0]
+
+    def scores(state, updates):  # a hurt reference cohort for updates that point against the body
+        return torch.where(updates.double() @ honest.double() > -2.0, 0.8, 0.3)
+
+    body = {}
+    for excuse in (False, True):
+        s = build_strategy("earn", _hospitals(7), earn_rare_classes="2", head_features=_reference_features,
+                           candidate_scores=scores, earn_excuse_direction=excuse)
+        gen = torch.Generator().manual_seed(0)
+        for rnd in range(1, 16):
+            _, by = _earn_round(s, rnd, gen, n=7, flipper=6, specialist_body=torch.tensor([1.0, -2.5, 0.0]))
+        assert s.trust["h0"][2] == pytest.approx(1.0) and s.trust["h6"][2] >= 0.8  # both pass the row audit
+        assert by["h6"]["weight"] == pytest.approx(0.0, abs=1e-12) and by["h6"]["excluded"]
+        body[excuse] = by["h0"]
+    assert body[False]["s"] < 0.1 and body[False]["weight"] < 0.05
+    assert body[True]["s"] > 0.9 and body[True]["s_raw"] < 0.1  # the others' s are about 1 here
+    assert body[True]["weight"] > 0.12  # 6 kept hospitals of 10 examples each: 1/6 at full reputation
+
+
+def test_excused_direction_by_hand():
+    s = torch.tensor([0.0, 0.5, 0.9, 0.1])  # median 0.3 (torch.quantile interpolates)
+    assert excused_direction(s, [1.0, 1.0, 0.5, 0.5]).tolist() == pytest.approx([0.3, 0.5, 0.9, 0.15])
+    assert excused_direction(s, [0.0] * 4).tolist() == pytest.approx(s.tolist())
+    with pytest.raises(ValueError, match="one value per update"):
+        excused_direction(s, [0.1, 0.2])
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        excused_direction(s, [0.1, 1.5, 0.0, 0.0])
 
 
 def test_earn_history_only_without_audit_shows_the_known_failure():

@@ -57,10 +57,10 @@ __all__ = [
 
 # trust rules (fedagain, hta, earn)
 from .fedagain import fedagain_divergence, fedagain_trust  # noqa: E402
-from .hta import hta_fusion, hta_signals, hta_weights, mad_exclusion, reputation_update  # noqa: E402
+from .hta import excused_direction, hta_fusion, hta_signals, hta_weights, mad_exclusion, reputation_update  # noqa: E402
 from . import earn  # noqa: E402
 
 __all__ += [
-    "fedagain_divergence", "fedagain_trust", "hta_signals", "hta_fusion", "reputation_update", "mad_exclusion",
+    "fedagain_divergence", "fedagain_trust", "hta_signals", "excused_direction", "hta_fusion", "reputation_update", "mad_exclusion",
     "hta_weights", "earn",
 ]

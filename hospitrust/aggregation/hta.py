@@ -9,7 +9,7 @@ import torch
 from ._validation import check_updates
 from .median import coordinate_median
 
-__all__ = ["hta_signals", "hta_fusion", "reputation_update", "mad_exclusion", "hta_weights"]
+__all__ = ["hta_signals", "excused_direction", "hta_fusion", "reputation_update", "mad_exclusion", "hta_weights"]
 
 
 def hta_signals(
@@ -65,6 +65,25 @@ def hta_signals(
         med_acc = float(torch.quantile(acc, 0.5))
         v = (acc / med_acc).clamp(0.0, 1.0) if med_acc > 0 else torch.ones(n, dtype=torch.float64)
     return {"s": s.cpu(), "m": m.cpu(), "v": v, "norm": norms.cpu()}
+
+
+def excused_direction(s: torch.Tensor, excuse: torch.Tensor) -> torch.Tensor:
+    r""":math:`s'_h = \max(s_h,\ e_h\,\tilde s)`: the direction signal floored by an excuse
+    :math:`e_h \in [0, 1]` times the round's median :math:`\tilde s`.
+
+    An honest specialist points away from the median because of the data it alone holds;
+    when that data has been verified elsewhere (EARN's audited rare-class trust), the
+    disagreement is not evidence against it, so at full excuse it counts as a typical
+    hospital of the round, no more. The magnitude and validation signals still apply, so
+    an excused update that hurts the reference cohort still loses reputation.
+    """
+    s = s.double().cpu()
+    e = torch.as_tensor(excuse, dtype=torch.float64).flatten().cpu()
+    if e.numel() != s.numel():
+        raise ValueError(f"excuse must have one value per update (n={s.numel()}), got {e.numel()}")
+    if bool(torch.isnan(e).any()) or float(e.min()) < 0.0 or float(e.max()) > 1.0:
+        raise ValueError(f"excuse values must be in [0, 1], got {e.tolist()}")
+    return torch.maximum(s, e * float(torch.quantile(s, 0.5)))
 
 
 def hta_fusion(s: torch.Tensor, m: torch.Tensor, v: torch.Tensor, a: float = 0.5, b: float = 1.0, c: float = 1.0) -> torch.Tensor:

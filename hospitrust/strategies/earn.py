@@ -95,6 +95,11 @@ class EARN(HospitrustStrategy):
     coordinate median or HTA (``earn-base``). With HTA, HTA's weights replace FedAvg's in
     the rare rows too (an update HTA excludes starts there from 0 and counts only through
     the trust it earned on that row); the rare rows average the unclipped row updates.
+    ``earn-excuse-direction`` (HTA base): the rare-class trust a hospital earned up to the
+    last round floors HTA's direction signal s for it (at trust x the round's median s),
+    so HTA does not weigh an audited specialist down for the direction its rare data gives
+    its update (m and v still apply; only with the audit on and HTA's v in use, which
+    checks the whole update).
 
     Rare classes: ``earn-rare-classes`` (e.g. '4'), or automatically those whose reported
     federation total is below ``earn-rare-fraction`` x the mean class total, plus the
@@ -125,6 +130,7 @@ class EARN(HospitrustStrategy):
         earn_base: str = "hta",
         earn_gain: float = 0.1,
         earn_decay: float = 0.5,
+        earn_excuse_direction: bool = True,
         head_features: Callable[[dict], tuple[torch.Tensor, torch.Tensor]] | None = None,
         candidate_logits: Callable[[dict, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None,
         hta_options: dict[str, Any] | None = None,
@@ -146,6 +152,10 @@ class EARN(HospitrustStrategy):
         self.rare_explicit = parse_class_list(earn_rare_classes)
         self.rare_fraction, self.base = earn_rare_fraction, earn_base
         self.gain, self.decay = earn_gain, earn_decay
+        # only audited trust excuses (unaudited, a consistent faker earns trust from its own history),
+        # and only where HTA's v checks the whole update on the reference cohort (the audit checks one row)
+        self.excuse_direction = (earn_excuse_direction and earn_base == "hta" and self.audit
+                                 and candidate_scores is not None and (hta_options or {}).get("hta_c", 1.0) > 0)
         self.head_features, self.candidate_logits, self.audit_by = head_features, candidate_logits, earn_audit_by
         # earn-base hta: HTA (its hta-* options, reputation kept across rounds) weighs the body and
         # the other rows, and its weights replace FedAvg's in the rare rows
@@ -173,7 +183,16 @@ class EARN(HospitrustStrategy):
             for a in self.base_rule.state_attrs:
                 setattr(self.base_rule, a, state.get(a, {}))
 
-    def _base(self, server_round, updates, num_examples, replies) -> tuple[torch.Tensor, torch.Tensor, Aggregate | None]:
+    def _direction_excuse(self, names: list[str], rare: list[int]) -> torch.Tensor:
+        """Per hospital, the most rare-class trust it has earned before this round (0 if none):
+        the excuse HTA floors its direction signal with (trust x the round's median s), so an
+        audited specialist is not marked down for pointing where only its rare data points
+        (``earn-excuse-direction``)."""
+        return torch.tensor([max([self.trust.get(nm, {}).get(c, 0.0) for c in rare], default=0.0) for nm in names],
+                            dtype=torch.float64)
+
+    def _base(self, server_round, updates, num_examples, replies,
+              excuse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, Aggregate | None]:
         """The base rule's update and its per-hospital weights (what the rare rows start from)."""
         fedavg = (num_examples / num_examples.sum()).double().cpu()
         if self.base == "fedavg":
@@ -181,7 +200,7 @@ class EARN(HospitrustStrategy):
         if self.base == "median":
             return coordinate_median(updates), fedavg, None
         self.base_rule.global_state = self.global_state
-        agg = self.base_rule.aggregate_updates(server_round, updates, num_examples, replies)
+        agg = self.base_rule.aggregate_updates(server_round, updates, num_examples, replies, direction_excuse=excuse)
         return agg.update.clone(), agg.weights.double().cpu(), agg
 
     def _rare_classes(self, counts: torch.Tensor | None, holders: torch.Tensor, num_classes: int) -> list[int]:
@@ -225,7 +244,8 @@ class EARN(HospitrustStrategy):
         holders = holder_mask(evidence)
         rare = self._rare_classes(counts, holders, C)
 
-        update, base_w, base_agg = self._base(server_round, updates, num_examples, replies)
+        excuse = self._direction_excuse(names, rare) if self.excuse_direction else None
+        update, base_w, base_agg = self._base(server_round, updates, num_examples, replies, excuse)
         feats = labels = logits = None
         if self.audit and rare:
             if self.audit_by != "model":

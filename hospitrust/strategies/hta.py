@@ -9,7 +9,7 @@ from logging import INFO, WARNING
 import torch
 from flwr.common import log
 
-from hospitrust.aggregation import hta_fusion, hta_signals, hta_weights, mad_exclusion, reputation_update
+from hospitrust.aggregation import excused_direction, hta_fusion, hta_signals, hta_weights, mad_exclusion, reputation_update
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 
 
@@ -68,13 +68,20 @@ class HTA(HospitrustStrategy):
         log(INFO, "\t└── HTA: a %g b %g c %g, EMA rate %g, variance penalty %g, lambda %g, kappa %g, clip %s",
             self.a, self.b, self.c, self.rate, self.variance_penalty, self.lam, self.kappa, self.clip)
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate_updates(self, server_round, updates, num_examples, replies, *,
+                          direction_excuse: torch.Tensor | None = None) -> Aggregate:
+        """``direction_excuse`` (n,) in [0, 1], optional: a floor under s, for hospitals whose
+        different direction is explained elsewhere (EARN passes the rare-class trust a
+        hospital has earned on the reference cohort); m and v still apply."""
         assert self.global_state is not None
         names = [self._name_of(r.node_id) for r in replies]
         bacc = None
         if self.c > 0 and self.candidate_scores is not None:
             bacc = torch.as_tensor(self.candidate_scores(self.global_state, updates), dtype=torch.float64).cpu()
         sig = hta_signals(updates, bacc, magnitude_tolerance=self.magnitude_tolerance)
+        s_raw = sig["s"]
+        if direction_excuse is not None:
+            sig["s"] = excused_direction(s_raw, direction_excuse)
         tau = hta_fusion(sig["s"], sig["m"], sig["v"], self.a, self.b, self.c)
         reps = []
         for name, t in zip(names, tau.tolist()):
@@ -93,6 +100,7 @@ class HTA(HospitrustStrategy):
         ]
         return Aggregate(update, weights, ~excluded, extra={
             "s": [float(x) for x in sig["s"]],
+            **({} if direction_excuse is None else {"s_raw": [float(x) for x in s_raw]}),
             "m": [float(x) for x in sig["m"]],
             "v": [float(x) for x in sig["v"]],
             "reference_balanced_accuracy": [float(x) for x in bacc] if bacc is not None else [math.nan] * len(reps),
