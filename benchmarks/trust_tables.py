@@ -4,6 +4,7 @@ exclude, honest rare-class hospitals wrongly flagged, and EARN's evidence Spearm
 
     python benchmarks/trust_tables.py runs/attack-matrix [--attacks none,label-flip,...]
     python benchmarks/trust_tables.py runs/am-seed42 runs/am-seed1 runs/am-seed2   # + mean +- std over seeds
+    python benchmarks/trust_tables.py runs/r-s42 runs/r-s1 runs/r-s2 --last-rounds 5  # + the same over the last 5 rounds
 """
 
 from __future__ import annotations
@@ -23,6 +24,18 @@ ATTACKS = ["none", "label-flip", "backdoor", "sign-flip", "scaling", "alie", "ip
 def _load(folder: Path, attack: str, rule: str) -> dict | None:
     path = folder / f"{attack}__{rule}" / "summary.json"
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def late_mean(folder: Path, attack: str, rule: str, last: int) -> float | None:
+    """Central balanced accuracy averaged over the run's last ``last`` rounds: at a small budget
+    the final model swings by several points from round to round, so one round is a noisy
+    reading of where a rule has got to."""
+    path = folder / f"{attack}__{rule}" / "rounds.jsonl"
+    if not path.is_file():
+        return None
+    vals = [r["central"]["balanced_accuracy"] for line in path.read_text().splitlines()
+            if (r := json.loads(line)).get("central") and r["central"].get("balanced_accuracy") is not None]
+    return statistics.mean(vals[-last:]) if vals else None
 
 
 def _f(x, digits=3) -> str:
@@ -72,13 +85,17 @@ def earn_spearman(folder: Path, attacks: list[str]) -> str:
     return "\n".join(rows)
 
 
-def seeds_table(folders: list[Path], attacks: list[str], rules: list[str]) -> str:
-    """Balanced accuracy, mean +- sample std over the folders (one seed each) that ran the cell."""
+def seeds_table(folders: list[Path], attacks: list[str], rules: list[str], last: int = 0) -> str:
+    """Balanced accuracy, mean +- sample std over the folders (one seed each) that ran the cell:
+    of the final model, or (``last`` > 0) of each run's mean over its last rounds."""
     rows = ["| attack | " + " | ".join(rules) + " |", "|---|" + "---|" * len(rules)]
     for attack in attacks:
         cells = []
         for rule in rules:
-            vals = [s["final"]["balanced_accuracy"] for f in folders if (s := _load(f, attack, rule)) is not None]
+            if last > 0:
+                vals = [v for f in folders if (v := late_mean(f, attack, rule, last)) is not None]
+            else:
+                vals = [s["final"]["balanced_accuracy"] for f in folders if (s := _load(f, attack, rule)) is not None]
             if not vals:
                 cells.append("not run")
             elif len(vals) == 1:
@@ -94,7 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("folders", nargs="+", help="attack-matrix folders; with several (one per seed), the first gets the per-cell tables")
     p.add_argument("--attacks", default=",".join(ATTACKS))
     p.add_argument("--rules", default=",".join(RULES))
+    p.add_argument("--last-rounds", type=int, default=0, metavar="K",
+                   help="also the seeds table of each run's balanced accuracy averaged over its last K rounds")
     args = p.parse_args(argv)
+    if args.last_rounds < 0:
+        p.error(f"--last-rounds must be >= 0, got {args.last_rounds}")
     folders, attacks, rules = [Path(f) for f in args.folders], args.attacks.split(","), args.rules.split(",")
     folder = folders[0]
     print("Balanced accuracy / worst-class recall\n")
@@ -105,7 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     print(earn_spearman(folder, attacks))
     if len(folders) > 1:
         print(f"\nBalanced accuracy over {len(folders)} folders (seeds): mean ± std\n")
-        print(seeds_table(folders, [a for a in attacks if any(_load(f, a, r) for f in folders for r in rules)], rules))
+        ran = [a for a in attacks if any(_load(f, a, r) for f in folders for r in rules)]
+        print(seeds_table(folders, ran, rules))
+        if args.last_rounds:
+            print(f"\nBalanced accuracy averaged over each run's last {args.last_rounds} rounds, over the seeds: mean ± std\n")
+            print(seeds_table(folders, ran, rules, last=args.last_rounds))
     return 0
 
 

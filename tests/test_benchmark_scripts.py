@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
 
 
@@ -32,6 +34,20 @@ def test_trust_tables_mean_and_sample_std_over_seed_folders(tmp_path):
     # mean 0.6, sample std sqrt(((0.1)^2 + 0 + (0.1)^2) / 2) = 0.1
     assert "| none | 0.600 ± 0.100 (n=3) | 0.800 (n=1) |" in text
     assert "| label-flip | not run | not run |" in text
+
+
+def test_trust_tables_late_mean_averages_the_last_rounds(tmp_path):
+    tables = _script("trust_tables")
+    for folder, curve in ((tmp_path / "s1", [0.2, 0.4, 0.3, 0.5]), (tmp_path / "s2", [0.2, 0.6, 0.5, 0.3])):
+        _summary(folder, "none__fedavg", curve[-1])
+        (folder / "none__fedavg" / "rounds.jsonl").write_text("".join(
+            json.dumps({"round": i + 1, "central": {"balanced_accuracy": v}}) + "\n" for i, v in enumerate(curve)))
+    assert tables.late_mean(tmp_path / "s1", "none", "fedavg", 2) == pytest.approx(0.4)
+    assert tables.late_mean(tmp_path / "s1", "none", "fedavg", 10) == pytest.approx(0.35)  # fewer rounds: all of them
+    assert tables.late_mean(tmp_path / "s1", "none", "hta", 2) is None
+    # last 3 rounds: 0.4 and 0.4667; the final rounds alone: 0.5 and 0.3
+    assert "| none | 0.433 ± 0.047 (n=2) |" in tables.seeds_table([tmp_path / "s1", tmp_path / "s2"], ["none"], ["fedavg"], last=3)
+    assert "| none | 0.400 ± 0.141 (n=2) |" in tables.seeds_table([tmp_path / "s1", tmp_path / "s2"], ["none"], ["fedavg"])
 
 
 def _run(folder: Path, name: str, strategy: str, attack: str, seed: int, rare_f1: float) -> None:
