@@ -17,7 +17,7 @@ from hospitrust.datasets.federation import LabelledImages
 from hospitrust.models import build_model
 from hospitrust.attacks.base import DataAttack, UpdateAttack, attack_state_dict
 from hospitrust.threat_model import data_rng, hospital_attack
-from hospitrust.training import balanced_class_weights, pick_device, predict_proba, seed_everything, train
+from hospitrust.training import balanced_class_weights, class_weights_from_counts, pick_device, predict_proba, seed_everything, train
 from hospitrust.contribution.client import contribution_evaluate_mod, remember_round_mod, secure_train_mod
 
 app = ClientApp()
@@ -41,6 +41,17 @@ def _local_report(model, images, labels, num_classes, device) -> dict:
         return {"accuracy": float("nan"), "loss": float("nan"), "balanced_accuracy": float("nan")}
     probs = predict_proba(model, images, device=device)
     return metrics.classification_report(labels, probs, num_classes)
+
+
+def _class_weights(cfg, server_cfg, train_labels, num_classes: int) -> torch.Tensor | None:
+    """The loss's class weights: none, the hospital's own 'balanced' weights, or, when the
+    server sends the federation's class totals (class-weights-from = federation), from those."""
+    if not cfg.class_weighted_loss:
+        return None
+    totals = server_cfg.get("federation-class-counts")
+    if totals is None:
+        return balanced_class_weights(train_labels, num_classes)
+    return class_weights_from_counts(list(totals), num_classes)
 
 
 @app.query()
@@ -96,7 +107,7 @@ def train_handler(msg: Message, context: Context) -> Message:
         weight_decay=cfg.weight_decay,
         proximal_mu=float(server_cfg.get("proximal-mu", 0.0)),  # only fedprox sends it
         device=device,
-        class_weights=balanced_class_weights(train_labels, info.num_classes) if cfg.class_weighted_loss else None,
+        class_weights=_class_weights(cfg, server_cfg, train_labels, info.num_classes),
     )
     rounds_trained = int(context.state["hospital"]["rounds-trained"]) + 1 if "hospital" in context.state else 1
     context.state["hospital"] = MetricRecord({"rounds-trained": rounds_trained})

@@ -366,6 +366,9 @@ def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.devic
     model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
     strategy = strategy_from_config(cfg, hospitals, device)
+    if cfg.class_weighted_loss and cfg.class_weights_from == "federation":
+        # every hospital weighs its classes by the federation's totals from the query round
+        strategy.train_config["federation-class-counts"] = [float(c) for c in np.sum([r["train"] for r in rows], axis=0)]
     if isinstance(attack, ColludingAttack):
         strategy.adversary = ColludingAdversary(attack, {h for h, bad in truth.items() if bad}, cfg.seed)
     strategy.summary()

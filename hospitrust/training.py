@@ -107,11 +107,23 @@ def balanced_class_weights(labels: np.ndarray, num_classes: int) -> torch.Tensor
     y = np.asarray(labels).astype(np.int64).ravel()
     if y.size and (y.min() < 0 or y.max() >= num_classes):
         raise ValueError(f"labels must lie in [0, {num_classes}), got {int(y.min())}..{int(y.max())}")
-    counts = np.bincount(y, minlength=num_classes).astype(np.float64)
-    present = counts > 0
+    return class_weights_from_counts(np.bincount(y, minlength=num_classes), num_classes)
+
+
+def class_weights_from_counts(counts, num_classes: int) -> torch.Tensor:
+    r"""The same weights from class counts: :math:`w_c = \sum n / (K\,n_c)` over the K classes
+    with a count, 1 for the others. From the federation's totals (``class-weights-from =
+    federation``) a specialist weighs the rare class it holds up, where its own counts would
+    weigh that class, its majority, down."""
+    c = np.asarray(counts, dtype=np.float64).ravel()
+    if c.size != num_classes:
+        raise ValueError(f"class counts must have one entry per class ({num_classes}), got {c.size}")
+    if not np.all(np.isfinite(c)) or (c < 0).any():
+        raise ValueError(f"class counts must be finite and >= 0, got {c.tolist()}")
+    present = c > 0
     w = np.ones(num_classes, dtype=np.float64)
     if present.any():
-        w[present] = y.size / (int(present.sum()) * counts[present])
+        w[present] = c.sum() / (int(present.sum()) * c[present])
     return torch.from_numpy(w).float()
 
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from flwr.app import Context, RecordDict
 
 from conftest import small_run_config
-from hospitrust.training import balanced_class_weights, to_batch, train
+from hospitrust.training import balanced_class_weights, class_weights_from_counts, to_batch, train
 
 
 def test_balanced_class_weights_by_hand():
@@ -21,6 +21,32 @@ def test_balanced_class_weights_by_hand():
     assert balanced_class_weights(np.array([], dtype=np.int64), 2).tolist() == [1.0, 1.0]
     with pytest.raises(ValueError, match=r"labels must lie in \[0, 2\)"):
         balanced_class_weights(np.array([0, 2]), 2)
+
+
+def test_federation_class_weights_by_hand():
+    # totals 60 / 30 / 10 / 0: w_c = 100 / (3 n_c); the absent class 1
+    assert class_weights_from_counts([60, 30, 10, 0], 4).tolist() == pytest.approx([100 / 180, 100 / 90, 100 / 30, 1.0])
+    # a specialist holding 60 of class 2 and 40 of class 0: its own counts weigh class 2 down,
+    # the federation's (class 2 is rare there) weigh it up
+    own = balanced_class_weights(np.array([0] * 40 + [2] * 60), 3)
+    fed = class_weights_from_counts([900, 300, 60], 3)
+    assert own[2] < 1.0 < fed[2] and fed[2] > fed[0]
+    with pytest.raises(ValueError, match="one entry per class"):
+        class_weights_from_counts([1, 2], 3)
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        class_weights_from_counts([1, -2, 3], 3)
+
+
+def test_the_hospital_takes_federation_totals_when_the_server_sends_them():
+    from types import SimpleNamespace
+
+    from hospitrust.client_app import _class_weights
+
+    labels = np.array([0, 0, 0, 1])
+    on, off = SimpleNamespace(class_weighted_loss=True), SimpleNamespace(class_weighted_loss=False)
+    assert _class_weights(off, {"federation-class-counts": [1.0, 1.0]}, labels, 2) is None
+    assert _class_weights(on, {}, labels, 2).tolist() == pytest.approx([2 / 3, 2.0])
+    assert _class_weights(on, {"federation-class-counts": [10.0, 30.0]}, labels, 2).tolist() == pytest.approx([2.0, 2 / 3])
 
 
 def test_one_weighted_step_matches_the_hand_computed_gradient():
@@ -53,16 +79,19 @@ def test_one_weighted_step_matches_the_hand_computed_gradient():
 
 
 def test_class_weighted_loss_reaches_the_hospitals_training(tmp_path, data_dir):
-    """The same seeded run with and without `class-weighted-loss` ends with different models."""
+    """The same seeded run without `class-weighted-loss`, with the hospitals' own weights and with
+    the federation's (`class-weights-from = federation`) ends with three different models."""
     from hospitrust.client_app import app as client_app
     from hospitrust.inprocess import InProcessGrid
     from hospitrust.results import read_rounds
     from hospitrust.server_app import app as server_app
 
     losses = []
-    for weighted in (False, True):
-        cfg = small_run_config(tmp_path / str(weighted), **{"class-weighted-loss": weighted, "num-server-rounds": 1})
+    for name, weighted, source in (("off", False, "hospital"), ("own", True, "hospital"), ("fed", True, "federation")):
+        cfg = small_run_config(tmp_path / name, **{"class-weighted-loss": weighted, "class-weights-from": source,
+                                                   "num-server-rounds": 1})
         grid = InProcessGrid(client_app, 3, cfg)
         server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
-        losses.append(read_rounds(tmp_path / str(weighted) / "runs" / cfg["run-name"])[-1]["central"]["loss"])
+        losses.append(read_rounds(tmp_path / name / "runs" / cfg["run-name"])[-1]["central"]["loss"])
     assert losses[0] != pytest.approx(losses[1], rel=1e-6)
+    assert losses[2] != pytest.approx(losses[0], rel=1e-6) and losses[2] != pytest.approx(losses[1], rel=1e-6)
