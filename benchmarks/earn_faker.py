@@ -32,11 +32,16 @@ def _client(rnd: dict, name: str) -> dict | None:
     return next((c for c in rnd.get("clients", []) if c.get("hospital") == name), None)
 
 
+def _late_mean(rounds: list[dict], key: str, last: int = 5) -> float:
+    vals = [r["central"][key] for r in rounds if isinstance((r.get("central") or {}).get(key), (int, float))]
+    return sum(vals[-last:]) / len(vals[-last:]) if vals else math.nan
+
+
 def run_figures(run: Path, rare: str, faker: str, specialist: str) -> dict:
     config = json.loads((run / "config.json").read_text())
     cfg = config.get("run_config", config)
     rounds = _rounds(run)
-    ratios, row_weights, trust = [], [], []
+    ratios, row_weights, trust, body = [], [], [], []
     for rnd in rounds:
         f = _client(rnd, faker)
         valid = [c for c in rnd.get("clients", []) if not c.get("rejected")]
@@ -47,6 +52,8 @@ def run_figures(run: Path, rare: str, faker: str, specialist: str) -> dict:
             row_weights.append(row_w)
             ratios.append(row_w / fair)
         s = _client(rnd, specialist)
+        if s is not None and not s.get("rejected") and total > 0 and s.get("num_examples"):
+            body.append(s.get("weight", 0.0) / (s["num_examples"] / total))  # its body weight over its data share
         if s is not None and "earn_trust" in s:
             trust.append((rnd["round"], (s.get("earn_trust") or {}).get(rare, math.nan)))
     first_08 = next((r for r, t in trust if t >= 0.8), None)
@@ -62,13 +69,18 @@ def run_figures(run: Path, rare: str, faker: str, specialist: str) -> dict:
         "cap": cfg.get("earn-cap", "-") if cfg.get("strategy") == "earn" else "-",
         "audit": cfg.get("earn-audit", True) if cfg.get("strategy") == "earn" else "-",
         "audit_by": cfg.get("earn-audit-by", "row") if cfg.get("strategy") == "earn" else "-",
+        "base": cfg.get("earn-base", "fedavg") if cfg.get("strategy") == "earn" else "-",
+        "excuse": cfg.get("earn-excuse-direction", False) if cfg.get("strategy") == "earn" else "-",
         "attack": cfg.get("attack", "none"),
         "captured_over_fair": sum(ratios) / len(ratios) if ratios and cfg.get("attack", "none") != "none" else math.nan,
         "faker_row_weight": sum(row_weights) / len(row_weights) if row_weights and cfg.get("attack", "none") != "none" else math.nan,
         "specialist_trust_last": trust[-1][1] if trust else math.nan,
+        "specialist_body_over_share": sum(body) / len(body) if body else math.nan,
         "specialist_first_round_0.8": first_08,
         "evidence_spearman": sum(spear) / len(spear) if spear else math.nan,
         "rare_f1": final.get("rare_class_macro_f1", math.nan),
+        # the final model swings from round to round: the last 5 rounds' mean as a steadier reading
+        "rare_f1_last5": _late_mean(rounds, "rare_class_macro_f1"),
         "balanced_accuracy": final.get("balanced_accuracy", math.nan),
         "rounds": len(rounds),
     }
@@ -86,6 +98,10 @@ def _label(row: dict) -> str:
         parts.append("no audit")
     elif row["audit_by"] != "row-shift-free":  # the default audit goes unnamed
         parts.append(f"{row['audit_by']} audit")
+    if row.get("base", "hta") != "hta":
+        parts.append(f"{row['base']} base")
+    elif row.get("excuse") is False:
+        parts.append("no excuse")
     return "earn (" + ", ".join(parts) + ")"
 
 
@@ -100,8 +116,9 @@ def table(rows: list[dict]) -> str:
     # gates compare runs of the same seed
     by = {(_label(r), r["attack"], r["seed"]): r for r in rows}
     out = ["| rule | attack | seed | faker's rare-row weight | captured / fair | specialist trust (last round) | "
-           "specialist trust >= 0.8 from round | evidence Spearman | rare-class macro-F1 | gate | balanced acc. |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "specialist trust >= 0.8 from round | specialist body weight / data share | evidence Spearman | "
+           "rare-class macro-F1 | same, last 5 rounds | gate | balanced acc. |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (_label(r) != "fedavg", _label(r), r["attack"] != "none", r["seed"])):
         label = _label(r)
         if r["attack"] == "none":
@@ -112,7 +129,8 @@ def table(rows: list[dict]) -> str:
             gate = ("pass" if abs(r["rare_f1"] - clean) <= 0.05 else "fail") + " (within 0.05 of no attack)"
         out.append(f"| {label} | {r['attack']} | {r['seed']} | {fmt(r['faker_row_weight'])} | {fmt(r['captured_over_fair'], 2)} | "
                    f"{fmt(r['specialist_trust_last'], 2)} | {fmt(r['specialist_first_round_0.8'])} | "
-                   f"{fmt(r['evidence_spearman'], 2)} | {fmt(r['rare_f1'])} | {gate} | {fmt(r['balanced_accuracy'])} |")
+                   f"{fmt(r['specialist_body_over_share'], 2)} | {fmt(r['evidence_spearman'], 2)} | {fmt(r['rare_f1'])} | "
+                   f"{fmt(r['rare_f1_last5'])} | {gate} | {fmt(r['balanced_accuracy'])} |")
     return "\n".join(out)
 
 

@@ -54,7 +54,8 @@ def _run(folder: Path, name: str, strategy: str, attack: str, seed: int, rare_f1
     run = folder / "cells" / name
     run.mkdir(parents=True)
     cfg = {"strategy": strategy, "attack": attack, "seed": seed, "earn-mode": "blend", "earn-evidence": "update",
-           "earn-cap": 0.5, "earn-audit": True, "earn-audit-by": "row-shift-free"}
+           "earn-cap": 0.5, "earn-audit": True, "earn-audit-by": "row-shift-free", "earn-base": "hta",
+           "earn-excuse-direction": True}
     (run / "config.json").write_text(json.dumps({"run_config": cfg}))
     (run / "rounds.jsonl").write_text(json.dumps(
         {"round": 1, "clients": [], "central": {"rare_class_macro_f1": rare_f1, "balanced_accuracy": 0.3}}) + "\n")
@@ -75,3 +76,20 @@ def test_earn_faker_gates_compare_runs_of_the_same_seed(tmp_path):
     assert "fail (> FedAvg)" in lines[("earn (mode=blend)", "none", "2")]
     assert "pass (within 0.05 of no attack)" in lines[("earn (mode=blend)", "label-flip", "1")]
     assert "fail (within 0.05 of no attack)" in lines[("earn (mode=blend)", "label-flip", "2")]
+
+
+def test_earn_faker_reads_the_specialists_body_weight_and_the_late_rare_f1(tmp_path):
+    script = _script("earn_faker")
+    run = tmp_path / "earn-none-1"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"run_config": {"strategy": "earn", "attack": "none", "seed": 1}}))
+    rounds = []
+    for rnd, (w, f1) in enumerate(((0.0, 0.1), (0.2, 0.3), (0.1, 0.2)), start=1):
+        clients = [{"hospital": "hospital-0", "num_examples": 10, "weight": w},  # data share 10 / 100
+                   {"hospital": "hospital-1", "num_examples": 90, "weight": 1.0 - w}]
+        rounds.append({"round": rnd, "clients": clients, "central": {"rare_class_macro_f1": f1, "balanced_accuracy": 0.3}})
+    (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
+    row = script.run_figures(run, "4", "hospital-5", "hospital-0")
+    assert row["specialist_body_over_share"] == pytest.approx((0.0 + 2.0 + 1.0) / 3)
+    assert row["rare_f1_last5"] == pytest.approx(0.2) and row["rare_f1"] == pytest.approx(0.2)
+    assert script._label(row).endswith(", fedavg base)")  # a run from before earn-base: the FedAvg base
