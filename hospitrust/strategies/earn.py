@@ -168,9 +168,10 @@ class EARN(HospitrustStrategy):
 
     def summary(self) -> None:
         super().summary()
-        log(INFO, "\t└── EARN: evidence %s, mode %s, cap %g, history %d rounds, audit %s, rare %s, base %s",
+        log(INFO, "\t└── EARN: evidence %s, mode %s, cap %g, history %d rounds, audit %s, rare %s, base %s%s",
             self.evidence_source, self.mode, self.cap, self.history_len, self.audit and self.audit_by,
-            list(self.rare_explicit) or f"auto (< {self.rare_fraction} x mean)", self.base)
+            list(self.rare_explicit) or f"auto (< {self.rare_fraction} x mean)", self.base,
+            " (audited rare-class trust excuses HTA's direction signal)" if self.excuse_direction else "")
 
     @property
     def base_state(self) -> dict[str, Any]:
