@@ -23,24 +23,21 @@ import json
 import math
 from pathlib import Path
 
+from hospitrust import results
 
-def _rounds(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines() if line.strip()]
+
+def _or_nan(x: float | None) -> float:
+    return math.nan if x is None else x
 
 
 def _client(rnd: dict, name: str) -> dict | None:
     return next((c for c in rnd.get("clients", []) if c.get("hospital") == name), None)
 
 
-def _late_mean(rounds: list[dict], key: str, last: int = 5) -> float:
-    vals = [r["central"][key] for r in rounds if isinstance((r.get("central") or {}).get(key), (int, float))]
-    return sum(vals[-last:]) / len(vals[-last:]) if vals else math.nan
-
-
 def run_figures(run: Path, rare: str, faker: str, specialist: str) -> dict:
     config = json.loads((run / "config.json").read_text())
     cfg = config.get("run_config", config)
-    rounds = _rounds(run)
+    rounds = results.read_rounds(run)
     ratios, row_weights, trust, body = [], [], [], []
     for rnd in rounds:
         f = _client(rnd, faker)
@@ -80,7 +77,7 @@ def run_figures(run: Path, rare: str, faker: str, specialist: str) -> dict:
         "evidence_spearman": sum(spear) / len(spear) if spear else math.nan,
         "rare_f1": final.get("rare_class_macro_f1", math.nan),
         # the final model swings from round to round: the last 5 rounds' mean as a steadier reading
-        "rare_f1_last5": _late_mean(rounds, "rare_class_macro_f1"),
+        "rare_f1_last5": _or_nan(results.late_mean(rounds, "rare_class_macro_f1", 5)),
         "balanced_accuracy": final.get("balanced_accuracy", math.nan),
         "rounds": len(rounds),
     }

@@ -16,6 +16,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from hospitrust import results
+
 RULES = ["fedavg", "median", "multi-krum", "fltrust", "fedagain", "hta", "earn"]
 ATTACKS = ["none", "label-flip", "backdoor", "sign-flip", "scaling", "alie", "ipm", "min-max", "free-rider",
            "delayed-sign-flip"]
@@ -27,15 +29,9 @@ def _load(folder: Path, attack: str, rule: str) -> dict | None:
 
 
 def late_mean(folder: Path, attack: str, rule: str, last: int) -> float | None:
-    """Central balanced accuracy averaged over the run's last ``last`` rounds: at a small budget
-    the final model swings by several points from round to round, so one round is a noisy
-    reading of where a rule has got to."""
-    path = folder / f"{attack}__{rule}" / "rounds.jsonl"
-    if not path.is_file():
-        return None
-    vals = [r["central"]["balanced_accuracy"] for line in path.read_text().splitlines()
-            if (r := json.loads(line)).get("central") and r["central"].get("balanced_accuracy") is not None]
-    return statistics.mean(vals[-last:]) if vals else None
+    """The cell's central balanced accuracy averaged over its last ``last`` rounds."""
+    run = folder / f"{attack}__{rule}"
+    return results.late_mean(results.read_rounds(run), "balanced_accuracy", last) if (run / "rounds.jsonl").is_file() else None
 
 
 def _f(x, digits=3) -> str:

@@ -152,6 +152,15 @@ def read_rounds(run_dir: str | Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
+def late_mean(rounds: list[dict[str, Any]], metric: str, last: int) -> float | None:
+    """A central metric averaged over the last ``last`` rounds that report it (None if none do).
+    At a small budget the model swings by several points from round to round, so the final
+    round alone is a noisy reading of where a run got to."""
+    vals = [float(r["central"][metric]) for r in rounds
+            if isinstance((r.get("central") or {}).get(metric), (int, float))]
+    return sum(vals[-last:]) / len(vals[-last:]) if vals else None
+
+
 def read_summary(run_dir: str | Path) -> dict[str, Any]:
     return json.loads((Path(run_dir) / "summary.json").read_text())
 

@@ -237,11 +237,12 @@ def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: t
     if cfg.strategy == "contribution":
         kwargs["contribution_score"] = cfg.contribution_score
     # trust rules: every run config field named after the rule (fedagain_*, hta_*, earn_*) is its option
+    fields = cfg.model_dump(exclude={"attacks"})
     if cfg.strategy in ("fedagain", "hta", "earn"):
         prefix = cfg.strategy + "_"
-        kwargs.update({k: v for k, v in cfg.model_dump(exclude={"attacks"}).items() if k.startswith(prefix)})
+        kwargs.update({k: v for k, v in fields.items() if k.startswith(prefix)})
     if cfg.strategy == "earn" and cfg.earn_base == "hta":  # EARN's base rule takes HTA's own options
-        kwargs["hta_options"] = {k: v for k, v in cfg.model_dump(exclude={"attacks"}).items() if k.startswith("hta_")}
+        kwargs["hta_options"] = {k: v for k, v in fields.items() if k.startswith("hta_")}
     needs_scores = (cfg.strategy == "fedagain" and cfg.fedagain_benchmark == "server") or (
         cfg.hta_c > 0 and (cfg.strategy == "hta" or (cfg.strategy == "earn" and cfg.earn_base == "hta"))
     )

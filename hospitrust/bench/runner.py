@@ -53,6 +53,18 @@ def _append_event(out: Path, event: dict[str, Any]) -> None:
         fh.write(json.dumps({"time": time.time(), **event}) + "\n")
 
 
+def read_events(out: Path) -> list[dict[str, Any]]:
+    """The grid folder's events (``bench.jsonl``) in order; a line cut short by a kill is skipped."""
+    path = Path(out) / "bench.jsonl"
+    events = []
+    for raw in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            events.append(json.loads(raw))
+        except json.JSONDecodeError:
+            continue
+    return events
+
+
 def _worker_init(threads: int, backend: str, started: float, aggregation_backend: str = "auto") -> None:
     import logging
 
@@ -321,30 +333,12 @@ def _run_locked(grid: Grid, out: Path, *, workers, retry_failed, ray_address, li
 
 def _recorded_done(out: Path) -> set[str]:
     """Cells whose finish is in the event log."""
-    path = out / "bench.jsonl"
-    names = set()
-    for raw in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            ev = json.loads(raw)
-        except json.JSONDecodeError:
-            continue
-        if ev.get("event") == "cell" and ev.get("status") == "done":
-            names.add(str(ev.get("cell")))
-    return names
+    return {str(ev.get("cell")) for ev in read_events(out) if ev.get("event") == "cell" and ev.get("status") == "done"}
 
 
 def _earlier_durations(out: Path) -> list[float]:
-    path = out / "bench.jsonl"
-    if not path.is_file():
-        return []
-    times = []
-    for raw in path.read_text().splitlines():
-        try:
-            ev = json.loads(raw)
-        except json.JSONDecodeError:
-            continue
-        if ev.get("event") == "cell" and ev.get("status") == "done" and isinstance(ev.get("seconds"), (int, float)):
-            times.append(float(ev["seconds"]))
+    times = [float(ev["seconds"]) for ev in read_events(out)
+             if ev.get("event") == "cell" and ev.get("status") == "done" and isinstance(ev.get("seconds"), (int, float))]
     return times[-50:]
 
 

@@ -24,6 +24,8 @@ from typing import Any
 
 import pandas as pd
 
+from hospitrust.bench.runner import read_events
+
 ALWAYS = ("strategy", "attack", "malicious-fraction", "seed", "dataset", "partitioner", "dirichlet-alpha",
           "num-server-rounds")
 NOT_CONFIG = {"run-name", "output-dir", "data-dir", "data-dir-resolved", "resume-from", "server-device", "class-names",
@@ -56,15 +58,9 @@ def _grid_meta(grid_dir: Path) -> dict[str, Any]:
 def _cell_events(grid_dir: Path) -> tuple[dict[str, dict], dict[str, dict]]:
     """Last 'done' and last 'failed' event per cell from bench.jsonl."""
     done, failed = {}, {}
-    path = grid_dir / "bench.jsonl"
-    if path.is_file():
-        for raw in path.read_text().splitlines():
-            try:
-                ev = json.loads(raw)
-            except json.JSONDecodeError:
-                continue
-            if ev.get("event") == "cell":
-                (done if ev.get("status") == "done" else failed)[ev["cell"]] = ev
+    for ev in read_events(grid_dir):
+        if ev.get("event") == "cell":
+            (done if ev.get("status") == "done" else failed)[ev["cell"]] = ev
     return done, failed
 
 

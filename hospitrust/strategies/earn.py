@@ -152,15 +152,15 @@ class EARN(HospitrustStrategy):
         self.rare_explicit = parse_class_list(earn_rare_classes)
         self.rare_fraction, self.base = earn_rare_fraction, earn_base
         self.gain, self.decay = earn_gain, earn_decay
-        # only audited trust excuses (unaudited, a consistent faker earns trust from its own history),
-        # and only where HTA's v checks the whole update on the reference cohort (the audit checks one row)
-        self.excuse_direction = (earn_excuse_direction and earn_base == "hta" and self.audit
-                                 and candidate_scores is not None and (hta_options or {}).get("hta_c", 1.0) > 0)
         self.head_features, self.candidate_logits, self.audit_by = head_features, candidate_logits, earn_audit_by
         # earn-base hta: HTA (its hta-* options, reputation kept across rounds) weighs the body and
         # the other rows, and its weights replace FedAvg's in the rare rows
         self.base_rule = (HTA(hospitals, candidate_scores=candidate_scores, **(hta_options or {}), **kwargs)
                           if earn_base == "hta" else None)
+        # only audited trust excuses (unaudited, a consistent faker earns trust from its own history),
+        # and only where HTA's v checks the whole update on the reference cohort (the audit checks one row)
+        self.excuse_direction = (earn_excuse_direction and self.audit and self.base_rule is not None
+                                 and self.base_rule.c > 0 and self.base_rule.candidate_scores is not None)
         self.trust: dict[str, dict[int, float]] = {}
         self.history_sum: dict[str, torch.Tensor] = {}
         self.history_rounds: dict[str, int] = {}
