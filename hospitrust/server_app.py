@@ -311,6 +311,17 @@ def _fail_if_every_hospital_crashed(rnd: int, clients: list[dict[str, Any]], ask
         )
 
 
+def offline_hospitals(rnd: int, grid: Grid, hospitals: dict[int, str]) -> list[str]:
+    """Hospitals known from the query round that the SuperLink lists as offline now: they are not
+    asked this round (no heartbeat within Flower's patience, 2 x 30 s), which the round record says."""
+    online = set(grid.get_node_ids())
+    offline = sorted(name for nid, name in hospitals.items() if nid not in online)
+    if offline:
+        log(WARNING, "round %d: %s offline at the SuperLink (no recent heartbeat): not asked this round",
+            rnd, ", ".join(offline))
+    return offline
+
+
 def run_federation(grid: Grid, context: Context) -> RunDirectory:
     """The whole run; returns its directory. Raises on bad config or missing data before any round."""
     started = time.time()
@@ -398,6 +409,7 @@ def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.devic
               if cfg.secure_aggregation else None)
     for rnd in range(len(history) + 1, cfg.num_server_rounds + 1):
         round_start = time.perf_counter()
+        offline = offline_hospitals(rnd, grid, strategy.hospitals)
         if secure is None:
             messages = list(strategy.configure_train(rnd, arrays, train_config, grid))
             replies = list(grid.send_and_receive(messages, timeout=cfg.reply_timeout))
@@ -430,6 +442,7 @@ def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.devic
             "round_seconds": time.perf_counter() - round_start,
             "asked": len(asked),
             "missing": missing,
+            "offline": offline,
             "kept_previous_model": record.kept_previous_model,
             "note": record.note,
             "hospital_accuracy": per_hospital,

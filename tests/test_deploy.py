@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -63,12 +64,15 @@ class Federation:
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
         self.commands: dict[str, tuple[list[str], Path]] = {}
-        self.restarted: list[str] = []
+        self.restarted: list[str] = []  # "name (why)" for every SuperNode restarted between runs
+        self.node_ids: dict[str, str] = {}  # hospital -> its SuperNode's node id (fixed by its registered key)
 
     def start(self, name: str, cmd: list[str], home: Path) -> subprocess.Popen:
         home.mkdir(parents=True, exist_ok=True)
         self.commands[name] = (cmd, home)
         log = self.work / f"{name}.log"
+        if log.exists():  # a restart: keep the earlier process's log beside the new one
+            log.rename(self.work / f"{name}.{sum(1 for r in self.restarted if r.startswith(name + ' '))}.log")
         with open(log, "w") as fh:
             proc = subprocess.Popen(cmd, env=_env(home), cwd=self.work, stdout=fh, stderr=subprocess.STDOUT,
                                     start_new_session=True)
@@ -115,22 +119,39 @@ class Federation:
                     out.append(name)
         return out
 
+    def unavailable(self) -> dict[str, str]:
+        """SuperNodes a run could not use: the process is gone, or the SuperLink lists its node offline."""
+        online = {n["node-id"] for n in deploy.online_nodes("tls", env=_env(self.cli_home))}
+        if not online:  # one failed `flwr supernode list` must not read as every node offline
+            time.sleep(2)
+            online = {n["node-id"] for n in deploy.online_nodes("tls", env=_env(self.cli_home))}
+        out = {}
+        for name in HOSPITALS:
+            if name not in self.procs:
+                continue
+            if (rc := self.procs[name].poll()) is not None:
+                out[name] = f"exited with {rc}"
+            elif self.node_ids.get(name) not in online:
+                out[name] = "alive but offline at the SuperLink"
+        return out
+
     def wait_idle(self, timeout: float = 240) -> None:
-        """Before a run starts: every SuperNode done with earlier runs' messages.
+        """Before a run starts: every SuperNode done with earlier runs' messages, alive and online.
 
         Flower 1.42's SuperNode waits forever for the reply of a ClientApp that failed before it read
-        its message (e.g. its run was stopped meanwhile): such a SuperNode is restarted, as an
-        operator would, and the restart is recorded in ``self.restarted``."""
+        its message (e.g. its run was stopped meanwhile); a SuperNode whose heartbeat stopped stays
+        listed offline though its process runs. Either is restarted, as an operator would, and the
+        restart is recorded in ``self.restarted`` (the old log is kept as ``<name>.<k>.log``)."""
         deadline = time.monotonic() + timeout
         while (stuck := self.busy()) and time.monotonic() < deadline:
             time.sleep(2)
-        for name in stuck:
-            self.restarted.append(name)
+        restart = {name: "stuck on an earlier run's message" for name in stuck} | self.unavailable()
+        for name, why in restart.items():
             self.kill(name)
-            cmd, home = self.commands[name]
-            self.start(name, cmd, home)
-        if stuck:
-            self.wait_online([name for name in HOSPITALS if self.procs[name].poll() is None])
+            self.start(name, *self.commands[name])
+            self.restarted.append(f"{name} ({why})")
+        if restart:
+            self.wait_online(list(HOSPITALS))
 
     def wait_online(self, names: list[str], timeout: float = 240) -> None:
         deadline = time.monotonic() + timeout
@@ -147,6 +168,7 @@ class Federation:
         if run_dir is not None and (run_dir / "rounds.jsonl").is_file():
             parts.append("--- rounds.jsonl ---\n" + (run_dir / "rounds.jsonl").read_text()[-4000:])
         parts += [self.tail(name, 1500) for name in HOSPITALS if name in self.logs]
+        parts.append(self.tail("superlink", 1500))
         return "\n".join(parts)
 
     def submit(self, run_config: str) -> int:
@@ -191,6 +213,7 @@ def federation(tmp_path_factory):
         for name in ("st-mary", "hospital-1", "hospital-2"):
             res = fed.flwr("supernode", "register", str(keys / f"{name}.pub"), "tls")
             assert res.returncode == 0 and "registered successfully" in res.stdout, res.stdout + res.stderr
+            fed.node_ids[name] = re.search(r"SuperNode (\d+) registered", res.stdout).group(1)
 
         # the hospital with its own images starts through `hospitrust deploy supernode` (data check first)
         data = write_image_folder(work / "st-mary-images")
@@ -341,9 +364,12 @@ def test_a_supernode_killed_mid_run_is_recorded_and_the_run_completes(federation
     assert [r["round"] for r in rounds] == [1, 2]
     first = rounds[0]
     by = {c["hospital"]: c for c in first["clients"]}
-    assert "hospital-2" in first["missing"], (
-        f"missing={first['missing']}; hospital-2's entry: {by.get('hospital-2')}; asked={first['asked']}")
+    # asked and never answered; or, once the SuperLink has missed its heartbeats, listed offline and not asked
+    assert "hospital-2" in first["missing"] + first["offline"], (
+        f"missing={first['missing']}; offline={first['offline']}; hospital-2's entry: {by.get('hospital-2')}; "
+        f"asked={first['asked']}\n" + fed.diagnostics(fed.work / "runs" / "killed"))
     for r in rounds:
+        assert "hospital-2" in r["missing"] + r["offline"], fed.diagnostics(fed.work / "runs" / "killed")
         valid = {c["hospital"] for c in r["clients"] if not c.get("rejected")}
         assert valid == {"st-mary", "hospital-1"}, fed.diagnostics(fed.work / "runs" / "killed")
         assert not r["kept_previous_model"]

@@ -214,3 +214,21 @@ def test_superlink_node_unavailable_error_counts_as_missing(tmp_path, data_dir):
     for r in read_rounds(run_dir):
         assert r["missing"] == ["hospital-1"]
         assert sorted(c["hospital"] for c in r["clients"]) == ["hospital-0", "hospital-2"]
+
+
+def test_a_hospital_offline_after_the_query_round_is_recorded_offline_and_not_asked(tmp_path, data_dir):
+    # its SuperNode stopped heartbeating after it answered the query round: the SuperLink no longer lists it
+    cfg = small_run_config(tmp_path)
+    grid = None
+
+    def drop_after_query(index, incoming, reply):
+        if index == 2 and incoming.metadata.message_type == "query":
+            grid.node_ids.remove(incoming.metadata.dst_node_id)
+        return reply
+
+    grid = InProcessGrid(client_app, 3, cfg, reply_filter=drop_after_query)
+    server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
+    for r in read_rounds(tmp_path / "runs" / cfg["run-name"]):
+        assert r["offline"] == ["hospital-2"]
+        assert r["asked"] == 2 and r["missing"] == []
+        assert sorted(c["hospital"] for c in r["clients"]) == ["hospital-0", "hospital-1"]

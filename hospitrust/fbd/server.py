@@ -115,7 +115,7 @@ class WarehouseEvaluator:
 def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
     """A whole FED-FBD run; returns its directory."""
     from hospitrust.server_app import (_fail_if_every_hospital_crashed, discover_hospitals, format_class_counts,
-                                       summary_head)
+                                       offline_hospitals, summary_head)
 
     started = time.time()
     cfg = parse_run_config(context.run_config)
@@ -168,6 +168,7 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
     history: list[dict[str, Any]] = []
     for rnd in range(1, cfg.num_server_rounds + 1):
         round_start = time.perf_counter()
+        offline = offline_hospitals(rnd, grid, strategy.hospitals)
         messages = list(strategy.configure_train(rnd, None, ConfigRecord(), grid))
         replies = list(grid.send_and_receive(messages, timeout=cfg.reply_timeout))
         strategy.aggregate_train(rnd, replies)
@@ -189,6 +190,7 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
             "round_seconds": time.perf_counter() - round_start,
             "asked": len(messages),
             "missing": missing,
+            "offline": offline,
             "kept_previous_model": record.kept_previous_model,
             "note": record.note,
             "hospital_accuracy": {},
