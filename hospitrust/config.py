@@ -66,6 +66,7 @@ class RunConfig(BaseModel):
     earn_evidence: Literal["update", "update-count", "reported"] = Field("update", description="EARN evidence of who holds a class: update = positive bias update of the class row; update-count = counts estimated from the bias update per local step and num-examples; reported = the hospitals' class counts (fakeable).")
     earn_mode: Literal["blend", "peer", "history"] = Field("blend", description="EARN agreement: blend = p(c) peer + (1 - p(c)) history; peer = no blend; history = own history only.")
     earn_cap: float = Field(0.5, gt=0.0, le=1.0, description="EARN: largest share one hospital may hold of a rare-class row (1: no cap).")
+    earn_clip_rows: bool = Field(True, description="EARN: the rare-class rows average each hospital's row update clipped by the factor that brings its whole update to the round's median norm (the HTA base's kept updates), so a scaled update that passes the row checks cannot push a rare row by its scale; false: unclipped rows.")
     earn_history_rounds: int = Field(3, ge=1, le=1000, description="EARN: a hospital's first rounds averaged into its locked history row.")
     earn_agree_threshold: float = Field(0.1, ge=0.0, le=1.0, description="EARN: a row agrees when its blended agreement is at least this.")
     earn_audit: bool = Field(True, description="EARN: a row must also raise its class's logit on the reference cohort's images of that class.")

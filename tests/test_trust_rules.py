@@ -20,6 +20,7 @@ from hospitrust.aggregation import (
     hta_signals,
     hta_weights,
     mad_exclusion,
+    median_norm_clip,
     reputation_update,
 )
 from hospitrust.aggregation import earn
@@ -345,11 +346,13 @@ def _trained_evidence(split, C, F, H, n):
     return per_round, counts, bias
 
 
-def _earn_round(s, rnd, gen, audit_faker=True, n=6, C=3, H=4, flipper=None, specialist_body=None):
+def _earn_round(s, rnd, gen, audit_faker=True, n=6, C=3, H=4, flipper=None, specialist_body=None,
+                scaled: tuple[int, float] | None = None):
     """Rare class 2: h0 holds it (row along feature e2, bias up); h1 fakes it consistently
     (bias up, row along e0); the rest hold classes 0 and 1 only; ``flipper`` (an index) sends
     its honest update negated; ``specialist_body`` replaces h0's body update (the others' is
-    about (1, 1, 1))."""
+    about (1, 1, 1)); ``scaled`` = (index, factor): that hospital also holds class 2, as h0
+    does, and sends its update times factor."""
     g = {"body": torch.zeros(3), "head.weight": torch.zeros(C, H), "head.bias": torch.zeros(C)}
     deltas, metrics = [], []
     for i in range(n):
@@ -357,7 +360,7 @@ def _earn_round(s, rnd, gen, audit_faker=True, n=6, C=3, H=4, flipper=None, spec
         b = 0.05 * torch.randn(C, generator=gen)
         w[0, 0] += 1.0
         w[1, 1] += 1.0
-        if i == 0:
+        if i == 0 or (scaled is not None and i == scaled[0]):
             w[2, 2] += 1.0
             b[2] = 0.5
         elif i == 1:
@@ -371,6 +374,8 @@ def _earn_round(s, rnd, gen, audit_faker=True, n=6, C=3, H=4, flipper=None, spec
             delta["body"] = specialist_body + 0.05 * torch.randn(3, generator=gen)
         if i == flipper:
             delta = {k: -v for k, v in delta.items()}
+        if scaled is not None and i == scaled[0]:
+            delta = {k: scaled[1] * v for k, v in delta.items()}
         deltas.append(delta)
         metrics.append({"class-counts": [50, 50, 20 if i == 0 else 0]})
     return _send(s, rnd, g, deltas, metrics)
@@ -453,6 +458,37 @@ def test_excused_direction_by_hand():
         excused_direction(s, [0.1, 0.2])
     with pytest.raises(ValueError, match=r"in \[0, 1\]"):
         excused_direction(s, [0.1, 1.5, 0.0, 0.0])
+
+
+def test_earn_rare_rows_average_clipped_updates_so_a_scaled_holder_counts_at_the_median_norm():
+    """h5 holds the rare class and passes every row check, but sends its update x10 (the
+    scaling attack): it earns trust, and unclipped its rare row dominates the average."""
+    def last_rare_row(factor, clip):
+        s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", head_features=_reference_features,
+                           earn_base="fedavg", earn_clip_rows=clip)
+        gen = torch.Generator().manual_seed(0)
+        for rnd in range(1, 11):
+            arrays, by = _earn_round(s, rnd, gen, scaled=(5, factor))
+        state = arrays.to_torch_state_dict()  # the global model is 0 every round: this is the aggregate
+        return torch.cat([state["head.weight"][2], state["head.bias"][2:]]), by, s
+
+    honest, _, _ = last_rare_row(1.0, clip=True)
+    clipped, by, s = last_rare_row(10.0, clip=True)
+    unclipped, by_off, _ = last_rare_row(10.0, clip=False)
+    assert s.trust["h5"][2] >= 0.8 and s.trust["h0"][2] >= 0.8  # the scaled holder passes the row checks
+    assert by["h5"]["rare_row_clip"] < 0.15 and by["h0"]["rare_row_clip"] > 0.9
+    assert by_off["h5"]["rare_row_clip"] == 1.0
+    # the weights are the same either way; only the scale of h5's row differs
+    assert by["h5"]["rare_row_weight"] == pytest.approx(by_off["h5"]["rare_row_weight"])
+    assert torch.linalg.vector_norm(clipped - honest) < 0.25 * torch.linalg.vector_norm(honest)
+    assert torch.linalg.vector_norm(unclipped - honest) > 2 * torch.linalg.vector_norm(honest)
+
+
+def test_median_norm_clip_by_hand():
+    x = torch.tensor([[1.0, 0.0], [0.0, 2.0], [3.0, 0.0], [0.0, 10.0]])  # norms 1, 2, 3, 10; median 2.5
+    assert median_norm_clip(x).tolist() == pytest.approx([1.0, 1.0, 2.5 / 3, 0.25])
+    keep = torch.tensor([True, True, False, False])  # median of the kept norms: 1.5
+    assert median_norm_clip(x, keep).tolist() == pytest.approx([1.0, 0.75, 0.5, 0.15])
 
 
 def test_earn_history_only_without_audit_shows_the_known_failure():

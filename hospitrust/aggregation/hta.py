@@ -168,11 +168,14 @@ def hta_weights(
     if float(raw.sum()) <= 0:
         raw = torch.where(keep, ne, torch.zeros_like(ne))
     w = raw / raw.sum()
-    coef = w.clone()
-    if clip_to_median_norm:
-        norms = torch.linalg.vector_norm(x.double(), dim=1).cpu()
-        kept = norms[keep]
-        med = float(torch.quantile(kept, 0.5))
-        scale = torch.where(norms > med, med / norms.clamp_min(1e-300), torch.ones_like(norms))
-        coef = coef * scale
+    coef = w * median_norm_clip(x, keep) if clip_to_median_norm else w.clone()
     return coef.to(dtype=x.dtype, device=x.device) @ x, w
+
+
+def median_norm_clip(x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    r"""Per-update factor :math:`\min(1, \tilde\nu / \lVert u_h\rVert)` that clips each update to the
+    median norm :math:`\tilde\nu` of the ``keep`` ones (all if None). ``(n,)`` float64 CPU."""
+    norms = torch.linalg.vector_norm(x.double(), dim=1).cpu()
+    kept = norms if keep is None else norms[torch.as_tensor(keep, dtype=torch.bool).flatten().cpu()]
+    med = float(torch.quantile(kept, 0.5))
+    return torch.where(norms > med, med / norms.clamp_min(1e-300), torch.ones_like(norms))

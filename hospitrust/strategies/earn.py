@@ -10,7 +10,7 @@ from logging import INFO, WARNING
 import torch
 from flwr.common import log
 
-from hospitrust.aggregation import coordinate_median, flatten_state
+from hospitrust.aggregation import coordinate_median, flatten_state, median_norm_clip
 from hospitrust.aggregation.earn import (
     holder_mask,
     mean_class_spearman,
@@ -90,11 +90,13 @@ class EARN(HospitrustStrategy):
     candidate model); a consistent faker agrees
     with its own history but fails the audit. Trust per (k, c):
     +gain on agreement, x decay otherwise (only for holders). Row c is averaged with
-    FedAvg weight + trust x evidence share, no hospital above ``earn-cap`` (1: no cap);
-    with all trust at 0 this is FedAvg with the cap. Other rows and the body: FedAvg, the
-    coordinate median or HTA (``earn-base``). With HTA, HTA's weights replace FedAvg's in
+    FedAvg weight + trust x evidence share, no hospital above ``earn-cap`` (1: no cap),
+    each row update first scaled by the factor that clips the hospital's whole update to
+    the median norm (``earn-clip-rows``; with the HTA base, the median of HTA's kept
+    updates); with all trust at 0 this is FedAvg with the cap, on clipped rows. Other
+    rows and the body: FedAvg, the coordinate median or HTA (``earn-base``). With HTA, HTA's weights replace FedAvg's in
     the rare rows too (an update HTA excludes starts there from 0 and counts only through
-    the trust it earned on that row); the rare rows average the unclipped row updates.
+    the trust it earned on that row).
     ``earn-excuse-direction`` (HTA base): the rare-class trust a hospital earned up to the
     last round floors HTA's direction signal s for it (at trust x the round's median s),
     so HTA does not weigh an audited specialist down for the direction its rare data gives
@@ -121,6 +123,7 @@ class EARN(HospitrustStrategy):
         earn_evidence: str = "update",
         earn_mode: str = "blend",
         earn_cap: float = 0.5,
+        earn_clip_rows: bool = True,
         earn_history_rounds: int = 3,
         earn_agree_threshold: float = 0.1,
         earn_audit: bool = True,
@@ -147,7 +150,7 @@ class EARN(HospitrustStrategy):
             log(WARNING, "earn: no %s callable (reference cohort): rows are not audited",
                 "candidate_logits" if earn_audit_by == "model" else "head_features")
             earn_audit = False
-        self.evidence_source, self.mode, self.cap = earn_evidence, earn_mode, earn_cap
+        self.evidence_source, self.mode, self.cap, self.clip_rows = earn_evidence, earn_mode, earn_cap, earn_clip_rows
         self.history_len, self.agree_threshold, self.audit = earn_history_rounds, earn_agree_threshold, earn_audit
         self.rare_explicit = parse_class_list(earn_rare_classes)
         self.rare_fraction, self.base = earn_rare_fraction, earn_base
@@ -168,8 +171,8 @@ class EARN(HospitrustStrategy):
 
     def summary(self) -> None:
         super().summary()
-        log(INFO, "\t└── EARN: evidence %s, mode %s, cap %g, history %d rounds, audit %s, rare %s, base %s%s",
-            self.evidence_source, self.mode, self.cap, self.history_len, self.audit and self.audit_by,
+        log(INFO, "\t└── EARN: evidence %s, mode %s, cap %g%s, history %d rounds, audit %s, rare %s, base %s%s",
+            self.evidence_source, self.mode, self.cap, ", rows clipped" if self.clip_rows else "", self.history_len, self.audit and self.audit_by,
             list(self.rare_explicit) or f"auto (< {self.rare_fraction} x mean)", self.base,
             " (audited rare-class trust excuses HTA's direction signal)" if self.excuse_direction else "")
 
@@ -260,6 +263,9 @@ class EARN(HospitrustStrategy):
             else torch.zeros(C, H + 1, dtype=torch.float64) for nm in names
         ])
         agreement, audit_scores, row_weight, trust_now = ({} for _ in range(4))
+        # each hospital's rare rows scaled as its whole update is clipped to the median norm (the base's kept ones)
+        row_clip = (median_norm_clip(updates, None if base_agg is None else base_agg.selected) if self.clip_rows
+                    else torch.ones(n, dtype=torch.float64))
         for c in rare:
             rows = torch.cat([W[:, c, :], B[:, c : c + 1]], dim=1)
             ag = row_agreement(rows, holders[:, c], hist_rows[:, c, :], known, mode=self.mode)
@@ -277,7 +283,7 @@ class EARN(HospitrustStrategy):
             for nm, t in zip(names, new.tolist()):
                 self.trust.setdefault(nm, {})[c] = t
             w = rare_row_weights(base_w, new, evidence[:, c], cap=self.cap)
-            wt = w.to(updates.dtype).to(updates.device)
+            wt = (w * row_clip).to(updates.dtype).to(updates.device)
             update[w_off + c * H : w_off + (c + 1) * H] = wt @ updates[:, w_off + c * H : w_off + (c + 1) * H]
             update[b_off + c] = wt @ updates[:, b_off + c]
             agreement[c], row_weight[c], trust_now[c] = a, w, new
@@ -309,6 +315,7 @@ class EARN(HospitrustStrategy):
             "row_agreement": [per(agreement, i) for i in range(n)],
             "row_audit": [per(audit_scores, i) for i in range(n)],
             "rare_row_weight": [per(row_weight, i) for i in range(n)],
+            "rare_row_clip": [float(row_clip[i]) for i in range(n)],
             "evidence_spearman": [spear] * n,
             "flagged": flagged,
         })
