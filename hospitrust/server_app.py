@@ -280,6 +280,34 @@ def format_summary_table(history: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def participation(history: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per hospital, over the run's rounds: asked, answered with a valid update, rejected, asked
+    but silent (missing), and listed offline at the SuperLink (not asked)."""
+    out: dict[str, dict[str, int]] = {}
+
+    def row(name: str) -> dict[str, int]:
+        return out.setdefault(name, {"asked": 0, "valid": 0, "rejected": 0, "missing": 0, "offline": 0})
+
+    for rec in history:
+        for c in rec["clients"]:
+            r = row(c["hospital"])
+            r["asked"] += 1
+            r["rejected" if c.get("rejected") else "valid"] += 1
+        for name in rec.get("missing", []):
+            row(name)["asked"] += 1
+            row(name)["missing"] += 1
+        for name in rec.get("offline", []):
+            row(name)["offline"] += 1
+    return dict(sorted(out.items()))
+
+
+def absences(parts: dict[str, dict[str, int]], rounds: int) -> str:
+    """One line per hospital that missed rounds, for the end-of-run log ('' if none did)."""
+    lines = [f"{name}: valid in {p['valid']} of {rounds} rounds ({p['rejected']} rejected, {p['missing']} silent, "
+             f"{p['offline']} offline)" for name, p in parts.items() if p["valid"] < rounds]
+    return "\n".join(lines)
+
+
 def summary_head(cfg: RunConfig, history: list[dict[str, Any]], num_hospitals: int, run_dir: RunDirectory,
                  started: float) -> dict[str, Any]:
     """The summary.json fields every run has (the final and best round, what ran, where)."""
@@ -296,6 +324,7 @@ def summary_head(cfg: RunConfig, history: list[dict[str, Any]], num_hospitals: i
         "hospitals": num_hospitals,
         "run_dir": str(run_dir.path),
         "attack": cfg.attacks.attack,
+        "participation": participation(history),
     }
 
 
@@ -483,6 +512,8 @@ def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.devic
         except Exception as exc:  # a picture never fails a finished run
             log(WARNING, "hospitrust: trust plot not drawn: %s", exc)
     final = summary["final"]
+    if missed := absences(summary["participation"], len(history)):
+        log(WARNING, "hospitrust: hospitals without a valid update in every round:\n%s", missed)
     log(INFO, "hospitrust: finished %d rounds in %.1f s\n%s\nfinal: accuracy %.4f  balanced accuracy %.4f  AUC %.4f  "
         "worst-class recall %.4f  (best round %d)\nresults: %s",
         len(history), summary["wall_seconds"], format_summary_table(history), final["accuracy"],
