@@ -472,16 +472,47 @@ def test_earn_rare_rows_average_clipped_updates_so_a_scaled_holder_counts_at_the
         state = arrays.to_torch_state_dict()  # the global model is 0 every round: this is the aggregate
         return torch.cat([state["head.weight"][2], state["head.bias"][2:]]), by, s
 
-    honest, _, _ = last_rare_row(1.0, clip=True)
-    clipped, by, s = last_rare_row(10.0, clip=True)
-    unclipped, by_off, _ = last_rare_row(10.0, clip=False)
-    assert s.trust["h5"][2] >= 0.8 and s.trust["h0"][2] >= 0.8  # the scaled holder passes the row checks
-    assert by["h5"]["rare_row_clip"] < 0.15 and by["h0"]["rare_row_clip"] > 0.9
-    assert by_off["h5"]["rare_row_clip"] == 1.0
-    # the weights are the same either way; only the scale of h5's row differs
-    assert by["h5"]["rare_row_weight"] == pytest.approx(by_off["h5"]["rare_row_weight"])
-    assert torch.linalg.vector_norm(clipped - honest) < 0.25 * torch.linalg.vector_norm(honest)
+    honest, _, _ = last_rare_row(1.0, clip="update")
+    unclipped, by_off, _ = last_rare_row(10.0, clip="off")
+    assert by_off["h5"]["rare_row_clip"]["2"] == 1.0
     assert torch.linalg.vector_norm(unclipped - honest) > 2 * torch.linalg.vector_norm(honest)
+    for clip in ("update", "holders"):
+        clipped, by, s = last_rare_row(10.0, clip=clip)
+        assert s.trust["h5"][2] >= 0.8 and s.trust["h0"][2] >= 0.8  # the scaled holder passes the row checks
+        assert by["h5"]["rare_row_clip"]["2"] < 0.15 and by["h0"]["rare_row_clip"]["2"] > 0.9
+        # the weights are the same either way; only the scale of h5's row differs
+        assert by["h5"]["rare_row_weight"] == pytest.approx(by_off["h5"]["rare_row_weight"])
+        assert torch.linalg.vector_norm(clipped - honest) < 0.25 * torch.linalg.vector_norm(honest), clip
+
+
+def test_earn_holders_row_clip_leaves_a_specialist_with_a_large_update_its_row():
+    """h0's whole update is the largest (a big body step from its rare-class training): the
+    update clip shrinks its rare row with it; the holders clip keeps the row (h0 is its class's
+    only typical holder here), and still clips the scaled h5."""
+    clips = {}
+    for clip in ("update", "holders"):
+        s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", head_features=_reference_features,
+                           earn_base="fedavg", earn_clip_rows=clip)
+        gen = torch.Generator().manual_seed(0)
+        for rnd in range(1, 4):
+            _, by = _earn_round(s, rnd, gen, specialist_body=torch.tensor([4.0, 4.0, 4.0]), scaled=(5, 10.0))
+        clips[clip] = {h: by[h]["rare_row_clip"]["2"] for h in ("h0", "h5")}
+    assert clips["update"]["h0"] < 0.7
+    assert clips["holders"]["h0"] == pytest.approx(1.0)
+    assert clips["holders"]["h5"] < 0.3
+
+
+def test_rare_row_clip_by_hand():
+    rows = torch.tensor([[3.0, 4.0], [0.0, 1.0], [0.0, 10.0], [6.0, 8.0]])  # norms 5, 1, 10, 10
+    holders = torch.tensor([True, False, True, True])  # holders' median row norm: 10
+    update_clip = torch.tensor([0.2, 0.5, 1.0, 0.1])
+    # row factors min(1, 10 / norm): 1, 1, 1, 1 -> the max with the update clip is 1 everywhere
+    assert earn.rare_row_clip(rows, holders, update_clip).tolist() == pytest.approx([1.0, 1.0, 1.0, 1.0])
+    holders = torch.tensor([True, True, False, False])  # median of 5 and 1: 3
+    assert earn.rare_row_clip(rows, holders, update_clip).tolist() == pytest.approx([0.6, 1.0, 1.0, 0.3])
+    # no holder: the median over everyone (7.5)
+    assert earn.rare_row_clip(rows, torch.zeros(4, dtype=torch.bool), update_clip).tolist() == pytest.approx(
+        [1.0, 1.0, 1.0, 0.75])
 
 
 def test_median_norm_clip_by_hand():
@@ -519,6 +550,8 @@ def test_trust_rule_config_is_validated():
         parse_run_config({"earn-rare-classes": "four"})
     with pytest.raises(ConfigError, match="hta-kappa"):
         parse_run_config({"hta-kappa": 2.0})
+    with pytest.raises(ConfigError, match="earn-clip-rows"):
+        parse_run_config({"earn-clip-rows": True})  # an option with three values now, not a switch
     cfg = parse_run_config({"strategy": "hta", "hta-a": 0.0, "earn-rare-classes": "1,4"})
     assert cfg.hta_a == 0.0 and cfg.earn_rare_classes == "1,4"
 

@@ -279,6 +279,20 @@ def capped_weights(w: torch.Tensor, cap: float = 0.5) -> torch.Tensor:
     return out
 
 
+def rare_row_clip(rows: torch.Tensor, holders: torch.Tensor, update_clip: torch.Tensor) -> torch.Tensor:
+    r"""Scale of each hospital's update of one rare-class row: the larger of ``update_clip`` (the
+    factor that clips its whole update to the median norm) and
+    :math:`\min(1, \tilde r / \lVert r_k\rVert)`, :math:`\tilde r` the median row norm over the
+    class's holders (over everyone if none). A row is shrunk only when both its whole update and
+    the row itself are larger than is typical, so a specialist whose whole update is large because
+    it trains on the rare class keeps its row, while a scaled update is clipped. ``(n,)`` float64."""
+    norms = torch.linalg.vector_norm(torch.as_tensor(rows, dtype=torch.float64), dim=1).cpu()
+    h = torch.as_tensor(holders, dtype=torch.bool).flatten().cpu()
+    ref = float(torch.quantile(norms[h] if bool(h.any()) else norms, 0.5))
+    row = torch.where(norms > ref, ref / norms.clamp_min(1e-300), torch.ones_like(norms))
+    return torch.maximum(torch.as_tensor(update_clip, dtype=torch.float64).cpu(), row)
+
+
 def rare_row_weights(
     fedavg: torch.Tensor, trust: torch.Tensor, evidence: torch.Tensor, *, cap: float = 0.5
 ) -> torch.Tensor:

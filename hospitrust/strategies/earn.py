@@ -15,6 +15,7 @@ from hospitrust.aggregation.earn import (
     holder_mask,
     mean_class_spearman,
     model_audit,
+    rare_row_clip,
     rare_row_weights,
     row_agreement,
     row_audit,
@@ -29,6 +30,7 @@ from hospitrust.strategies.hta import HTA
 EVIDENCE = ("update", "update-count", "reported")
 MODES = ("blend", "peer", "history")
 BASES = ("fedavg", "median", "hta")
+ROW_CLIPS = ("off", "update", "holders")
 AUDITS = ("row", "row-shift-free", "model")
 FLAG_TRUST = 0.1  # a holder of a rare class whose trust on that row is below this, once its history is locked
 
@@ -91,9 +93,11 @@ class EARN(HospitrustStrategy):
     with its own history but fails the audit. Trust per (k, c):
     +gain on agreement, x decay otherwise (only for holders). Row c is averaged with
     FedAvg weight + trust x evidence share, no hospital above ``earn-cap`` (1: no cap),
-    each row update first scaled by the factor that clips the hospital's whole update to
-    the median norm (``earn-clip-rows``; with the HTA base, the median of HTA's kept
-    updates); with all trust at 0 this is FedAvg with the cap, on clipped rows. Other
+    each row update first scaled (``earn-clip-rows`` update) by the factor that clips the
+    hospital's whole update to the median norm (with the HTA base, the median of HTA's kept
+    updates), or (holders) by the larger of that factor and the one that clips the row to
+    the median row norm of the class's holders (:func:`rare_row_clip`); with all trust at 0
+    this is FedAvg with the cap, on clipped rows. Other
     rows and the body: FedAvg, the coordinate median or HTA (``earn-base``). With HTA, HTA's weights replace FedAvg's in
     the rare rows too (an update HTA excludes starts there from 0 and counts only through
     the trust it earned on that row).
@@ -123,7 +127,7 @@ class EARN(HospitrustStrategy):
         earn_evidence: str = "update",
         earn_mode: str = "blend",
         earn_cap: float = 0.5,
-        earn_clip_rows: bool = True,
+        earn_clip_rows: str = "update",
         earn_history_rounds: int = 3,
         earn_agree_threshold: float = 0.1,
         earn_audit: bool = True,
@@ -142,6 +146,7 @@ class EARN(HospitrustStrategy):
     ) -> None:
         super().__init__(hospitals, **kwargs)
         for key, value, allowed in (("earn-evidence", earn_evidence, EVIDENCE), ("earn-mode", earn_mode, MODES),
+                                    ("earn-clip-rows", earn_clip_rows, ROW_CLIPS),
                                     ("earn-base", earn_base, BASES), ("earn-audit-by", earn_audit_by, AUDITS)):
             if value not in allowed:
                 raise ValueError(f"{key} must be one of {allowed}, got {value!r}")
@@ -172,7 +177,7 @@ class EARN(HospitrustStrategy):
     def summary(self) -> None:
         super().summary()
         log(INFO, "\t└── EARN: evidence %s, mode %s, cap %g%s, history %d rounds, audit %s, rare %s, base %s%s",
-            self.evidence_source, self.mode, self.cap, ", rows clipped" if self.clip_rows else "", self.history_len, self.audit and self.audit_by,
+            self.evidence_source, self.mode, self.cap, f", rows clipped by {self.clip_rows}" if self.clip_rows != "off" else "", self.history_len, self.audit and self.audit_by,
             list(self.rare_explicit) or f"auto (< {self.rare_fraction} x mean)", self.base,
             " (audited rare-class trust excuses HTA's direction signal)" if self.excuse_direction else "")
 
@@ -264,8 +269,9 @@ class EARN(HospitrustStrategy):
         ])
         agreement, audit_scores, row_weight, trust_now = ({} for _ in range(4))
         # each hospital's rare rows scaled as its whole update is clipped to the median norm (the base's kept ones)
-        row_clip = (median_norm_clip(updates, None if base_agg is None else base_agg.selected) if self.clip_rows
-                    else torch.ones(n, dtype=torch.float64))
+        update_clip = (median_norm_clip(updates, None if base_agg is None else base_agg.selected)
+                       if self.clip_rows != "off" else torch.ones(n, dtype=torch.float64))
+        row_clip = {}
         for c in rare:
             rows = torch.cat([W[:, c, :], B[:, c : c + 1]], dim=1)
             ag = row_agreement(rows, holders[:, c], hist_rows[:, c, :], known, mode=self.mode)
@@ -283,7 +289,9 @@ class EARN(HospitrustStrategy):
             for nm, t in zip(names, new.tolist()):
                 self.trust.setdefault(nm, {})[c] = t
             w = rare_row_weights(base_w, new, evidence[:, c], cap=self.cap)
-            wt = (w * row_clip).to(updates.dtype).to(updates.device)
+            row_clip[c] = (rare_row_clip(rows, holders[:, c], update_clip) if self.clip_rows == "holders"
+                           else update_clip)
+            wt = (w * row_clip[c]).to(updates.dtype).to(updates.device)
             update[w_off + c * H : w_off + (c + 1) * H] = wt @ updates[:, w_off + c * H : w_off + (c + 1) * H]
             update[b_off + c] = wt @ updates[:, b_off + c]
             agreement[c], row_weight[c], trust_now[c] = a, w, new
@@ -315,7 +323,7 @@ class EARN(HospitrustStrategy):
             "row_agreement": [per(agreement, i) for i in range(n)],
             "row_audit": [per(audit_scores, i) for i in range(n)],
             "rare_row_weight": [per(row_weight, i) for i in range(n)],
-            "rare_row_clip": [float(row_clip[i]) for i in range(n)],
+            "rare_row_clip": [per(row_clip, i) for i in range(n)],
             "evidence_spearman": [spear] * n,
             "flagged": flagged,
         })
