@@ -50,6 +50,18 @@ def test_trust_tables_late_mean_averages_the_last_rounds(tmp_path):
     assert "| none | 0.400 ± 0.141 (n=2) |" in tables.seeds_table([tmp_path / "s1", tmp_path / "s2"], ["none"], ["fedavg"])
 
 
+def test_trust_tables_prints_the_late_mean_for_a_single_folder(tmp_path, capsys):
+    tables = _script("trust_tables")
+    folder = tmp_path / "s1"
+    _summary(folder, "none__fedavg", 0.5)
+    (folder / "none__fedavg" / "rounds.jsonl").write_text("".join(
+        json.dumps({"round": i + 1, "central": {"balanced_accuracy": v}}) + "\n" for i, v in enumerate([0.2, 0.4, 0.5])))
+    assert tables.main([str(folder), "--attacks", "none", "--rules", "fedavg", "--last-rounds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "last 2 rounds" in out and "| none | 0.450 (n=1) |" in out
+    assert "folders (seeds)" not in out  # no seeds table of final models for one folder
+
+
 def _run(folder: Path, name: str, strategy: str, attack: str, seed: int, rare_f1: float) -> None:
     run = folder / "cells" / name
     run.mkdir(parents=True)
