@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from .hta import median_norm_clip
+
 __all__ = [
     "average_ranks",
     "spearman",
@@ -286,10 +288,8 @@ def rare_row_clip(rows: torch.Tensor, holders: torch.Tensor, update_clip: torch.
     class's holders (over everyone if none). A row is shrunk only when both its whole update and
     the row itself are larger than is typical, so a specialist whose whole update is large because
     it trains on the rare class keeps its row, while a scaled update is clipped. ``(n,)`` float64."""
-    norms = torch.linalg.vector_norm(torch.as_tensor(rows, dtype=torch.float64), dim=1).cpu()
-    h = torch.as_tensor(holders, dtype=torch.bool).flatten().cpu()
-    ref = float(torch.quantile(norms[h] if bool(h.any()) else norms, 0.5))
-    row = torch.where(norms > ref, ref / norms.clamp_min(1e-300), torch.ones_like(norms))
+    h = torch.as_tensor(holders, dtype=torch.bool).flatten()
+    row = median_norm_clip(torch.as_tensor(rows, dtype=torch.float64), h if bool(h.any()) else None)
     return torch.maximum(torch.as_tensor(update_clip, dtype=torch.float64).cpu(), row)
 
 

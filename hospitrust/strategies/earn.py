@@ -97,8 +97,8 @@ class EARN(HospitrustStrategy):
     hospital's whole update to the median norm (with the HTA base, the median of HTA's kept
     updates), or (holders) by the larger of that factor and the one that clips the row to
     the median row norm of the class's holders (:func:`rare_row_clip`); with all trust at 0
-    this is FedAvg with the cap, on clipped rows. Other
-    rows and the body: FedAvg, the coordinate median or HTA (``earn-base``). With HTA, HTA's weights replace FedAvg's in
+    this is FedAvg with the cap, on clipped rows. Other rows and the body: FedAvg, the
+    coordinate median or HTA (``earn-base``). With HTA, HTA's weights replace FedAvg's in
     the rare rows too (an update HTA excludes starts there from 0 and counts only through
     the trust it earned on that row).
     ``earn-excuse-direction`` (HTA base): the rare-class trust a hospital earned up to the
@@ -176,9 +176,9 @@ class EARN(HospitrustStrategy):
 
     def summary(self) -> None:
         super().summary()
-        log(INFO, "\t└── EARN: evidence %s, mode %s, cap %g%s, history %d rounds, audit %s, rare %s, base %s%s",
-            self.evidence_source, self.mode, self.cap, f", rows clipped by {self.clip_rows}" if self.clip_rows != "off" else "", self.history_len, self.audit and self.audit_by,
-            list(self.rare_explicit) or f"auto (< {self.rare_fraction} x mean)", self.base,
+        log(INFO, "\t└── EARN: evidence %s, mode %s, cap %g, rows clipped: %s, history %d rounds, audit %s, "
+            "rare %s, base %s%s", self.evidence_source, self.mode, self.cap, self.clip_rows, self.history_len,
+            self.audit and self.audit_by, list(self.rare_explicit) or f"auto (< {self.rare_fraction} x mean)", self.base,
             " (audited rare-class trust excuses HTA's direction signal)" if self.excuse_direction else "")
 
     @property
