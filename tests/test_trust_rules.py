@@ -24,6 +24,7 @@ from hospitrust.aggregation import (
     reputation_update,
 )
 from hospitrust.aggregation import earn
+from hospitrust.aggregation.duplicates import duplicate_groups, group_representatives, pairwise_cosine
 from hospitrust.strategies import build_strategy
 
 
@@ -224,6 +225,87 @@ def test_hta_excludes_sign_flip_and_scaling_and_keeps_the_specialist():
         assert float(torch.linalg.vector_norm(agg - ones)) < 0.5 * float(torch.linalg.vector_norm(ones))
     assert s.reputation["h7"] > 0.5 and s.reputation["h8"] < 0.1 and s.reputation["h9"] < 0.3
     assert set(s.ema) == {f"h{i}" for i in range(n)}  # state by hospital name
+
+
+def test_duplicate_groups_by_hand():
+    a, b = torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0.0, 1.0, 0.0])
+    c = torch.tensor([1.0, 0.1, 0.0])  # cos(a, c) = 1 / sqrt(1.01) = 0.995
+    x = torch.stack([a, 2 * a, b, -a, torch.zeros(3), torch.zeros(3), c])
+    dup = duplicate_groups(x, 0.99)
+    assert dup["group"].tolist() == [0, 0, 2, 3, 4, 5, 0]  # a, 2a and c; zero updates stay alone
+    assert dup["size"].tolist() == [3, 3, 1, 1, 1, 1, 3]
+    assert dup["max_cosine"].tolist() == pytest.approx([1.0, 1.0, 0.1 / math.sqrt(1.01), 0.0, 0.0, 0.0, 1 / math.sqrt(1.01)])
+    assert duplicate_groups(x, 0.999)["group"].tolist() == [0, 0, 2, 3, 4, 5, 6]  # c is 0.995 from a
+    assert pairwise_cosine(x)[3, 0] == pytest.approx(-1.0)
+    chain = torch.tensor([[1.0, 0.0], [1.0, 0.12], [1.0, 0.24]])  # 0-1 and 1-2 linked, 0-2 not: one group
+    assert duplicate_groups(chain, 0.99)["size"].tolist() == [3, 3, 3]
+    assert duplicate_groups(torch.ones(1, 4))["max_cosine"].tolist() == [-1.0]
+    with pytest.raises(ValueError, match=r"cosine in \(0, 1\]"):
+        duplicate_groups(x, 1.5)
+
+
+def test_group_representatives_by_hand():
+    x = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 1.0]])
+    assert group_representatives(x, torch.tensor([0, 0, 2])).tolist() == [[2.0, 0.0], [0.0, 1.0]]
+    assert group_representatives(x, torch.tensor([0, 1, 2])) is x
+    with pytest.raises(ValueError, match="one entry per update"):
+        group_representatives(x, torch.tensor([0, 0]))
+
+
+def test_hta_signals_see_copies_once():
+    """Two honest updates and three copies of a crafted one. Counted as five, the copies are
+    the coordinate median and the median norm; counted as three voices, they are neither."""
+    x = torch.tensor([[3.0, 0.0], [0.0, 3.0], [-1.0, -1.0], [-1.0, -1.0], [-1.0, -1.0]])
+    group = duplicate_groups(x)["group"]
+    plain, merged = hta_signals(x), hta_signals(x, group=group)
+    # five: median (-1, -1), the copy: s = 1 for the copies, 0 for the honest (cosine -0.71)
+    assert plain["s"].tolist() == pytest.approx([0.0, 0.0, 1.0, 1.0, 1.0])
+    # voices (3, 0), (0, 3), (-1, -1): coordinate median (0, 0), no direction: s = 1 for all
+    assert merged["s"].tolist() == pytest.approx([1.0] * 5)
+    # median norm: sqrt 2 over five (the honest at 3 are beyond the tolerance 2), 3 over voices
+    beyond = math.exp(-(math.log(3 / math.sqrt(2)) - math.log(2.0)))
+    assert plain["m"].tolist() == pytest.approx([beyond, beyond, 1.0, 1.0, 1.0])
+    assert merged["m"].tolist() == pytest.approx([1.0, 1.0, beyond, beyond, beyond])
+    # validation's median: 0.2 over five (the copies'), 0.8 over voices
+    acc = torch.tensor([0.8, 0.8, 0.2, 0.2, 0.2])
+    assert hta_signals(x, acc)["v"].tolist() == pytest.approx([1.0] * 5)
+    assert hta_signals(x, acc, group=group)["v"].tolist() == pytest.approx([1.0, 1.0, 0.25, 0.25, 0.25])
+
+
+def test_hta_weights_share_one_voice_among_copies():
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
+    rep, n = torch.ones(4), torch.tensor([10.0, 10.0, 10.0, 30.0])
+    _, w = hta_weights(x, rep, n, torch.ones(4, dtype=torch.bool), clip_to_median_norm=False,
+                       group_size=torch.tensor([1, 1, 2, 2]))
+    assert w.tolist() == pytest.approx([10 / 40, 10 / 40, 5 / 40, 15 / 40])  # the pair weighs (10 + 30) / 2
+    with pytest.raises(ValueError, match="group_size"):
+        hta_weights(x, rep, n, torch.ones(4, dtype=torch.bool), group_size=torch.tensor([1, 1, 0, 2]))
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_hta_gives_colluders_sending_one_update_one_hospitals_say(merge):
+    """Seven honest hospitals with their own data (noise 0.3 on a shared direction: pairwise
+    cosine about 0.9) and three that send one crafted update, a little off the honest mean
+    (as ALIE and min-max do). Merged, the three together weigh about one honest hospital and
+    are flagged; not merged, they hold about three tenths and pass."""
+    d, n = 20, 10
+    ones = torch.ones(d, dtype=torch.float64)
+    s = build_strategy("hta", _hospitals(n), hta_merge_duplicates=merge)
+    gen = torch.Generator().manual_seed(0)
+    for rnd in range(1, 6):
+        honest = [ones + 0.3 * torch.randn(d, generator=gen, dtype=torch.float64) for _ in range(7)]
+        crafted = torch.stack(honest).mean(0) - 0.3 * torch.stack(honest).std(0)
+        _, by = _send(s, rnd, {"w": torch.zeros(d)}, [{"w": u} for u in honest + [crafted] * 3])
+        colluders = sum(by[f"h{i}"]["weight"] for i in (7, 8, 9))
+        assert max(by[f"h{i}"]["max_peer_cosine"] for i in range(7)) < 0.99
+        assert all(by[f"h{i}"]["max_peer_cosine"] == pytest.approx(1.0) for i in (7, 8, 9))
+        if merge:
+            assert colluders < 1.5 / 8 and all(by[f"h{i}"]["flagged"] for i in (7, 8, 9))
+            assert by["h7"]["duplicates_of"] == ["h8", "h9"] and by["h8"]["duplicate_group_size"] == 3
+            assert not any(by[f"h{i}"]["flagged"] for i in range(7))
+        else:
+            assert colluders > 0.25 and not any(by[f"h{i}"]["flagged"] for i in range(n))
+            assert by["h7"]["duplicates_of"] == [] and by["h8"]["duplicate_group_size"] == 1
 
 
 # ---- EARN ----------------------------------------------------------------------------------
@@ -437,8 +519,10 @@ def test_earn_excuses_an_audited_specialists_direction_but_not_a_sign_flipper():
 
     body = {}
     for excuse in (False, True):
+        # hta_merge_duplicates off: these synthetic honest hospitals send near-identical updates (cosine > 0.99)
         s = build_strategy("earn", _hospitals(7), earn_rare_classes="2", head_features=_reference_features,
-                           candidate_scores=scores, earn_excuse_direction=excuse)
+                           candidate_scores=scores, earn_excuse_direction=excuse,
+                           hta_options={"hta_merge_duplicates": False})
         gen = torch.Generator().manual_seed(0)
         for rnd in range(1, 16):
             _, by = _earn_round(s, rnd, gen, n=7, flipper=6, specialist_body=torch.tensor([1.0, -2.5, 0.0]))
@@ -585,7 +669,8 @@ def _candidate_logits(global_state, updates):
 
 def test_earn_model_audit_rewards_the_specialist_and_not_the_faker():
     s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", earn_audit_by="model",
-                       candidate_logits=_candidate_logits)
+                       candidate_logits=_candidate_logits,
+                       hta_options={"hta_merge_duplicates": False})  # synthetic honest updates: cosine > 0.99
     gen = torch.Generator().manual_seed(0)
     for rnd in range(1, 13):
         _, by = _earn_round(s, rnd, gen)

@@ -7,6 +7,7 @@ import math
 import torch
 
 from ._validation import check_updates
+from .duplicates import group_representatives
 from .median import coordinate_median
 
 __all__ = ["hta_signals", "excused_direction", "hta_fusion", "reputation_update", "mad_exclusion", "hta_weights"]
@@ -17,6 +18,7 @@ def hta_signals(
     validation: torch.Tensor | None = None,
     *,
     magnitude_tolerance: float = 2.0,
+    group: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     r"""The per-round signals, each in [0, 1].
 
@@ -35,13 +37,18 @@ def hta_signals(
     direction to agree with); a zero median norm gives m = 1; a zero median accuracy gives
     v = 1; no validation (``None``) gives v = 1 (the ablation c = 0).
 
+    ``group`` (n,), optional, from :func:`~hospitrust.aggregation.duplicates.duplicate_groups`:
+    the three medians are taken over one entry per group (the members' mean), so k copies of
+    one update move them as one hospital would.
+
     Returns ``{"s", "m", "v", "norm"}``, each ``(n,)`` float64 on CPU.
     """
     n, d = check_updates(x)
     if magnitude_tolerance < 1.0:
         raise ValueError(f"magnitude_tolerance must be >= 1, got {magnitude_tolerance}")
     xd = x.double()
-    med = coordinate_median(x).double()
+    voices = x if group is None else group_representatives(x, group)
+    med = coordinate_median(voices).double()
     norms = torch.linalg.vector_norm(xd, dim=1)
     med_norm_vec = float(torch.linalg.vector_norm(med))
     if med_norm_vec > 0:
@@ -49,7 +56,7 @@ def hta_signals(
         s = torch.where(norms > 0, cos.clamp(0.0, 1.0), torch.zeros_like(cos))
     else:
         s = torch.ones(n, dtype=torch.float64, device=x.device)
-    med_norm = float(torch.quantile(norms, 0.5))
+    med_norm = float(torch.quantile(torch.linalg.vector_norm(voices.double(), dim=1), 0.5))
     if med_norm > 0:
         log_ratio = torch.log(norms.clamp_min(1e-300) / med_norm).abs()
         m = torch.exp(-(log_ratio - math.log(magnitude_tolerance)).clamp_min(0.0))
@@ -62,7 +69,7 @@ def hta_signals(
         acc = torch.as_tensor(validation, dtype=torch.float64).flatten().cpu()
         if acc.numel() != n:
             raise ValueError(f"validation must have one value per update (n={n}), got {acc.numel()}")
-        med_acc = float(torch.quantile(acc, 0.5))
+        med_acc = float(torch.quantile(acc if group is None else group_representatives(acc[:, None], group)[:, 0], 0.5))
         v = (acc / med_acc).clamp(0.0, 1.0) if med_acc > 0 else torch.ones(n, dtype=torch.float64)
     return {"s": s.cpu(), "m": m.cpu(), "v": v, "norm": norms.cpu()}
 
@@ -150,9 +157,12 @@ def hta_weights(
     keep: torch.Tensor,
     *,
     clip_to_median_norm: bool = True,
+    group_size: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""Weights :math:`w_h \propto R_h n_h` over the kept hospitals (num-examples alone if
-    every kept reputation is 0), and the aggregate :math:`\sum_h w_h \tilde u_h` with
+    r"""Weights :math:`w_h \propto R_h n_h / k_h` over the kept hospitals (num-examples alone if
+    every kept reputation is 0; :math:`k_h` the size of h's group of near-duplicate updates,
+    ``group_size``, 1 if None, so a group weighs as much as its average member), and the
+    aggregate :math:`\sum_h w_h \tilde u_h` with
     :math:`\tilde u_h = u_h \min(1, \tilde\nu_K / \lVert u_h\rVert)` when clipping
     (:math:`\tilde\nu_K` the median norm of the kept updates), else :math:`u_h`.
 
@@ -164,9 +174,12 @@ def hta_weights(
         raise ValueError("at least one hospital must be kept")
     r = torch.as_tensor(reputation, dtype=torch.float64).cpu()
     ne = torch.as_tensor(num_examples, dtype=torch.float64).cpu()
-    raw = torch.where(keep, r * ne, torch.zeros_like(r))
+    k = torch.ones_like(ne) if group_size is None else torch.as_tensor(group_size, dtype=torch.float64).flatten().cpu()
+    if k.numel() != n or float(k.min()) < 1:
+        raise ValueError(f"group_size must have one entry >= 1 per update (n={n}), got {k.tolist()}")
+    raw = torch.where(keep, r * ne / k, torch.zeros_like(r))
     if float(raw.sum()) <= 0:
-        raw = torch.where(keep, ne, torch.zeros_like(ne))
+        raw = torch.where(keep, ne / k, torch.zeros_like(ne))
     w = raw / raw.sum()
     coef = w * median_norm_clip(x, keep) if clip_to_median_norm else w.clone()
     return coef.to(dtype=x.dtype, device=x.device) @ x, w

@@ -272,6 +272,9 @@ class EARN(HospitrustStrategy):
         update_clip = (median_norm_clip(updates, None if base_agg is None else base_agg.selected)
                        if self.clip_rows != "off" else torch.ones(n, dtype=torch.float64))
         row_clip = {}
+        # near-duplicate updates (HTA's groups) share one hospital's trust term, as they share its base weight
+        voices = (torch.ones(n, dtype=torch.float64) if base_agg is None
+                  else torch.tensor(base_agg.extra["duplicate_group_size"], dtype=torch.float64))
         for c in rare:
             rows = torch.cat([W[:, c, :], B[:, c : c + 1]], dim=1)
             ag = row_agreement(rows, holders[:, c], hist_rows[:, c, :], known, mode=self.mode)
@@ -288,7 +291,7 @@ class EARN(HospitrustStrategy):
             new = torch.where(judged, trust_step(old, agrees, gain=self.gain, decay=self.decay), old)
             for nm, t in zip(names, new.tolist()):
                 self.trust.setdefault(nm, {})[c] = t
-            w = rare_row_weights(base_w, new, evidence[:, c], cap=self.cap)
+            w = rare_row_weights(base_w, new / voices, evidence[:, c], cap=self.cap)
             row_clip[c] = (rare_row_clip(rows, holders[:, c], update_clip) if self.clip_rows == "holders"
                            else update_clip)
             wt = (w * row_clip[c]).to(updates.dtype).to(updates.device)

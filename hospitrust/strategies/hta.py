@@ -9,6 +9,7 @@ from logging import INFO, WARNING
 import torch
 from flwr.common import log
 
+from hospitrust.aggregation.duplicates import duplicate_groups
 from hospitrust.aggregation import excused_direction, hta_fusion, hta_signals, hta_weights, mad_exclusion, reputation_update
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 
@@ -48,6 +49,8 @@ class HTA(HospitrustStrategy):
         hta_kappa: float = 0.5,
         hta_clip: bool = True,
         hta_magnitude_tolerance: float = 2.0,
+        hta_merge_duplicates: bool = True,
+        hta_duplicate_cosine: float = 0.99,
         candidate_scores: Callable[[dict, torch.Tensor], torch.Tensor] | None = None,
         **kwargs,
     ) -> None:
@@ -58,6 +61,9 @@ class HTA(HospitrustStrategy):
         self.rate, self.variance_penalty = hta_ema_rate, hta_variance_penalty
         self.lam, self.kappa, self.clip = hta_lambda, hta_kappa, hta_clip
         self.magnitude_tolerance = hta_magnitude_tolerance
+        if not 0.0 < hta_duplicate_cosine <= 1.0:
+            raise ValueError(f"hta-duplicate-cosine must be a cosine in (0, 1], got {hta_duplicate_cosine}")
+        self.merge_duplicates, self.duplicate_cosine = hta_merge_duplicates, hta_duplicate_cosine
         self.candidate_scores = candidate_scores
         self.ema: dict[str, float] = {}
         self.var: dict[str, float] = {}
@@ -65,8 +71,10 @@ class HTA(HospitrustStrategy):
 
     def summary(self) -> None:
         super().summary()
-        log(INFO, "\t└── HTA: a %g b %g c %g, EMA rate %g, variance penalty %g, lambda %g, kappa %g, clip %s",
-            self.a, self.b, self.c, self.rate, self.variance_penalty, self.lam, self.kappa, self.clip)
+        log(INFO, "\t└── HTA: a %g b %g c %g, EMA rate %g, variance penalty %g, lambda %g, kappa %g, clip %s, %s",
+            self.a, self.b, self.c, self.rate, self.variance_penalty, self.lam, self.kappa, self.clip,
+            f"updates with cosine >= {self.duplicate_cosine:g} count as one voice" if self.merge_duplicates
+            else "near-duplicate updates not merged")
 
     def aggregate_updates(self, server_round, updates, num_examples, replies, *,
                           direction_excuse: torch.Tensor | None = None) -> Aggregate:
@@ -78,7 +86,10 @@ class HTA(HospitrustStrategy):
         bacc = None
         if self.c > 0 and self.candidate_scores is not None:
             bacc = torch.as_tensor(self.candidate_scores(self.global_state, updates), dtype=torch.float64).cpu()
-        sig = hta_signals(updates, bacc, magnitude_tolerance=self.magnitude_tolerance)
+        dup = duplicate_groups(updates, self.duplicate_cosine)
+        group = dup["group"] if self.merge_duplicates else None
+        group_size = dup["size"] if self.merge_duplicates else torch.ones_like(dup["size"])
+        sig = hta_signals(updates, bacc, magnitude_tolerance=self.magnitude_tolerance, group=group)
         s_raw = sig["s"]
         if direction_excuse is not None:
             sig["s"] = excused_direction(s_raw, direction_excuse)
@@ -92,12 +103,18 @@ class HTA(HospitrustStrategy):
         rep = torch.tensor(reps, dtype=torch.float64)
         ex = mad_exclusion(rep, lam=self.lam, kappa=self.kappa)
         excluded = ex["excluded"]
-        update, weights = hta_weights(updates, rep, num_examples, ~excluded, clip_to_median_norm=self.clip)
+        update, weights = hta_weights(updates, rep, num_examples, ~excluded, clip_to_median_norm=self.clip,
+                                      group_size=group_size)
         mu, mad = float(ex["mu"]), float(ex["mad"])
         reasons = [
             (f"reputation {r:.3f} < mu - lambda MAD = {mu - self.lam * mad:.3f} and < kappa mu = {self.kappa * mu:.3f}"
              if e else "") for r, e in zip(reps, excluded.tolist())
         ]
+        together = [[names[j] for j in range(len(names)) if int(dup["group"][j]) == int(g) and j != i]
+                    for i, g in enumerate(dup["group"].tolist())]
+        if self.merge_duplicates and int(group_size.max()) > 1:
+            log(WARNING, "hta round %d: near-duplicate updates (cosine >= %g) counted as one voice: %s", server_round,
+                self.duplicate_cosine, "; ".join(sorted({", ".join(sorted([n, *t])) for n, t in zip(names, together) if t})))
         return Aggregate(update, weights, ~excluded, extra={
             "s": [float(x) for x in sig["s"]],
             **({} if direction_excuse is None else {"s_raw": [float(x) for x in s_raw]}),
@@ -110,5 +127,9 @@ class HTA(HospitrustStrategy):
             "reputation_std": [math.sqrt(self.var[n]) for n in names],
             "excluded": [bool(e) for e in excluded],
             "exclusion_reason": reasons,
-            "flagged": [bool(e) for e in excluded],
+            "max_peer_cosine": [float(c) for c in dup["max_cosine"]],
+            "duplicate_group_size": [int(k) for k in group_size],
+            "duplicates_of": together if self.merge_duplicates else [[] for _ in names],
+            # flagged: excluded, or sending what another hospital sent (no two hospitals' data train the same update)
+            "flagged": [bool(e) or int(k) > 1 for e, k in zip(excluded.tolist(), group_size.tolist())],
         })
