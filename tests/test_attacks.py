@@ -183,6 +183,35 @@ def test_mimic_and_sybil():
     assert torch.allclose(crafted[0], -h.mean(0)) and torch.equal(crafted[0], crafted[1])
 
 
+def test_jittered_copies_norm_and_cosine():
+    u = torch.randn(20000, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(U.jittered_copies(u, 3, 0.0), U.sybil(u, 3))
+    rows = U.jittered_copies(u, 3, 0.2, torch.Generator().manual_seed(1))
+    noise_norms = torch.linalg.vector_norm(rows - u, dim=1) / torch.linalg.vector_norm(u)
+    assert noise_norms.tolist() == pytest.approx([0.2] * 3)
+    unit = rows / torch.linalg.vector_norm(rows, dim=1, keepdim=True)
+    cos = unit @ unit.T
+    assert cos[0, 1] == pytest.approx(1 / 1.04, abs=0.01) and cos[1, 2] == pytest.approx(1 / 1.04, abs=0.01)
+    assert torch.equal(rows, U.jittered_copies(u, 3, 0.2, torch.Generator().manual_seed(1)))  # seeded
+    with pytest.raises(ValueError, match="relative_noise"):
+        U.jittered_copies(u, 3, -0.1)
+
+
+@pytest.mark.parametrize("name", ["alie", "ipm", "min-max", "min-sum"])
+def test_copy_noise_setting_reaches_the_colluders(name):
+    from hospitrust.attacks.registry import ATTACKS
+    from hospitrust.attacks.settings import AttackSettings
+
+    h = _stack(n=6, d=400)
+    exact = ATTACKS[name](AttackSettings(attack=name)).craft(h, 3, server_round=1)
+    assert all(torch.equal(r, exact[0]) for r in exact)
+    jittered = ATTACKS[name](AttackSettings(attack=name, attack_copy_noise=0.3)).craft(
+        h, 3, server_round=1, generator=torch.Generator().manual_seed(0))
+    assert not torch.equal(jittered[0], jittered[1])
+    rel = torch.linalg.vector_norm(jittered - exact, dim=1) / torch.linalg.vector_norm(exact[0])
+    assert rel.tolist() == pytest.approx([0.3] * 3)
+
+
 @pytest.mark.parametrize(
     "attack",
     [A.ALIE(1.0), A.IPM(0.5), A.MinMax("std"), A.MinSum("unit"), A.FangTrimmedMean(), A.FangMedian(), A.Mimic(1), A.Sybil()],

@@ -420,14 +420,22 @@ class NonFinite(UpdateAttack):
 
 # =========================================================== colluding attacks
 class _SameForAll(ColludingAttack):
-    """Colluding attack whose attackers all send one crafted ``(d,)`` update."""
+    """Colluding attack whose attackers all send one crafted ``(d,)`` update; with
+    ``copy_noise`` > 0 each adds its own noise of that norm relative to the update
+    (:func:`~hospitrust.attacks.update_math.jittered_copies`), so no two are identical."""
+
+    copy_noise: float = 0.0
 
     def one(self, honest: torch.Tensor, *, generator=None) -> torch.Tensor:
         raise NotImplementedError
 
+    def with_copy_noise(self, relative_noise: float) -> "_SameForAll":
+        self.copy_noise = U._check_finite_number(relative_noise, "copy_noise", nonneg=True)
+        return self
+
     def craft(self, honest, num_malicious, *, server_round, generator=None):
         m = U._check_count(num_malicious, "num_malicious")
-        return _replicate(self.one(honest, generator=generator), m)
+        return U.jittered_copies(self.one(honest, generator=generator), m, self.copy_noise, generator)
 
 
 class ALIE(_SameForAll):

@@ -57,6 +57,7 @@ class AttackSettings(BaseModel):
     attack_patch_size: int = Field(3, ge=1, description="Backdoor trigger side in pixels (bottom-right square, value 255).")
     attack_noise_rate: float = Field(0.2, ge=0.0, le=1.0, description="Label-noise rate (careless hospital).")
     attack_perturbation: Literal["std", "unit", "sign"] = Field("std", description="Min-Max/Min-Sum perturbation direction.")
+    attack_copy_noise: float = Field(0.0, ge=0.0, description="ALIE, IPM, min-max, min-sum: each attacker adds its own random noise of this norm (relative to the crafted update) so the copies are not identical (two copies then have cosine about 1 / (1 + x^2)): the adaptive answer to hta-merge-duplicates. 0: exact copies.")
     attack_mimic_index: int = Field(0, ge=0, description="Mimic: row of the honest stack to copy.")
     attack_sybil_base: str = Field("mean", description="Sybil: 'mean' or the name of an update/colluding attack the copies send.")
     attack_start_round: int = Field(0, ge=0, description="Honest for this many rounds first (0: attack from round 1).")
@@ -136,7 +137,8 @@ class AttackSettings(BaseModel):
         parse_int_list(v, "attack-on-rounds", minimum=1)
         return v
 
-    @field_validator("attack_z", "attack_gamma", "attack_eps", "attack_sigma", "attack_free_rider_noise")
+    @field_validator("attack_z", "attack_gamma", "attack_eps", "attack_sigma", "attack_free_rider_noise",
+                     "attack_copy_noise")
     @classmethod
     def _finite(cls, v: float) -> float:
         if not math.isfinite(v):

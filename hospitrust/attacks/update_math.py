@@ -449,8 +449,29 @@ def sybil(update: torch.Tensor, m: int) -> torch.Tensor:
     return update.unsqueeze(0).repeat(m, 1)
 
 
+def jittered_copies(
+    update: torch.Tensor, m: int, relative_noise: float, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    r"""``(m, d)`` copies of ``update``, each plus its own noise of norm
+    ``relative_noise`` x :math:`\lVert u\rVert` in a uniformly random direction.
+
+    The adaptive colluder's answer to a duplicate check: in high dimension the noises are
+    nearly orthogonal to ``u`` and to each other, so two copies have cosine about
+    :math:`1 / (1 + r^2)` (r = 0.2: 0.96), while their mean stays within
+    :math:`r / \sqrt{m}` of ``u``. ``relative_noise`` 0 gives :func:`sybil`'s exact copies.
+    """
+    copies = sybil(update, m)
+    r = _check_finite_number(relative_noise, "relative_noise", nonneg=True)
+    if r == 0.0:
+        return copies
+    noise = _randn_like(copies, generator)
+    noise = noise / torch.linalg.vector_norm(noise, dim=1, keepdim=True).clamp_min(1e-30)
+    return copies + r * torch.linalg.vector_norm(update) * noise
+
+
 __all__ = [
     "PERTURBATIONS",
+    "jittered_copies",
     "alie",
     "alie_z_from_formula",
     "fang_median",
