@@ -13,19 +13,20 @@ from __future__ import annotations
 import torch
 
 from ._validation import check_updates
+from .krum import gram
 
 __all__ = ["pairwise_cosine", "duplicate_groups", "group_representatives"]
 
 
 def pairwise_cosine(x: torch.Tensor) -> torch.Tensor:
-    """``(n, n)`` float64 CPU cosine similarities of the rows of ``x``; a zero row has cosine 0
-    with every other row (it has no direction) and 1 with itself."""
+    """``(n, n)`` float64 CPU cosine similarities of the rows of ``x``, from one Gram matrix
+    (no copy of ``x``); a zero row has cosine 0 with every other row (it has no direction) and
+    1 with itself."""
     check_updates(x)
-    xd = x.double()
-    norms = torch.linalg.vector_norm(xd, dim=1)
-    unit = xd / norms.clamp_min(1e-300).unsqueeze(1)
-    unit = torch.where((norms > 0).unsqueeze(1), unit, torch.zeros_like(unit))
-    cos = (unit @ unit.T).clamp(-1.0, 1.0).cpu()
+    g = gram(x).cpu()
+    norms = g.diagonal().clamp_min(0.0).sqrt()
+    cos = (g / (norms[:, None] * norms[None, :]).clamp_min(1e-300)).clamp(-1.0, 1.0)
+    cos = torch.where((norms[:, None] > 0) & (norms[None, :] > 0), cos, torch.zeros_like(cos))
     cos.fill_diagonal_(1.0)
     return cos
 

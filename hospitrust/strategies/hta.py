@@ -16,7 +16,9 @@ from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 
 class HTA(HospitrustStrategy):
     """Per round, signals s (direction vs the coordinate median), m (norm vs the median
-    norm), v (reference-cohort balanced accuracy of global + u_h, over the round's median);
+    norm), v (reference-cohort balanced accuracy of global + u_h, over the round's median),
+    with near-duplicate updates (pairwise cosine >= ``hta_duplicate_cosine``) counted as one
+    voice in those medians and sharing one hospital's weight (``hta_merge_duplicates``);
     ``tau = s^a m^b v^c``; reputation = EMA of tau minus ``variance_penalty`` x its EW std;
     exclusion when reputation < mu - lambda MAD and < kappa mu; weights reputation x
     num-examples over the kept, each update optionally clipped to the kept median norm.
