@@ -64,7 +64,7 @@ class RunConfig(BaseModel):
     hta_clip: bool = Field(True, description="HTA: clip each kept update to the kept updates' median norm.")
     hta_magnitude_tolerance: float = Field(2.0, ge=1.0, description="HTA m: norms within this factor of the median norm are not penalized.")
     hta_merge_duplicates: bool = Field(True, description="HTA: updates whose pairwise cosine reaches hta-duplicate-cosine count as one voice (the medians of s, m and v see their mean once; the group shares one hospital's weight) and are flagged. Colluding attacks (ALIE, IPM, min-max, min-sum) send one update from every attacker; hospitals training on their own data do not.")
-    hta_duplicate_cosine: float = Field(0.99, gt=0.0, le=1.0, description="HTA: the cosine at or above which two hospitals' updates are near-duplicates (see hta-merge-duplicates).")
+    hta_duplicate_cosine: float = Field(0.999, gt=0.0, le=1.0, description="HTA: the cosine at or above which two hospitals' updates are near-duplicates (see hta-merge-duplicates).")
     earn_evidence: Literal["update", "update-count", "reported"] = Field("update", description="EARN evidence of who holds a class: update = positive bias update of the class row; update-count = counts estimated from the bias update per local step and num-examples; reported = the hospitals' class counts (fakeable).")
     earn_mode: Literal["blend", "peer", "history"] = Field("blend", description="EARN agreement: blend = p(c) peer + (1 - p(c)) history; peer = no blend; history = own history only.")
     earn_cap: float = Field(0.5, gt=0.0, le=1.0, description="EARN: largest share one hospital may hold of a rare-class row (1: no cap).")

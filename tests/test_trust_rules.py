@@ -235,7 +235,7 @@ def test_duplicate_groups_by_hand():
     assert dup["group"].tolist() == [0, 0, 2, 3, 4, 5, 0]  # a, 2a and c; zero updates stay alone
     assert dup["size"].tolist() == [3, 3, 1, 1, 1, 1, 3]
     assert dup["max_cosine"].tolist() == pytest.approx([1.0, 1.0, 0.1 / math.sqrt(1.01), 0.0, 0.0, 0.0, 1 / math.sqrt(1.01)])
-    assert duplicate_groups(x, 0.999)["group"].tolist() == [0, 0, 2, 3, 4, 5, 6]  # c is 0.995 from a
+    assert duplicate_groups(x)["group"].tolist() == [0, 0, 2, 3, 4, 5, 6]  # default 0.999: c (0.995) is not a copy
     assert pairwise_cosine(x)[3, 0] == pytest.approx(-1.0)
     chain = torch.tensor([[1.0, 0.0], [1.0, 0.12], [1.0, 0.24]])  # 0-1 and 1-2 linked, 0-2 not: one group
     assert duplicate_groups(chain, 0.99)["size"].tolist() == [3, 3, 3]

@@ -31,7 +31,7 @@ def pairwise_cosine(x: torch.Tensor) -> torch.Tensor:
     return cos
 
 
-def duplicate_groups(x: torch.Tensor, threshold: float = 0.99) -> dict[str, torch.Tensor]:
+def duplicate_groups(x: torch.Tensor, threshold: float = 0.999) -> dict[str, torch.Tensor]:
     r"""Groups of near-duplicate updates: the connected components of the graph with an edge
     between h and j when :math:`\cos(u_h, u_j) \ge` ``threshold``. Zero updates (free-riders
     returning the global model) have no direction and stay alone; HTA's magnitude signal

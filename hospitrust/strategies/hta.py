@@ -52,7 +52,7 @@ class HTA(HospitrustStrategy):
         hta_clip: bool = True,
         hta_magnitude_tolerance: float = 2.0,
         hta_merge_duplicates: bool = True,
-        hta_duplicate_cosine: float = 0.99,
+        hta_duplicate_cosine: float = 0.999,
         candidate_scores: Callable[[dict, torch.Tensor], torch.Tensor] | None = None,
         **kwargs,
     ) -> None:
