@@ -534,6 +534,26 @@ def test_earn_excuses_an_audited_specialists_direction_but_not_a_sign_flipper():
     assert body[True]["weight"] > 0.12  # 6 kept hospitals of 10 examples each: 1/6 at full reputation
 
 
+def test_earn_nonholder_weight_scales_non_holders_out_of_the_rare_row():
+    """h0 and h1 hold class 2 by the evidence (bias up); h2..h5 do not. At 0 the rare row is
+    the holders' alone (capped at half each); at 0.5 the non-holders keep a smaller share than
+    at 1 (the rule as specified); the body does not change."""
+    def row(factor):
+        s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", head_features=_reference_features,
+                           earn_base="fedavg", earn_nonholder_weight=factor)
+        _, by = _earn_round(s, 1, torch.Generator().manual_seed(0))
+        assert all((2 in by[f"h{i}"]["holds"]) == (i < 2) for i in range(6))
+        assert by["h2"]["weight"] == pytest.approx(1 / 6)  # the body: FedAvg whatever the factor
+        return [by[f"h{i}"]["rare_row_weight"]["2"] for i in range(6)]
+
+    zero, half, one = row(0.0), row(0.5), row(1.0)
+    assert zero == pytest.approx([0.5, 0.5, 0, 0, 0, 0])
+    assert all(0 < h < o for h, o in zip(half[2:], one[2:]))
+    assert sum(half[:2]) > sum(one[:2]) and sum(half) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="earn-nonholder-weight"):
+        build_strategy("earn", _hospitals(3), earn_nonholder_weight=1.5)
+
+
 def test_excused_direction_by_hand():
     s = torch.tensor([0.0, 0.5, 0.9, 0.1])  # median 0.3 (torch.quantile interpolates)
     assert excused_direction(s, [1.0, 1.0, 0.5, 0.5]).tolist() == pytest.approx([0.3, 0.5, 0.9, 0.15])

@@ -127,6 +127,7 @@ class EARN(HospitrustStrategy):
         earn_evidence: str = "update",
         earn_mode: str = "blend",
         earn_cap: float = 0.5,
+        earn_nonholder_weight: float = 1.0,
         earn_clip_rows: str = "update",
         earn_history_rounds: int = 3,
         earn_agree_threshold: float = 0.1,
@@ -156,6 +157,9 @@ class EARN(HospitrustStrategy):
                 "candidate_logits" if earn_audit_by == "model" else "head_features")
             earn_audit = False
         self.evidence_source, self.mode, self.cap, self.clip_rows = earn_evidence, earn_mode, earn_cap, earn_clip_rows
+        if not 0.0 <= earn_nonholder_weight <= 1.0:
+            raise ValueError(f"earn-nonholder-weight must be in [0, 1], got {earn_nonholder_weight}")
+        self.nonholder_weight = earn_nonholder_weight
         self.history_len, self.agree_threshold, self.audit = earn_history_rounds, earn_agree_threshold, earn_audit
         self.rare_explicit = parse_class_list(earn_rare_classes)
         self.rare_fraction, self.base = earn_rare_fraction, earn_base
@@ -291,7 +295,10 @@ class EARN(HospitrustStrategy):
             new = torch.where(judged, trust_step(old, agrees, gain=self.gain, decay=self.decay), old)
             for nm, t in zip(names, new.tolist()):
                 self.trust.setdefault(nm, {})[c] = t
-            w = rare_row_weights(base_w, new / voices, evidence[:, c], cap=self.cap)
+            row_base = base_w * torch.where(holders[:, c], 1.0, self.nonholder_weight)
+            if float(row_base.sum()) <= 0:  # no holder with base weight: the base weights as they are
+                row_base = base_w
+            w = rare_row_weights(row_base, new / voices, evidence[:, c], cap=self.cap)
             row_clip[c] = (rare_row_clip(rows, holders[:, c], update_clip) if self.clip_rows == "holders"
                            else update_clip)
             wt = (w * row_clip[c]).to(updates.dtype).to(updates.device)
