@@ -308,6 +308,19 @@ def absences(parts: dict[str, dict[str, int]], rounds: int) -> str:
     return "\n".join(lines)
 
 
+def near_duplicates(history: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per hospital whose update a rule counted together with another's (HTA's
+    ``duplicates_of``): in how many rounds, and with whom. Empty when none was."""
+    out: dict[str, dict[str, Any]] = {}
+    for rec in history:
+        for c in rec["clients"]:
+            if others := c.get("duplicates_of"):
+                entry = out.setdefault(c["hospital"], {"rounds": 0, "with": set()})
+                entry["rounds"] += 1
+                entry["with"].update(others)
+    return {name: {"rounds": e["rounds"], "with": sorted(e["with"])} for name, e in sorted(out.items())}
+
+
 def summary_head(cfg: RunConfig, history: list[dict[str, Any]], num_hospitals: int, run_dir: RunDirectory,
                  started: float) -> dict[str, Any]:
     """The summary.json fields every run has (the final and best round, what ran, where)."""
@@ -325,6 +338,7 @@ def summary_head(cfg: RunConfig, history: list[dict[str, Any]], num_hospitals: i
         "run_dir": str(run_dir.path),
         "attack": cfg.attacks.attack,
         "participation": participation(history),
+        "near_duplicates": near_duplicates(history),
     }
 
 
@@ -514,6 +528,10 @@ def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.devic
     final = summary["final"]
     if missed := absences(summary["participation"], len(history)):
         log(WARNING, "hospitrust: hospitals without a valid update in every round:\n%s", missed)
+    if copies := summary.get("near_duplicates"):
+        log(WARNING, "hospitrust: hospitals that sent another hospital's update (counted as one voice, flagged):\n%s",
+            "\n".join(f"{name}: {e['rounds']} of {len(history)} rounds, with {', '.join(e['with'])}"
+                      for name, e in copies.items()))
     log(INFO, "hospitrust: finished %d rounds in %.1f s\n%s\nfinal: accuracy %.4f  balanced accuracy %.4f  AUC %.4f  "
         "worst-class recall %.4f  (best round %d)\nresults: %s",
         len(history), summary["wall_seconds"], format_summary_table(history), final["accuracy"],

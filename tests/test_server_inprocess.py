@@ -238,6 +238,24 @@ def test_a_hospital_offline_after_the_query_round_is_recorded_offline_and_not_as
     assert parts["hospital-0"] == {"asked": 2, "valid": 2, "rejected": 0, "missing": 0, "offline": 0}
 
 
+def test_near_duplicates_by_hand():
+    from hospitrust.server_app import near_duplicates
+
+    history = [
+        {"clients": [{"hospital": "a", "duplicates_of": ["b"]}, {"hospital": "b", "duplicates_of": ["a"]},
+                     {"hospital": "c", "duplicates_of": []}]},
+        {"clients": [{"hospital": "a", "duplicates_of": ["b", "c"]}, {"hospital": "b", "duplicates_of": ["a", "c"]},
+                     {"hospital": "c", "duplicates_of": ["a", "b"]}]},
+        {"clients": [{"hospital": "a"}, {"hospital": "b"}]},  # a rule without the field
+    ]
+    assert near_duplicates(history) == {
+        "a": {"rounds": 2, "with": ["b", "c"]},
+        "b": {"rounds": 2, "with": ["a", "c"]},
+        "c": {"rounds": 1, "with": ["a", "b"]},
+    }
+    assert near_duplicates(history[2:]) == {}
+
+
 def test_participation_counts_every_way_a_hospital_can_miss_a_round():
     from hospitrust.server_app import absences, participation
 

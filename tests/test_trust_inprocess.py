@@ -13,7 +13,8 @@ from hospitrust.server_app import app as server_app
 
 CASES = {
     "fedagain": ({"fedagain-benchmark": "server", "fedagain-divergence": "cosine"}, ("trust", "divergence", "flagged")),
-    "hta": ({}, ("s", "m", "v", "tau", "reputation", "excluded", "exclusion_reason", "flagged")),
+    "hta": ({}, ("s", "m", "v", "tau", "reputation", "excluded", "exclusion_reason", "flagged", "max_peer_cosine",
+                 "duplicate_group_size", "duplicates_of")),
     "earn": ({"earn-rare-classes": "0", "earn-base": "fedavg"}, ("evidence", "earn_trust", "row_audit", "rare_row_weight", "evidence_spearman")),
     # EARN on an HTA base: HTA's signals (v from the reference cohort) and EARN's, side by side; s_raw: HTA's direction before EARN's excuse
     "earn-on-hta": ({"strategy": "earn", "earn-rare-classes": "0", "earn-base": "hta"},
@@ -38,3 +39,32 @@ def test_trust_rule_in_a_real_inprocess_run(tmp_path, data_dir, name):
             for k in keys:
                 assert k in c, (name, k)
         assert sum(c["weight"] for c in rec["clients"]) == pytest.approx(1.0)
+
+
+def test_hta_groups_alie_copies_in_a_real_inprocess_run(tmp_path, data_dir):
+    """Hospitals 3 and 4 send ALIE's one crafted update: HTA counts them as one voice and flags
+    them in every round, the honest three are never grouped, and summary.json names the pair."""
+    from hospitrust.results import read_summary
+
+    cfg = small_run_config(tmp_path, **{"strategy": "hta", "num-server-rounds": 2, "train-subsample": 0.03,
+                                        "batch-size": 64, "local-epochs": 1, "attack": "alie",
+                                        "malicious-hospitals": "3,4"})
+    grid = InProcessGrid(client_app, 5, cfg)
+    server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
+    run = tmp_path / "runs" / cfg["run-name"]
+    bad = set()
+    for rec in read_rounds(run):
+        by = {c["hospital"]: c for c in rec["clients"]}
+        bad = {h for h, c in by.items() if c["malicious"]}
+        assert len(bad) == 2
+        for h, c in by.items():
+            assert (c["duplicate_group_size"] == 2) == (h in bad), (h, c["max_peer_cosine"])
+            assert c["flagged"] or h not in bad
+        a, b = sorted(bad)
+        assert by[a]["duplicates_of"] == [b] and by[a]["max_peer_cosine"] == pytest.approx(1.0)
+        # w ~ reputation x examples / group size: each of the pair at half its own say
+        per_say = {h: c["weight"] * c["duplicate_group_size"] / (c["reputation"] * c["num_examples"])
+                   for h, c in by.items() if not c["excluded"] and c["reputation"] > 0}
+        assert len(set(round(v, 9) for v in per_say.values())) == 1, per_say
+    a, b = sorted(bad)
+    assert read_summary(run)["near_duplicates"] == {a: {"rounds": 2, "with": [b]}, b: {"rounds": 2, "with": [a]}}
