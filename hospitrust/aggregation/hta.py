@@ -56,7 +56,8 @@ def hta_signals(
         s = torch.where(norms > 0, cos.clamp(0.0, 1.0), torch.zeros_like(cos))
     else:
         s = torch.ones(n, dtype=torch.float64, device=x.device)
-    med_norm = float(torch.quantile(torch.linalg.vector_norm(voices.double(), dim=1), 0.5))
+    voice_norms = norms if voices is x else torch.linalg.vector_norm(voices.double(), dim=1)
+    med_norm = float(torch.quantile(voice_norms, 0.5))
     if med_norm > 0:
         log_ratio = torch.log(norms.clamp_min(1e-300) / med_norm).abs()
         m = torch.exp(-(log_ratio - math.log(magnitude_tolerance)).clamp_min(0.0))

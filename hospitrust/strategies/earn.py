@@ -277,8 +277,8 @@ class EARN(HospitrustStrategy):
                        if self.clip_rows != "off" else torch.ones(n, dtype=torch.float64))
         row_clip = {}
         # near-duplicate updates (HTA's groups) share one hospital's trust term, as they share its base weight
-        voices = (torch.ones(n, dtype=torch.float64) if base_agg is None
-                  else torch.tensor(base_agg.extra["duplicate_group_size"], dtype=torch.float64))
+        group_size = (torch.ones(n, dtype=torch.float64) if base_agg is None
+                      else torch.tensor(base_agg.extra["duplicate_group_size"], dtype=torch.float64))
         for c in rare:
             rows = torch.cat([W[:, c, :], B[:, c : c + 1]], dim=1)
             ag = row_agreement(rows, holders[:, c], hist_rows[:, c, :], known, mode=self.mode)
@@ -298,7 +298,7 @@ class EARN(HospitrustStrategy):
             row_base = base_w * torch.where(holders[:, c], 1.0, self.nonholder_weight)
             if float(row_base.sum()) <= 0:  # no holder with base weight: the base weights as they are
                 row_base = base_w
-            w = rare_row_weights(row_base, new / voices, evidence[:, c], cap=self.cap)
+            w = rare_row_weights(row_base, new / group_size, evidence[:, c], cap=self.cap)
             row_clip[c] = (rare_row_clip(rows, holders[:, c], update_clip) if self.clip_rows == "holders"
                            else update_clip)
             wt = (w * row_clip[c]).to(updates.dtype).to(updates.device)
