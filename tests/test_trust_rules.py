@@ -21,6 +21,7 @@ from hospitrust.aggregation import (
     hta_weights,
     mad_exclusion,
     median_norm_clip,
+    plausible_median_norm,
     reputation_update,
 )
 from hospitrust.aggregation import earn
@@ -624,6 +625,76 @@ def test_median_norm_clip_by_hand():
     assert median_norm_clip(x).tolist() == pytest.approx([1.0, 1.0, 2.5 / 3, 0.25])
     keep = torch.tensor([True, True, False, False])  # median of the kept norms: 1.5
     assert median_norm_clip(x, keep).tolist() == pytest.approx([1.0, 0.75, 0.5, 0.15])
+
+
+def test_plausible_median_norm_trims_the_scaled_norms_by_hand():
+    # seven honest norms 1..7 and three scaled ones: the plain median 5.5 is the honest 5th-6th;
+    # trimming the norms above 2 x 5.5 = 11 leaves 1..7, whose median 4 is the honest median
+    norms = torch.tensor([1.0, 2, 3, 4, 5, 6, 7, 30, 40, 50])
+    assert plausible_median_norm(norms, None) == pytest.approx(5.5)
+    assert plausible_median_norm(norms, 2.0) == pytest.approx(4.0)
+    # only the top is trimmed: short norms stay, so they cannot move the median up
+    assert plausible_median_norm(torch.tensor([0.01, 0.02, 4.0, 5.0, 6.0]), 2.0) == pytest.approx(4.0)
+    # nothing above the tolerance: the plain median; a zero median: the plain median
+    assert plausible_median_norm(torch.tensor([1.0, 2.0, 3.0]), 2.0) == pytest.approx(2.0)
+    assert plausible_median_norm(torch.tensor([0.0, 0.0, 5.0]), 2.0) == 0.0
+    with pytest.raises(ValueError, match="tolerance must be >= 1"):
+        plausible_median_norm(norms, 0.5)
+
+
+def test_trimmed_median_norm_reaches_m_and_the_clip_by_hand():
+    # norms 1, 2, 3, 4, 30, 40: plain median 3.5; trimmed (<= 7): 1..4, median 2.5
+    x = torch.tensor([[1.0, 0], [2.0, 0], [3.0, 0], [4.0, 0], [30.0, 0], [40.0, 0]])
+    assert hta_signals(x, magnitude_tolerance=2.0)["m"][0] == pytest.approx(math.exp(-(math.log(3.5) - math.log(2))))
+    m = hta_signals(x, magnitude_tolerance=2.0, trim_norms=True)["m"]
+    # against 2.5: beyond 2x, m = 2 / ratio: 1 is 0.4x (m = 0.8), 30 is 12x (1/6), 40 is 16x (1/8)
+    assert m.tolist() == pytest.approx([0.8, 1.0, 1.0, 1.0, 1 / 6, 1 / 8])
+    assert median_norm_clip(x, None, 2.0).tolist() == pytest.approx([1.0, 1.0, 2.5 / 3, 2.5 / 4, 2.5 / 30, 2.5 / 40])
+    keep = torch.tensor([True] * 6)
+    up, _ = hta_weights(x, torch.ones(6), torch.ones(6), keep, trim_tolerance=2.0)
+    assert up.tolist() == pytest.approx([(1 + 2 + 2.5 * 4) / 6, 0.0])  # every update clipped to 2.5 at most
+    up_plain, _ = hta_weights(x, torch.ones(6), torch.ones(6), keep)
+    assert up_plain.tolist() == pytest.approx([(1 + 2 + 3 + 3.5 * 3) / 6, 0.0])
+
+
+def _split_head(u):
+    """A 13-vector as a model with a body (3) and a 2-class head on 4 features (8 + 2)."""
+    return {"body": u[:3], "head.weight": u[3:11].reshape(2, 4), "head.bias": u[11:]}
+
+
+@pytest.mark.parametrize("strategy", ["hta", "earn"])
+def test_hta_trim_norms_keeps_scalers_from_raising_the_clip(strategy):
+    d, n = 13, 10
+    ones = torch.ones(d, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(3)
+
+    def local(size):
+        return size * (ones + 0.1 * torch.randn(d, generator=gen, dtype=torch.float64))
+
+    honest = [local(i + 1) for i in range(7)]
+    ups = honest + [10 * local(2), 10 * local(3), 10 * local(4)]  # three scalers, each on its own data
+    norms = torch.stack([torch.linalg.vector_norm(u) for u in ups])
+    honest_median = float(norms[3])  # the 4th of the seven honest norms
+    g = {"body": torch.zeros(3), "head.weight": torch.zeros(2, 4), "head.bias": torch.zeros(2)}
+    result = {}
+    for trim in (False, True):
+        # kappa 0: nobody is excluded, so the scaled norms reach the clip's median
+        hta_options = {"hta_c": 0.0, "hta_kappa": 0.0, "hta_trim_norms": trim}
+        s = (build_strategy("hta", _hospitals(n), **hta_options) if strategy == "hta" else
+             build_strategy("earn", _hospitals(n), earn_rare_classes="0", hta_options=hta_options))
+        arrays, by = _send(s, 1, g, [_split_head(u) for u in ups])
+        agg = torch.cat([v.double().flatten() for v in arrays.to_torch_state_dict().values()])
+        result[trim] = (float(torch.linalg.vector_norm(agg)), by["h0"]["m"])
+        if strategy == "earn":  # the rare rows are clipped as the whole updates are, at the same median
+            kept = torch.tensor([not by[f"h{i}"]["excluded"] for i in range(n)])
+            thr = plausible_median_norm(norms[kept], 2.0 if trim else None)
+            for i in range(n):
+                assert by[f"h{i}"]["rare_row_clip"]["0"] == pytest.approx(min(1.0, thr / float(norms[i])), rel=1e-5)
+    # plain: the median norm is the honest 5th-6th, so the updates are clipped above the honest median
+    assert result[False][0] > honest_median
+    # trimmed: no update passes above the honest median, and the shortest honest one looks more plausible
+    assert result[True][0] <= honest_median * 1.0001
+    assert result[True][1] > result[False][1]
 
 
 def test_earn_history_only_without_audit_shows_the_known_failure():

@@ -58,11 +58,12 @@ __all__ = [
 # trust rules (fedagain, hta, earn)
 from .fedagain import fedagain_divergence, fedagain_trust  # noqa: E402
 from .hta import (  # noqa: E402
-    excused_direction, hta_fusion, hta_signals, hta_weights, mad_exclusion, median_norm_clip, reputation_update,
+    excused_direction, hta_fusion, hta_signals, hta_weights, mad_exclusion, median_norm_clip, plausible_median_norm,
+    reputation_update,
 )
 from . import earn  # noqa: E402
 
 __all__ += [
     "fedagain_divergence", "fedagain_trust", "hta_signals", "excused_direction", "hta_fusion", "reputation_update", "mad_exclusion",
-    "hta_weights", "median_norm_clip", "earn",
+    "hta_weights", "median_norm_clip", "plausible_median_norm", "earn",
 ]

@@ -273,7 +273,8 @@ class EARN(HospitrustStrategy):
         ])
         agreement, audit_scores, row_weight, trust_now = ({} for _ in range(4))
         # each hospital's rare rows scaled as its whole update is clipped to the median norm (the base's kept ones)
-        update_clip = (median_norm_clip(updates, None if base_agg is None else base_agg.selected)
+        update_clip = (median_norm_clip(updates, None if base_agg is None else base_agg.selected,
+                                        None if base_agg is None else self.base_rule.norm_trim_tolerance)
                        if self.clip_rows != "off" else torch.ones(n, dtype=torch.float64))
         row_clip = {}
         # near-duplicate updates (HTA's groups) share one hospital's trust term, as they share its base weight

@@ -53,6 +53,7 @@ class HTA(HospitrustStrategy):
         hta_magnitude_tolerance: float = 2.0,
         hta_merge_duplicates: bool = True,
         hta_duplicate_cosine: float = 0.999,
+        hta_trim_norms: bool = False,
         candidate_scores: Callable[[dict, torch.Tensor], torch.Tensor] | None = None,
         **kwargs,
     ) -> None:
@@ -66,15 +67,22 @@ class HTA(HospitrustStrategy):
         if not 0.0 < hta_duplicate_cosine <= 1.0:
             raise ValueError(f"hta-duplicate-cosine must be a cosine in (0, 1], got {hta_duplicate_cosine}")
         self.merge_duplicates, self.duplicate_cosine = hta_merge_duplicates, hta_duplicate_cosine
+        self.trim_norms = hta_trim_norms
         self.candidate_scores = candidate_scores
         self.ema: dict[str, float] = {}
         self.var: dict[str, float] = {}
         self.reputation: dict[str, float] = {}
 
+    @property
+    def norm_trim_tolerance(self) -> float | None:
+        """The factor the median norm is trimmed at (m and the clip), None for the plain median."""
+        return self.magnitude_tolerance if self.trim_norms else None
+
     def summary(self) -> None:
         super().summary()
-        log(INFO, "\t└── HTA: a %g b %g c %g, EMA rate %g, variance penalty %g, lambda %g, kappa %g, clip %s, %s",
+        log(INFO, "\t└── HTA: a %g b %g c %g, EMA rate %g, variance penalty %g, lambda %g, kappa %g, clip %s, %s, %s",
             self.a, self.b, self.c, self.rate, self.variance_penalty, self.lam, self.kappa, self.clip,
+            f"median norm of those at most {self.magnitude_tolerance:g}x the median" if self.trim_norms else "plain median norm",
             f"updates with cosine >= {self.duplicate_cosine:g} count as one voice" if self.merge_duplicates
             else "near-duplicate updates not merged")
 
@@ -91,7 +99,8 @@ class HTA(HospitrustStrategy):
         dup = duplicate_groups(updates, self.duplicate_cosine)
         group = dup["group"] if self.merge_duplicates else None
         group_size = dup["size"] if self.merge_duplicates else torch.ones_like(dup["size"])
-        sig = hta_signals(updates, bacc, magnitude_tolerance=self.magnitude_tolerance, group=group)
+        sig = hta_signals(updates, bacc, magnitude_tolerance=self.magnitude_tolerance, group=group,
+                          trim_norms=self.trim_norms)
         s_raw = sig["s"]
         if direction_excuse is not None:
             sig["s"] = excused_direction(s_raw, direction_excuse)
@@ -106,7 +115,7 @@ class HTA(HospitrustStrategy):
         ex = mad_exclusion(rep, lam=self.lam, kappa=self.kappa)
         excluded = ex["excluded"]
         update, weights = hta_weights(updates, rep, num_examples, ~excluded, clip_to_median_norm=self.clip,
-                                      group_size=group_size)
+                                      group_size=group_size, trim_tolerance=self.norm_trim_tolerance)
         mu, mad = float(ex["mu"]), float(ex["mad"])
         reasons = [
             (f"reputation {r:.3f} < mu - lambda MAD = {mu - self.lam * mad:.3f} and < kappa mu = {self.kappa * mu:.3f}"
