@@ -32,7 +32,9 @@ class HTA(HospitrustStrategy):
     honest specialist is genuinely lower), a dead zone in the magnitude penalty (norms
     within ``magnitude_tolerance`` x the median are not penalized: hospital sizes differ),
     and clipping to the kept median norm on by default (caps what a scaler that slips
-    through can do).
+    through can do). That median norm, and m's, leaves out the norms above the tolerance
+    x the plain median first (``hta_trim_norms``, default on), so scalers cannot raise the
+    threshold every honest update is clipped to.
     """
 
     name = "hta"
@@ -53,7 +55,7 @@ class HTA(HospitrustStrategy):
         hta_magnitude_tolerance: float = 2.0,
         hta_merge_duplicates: bool = True,
         hta_duplicate_cosine: float = 0.999,
-        hta_trim_norms: bool = False,
+        hta_trim_norms: bool = True,
         candidate_scores: Callable[[dict, torch.Tensor], torch.Tensor] | None = None,
         **kwargs,
     ) -> None:
