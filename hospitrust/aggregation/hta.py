@@ -26,12 +26,12 @@ def plausible_median_norm(norms: torch.Tensor, tolerance: float | None) -> float
     trimmed: a short update cannot raise the threshold, and trimming the bottom as well would
     move the median up again. Never empty: the lower middle norm is at most the median.
     """
+    if tolerance is not None and tolerance < 1.0:
+        raise ValueError(f"tolerance must be >= 1, got {tolerance}")
     norms = torch.as_tensor(norms, dtype=torch.float64).flatten().cpu()
     med = float(torch.quantile(norms, 0.5))
     if tolerance is None or med <= 0:
         return med
-    if tolerance < 1.0:
-        raise ValueError(f"tolerance must be >= 1, got {tolerance}")
     return float(torch.quantile(norms[norms <= med * tolerance], 0.5))
 
 
