@@ -105,3 +105,28 @@ def test_earn_faker_reads_the_specialists_body_weight_and_the_late_rare_f1(tmp_p
     assert row["specialist_body_over_share"] == pytest.approx((0.0 + 2.0 + 1.0) / 3)
     assert row["rare_f1_last5"] == pytest.approx(0.2) and row["rare_f1"] == pytest.approx(0.2)
     assert script._label(row).endswith(", fedavg base)")  # a run from before earn-base: the FedAvg base
+
+
+def _rounds(run: Path, values: list[float]) -> None:
+    run.mkdir(parents=True)
+    (run / "rounds.jsonl").write_text("".join(
+        json.dumps({"round": i + 1, "central": {"rare_class_macro_f1": v}}) + "\n" for i, v in enumerate(values)))
+
+
+def test_metric_swing_by_hand(tmp_path, capsys):
+    swing = _script("metric_swing")
+    # last 4 of [9, 0.1, 0.2, 0.1, 0.3]: changes 0.1, 0.1, 0.2 (mean 0.1333; only 0.2 is > 0.15);
+    # std of 0.1, 0.2, 0.1, 0.3 = sqrt(0.0375 - 0.175^2) = 0.0829
+    s = swing.swing([9.0, 0.1, 0.2, 0.1, 0.3], rounds=4, margin=0.15)
+    assert s["mean_change"] == pytest.approx(0.4 / 3)
+    assert s["over_margin"] == pytest.approx(1 / 3)
+    assert s["std"] == pytest.approx(0.0829156, abs=1e-6)
+    assert s["final"] == 0.3
+    _rounds(tmp_path / "runs" / "a", [0.0, 0.1, 0.2, 0.1, 0.3])
+    _rounds(tmp_path / "runs" / "short", [0.5])
+    assert swing.main([str(tmp_path / "runs"), "--rounds", "4", "--margin", "0.15"]) == 0
+    out = capsys.readouterr()
+    assert "| 0.300 | 0.083 | 0.133 | 0.33 |" in out.out
+    assert "fewer than --rounds 4: skipped" in out.err
+    with pytest.raises(SystemExit):
+        swing.main([str(tmp_path / "nowhere")])

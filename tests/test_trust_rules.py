@@ -555,6 +555,44 @@ def test_earn_nonholder_weight_scales_non_holders_out_of_the_rare_row():
         build_strategy("earn", _hospitals(3), earn_nonholder_weight=1.5)
 
 
+def test_nonholder_factor_by_hand():
+    # 1 - p(c), p(c) = clip((n - 1) / 4, 0, 1)
+    assert [earn.nonholder_factor(k, by_peers=True) for k in (0, 1, 2, 3, 5, 9)] == pytest.approx([1, 1, 0.75, 0.5, 0, 0])
+    assert earn.nonholder_factor(3, 0.5, by_peers=True) == pytest.approx(0.25)
+    assert earn.nonholder_factor(9, 0.5) == 0.5  # fixed: the weight whatever the holders
+    with pytest.raises(ValueError, match="weight"):
+        earn.nonholder_factor(2, 1.5)
+
+
+def test_earn_nonholder_by_peers_keeps_non_holders_in_a_thin_row_and_drops_them_from_a_well_held_one():
+    """Two holders (p = 0.25): the row is the fixed factor 0.75's. Five holders of seven
+    (p = 1): the two non-holders get no share of the row, and the body is FedAvg either way."""
+    def fixed_row(factor):
+        s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", head_features=_reference_features,
+                           earn_base="fedavg", earn_nonholder_weight=factor)
+        by = _earn_round(s, 1, torch.Generator().manual_seed(0))[1]
+        return [by[f"h{i}"]["rare_row_weight"]["2"] for i in range(6)]
+
+    s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", head_features=_reference_features,
+                       earn_base="fedavg", earn_nonholder_by_peers=True)
+    _, by = _earn_round(s, 1, torch.Generator().manual_seed(0))
+    assert [by[f"h{i}"]["rare_row_weight"]["2"] for i in range(6)] == pytest.approx(fixed_row(0.75))
+    assert fixed_row(0.75) != pytest.approx(fixed_row(1.0))
+
+    g = {"body": torch.zeros(3), "head.weight": torch.zeros(3, 4), "head.bias": torch.zeros(3)}
+    gen = torch.Generator().manual_seed(1)
+    deltas = [{"body": torch.ones(3) + 0.05 * torch.randn(3, generator=gen),
+               "head.weight": 0.05 * torch.randn(3, 4, generator=gen),
+               "head.bias": torch.tensor([0.1, 0.1, 0.5 if i < 5 else -0.3])} for i in range(7)]
+    s = build_strategy("earn", _hospitals(7), earn_rare_classes="2", head_features=_reference_features,
+                       earn_base="fedavg", earn_nonholder_by_peers=True)
+    _, by = _send(s, 1, g, deltas)
+    assert [2 in by[f"h{i}"]["holds"] for i in range(7)] == [True] * 5 + [False] * 2
+    row = [by[f"h{i}"]["rare_row_weight"]["2"] for i in range(7)]
+    assert row[5:] == [0.0, 0.0] and sum(row[:5]) == pytest.approx(1.0)  # the holders' (+ trust x evidence) alone
+    assert by["h6"]["weight"] == pytest.approx(1 / 7)
+
+
 def test_excused_direction_by_hand():
     s = torch.tensor([0.0, 0.5, 0.9, 0.1])  # median 0.3 (torch.quantile interpolates)
     assert excused_direction(s, [1.0, 1.0, 0.5, 0.5]).tolist() == pytest.approx([0.3, 0.5, 0.9, 0.15])

@@ -21,6 +21,7 @@ __all__ = [
     "update_evidence",
     "holder_mask",
     "peer_reliability",
+    "nonholder_factor",
     "row_agreement",
     "row_audit",
     "trust_step",
@@ -118,6 +119,21 @@ def peer_reliability(num_holders: torch.Tensor | int) -> torch.Tensor:
     r""":math:`p(c) = \mathrm{clip}((n(c) - 1) / 4, 0, 1)`: one holder, no peers to check with; five or more, full trust in the peer check."""
     n = torch.as_tensor(num_holders, dtype=torch.float64)
     return ((n - 1.0) / 4.0).clamp(0.0, 1.0)
+
+
+def nonholder_factor(num_holders: int, weight: float = 1.0, *, by_peers: bool = False) -> float:
+    r"""Factor on a non-holder's base weight in a rare-class row: ``weight``, times
+    :math:`1 - p(c)` with ``by_peers``.
+
+    Why :math:`1 - p(c)`: the non-holders are what dilutes a faker in a row with one or two
+    holders (the peer check cannot vouch for them there), and what lets hospitals that relabel
+    the class push its logit down unchecked in a row with many holders (where the holders can
+    check each other). With one holder the row is as specified; with five or more it is
+    learned from its holders alone.
+    """
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"weight must be in [0, 1], got {weight}")
+    return float(weight) * (1.0 - float(peer_reliability(num_holders))) if by_peers else float(weight)
 
 
 def _cos_pos(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:

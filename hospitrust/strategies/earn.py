@@ -15,6 +15,7 @@ from hospitrust.aggregation.earn import (
     holder_mask,
     mean_class_spearman,
     model_audit,
+    nonholder_factor,
     rare_row_clip,
     rare_row_weights,
     row_agreement,
@@ -101,6 +102,10 @@ class EARN(HospitrustStrategy):
     coordinate median or HTA (``earn-base``). With HTA, HTA's weights replace FedAvg's in
     the rare rows too (an update HTA excludes starts there from 0 and counts only through
     the trust it earned on that row).
+    A non-holder's base weight in a rare row is multiplied by ``earn-nonholder-weight``, and
+    with ``earn-nonholder-by-peers`` also by 1 - p(c) (:func:`nonholder_factor`): a row with
+    one holder keeps its non-holders (they dilute a faker), a row with five or more holders is
+    learned from them alone.
     ``earn-excuse-direction`` (HTA base): the rare-class trust a hospital earned up to the
     last round floors HTA's direction signal s for it (at trust x the round's median s),
     so HTA does not weigh an audited specialist down for the direction its rare data gives
@@ -128,6 +133,7 @@ class EARN(HospitrustStrategy):
         earn_mode: str = "blend",
         earn_cap: float = 0.5,
         earn_nonholder_weight: float = 1.0,
+        earn_nonholder_by_peers: bool = False,
         earn_clip_rows: str = "update",
         earn_history_rounds: int = 3,
         earn_agree_threshold: float = 0.1,
@@ -159,7 +165,7 @@ class EARN(HospitrustStrategy):
         self.evidence_source, self.mode, self.cap, self.clip_rows = earn_evidence, earn_mode, earn_cap, earn_clip_rows
         if not 0.0 <= earn_nonholder_weight <= 1.0:
             raise ValueError(f"earn-nonholder-weight must be in [0, 1], got {earn_nonholder_weight}")
-        self.nonholder_weight = earn_nonholder_weight
+        self.nonholder_weight, self.nonholder_by_peers = earn_nonholder_weight, earn_nonholder_by_peers
         self.history_len, self.agree_threshold, self.audit = earn_history_rounds, earn_agree_threshold, earn_audit
         self.rare_explicit = parse_class_list(earn_rare_classes)
         self.rare_fraction, self.base = earn_rare_fraction, earn_base
@@ -296,7 +302,8 @@ class EARN(HospitrustStrategy):
             new = torch.where(judged, trust_step(old, agrees, gain=self.gain, decay=self.decay), old)
             for nm, t in zip(names, new.tolist()):
                 self.trust.setdefault(nm, {})[c] = t
-            row_base = base_w * torch.where(holders[:, c], 1.0, self.nonholder_weight)
+            nh = nonholder_factor(int(holders[:, c].sum()), self.nonholder_weight, by_peers=self.nonholder_by_peers)
+            row_base = base_w * torch.where(holders[:, c], 1.0, nh)
             if float(row_base.sum()) <= 0:  # no holder with base weight: the base weights as they are
                 row_base = base_w
             w = rare_row_weights(row_base, new / group_size, evidence[:, c], cap=self.cap)
