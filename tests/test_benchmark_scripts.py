@@ -130,3 +130,14 @@ def test_metric_swing_by_hand(tmp_path, capsys):
     assert "fewer than --rounds 4: skipped" in out.err
     with pytest.raises(SystemExit):
         swing.main([str(tmp_path / "nowhere")])
+
+
+def test_centralized_baseline_uses_the_class_weights_and_reports_rare_class_f1(tmp_path, capsys):
+    centralized = _script("centralized")
+    out = tmp_path / "central.json"
+    assert centralized.main(["--hospitals", "3", "--json", str(out), "-c",
+                             "num-server-rounds=1 local-epochs=1 train-subsample=0.05 class-weighted-loss=true"]) == 0
+    printed = capsys.readouterr().out
+    assert "class weights balanced, rare classes [0]" in printed  # PneumoniaMNIST: normal is the rare class
+    final = json.loads(out.read_text())["final"]
+    assert 0.0 <= final["rare_class_macro_f1"] <= 1.0 and final["rare_class_macro_f1"] == final["rare_class_macro_f1"]
