@@ -479,8 +479,11 @@ def test_earn_rewards_the_specialist_and_not_a_consistent_faker():
     assert s.trust["h1"][2] < 0.05  # the faker agrees with its own history but fails the audit
     fair = 1 / 6
     assert by["h1"]["rare_row_weight"]["2"] <= fair + 1e-9
-    # FedAvg 1/6 + trust 1 x evidence share 1/2 (the faker claims the other half), normalized
-    assert by["h0"]["rare_row_weight"]["2"] == pytest.approx((1 / 6 + 0.5) / 1.5)
+    # two holders: p = 1/4, so the four non-holders count 3/4 each (earn-nonholder-by-peers):
+    # base shares 1/5 for each holder, 3/20 for each non-holder; + trust 1 x evidence share 1/2
+    # (the faker claims the other half), normalized over 1.5
+    assert by["h0"]["rare_row_weight"]["2"] == pytest.approx((1 / 5 + 0.5) / 1.5)
+    assert by["h3"]["rare_row_weight"]["2"] == pytest.approx((3 / 20) / 1.5)
     assert by["h1"]["flagged"] and not by["h0"]["flagged"]
     assert 2 in by["h0"]["holds"] and 2 in by["h1"]["holds"] and 2 not in by["h3"]["holds"]
     assert not math.isnan(by["h0"]["evidence_spearman"])
@@ -541,7 +544,7 @@ def test_earn_nonholder_weight_scales_non_holders_out_of_the_rare_row():
     at 1 (the rule as specified); the body does not change."""
     def row(factor):
         s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", head_features=_reference_features,
-                           earn_base="fedavg", earn_nonholder_weight=factor)
+                           earn_base="fedavg", earn_nonholder_weight=factor, earn_nonholder_by_peers=False)
         _, by = _earn_round(s, 1, torch.Generator().manual_seed(0))
         assert all((2 in by[f"h{i}"]["holds"]) == (i < 2) for i in range(6))
         assert by["h2"]["weight"] == pytest.approx(1 / 6)  # the body: FedAvg whatever the factor
@@ -569,12 +572,12 @@ def test_earn_nonholder_by_peers_keeps_non_holders_in_a_thin_row_and_drops_them_
     (p = 1): the two non-holders get no share of the row, and the body is FedAvg either way."""
     def fixed_row(factor):
         s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", head_features=_reference_features,
-                           earn_base="fedavg", earn_nonholder_weight=factor)
+                           earn_base="fedavg", earn_nonholder_weight=factor, earn_nonholder_by_peers=False)
         by = _earn_round(s, 1, torch.Generator().manual_seed(0))[1]
         return [by[f"h{i}"]["rare_row_weight"]["2"] for i in range(6)]
 
     s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", head_features=_reference_features,
-                       earn_base="fedavg", earn_nonholder_by_peers=True)
+                       earn_base="fedavg")  # by peers: the default
     _, by = _earn_round(s, 1, torch.Generator().manual_seed(0))
     assert [by[f"h{i}"]["rare_row_weight"]["2"] for i in range(6)] == pytest.approx(fixed_row(0.75))
     assert fixed_row(0.75) != pytest.approx(fixed_row(1.0))

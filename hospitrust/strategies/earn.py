@@ -133,7 +133,7 @@ class EARN(HospitrustStrategy):
         earn_mode: str = "blend",
         earn_cap: float = 0.5,
         earn_nonholder_weight: float = 1.0,
-        earn_nonholder_by_peers: bool = False,
+        earn_nonholder_by_peers: bool = True,
         earn_clip_rows: str = "update",
         earn_history_rounds: int = 3,
         earn_agree_threshold: float = 0.1,
