@@ -187,8 +187,10 @@ class EARN(HospitrustStrategy):
     def summary(self) -> None:
         super().summary()
         log(INFO, "\t└── EARN: evidence %s, mode %s, cap %g, rows clipped: %s, history %d rounds, audit %s, "
-            "rare %s, base %s%s", self.evidence_source, self.mode, self.cap, self.clip_rows, self.history_len,
-            self.audit and self.audit_by, list(self.rare_explicit) or f"auto (< {self.rare_fraction} x mean)", self.base,
+            "rare %s, non-holders in a rare row x %g%s, base %s%s", self.evidence_source, self.mode, self.cap,
+            self.clip_rows, self.history_len, self.audit and self.audit_by,
+            list(self.rare_explicit) or f"auto (< {self.rare_fraction} x mean)", self.nonholder_weight,
+            " x (1 - p(c))" if self.nonholder_by_peers else "", self.base,
             " (audited rare-class trust excuses HTA's direction signal)" if self.excuse_direction else "")
 
     @property
