@@ -1,6 +1,7 @@
 """The trust-rule tables from attack-matrix folders (benchmarks/attack_matrix.py output):
-balanced accuracy / worst-class recall per attack and rule, detection of the rules that
-exclude, honest rare-class hospitals wrongly flagged, and EARN's evidence Spearman.
+balanced accuracy / worst-class recall per attack and rule, rare-class macro-F1 per attack and
+rule, detection of the rules that exclude, honest rare-class hospitals wrongly flagged, and
+EARN's evidence Spearman.
 
     python benchmarks/trust_tables.py runs/attack-matrix [--attacks none,label-flip,...]
     python benchmarks/trust_tables.py runs/am-seed42 runs/am-seed1 runs/am-seed2   # + mean +- std over seeds
@@ -28,10 +29,10 @@ def _load(folder: Path, attack: str, rule: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def late_mean(folder: Path, attack: str, rule: str, last: int) -> float | None:
-    """The cell's central balanced accuracy averaged over its last ``last`` rounds."""
+def late_mean(folder: Path, attack: str, rule: str, last: int, metric: str = "balanced_accuracy") -> float | None:
+    """The cell's central ``metric`` averaged over its last ``last`` rounds."""
     run = folder / f"{attack}__{rule}"
-    return results.late_mean(results.read_rounds(run), "balanced_accuracy", last) if (run / "rounds.jsonl").is_file() else None
+    return results.late_mean(results.read_rounds(run), metric, last) if (run / "rounds.jsonl").is_file() else None
 
 
 def _f(x, digits=3) -> str:
@@ -81,17 +82,22 @@ def earn_spearman(folder: Path, attacks: list[str]) -> str:
     return "\n".join(rows)
 
 
-def seeds_table(folders: list[Path], attacks: list[str], rules: list[str], last: int = 0) -> str:
-    """Balanced accuracy, mean +- sample std over the folders (one seed each) that ran the cell:
-    of the final model, or (``last`` > 0) of each run's mean over its last rounds."""
+def seeds_table(folders: list[Path], attacks: list[str], rules: list[str], last: int = 0,
+                metric: str = "balanced_accuracy") -> str:
+    """A central metric (balanced accuracy by default), mean +- sample std over the folders (one
+    seed each) that ran the cell: of the final model, or (``last`` > 0) of each run's mean over
+    its last rounds. Runs without the metric (e.g. rare-class macro-F1 before it was recorded)
+    are left out of the cell."""
     rows = ["| attack | " + " | ".join(rules) + " |", "|---|" + "---|" * len(rules)]
     for attack in attacks:
         cells = []
         for rule in rules:
             if last > 0:
-                vals = [v for f in folders if (v := late_mean(f, attack, rule, last)) is not None]
+                vals = [v for f in folders if (v := late_mean(f, attack, rule, last, metric)) is not None]
             else:
-                vals = [s["final"]["balanced_accuracy"] for f in folders if (s := _load(f, attack, rule)) is not None]
+                vals = [s["final"][metric] for f in folders
+                        if (s := _load(f, attack, rule)) is not None and s["final"].get(metric) is not None]
+            vals = [v for v in vals if not math.isnan(v)]
             if not vals:
                 cells.append("not run")
             elif len(vals) == 1:
@@ -127,6 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.last_rounds:  # one folder too: the final model swings from round to round
         print(f"\nBalanced accuracy averaged over each run's last {args.last_rounds} rounds, over the seeds: mean ± std\n")
         print(seeds_table(folders, ran, rules, last=args.last_rounds))
+    print(f"\nRare-class macro-F1 (macro-F1 over the federation's rare classes) of the final model, over "
+          f"{len(folders)} folder(s): mean ± std\n")
+    print(seeds_table(folders, ran, rules, metric="rare_class_macro_f1"))
+    if args.last_rounds:
+        print(f"\nThe same, averaged over each run's last {args.last_rounds} rounds\n")
+        print(seeds_table(folders, ran, rules, last=args.last_rounds, metric="rare_class_macro_f1"))
     return 0
 
 

@@ -141,3 +141,18 @@ def test_centralized_baseline_uses_the_class_weights_and_reports_rare_class_f1(t
     assert "class weights balanced, rare classes [0]" in printed  # PneumoniaMNIST: normal is the rare class
     final = json.loads(out.read_text())["final"]
     assert 0.0 <= final["rare_class_macro_f1"] <= 1.0 and final["rare_class_macro_f1"] == final["rare_class_macro_f1"]
+
+
+def test_trust_tables_rare_class_f1_for_every_rule_skips_runs_without_it(tmp_path):
+    tables = _script("trust_tables")
+    folders = [tmp_path / s for s in ("s42", "s1", "s2")]
+    for folder, value in zip(folders, (0.1, 0.2, None)):
+        (folder / "none__hta").mkdir(parents=True)
+        final = {"balanced_accuracy": 0.5, "worst_class_recall": 0.0}
+        if value is not None:
+            final["rare_class_macro_f1"] = value
+        (folder / "none__hta" / "summary.json").write_text(json.dumps({"final": final}))
+    text = tables.seeds_table(folders, ["none"], ["hta"], metric="rare_class_macro_f1")
+    # 0.1 and 0.2: mean 0.15, sample std 0.0707; the third run has no rare-class F1
+    assert "| none | 0.150 ± 0.071 (n=2) |" in text
+    assert "| none | 0.500 ± 0.000 (n=3) |" in tables.seeds_table(folders, ["none"], ["hta"])
