@@ -98,7 +98,8 @@ class EARN(HospitrustStrategy):
     hospital's whole update to the median norm (with the HTA base, the median of HTA's kept
     updates), or (holders) by the larger of that factor and the one that clips the row to
     the median row norm of the class's holders (:func:`rare_row_clip`); with all trust at 0
-    this is FedAvg with the cap, on clipped rows. Other rows and the body: FedAvg, the
+    this is FedAvg with the cap, on clipped rows (the non-holders scaled as below). Other
+    rows and the body: FedAvg, the
     coordinate median or HTA (``earn-base``). With HTA, HTA's weights replace FedAvg's in
     the rare rows too (an update HTA excludes starts there from 0 and counts only through
     the trust it earned on that row).
