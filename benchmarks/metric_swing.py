@@ -12,11 +12,12 @@ changes larger than ``--margin`` (a gate's tolerance, 0.05 by default).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 from pathlib import Path
+
+from hospitrust import results
 
 
 def find_runs(paths: list[str]) -> list[Path]:
@@ -32,12 +33,9 @@ def find_runs(paths: list[str]) -> list[Path]:
 
 
 def metric_series(run: Path, metric: str) -> list[float]:
-    out = []
-    for line in (run / "rounds.jsonl").read_text().splitlines():
-        value = json.loads(line).get("central", {}).get(metric)
-        if value is not None:
-            out.append(float(value))
-    return out
+    """The rounds' central ``metric``, in order, over the rounds that report it."""
+    return [float(r["central"][metric]) for r in results.read_rounds(run)
+            if isinstance((r.get("central") or {}).get(metric), (int, float))]
 
 
 def swing(values: list[float], rounds: int, margin: float) -> dict[str, float]:
