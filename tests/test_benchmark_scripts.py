@@ -156,3 +156,40 @@ def test_trust_tables_rare_class_f1_for_every_rule_skips_runs_without_it(tmp_pat
     # 0.1 and 0.2: mean 0.15, sample std 0.0707; the third run has no rare-class F1
     assert "| none | 0.150 ± 0.071 (n=2) |" in text
     assert "| none | 0.500 ± 0.000 (n=3) |" in tables.seeds_table(folders, ["none"], ["hta"])
+
+
+def test_oracle_exclusion_runs_without_the_attackers_and_scores_like_the_server(tmp_path, capsys, data_dir):
+    from hospitrust.inprocess import run_inprocess
+    from hospitrust.threat_model import malicious_partitions
+    from hospitrust.config import parse_run_config
+    from conftest import small_run_config
+
+    oracle = _script("oracle_exclusion")
+    small = "num-server-rounds=1 local-epochs=1 train-subsample=0.05 seed=7"
+    # a full federation's run (all four hospitals), to score beside the oracle
+    full = small_run_config(tmp_path, **{"num-server-rounds": 1, "seed": 7, "run-name": "full"})
+    run_inprocess(full, 4)
+    full_dir = tmp_path / "runs" / "full"
+    out = tmp_path / "oracle"
+    argv = ["--out", str(out), "--seeds", "7", "--strategies", "fedavg", "--hospitals", "4",
+            "--malicious-fraction", "0.25", "-c", small, "--against", str(full_dir)]
+    assert oracle.main(argv) == 0
+    printed = capsys.readouterr().out
+    expected = sorted(malicious_partitions(parse_run_config(
+        {"attack": "label-flip", "malicious-fraction": 0.25, "seed": 7}), 4))
+    assert len(expected) == 1
+    # the oracle federation has every hospital but the attacker's partition
+    counts = (out / "oracle-s7__fedavg" / "class_counts.csv").read_text()
+    kept = {line.split(",")[0] for line in counts.splitlines()[1:]}
+    assert kept == {f"hospital-{i}" for i in range(4) if i not in expected}
+    assert f"| 7 | fedavg | without label-flip's hospitals | {expected[0]} |" in printed
+    # a full run scored by the script reads what the server recorded: same model, same rare classes
+    server = json.loads((full_dir / "summary.json").read_text())["final"]
+    row = next(line for line in printed.splitlines() if "| all, attack none |" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[4] == str(json.loads((full_dir / "summary.json").read_text())["rare_classes"])
+    assert float(cells[5]) == pytest.approx(server["rare_class_macro_f1"], abs=5e-4)
+    assert float(cells[6]) == pytest.approx(server["balanced_accuracy"], abs=5e-4)
+    # a finished cell is not run again
+    assert oracle.main(argv) == 0
+    assert "[oracle] seed 7 fedavg: leaving out" not in capsys.readouterr().out
