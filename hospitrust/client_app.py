@@ -108,6 +108,7 @@ def train_handler(msg: Message, context: Context) -> Message:
         proximal_mu=float(server_cfg.get("proximal-mu", 0.0)),  # only fedprox sends it
         device=device,
         class_weights=_class_weights(cfg, server_cfg, train_labels, info.num_classes),
+        missing_class_scale=cfg.fedrs_alpha,
     )
     rounds_trained = int(context.state["hospital"]["rounds-trained"]) + 1 if "hospital" in context.state else 1
     context.state["hospital"] = MetricRecord({"rounds-trained": rounds_trained})

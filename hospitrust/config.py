@@ -127,6 +127,7 @@ class RunConfig(BaseModel):
     weight_decay: float = Field(0.0, ge=0.0, description="L2 weight decay.")
     class_weighted_loss: bool = Field(False, description="Weigh each class's loss by n / (classes held x its count) in the hospital's own training labels (scikit-learn's 'balanced'), so rare classes are learned; also the server's own training on the reference cohort (FLTrust's root update), not FED-FBD's.")
     class_weights_from: Literal["hospital", "federation"] = Field("hospital", description="With class-weighted-loss: 'hospital' weighs classes by the hospital's own label counts; 'federation' by the federation's totals (from the query round's class counts, sent with every train message), so a specialist weighs up the rare class it holds instead of down.")
+    fedrs_alpha: float = Field(1.0, ge=0.0, le=1.0, description="FedRS's restricted softmax in local training: a hospital multiplies the logits of the classes it holds none of by this in its loss (0: leaves them out of the softmax), so it does not push a class it never sees down everywhere. 1: plain softmax (off).")
     proximal_mu: float = Field(0.01, gt=0.0, description="FedProx proximal term weight mu (used by strategy fedprox only).")
 
     # attacks (simulation ground truth): validated by hospitrust.attacks.settings.AttackSettings

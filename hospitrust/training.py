@@ -66,10 +66,16 @@ def train(
     device: torch.device | None = None,
     generator: torch.Generator | None = None,
     class_weights: torch.Tensor | None = None,
+    missing_class_scale: float = 1.0,
 ) -> TrainResult:
     """Minibatch training; with ``proximal_mu > 0`` adds FedProx's (mu/2)||w - w_global||^2;
     ``class_weights`` (one per class) weigh each sample's cross-entropy by its label's weight
-    (PyTorch's weighted mean: sum w_y l / sum w_y)."""
+    (PyTorch's weighted mean: sum w_y l / sum w_y). ``missing_class_scale`` < 1 is FedRS's
+    restricted softmax: the logits of the classes absent from ``labels`` are multiplied by it
+    in the loss (0: left out of the softmax), so a hospital that holds none of a class does
+    not push that class's logit down everywhere."""
+    if not 0.0 <= missing_class_scale <= 1.0:
+        raise ValueError(f"missing_class_scale (fedrs-alpha) must be in [0, 1], got {missing_class_scale}")
     device = device or pick_device()
     model.to(device).train()
     n = int(labels.shape[0])
@@ -80,6 +86,11 @@ def train(
     global_params = [p.detach().clone() for p in params] if proximal_mu > 0 else None
     y_all = torch.from_numpy(labels).to(device)
     weight = None if class_weights is None else torch.as_tensor(class_weights, dtype=torch.float32).to(device)
+    logit_scale = None
+    if missing_class_scale < 1.0:
+        out_dim = _output_classes(model)
+        present = torch.bincount(y_all.long(), minlength=out_dim)[:out_dim] > 0
+        logit_scale = torch.where(present, 1.0, float(missing_class_scale)).to(device)
     total, seen, steps = 0.0, 0, 0
     for _ in range(epochs):
         order = torch.randperm(n, generator=generator)
@@ -87,7 +98,10 @@ def train(
             idx = order[start : start + batch_size]
             x = to_batch(images[idx.numpy()], device)
             y = y_all[idx.to(device)]
-            loss = F.cross_entropy(model(x), y, weight=weight)
+            logits = model(x)
+            if logit_scale is not None:
+                logits = logits * logit_scale
+            loss = F.cross_entropy(logits, y, weight=weight)
             if global_params is not None:
                 prox = sum(((p - g) ** 2).sum() for p, g in zip(params, global_params))
                 loss = loss + 0.5 * proximal_mu * prox
@@ -98,6 +112,14 @@ def train(
             seen += int(y.shape[0])
             steps += 1
     return TrainResult(total / max(seen, 1), n, steps)
+
+
+def _output_classes(model: nn.Module) -> int:
+    """The number of classes: the output size of the model's last linear layer."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ValueError("fedrs-alpha < 1 needs a model whose last layer is linear (its classes' logits)")
+    return int(linears[-1].out_features)
 
 
 def balanced_class_weights(labels: np.ndarray, num_classes: int) -> torch.Tensor:

@@ -78,6 +78,37 @@ def test_one_weighted_step_matches_the_hand_computed_gradient():
         assert same is should_match
 
 
+def test_restricted_softmax_step_matches_the_hand_computed_gradient():
+    """FedRS (fedrs-alpha): one full-batch SGD step on CE(logits x s), s = 1 for the classes the
+    hospital holds and alpha for the others. At alpha 0 the absent class's row and bias get no
+    gradient at all; at alpha 1 it is the plain step."""
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, size=(5, 2, 2, 1), dtype=np.uint8)
+    labels = np.array([0, 1, 1, 0, 1])  # class 2 absent
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+
+    x, y = to_batch(images, torch.device("cpu")), torch.from_numpy(labels)
+    for alpha in (0.0, 0.5, 1.0):
+        expected = model()
+        scale = torch.tensor([1.0, 1.0, alpha])
+        F.cross_entropy(expected(x) * scale, y).backward()
+        with torch.no_grad():
+            for p in expected.parameters():
+                p -= 0.1 * p.grad
+        m, start = model(), model()
+        train(m, images, labels, epochs=1, batch_size=5, learning_rate=0.1, momentum=0.0, device=torch.device("cpu"),
+              generator=torch.Generator().manual_seed(0), missing_class_scale=alpha)
+        for a, b in zip(m.parameters(), expected.parameters()):
+            assert torch.allclose(a, b, atol=1e-6)
+        moved = [float((a - b)[2].abs().max()) for a, b in zip(m.parameters(), start.parameters())]  # class 2's row, bias
+        assert (max(moved) == 0.0) is (alpha == 0.0)
+    with pytest.raises(ValueError, match=r"fedrs-alpha\) must be in \[0, 1\]"):
+        train(model(), images, labels, epochs=1, batch_size=5, learning_rate=0.1, missing_class_scale=1.5)
+
+
 def test_class_weighted_loss_reaches_the_hospitals_training(tmp_path, data_dir):
     """The same seeded run without `class-weighted-loss`, with the hospitals' own weights and with
     the federation's (`class-weights-from = federation`) ends with three different models."""
@@ -95,3 +126,24 @@ def test_class_weighted_loss_reaches_the_hospitals_training(tmp_path, data_dir):
         losses.append(read_rounds(tmp_path / name / "runs" / cfg["run-name"])[-1]["central"]["loss"])
     assert losses[0] != pytest.approx(losses[1], rel=1e-6)
     assert losses[2] != pytest.approx(losses[0], rel=1e-6) and losses[2] != pytest.approx(losses[1], rel=1e-6)
+
+
+def test_fedrs_alpha_reaches_the_hospitals_training(tmp_path, data_dir):
+    """With normal (class 0) held by hospital 0 alone, the same seeded run with fedrs-alpha 1 and 0
+    ends with different models; with every class held everywhere alpha changes nothing."""
+    from hospitrust.client_app import app as client_app
+    from hospitrust.inprocess import InProcessGrid
+    from hospitrust.results import read_rounds
+    from hospitrust.server_app import app as server_app
+
+    def final_loss(name, **extra):
+        cfg = small_run_config(tmp_path / name, **{"num-server-rounds": 1, **extra})
+        grid = InProcessGrid(client_app, 3, cfg)
+        server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
+        return read_rounds(tmp_path / name / "runs" / cfg["run-name"])[-1]["central"]["loss"]
+
+    specialist = {"partitioner": "specialist", "specialist-classes": "0:0"}
+    assert final_loss("spec-on", **specialist, **{"fedrs-alpha": 0.0}) != pytest.approx(
+        final_loss("spec-off", **specialist), rel=1e-6)
+    iid = {"partitioner": "iid"}
+    assert final_loss("iid-on", **iid, **{"fedrs-alpha": 0.0}) == pytest.approx(final_loss("iid-off", **iid), rel=1e-9)
