@@ -216,6 +216,9 @@ class RunConfig(BaseModel):
             excluded = parse_color_list(self.fbd_exclude_colors, self.fbd_colors)
             if len(excluded) >= self.fbd_colors:
                 raise ValueError(f"fbd-exclude-colors leaves none of the {self.fbd_colors} colors for routing")
+            if self.fedrs_alpha < 1.0:
+                raise ValueError(f"fedrs-alpha {self.fedrs_alpha} is not used by strategy fbd (its hospitals train "
+                                 "block pairs with their own loss); leave it at 1.0")
         from hospitrust.contribution.settings import check_contribution_settings
 
         check_contribution_settings(self)

@@ -47,6 +47,8 @@ def test_pyproject_run_config_matches_the_model():
         ({"optimizer": "rmsprop"}, ["optimizer", "'rmsprop'", "sgd", "adam"]),
         ({"partitioner": "specialist"}, ["specialist-classes"]),
         ({"specialist-classes": "four:0"}, ["specialist-classes", "four:0"]),
+        ({"fedrs-alpha": 1.5}, ["fedrs-alpha", "1.5", "less than or equal to 1"]),
+        ({"fedrs-alpha": 0.0, "strategy": "fbd"}, ["fedrs-alpha 0.0", "strategy fbd", "leave it at 1.0"]),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(overrides, fragments):
