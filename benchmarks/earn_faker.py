@@ -34,6 +34,14 @@ def _client(rnd: dict, name: str) -> dict | None:
     return next((c for c in rnd.get("clients", []) if c.get("hospital") == name), None)
 
 
+def rare_recall_late(rounds: list[dict], rare: int, last: int) -> float:
+    """The rare class's test recall (``per_class_recall``), averaged over the last ``last``
+    rounds that report it: does the model predict the class at all."""
+    vals = [float(r["central"]["per_class_recall"][rare]) for r in rounds
+            if len((r.get("central") or {}).get("per_class_recall") or []) > rare]
+    return sum(vals[-last:]) / len(vals[-last:]) if vals else math.nan
+
+
 def run_figures(run: Path, rare: str, faker: str, specialist: str) -> dict:
     config = json.loads((run / "config.json").read_text())
     cfg = config.get("run_config", config)
@@ -78,6 +86,7 @@ def run_figures(run: Path, rare: str, faker: str, specialist: str) -> dict:
         "rare_f1": final.get("rare_class_macro_f1", math.nan),
         # the final model swings from round to round: the last 5 rounds' mean as a steadier reading
         "rare_f1_last5": _or_nan(results.late_mean(rounds, "rare_class_macro_f1", 5)),
+        "rare_recall_last5": rare_recall_late(rounds, int(rare), 5),
         "balanced_accuracy": final.get("balanced_accuracy", math.nan),
         "rounds": len(rounds),
     }
@@ -114,8 +123,8 @@ def table(rows: list[dict]) -> str:
     by = {(_label(r), r["attack"], r["seed"]): r for r in rows}
     out = ["| rule | attack | seed | faker's rare-row weight | captured / fair | specialist trust (last round) | "
            "specialist trust >= 0.8 from round | specialist body weight / data share | evidence Spearman | "
-           "rare-class macro-F1 | same, last 5 rounds | gate | balanced acc. |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "rare-class macro-F1 | same, last 5 rounds | rare class's recall, last 5 rounds | gate | balanced acc. |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (_label(r) != "fedavg", _label(r), r["attack"] != "none", r["seed"])):
         label = _label(r)
         if r["attack"] == "none":
@@ -127,7 +136,7 @@ def table(rows: list[dict]) -> str:
         out.append(f"| {label} | {r['attack']} | {r['seed']} | {fmt(r['faker_row_weight'])} | {fmt(r['captured_over_fair'], 2)} | "
                    f"{fmt(r['specialist_trust_last'], 2)} | {fmt(r['specialist_first_round_0.8'])} | "
                    f"{fmt(r['specialist_body_over_share'], 2)} | {fmt(r['evidence_spearman'], 2)} | {fmt(r['rare_f1'])} | "
-                   f"{fmt(r['rare_f1_last5'])} | {gate} | {fmt(r['balanced_accuracy'])} |")
+                   f"{fmt(r['rare_f1_last5'])} | {fmt(r['rare_recall_last5'], 2)} | {gate} | {fmt(r['balanced_accuracy'])} |")
     return "\n".join(out)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -96,14 +97,17 @@ def test_earn_faker_reads_the_specialists_body_weight_and_the_late_rare_f1(tmp_p
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"run_config": {"strategy": "earn", "attack": "none", "seed": 1}}))
     rounds = []
-    for rnd, (w, f1) in enumerate(((0.0, 0.1), (0.2, 0.3), (0.1, 0.2)), start=1):
+    for rnd, (w, f1, recall4) in enumerate(((0.0, 0.1, 0.0), (0.2, 0.3, 0.5), (0.1, 0.2, 0.25)), start=1):
         clients = [{"hospital": "hospital-0", "num_examples": 10, "weight": w},  # data share 10 / 100
                    {"hospital": "hospital-1", "num_examples": 90, "weight": 1.0 - w}]
-        rounds.append({"round": rnd, "clients": clients, "central": {"rare_class_macro_f1": f1, "balanced_accuracy": 0.3}})
+        rounds.append({"round": rnd, "clients": clients, "central": {
+            "rare_class_macro_f1": f1, "balanced_accuracy": 0.3, "per_class_recall": [0.9, 0.1, 0.2, 0.3, recall4]}})
     (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
     row = script.run_figures(run, "4", "hospital-5", "hospital-0")
     assert row["specialist_body_over_share"] == pytest.approx((0.0 + 2.0 + 1.0) / 3)
     assert row["rare_f1_last5"] == pytest.approx(0.2) and row["rare_f1"] == pytest.approx(0.2)
+    assert row["rare_recall_last5"] == pytest.approx((0.0 + 0.5 + 0.25) / 3)  # grade 4's recall, three rounds
+    assert math.isnan(script.rare_recall_late(rounds, 7, 5))  # no such class reported
     assert script._label(row).endswith(", fedavg base)")  # a run from before earn-base: the FedAvg base
 
 
