@@ -19,7 +19,6 @@ import json
 import multiprocessing as mp
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 ATTACKS = [
@@ -92,7 +91,7 @@ def table(out: Path, attacks: list[str], strategies: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from hospitrust.config import parse_run_config
-    from hospitrust.simulate import find_app_dir, parse_overrides
+    from hospitrust.simulate import app_config_defaults, parse_overrides
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/attack-matrix")
@@ -106,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    base = tomllib.loads((find_app_dir() / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    base = app_config_defaults()
     overrides = parse_overrides(args.run_config, base)
     attacks, strategies = args.attacks.split(","), args.strategies.split(",")
     cells = []

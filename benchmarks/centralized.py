@@ -15,7 +15,6 @@ import argparse
 import json
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ from hospitrust.config import parse_run_config
 from hospitrust.datasets.federation import load_arrays, simulated_hospital, test_set
 from hospitrust.datasets.medmnist_source import DatasetInfo
 from hospitrust.models import build_model
-from hospitrust.simulate import find_app_dir, parse_overrides
+from hospitrust.simulate import app_config_defaults, parse_overrides
 from hospitrust.training import balanced_class_weights, pick_device, predict_proba, seed_everything, train
 
 
@@ -37,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the result to this JSON file")
     args = parser.parse_args(argv)
 
-    defaults = tomllib.loads((find_app_dir() / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    defaults = app_config_defaults()
     cfg = parse_run_config({**defaults, **parse_overrides(args.run_config, defaults)})
     info = DatasetInfo.of(cfg.dataset)
     load_arrays(cfg)

@@ -21,29 +21,24 @@ A cell whose ``summary.json`` exists is not run again (an interrupted sweep resu
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from hospitrust import metrics
+from hospitrust import metrics, results
 from hospitrust.config import parse_run_config
 from hospitrust.datasets.federation import load_arrays, simulated_hospital, test_set
 from hospitrust.datasets.medmnist_source import DatasetInfo
 from hospitrust.models import build_model
-from hospitrust.simulate import find_app_dir, parse_overrides
+from hospitrust.bench.backends import run_inprocess_cell
+from hospitrust.simulate import app_config_defaults, parse_overrides
 from hospitrust.threat_model import malicious_partitions
 from hospitrust.training import predict_proba
-
-
-def _defaults() -> dict[str, Any]:
-    return tomllib.loads((find_app_dir() / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
 
 
 def left_out(run_config: dict[str, Any], attack: str, hospitals: int) -> list[int]:
@@ -54,33 +49,18 @@ def left_out(run_config: dict[str, Any], attack: str, hospitals: int) -> list[in
 
 
 def run_oracle_cell(run_config: dict[str, Any], hospitals: int, leave_out: list[int], log) -> None:
-    """One run of the ServerApp against the hospitals not in ``leave_out``, no attack."""
-    import contextlib
-
-    from flwr.app import Context, RecordDict
-
-    from hospitrust.client_app import app as client_app
-    from hospitrust.inprocess import InProcessGrid
-    from hospitrust.server_app import app as server_app
-
+    """One run of the ServerApp against the hospitals not in ``leave_out``, no attack; its log
+    lines go to ``log``, the console keeps only warnings and errors (as in ``hospitrust bench``)."""
     kept = [i for i in range(hospitals) if i not in leave_out]
     if len(kept) < 2:
         raise SystemExit(f"leaving out {leave_out} keeps {len(kept)} of {hospitals} hospitals; a federation needs 2")
-    grid = InProcessGrid(client_app, len(kept), run_config,
-                         node_configs=[{"partition-id": i, "num-partitions": hospitals} for i in kept])
-    # the run's log lines go to ``log``; the console keeps only its warnings and errors
-    flwr_logger = logging.getLogger("flwr")
-    handler = logging.StreamHandler(log)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s: %(message)s"))
-    quieted = [(h, h.level) for h in flwr_logger.handlers]
+    quieted = [(h, h.level) for h in logging.getLogger("flwr").handlers]
     for h, _ in quieted:
         h.setLevel(logging.WARNING)
-    flwr_logger.addHandler(handler)
     try:
-        with contextlib.redirect_stdout(log):
-            server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=dict(run_config)))
+        run_inprocess_cell(run_config, len(kept), log,
+                           node_configs=[{"partition-id": i, "num-partitions": hospitals} for i in kept])
     finally:
-        flwr_logger.removeHandler(handler)
         for h, level in quieted:
             h.setLevel(level)
 
@@ -112,8 +92,8 @@ def score_model(run_dir: Path, run_config: dict[str, Any], rare: list[int]) -> d
 
 def run_config_of(run_dir: Path) -> dict[str, Any]:
     """A finished run's config (its ``config.json``), as run-config keys."""
-    saved = json.loads((run_dir / "config.json").read_text())
-    known = set(_defaults())
+    saved = results.read_config(run_dir)
+    known = set(app_config_defaults())
     return {k: v for k, v in saved.items() if k in known}
 
 
@@ -141,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="finished run folders (full federation) to score the same way, for comparison")
     args = parser.parse_args(argv)
 
-    defaults = _defaults()
+    defaults = app_config_defaults()
     base = {**defaults, **parse_overrides(args.run_config, defaults)}
     base.pop("attack", None)
     if not str(base.get("malicious-hospitals", "")).strip():  # named attackers (-c) win over the fraction

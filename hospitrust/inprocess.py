@@ -84,12 +84,13 @@ class InProcessGrid(Grid):
         return self.pull_messages(self.push_messages(messages))
 
 
-def run_inprocess(run_config: dict, num_hospitals: int, reply_filter=None) -> None:
-    """Run the hospitrust ServerApp against ``num_hospitals`` in-process simulated hospitals."""
+def run_inprocess(run_config: dict, num_hospitals: int, reply_filter=None, node_configs=None) -> None:
+    """Run the hospitrust ServerApp against ``num_hospitals`` in-process simulated hospitals
+    (``node_configs``: one per hospital; default partition i of ``num_hospitals``)."""
     from flwr.app import Context, RecordDict
 
     from hospitrust.client_app import app as client_app
     from hospitrust.server_app import app as server_app
 
-    grid = InProcessGrid(client_app, num_hospitals, run_config, reply_filter=reply_filter)
+    grid = InProcessGrid(client_app, num_hospitals, run_config, node_configs=node_configs, reply_filter=reply_filter)
     server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=dict(run_config)))

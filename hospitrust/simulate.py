@@ -58,6 +58,12 @@ def find_app_dir(start: Path | None = None) -> Path:
     )
 
 
+def app_config_defaults(app_dir: Path | None = None) -> dict:
+    """The app's run config defaults: ``[tool.flwr.app.config]`` of its pyproject.toml."""
+    folder = app_dir or find_app_dir()
+    return dict(tomllib.loads((folder / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
+
+
 _PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
 
 

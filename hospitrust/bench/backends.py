@@ -21,19 +21,21 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from hospitrust.simulate import (
-    COMPLETED, SimulationError, _env, _flwr, _stop, _wait_healthy, find_app_dir, free_port, run_status, size_resources,
+    COMPLETED, SimulationError, _env, _flwr, _stop, _wait_healthy, app_config_defaults, find_app_dir, free_port, run_status,
+    size_resources,
     to_toml_overrides,
 )
 
 
-def run_inprocess_cell(run_config: dict[str, Any], hospitals: int, log: TextIO) -> None:
-    """One cell in this (worker) process; the run's log lines (flwr logger, prints) go to ``log``."""
+def run_inprocess_cell(run_config: dict[str, Any], hospitals: int, log: TextIO,
+                       node_configs: list[dict[str, Any]] | None = None) -> None:
+    """One cell in this (worker) process; the run's log lines (flwr logger, prints) go to ``log``.
+    ``node_configs``: one per hospital (default: partition i of ``hospitals``)."""
     import contextlib
     import logging
 
@@ -47,7 +49,7 @@ def run_inprocess_cell(run_config: dict[str, Any], hospitals: int, log: TextIO) 
     flwr_logger.setLevel(logging.INFO)
     try:
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-            run_inprocess(run_config, hospitals)
+            run_inprocess(run_config, hospitals, node_configs=node_configs)
     finally:
         flwr_logger.removeHandler(handler)
         flwr_logger.setLevel(previous)
@@ -55,7 +57,7 @@ def run_inprocess_cell(run_config: dict[str, Any], hospitals: int, log: TextIO) 
 
 def _overrides(run_config: dict[str, Any], app_dir: Path) -> dict[str, Any]:
     """The keys that differ from pyproject's defaults (plus where results go): a short --run-config."""
-    defaults = tomllib.loads((app_dir / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    defaults = app_config_defaults(app_dir)
     values = {k: v for k, v in run_config.items() if defaults.get(k) != v}
     values["output-dir"] = str(Path(run_config["output-dir"]).resolve())
     values["run-name"] = run_config["run-name"]

@@ -123,13 +123,6 @@ def _matches(condition: Mapping[str, Any], values: Mapping[str, Any]) -> bool:
     return True
 
 
-def _defaults(app_dir: Path | None) -> dict[str, Any]:
-    from hospitrust.simulate import find_app_dir
-
-    folder = app_dir or find_app_dir()
-    return dict(tomllib.loads((folder / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
-
-
 def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None = None,
                validate: bool = True) -> Grid:
     """Read a grid (a TOML path or an already-parsed dict), expand it into cells, validate every cell."""
@@ -165,7 +158,9 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
         raise GridError(f"[grid] workers = {workers!r}: must be an integer >= 1")
     default_hospitals = meta.get("hospitals", 10)
 
-    defaults = _defaults(app_dir)
+    from hospitrust.simulate import app_config_defaults
+
+    defaults = app_config_defaults(app_dir)
     base = dict(data.get("base", {}))
     axes_raw = dict(data.get("axes", {}))
     for key, values in axes_raw.items():
