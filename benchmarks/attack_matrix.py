@@ -1,7 +1,7 @@
 """Attack x strategy matrix: every attack against the chosen rules, on the same data and seed.
 
 Each cell is a whole federated run of the hospitrust ServerApp and ClientApp, in process
-(hospitrust.inprocess: no Ray, so the per-run overhead stays small on a few cores); cells
+(hospitrust.ops.inprocess: no Ray, so the per-run overhead stays small on a few cores); cells
 run in parallel worker processes, and a finished cell (its summary.json exists) is skipped,
 so the script can be stopped and started again.
 
@@ -58,7 +58,7 @@ def _run_cell(args: tuple[dict, int]) -> tuple[str, float, str]:
     import logging
 
     logging.getLogger("flwr").setLevel(logging.WARNING)  # per-round lines of many runs would interleave
-    from hospitrust.inprocess import run_inprocess
+    from hospitrust.ops.inprocess import run_inprocess
 
     started = time.time()
     try:
@@ -91,7 +91,7 @@ def table(out: Path, attacks: list[str], strategies: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from hospitrust.config import parse_run_config
-    from hospitrust.simulate import app_config_defaults, parse_overrides
+    from hospitrust.ops.simulate import app_config_defaults, parse_overrides
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/attack-matrix")

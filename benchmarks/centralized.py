@@ -25,8 +25,8 @@ from hospitrust.config import parse_run_config
 from hospitrust.datasets.federation import load_arrays, simulated_hospital, test_set
 from hospitrust.datasets.medmnist_source import DatasetInfo
 from hospitrust.models import build_model
-from hospitrust.simulate import app_config_defaults, parse_overrides
-from hospitrust.training import balanced_class_weights, pick_device, predict_proba, seed_everything, train
+from hospitrust.ops.simulate import app_config_defaults, parse_overrides
+from hospitrust.models.training import balanced_class_weights, pick_device, predict_proba, seed_everything, train
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,7 +50,7 @@ from hospitrust.contribution.scores import (
 )
 from hospitrust.datasets.federation import load_arrays, partitions
 from hospitrust.models import build_model
-from hospitrust.training import seed_everything, to_batch, train
+from hospitrust.models.training import seed_everything, to_batch, train
 
 SCORE_NAMES = ("fp", "ee", "loo", "ioi", "cos")
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from hospitrust.config import RunConfig
-from hospitrust.inprocess import run_inprocess
-from hospitrust.results import read_rounds
+from hospitrust.ops.inprocess import run_inprocess
+from hospitrust.server_app.results import read_rounds
 
 
 def main(argv=None) -> int:

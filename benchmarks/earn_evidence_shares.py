@@ -45,7 +45,7 @@ def main() -> None:
     from hospitrust.client_app import app as client_app
     from hospitrust.config import RunConfig, parse_run_config
     from hospitrust.datasets import DatasetInfo, federation
-    from hospitrust.inprocess import InProcessGrid
+    from hospitrust.ops.inprocess import InProcessGrid
     from hospitrust.server_app import app as server_app
 
     cfg = RunConfig().to_flat()

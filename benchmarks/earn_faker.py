@@ -23,7 +23,7 @@ import json
 import math
 from pathlib import Path
 
-from hospitrust import results
+from hospitrust.server_app import results
 
 
 def _or_nan(x: float | None) -> float:

@@ -37,7 +37,7 @@ ATTACKS = {
 
 
 def _parse_overrides(items: list[str]) -> dict:
-    from hospitrust.simulate import parse_overrides
+    from hospitrust.ops.simulate import parse_overrides
 
     return parse_overrides(items)
 
@@ -59,7 +59,7 @@ def _run(cfg: dict) -> tuple[str, float, str]:
 
     torch.set_num_threads(1)
     logging.getLogger("flwr").setLevel(logging.WARNING)
-    from hospitrust.inprocess import run_inprocess
+    from hospitrust.ops.inprocess import run_inprocess
 
     started = time.time()
     try:
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}: {'FAILED ' + error if error else 'done'} in {seconds:.0f} s", flush=True)
 
     from hospitrust.fbd.cli import unlearn_run
-    from hospitrust.results import read_summary
+    from hospitrust.server_app.results import read_summary
 
     summaries = {cfg["run-name"]: read_summary(out / cfg["run-name"]) for cfg in _runs(base, out)}
     results: dict = {"config": {k: base[k] for k in ("dataset", "model", "num-server-rounds", "local-epochs",

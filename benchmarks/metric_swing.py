@@ -17,7 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from hospitrust import results
+from hospitrust.server_app import results
 
 
 def find_runs(paths: list[str]) -> list[Path]:

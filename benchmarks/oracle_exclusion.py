@@ -30,15 +30,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from hospitrust import metrics, results
+from hospitrust import metrics
+from hospitrust.server_app import results
 from hospitrust.config import parse_run_config
 from hospitrust.datasets.federation import load_arrays, simulated_hospital, test_set
 from hospitrust.datasets.medmnist_source import DatasetInfo
 from hospitrust.models import build_model
 from hospitrust.bench.backends import run_inprocess_cell
-from hospitrust.simulate import app_config_defaults, parse_overrides
-from hospitrust.threat_model import malicious_partitions
-from hospitrust.training import predict_proba
+from hospitrust.ops.simulate import app_config_defaults, parse_overrides
+from hospitrust.attacks.threat_model import malicious_partitions
+from hospitrust.models.training import predict_proba
 
 
 def left_out(run_config: dict[str, Any], attack: str, hospitals: int) -> list[int]:

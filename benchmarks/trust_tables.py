@@ -17,7 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from hospitrust import results
+from hospitrust.server_app import results
 
 RULES = ["fedavg", "median", "multi-krum", "fltrust", "fedagain", "hta", "earn"]
 ATTACKS = ["none", "label-flip", "backdoor", "sign-flip", "scaling", "alie", "ipm", "min-max", "free-rider",

@@ -7,8 +7,8 @@ from flwr.app import Context, RecordDict
 
 from conftest import small_run_config
 from hospitrust.client_app import app as client_app
-from hospitrust.inprocess import InProcessGrid
-from hospitrust.results import read_rounds, read_summary
+from hospitrust.ops.inprocess import InProcessGrid
+from hospitrust.server_app.results import read_rounds, read_summary
 from hospitrust.server_app import app as server_app
 
 HOSPITALS = 10

@@ -7,12 +7,12 @@ import torch
 from flwr.app import Context, RecordDict
 
 from conftest import small_run_config
-from hospitrust.inprocess import InProcessGrid
+from hospitrust.ops.inprocess import InProcessGrid
 from hospitrust.client_app import app as client_app
 from hospitrust.config import parse_node_config, parse_run_config
-from hospitrust.results import read_rounds, read_summary
+from hospitrust.server_app.results import read_rounds, read_summary
 from hospitrust.server_app import app as server_app
-from hospitrust.threat_model import hospital_attack, is_malicious, malicious_partitions
+from hospitrust.attacks.threat_model import hospital_attack, is_malicious, malicious_partitions
 
 
 def _run(tmp_path, reply_filter=None, num_nodes=4, **overrides):
@@ -84,7 +84,7 @@ def test_unknown_attack_is_a_config_error():
 
 def test_colluding_adversary_rewrites_only_malicious_rows():
     from hospitrust.attacks import ALIE
-    from hospitrust.threat_model import ColludingAdversary
+    from hospitrust.attacks.threat_model import ColludingAdversary
 
     updates = torch.tensor([[1.0, 2.0], [3.0, 2.0], [100.0, -100.0], [2.0, 5.0]])
     adversary = ColludingAdversary(ALIE(z=1.0), {"c"}, seed=0)

@@ -163,8 +163,8 @@ def test_trust_tables_rare_class_f1_for_every_rule_skips_runs_without_it(tmp_pat
 
 
 def test_oracle_exclusion_runs_without_the_attackers_and_scores_like_the_server(tmp_path, capsys, data_dir):
-    from hospitrust.inprocess import run_inprocess
-    from hospitrust.threat_model import malicious_partitions
+    from hospitrust.ops.inprocess import run_inprocess
+    from hospitrust.attacks.threat_model import malicious_partitions
     from hospitrust.config import parse_run_config
     from conftest import small_run_config
 

@@ -10,10 +10,10 @@ import torch
 from flwr.app import Context, RecordDict
 
 from conftest import small_run_config
-from hospitrust.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint
+from hospitrust.server_app.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint
 from hospitrust.client_app import app as client_app
-from hospitrust.inprocess import InProcessGrid
-from hospitrust.results import read_rounds, read_summary
+from hospitrust.ops.inprocess import InProcessGrid
+from hospitrust.server_app.results import read_rounds, read_summary
 from hospitrust.server_app import app as server_app
 from hospitrust.strategies import STRATEGIES
 
@@ -123,8 +123,8 @@ def test_strategy_state_round_trip_and_mismatch():
 
 
 def test_a_resume_waits_for_the_stopped_servers_lock_and_then_refuses(tmp_path, data_dir, monkeypatch):
-    import hospitrust.server_app as server_module
-    from hospitrust.results import RunDirectory
+    import hospitrust.server_app.loop as server_module
+    from hospitrust.server_app.results import RunDirectory
 
     cfg = small_run_config(tmp_path, **{"num-server-rounds": 1})
     _serve(cfg, 3)

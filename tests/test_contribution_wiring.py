@@ -15,8 +15,8 @@ from conftest import small_run_config
 from hospitrust.client_app import app as client_app
 from hospitrust.config import ConfigError, parse_run_config
 from hospitrust.contribution.client import STATE_SENT
-from hospitrust.inprocess import InProcessGrid
-from hospitrust.results import read_rounds, read_summary
+from hospitrust.ops.inprocess import InProcessGrid
+from hospitrust.server_app.results import read_rounds, read_summary
 from hospitrust.server_app import app as server_app
 
 SCORES = {"loo", "ioi", "fp", "ee", "cos"}

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hospitrust.cli import main as cli_main
-from hospitrust.data_check import check_folder
+from hospitrust.ops.cli import main as cli_main
+from hospitrust.ops.data_check import check_folder
 
 
 def _png(path: Path, size=(28, 28), value: int = 128) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from conftest import DATA_DIR, REPO
-from hospitrust import deploy
+from hospitrust.ops import deploy
 
 pytestmark = pytest.mark.slow
 
@@ -217,7 +217,7 @@ def federation(tmp_path_factory):
 
         # the hospital with its own images starts through `hospitrust deploy supernode` (data check first)
         data = write_image_folder(work / "st-mary-images")
-        fed.start("st-mary", [sys.executable, "-m", "hospitrust.cli", "deploy", "supernode", "--superlink", fed.address,
+        fed.start("st-mary", [sys.executable, "-m", "hospitrust.ops.cli", "deploy", "supernode", "--superlink", fed.address,
                               "--ca", str(certs / "ca.crt"), "--key", str(keys / "st-mary.key"), "--data-path", str(data),
                               "--hospital", "st-mary", "--port", str(_free_port())], work / "sn-st-mary")
         for pid in (1, 2):
@@ -231,7 +231,7 @@ def federation(tmp_path_factory):
 
 
 def _free_port() -> int:
-    from hospitrust.simulate import free_port
+    from hospitrust.ops.simulate import free_port
 
     return free_port()
 
@@ -276,7 +276,7 @@ def _model_hash(path: Path) -> str:
 
 
 def test_a_stopped_run_resumes_and_ends_with_the_unbroken_runs_model(federation):
-    from hospitrust.checkpoint import load_checkpoint
+    from hospitrust.server_app.checkpoint import load_checkpoint
 
     fed = federation
     extra = 'attack="nan-update" malicious-hospitals="1"'  # the TLS test's run: its model is the unbroken one

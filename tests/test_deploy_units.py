@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hospitrust import deploy
-from hospitrust.cli import main as cli_main
+from hospitrust.ops import deploy
+from hospitrust.ops.cli import main as cli_main
 
 
 def _mode(path: Path) -> int:

@@ -332,7 +332,7 @@ def fbd_runs(tmp_path_factory):
     """An honest run and a run where hospital-0 flips labels and also tries to write a color
     of the other group (the same seed, everything else equal)."""
     from conftest import DATA_DIR
-    from hospitrust.inprocess import run_inprocess
+    from hospitrust.ops.inprocess import run_inprocess
 
     if not (DATA_DIR / "pneumoniamnist.npz").is_file():
         pytest.skip(f"MedMNIST files not found in {DATA_DIR}")
@@ -355,7 +355,7 @@ def fbd_runs(tmp_path_factory):
 
 
 def test_fbd_run_writes_plan_stamps_warehouse_and_rounds(fbd_runs):
-    from hospitrust.results import CENTRAL_METRICS, ROUND_FIELDS, read_rounds, read_summary
+    from hospitrust.server_app.results import CENTRAL_METRICS, ROUND_FIELDS, read_rounds, read_summary
 
     honest, _, _ = fbd_runs
     for name in ("config.json", "rounds.jsonl", "summary.json", "warehouse.pt", "fbd_plan.json", "fbd_stamps.jsonl"):
@@ -382,7 +382,7 @@ def test_fbd_run_writes_plan_stamps_warehouse_and_rounds(fbd_runs):
 
 
 def test_poisoned_hospital_is_contained_to_its_colors(fbd_runs):
-    from hospitrust.results import read_rounds, read_summary
+    from hospitrust.server_app.results import read_rounds, read_summary
 
     honest, poisoned, foreign = fbd_runs
     plan = ShippingPlan.load(poisoned / "fbd_plan.json")
@@ -401,7 +401,7 @@ def test_poisoned_hospital_is_contained_to_its_colors(fbd_runs):
 
 
 def test_unlearn_cli_end_to_end(fbd_runs, capsys):
-    from hospitrust.cli import main
+    from hospitrust.ops.cli import main
 
     honest, poisoned, _ = fbd_runs
     before = Warehouse.load(poisoned / "warehouse.pt")

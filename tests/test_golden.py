@@ -75,7 +75,7 @@ def _final_state(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def _serve(cfg: dict, hospitals: int) -> Path:
-    from hospitrust.inprocess import run_inprocess
+    from hospitrust.ops.inprocess import run_inprocess
 
     run_inprocess(cfg, hospitals)
     return Path(cfg["output-dir"]) / cfg["run-name"]

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from hospitrust.results import RunDirectory, read_rounds, read_summary
+from hospitrust.server_app.results import RunDirectory, read_rounds, read_summary
 
 
 def _round(i):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from hospitrust.security import flagged_hospitals, rare_class_holders, run_security
+from hospitrust.server_app.records import flagged_hospitals, rare_class_holders, run_security
 
 
 def test_flagged_means_rejected_or_left_out_or_said_so():

@@ -14,10 +14,11 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 
 from conftest import small_run_config
-from hospitrust.inprocess import InProcessGrid
+from hospitrust.ops.inprocess import InProcessGrid
 from hospitrust.client_app import app as client_app
-from hospitrust.results import CENTRAL_METRICS, CLIENT_FIELDS, ROUND_FIELDS, SUMMARY_FIELDS, read_rounds, read_summary
-from hospitrust.server_app import FederationFailure, app as server_app
+from hospitrust.server_app.results import CENTRAL_METRICS, CLIENT_FIELDS, ROUND_FIELDS, SUMMARY_FIELDS, read_rounds, read_summary
+from hospitrust.server_app.records import FederationFailure
+from hospitrust.server_app import app as server_app
 
 
 def _run(tmp_path, num_nodes=3, reply_filter=None, **overrides):
@@ -239,7 +240,7 @@ def test_a_hospital_offline_after_the_query_round_is_recorded_offline_and_not_as
 
 
 def test_near_duplicates_by_hand():
-    from hospitrust.server_app import near_duplicates
+    from hospitrust.server_app.records import near_duplicates
 
     history = [
         {"clients": [{"hospital": "a", "duplicates_of": ["b"]}, {"hospital": "b", "duplicates_of": ["a"]},
@@ -257,7 +258,7 @@ def test_near_duplicates_by_hand():
 
 
 def test_participation_counts_every_way_a_hospital_can_miss_a_round():
-    from hospitrust.server_app import absences, participation
+    from hospitrust.server_app.records import absences, participation
 
     history = [
         {"clients": [{"hospital": "a"}, {"hospital": "b", "rejected": True}], "missing": ["c"], "offline": []},

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA_DIR, REPO
-from hospitrust.results import read_rounds, read_summary
+from hospitrust.server_app.results import read_rounds, read_summary
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +21,7 @@ QUICK = "num-server-rounds=2 train-subsample=0.05 batch-size=64"
 def _simulate(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     env = dict(os.environ, HOSPITRUST_DATA_DIR=str(DATA_DIR))
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    cmd = [sys.executable, "-m", "hospitrust.cli", "simulate", *args]
+    cmd = [sys.executable, "-m", "hospitrust.ops.cli", "simulate", *args]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -57,7 +57,7 @@ def test_a_failing_clientapp_ends_failed_with_nonzero_exit(tmp_path, data_dir):
     (app / "pyproject.toml").write_text(pyproject)
     (app / "broken_client.py").write_text(textwrap.dedent('''
         from flwr.clientapp import ClientApp
-        from hospitrust.client_app import describe
+        from hospitrust.client_app.app import describe
 
         app = ClientApp()
         app.query()(describe)

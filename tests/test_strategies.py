@@ -8,9 +8,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.supercore.task_identity import TaskIdentity
 
 from conftest import small_run_config
-from hospitrust.inprocess import InProcessGrid
+from hospitrust.ops.inprocess import InProcessGrid
 from hospitrust.client_app import app as client_app
-from hospitrust.results import read_rounds
+from hospitrust.server_app.results import read_rounds
 from hospitrust.server_app import app as server_app
 from hospitrust.strategies import STRATEGIES, build_strategy
 

@@ -133,8 +133,8 @@ def test_hospitals_and_server_sets_on_mnist(tmp_path):
 
 def test_inprocess_run_on_mnist(tmp_path):
     """The real ServerApp and ClientApps train on MNIST-format data and write the run."""
-    from hospitrust.inprocess import run_inprocess
-    from hospitrust.results import read_rounds, read_summary
+    from hospitrust.ops.inprocess import run_inprocess
+    from hospitrust.server_app.results import read_rounds, read_summary
 
     fake_mnist(tmp_path / "data", n_train=300)
     tvs.load_torchvision.cache_clear()

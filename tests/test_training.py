@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from flwr.app import Context, RecordDict
 
 from conftest import small_run_config
-from hospitrust.training import balanced_class_weights, class_weights_from_counts, to_batch, train
+from hospitrust.models.training import balanced_class_weights, class_weights_from_counts, to_batch, train
 
 
 def test_balanced_class_weights_by_hand():
@@ -40,13 +40,13 @@ def test_federation_class_weights_by_hand():
 def test_the_hospital_takes_federation_totals_when_the_server_sends_them():
     from types import SimpleNamespace
 
-    from hospitrust.client_app import _class_weights
+    from hospitrust.client_app.training import loss_class_weights
 
     labels = np.array([0, 0, 0, 1])
     on, off = SimpleNamespace(class_weighted_loss=True), SimpleNamespace(class_weighted_loss=False)
-    assert _class_weights(off, {"federation-class-counts": [1.0, 1.0]}, labels, 2) is None
-    assert _class_weights(on, {}, labels, 2).tolist() == pytest.approx([2 / 3, 2.0])
-    assert _class_weights(on, {"federation-class-counts": [10.0, 30.0]}, labels, 2).tolist() == pytest.approx([2.0, 2 / 3])
+    assert loss_class_weights(off, {"federation-class-counts": [1.0, 1.0]}, labels, 2) is None
+    assert loss_class_weights(on, {}, labels, 2).tolist() == pytest.approx([2 / 3, 2.0])
+    assert loss_class_weights(on, {"federation-class-counts": [10.0, 30.0]}, labels, 2).tolist() == pytest.approx([2.0, 2 / 3])
 
 
 def test_one_weighted_step_matches_the_hand_computed_gradient():
@@ -113,8 +113,8 @@ def test_class_weighted_loss_reaches_the_hospitals_training(tmp_path, data_dir):
     """The same seeded run without `class-weighted-loss`, with the hospitals' own weights and with
     the federation's (`class-weights-from = federation`) ends with three different models."""
     from hospitrust.client_app import app as client_app
-    from hospitrust.inprocess import InProcessGrid
-    from hospitrust.results import read_rounds
+    from hospitrust.ops.inprocess import InProcessGrid
+    from hospitrust.server_app.results import read_rounds
     from hospitrust.server_app import app as server_app
 
     losses = []
@@ -132,8 +132,8 @@ def test_fedrs_alpha_reaches_the_hospitals_training(tmp_path, data_dir):
     """With normal (class 0) held by hospital 0 alone, the same seeded run with fedrs-alpha 1 and 0
     ends with different models; with every class held everywhere alpha changes nothing."""
     from hospitrust.client_app import app as client_app
-    from hospitrust.inprocess import InProcessGrid
-    from hospitrust.results import read_rounds
+    from hospitrust.ops.inprocess import InProcessGrid
+    from hospitrust.server_app.results import read_rounds
     from hospitrust.server_app import app as server_app
 
     def final_loss(name, **extra):

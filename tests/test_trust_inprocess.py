@@ -7,8 +7,8 @@ from flwr.app import Context, RecordDict
 
 from conftest import small_run_config
 from hospitrust.client_app import app as client_app
-from hospitrust.inprocess import InProcessGrid
-from hospitrust.results import read_rounds
+from hospitrust.ops.inprocess import InProcessGrid
+from hospitrust.server_app.results import read_rounds
 from hospitrust.server_app import app as server_app
 
 CASES = {
@@ -44,7 +44,7 @@ def test_trust_rule_in_a_real_inprocess_run(tmp_path, data_dir, name):
 def test_hta_groups_alie_copies_in_a_real_inprocess_run(tmp_path, data_dir):
     """Hospitals 3 and 4 send ALIE's one crafted update: HTA counts them as one voice and flags
     them in every round, the honest three are never grouped, and summary.json names the pair."""
-    from hospitrust.results import read_summary
+    from hospitrust.server_app.results import read_summary
 
     cfg = small_run_config(tmp_path, **{"strategy": "hta", "num-server-rounds": 2, "train-subsample": 0.03,
                                         "batch-size": 64, "local-epochs": 1, "attack": "alie",

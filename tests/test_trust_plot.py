@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hospitrust.trust_plot import client_signal, plot_trust, trust_series
+from hospitrust.server_app.plots import client_signal, plot_trust, trust_series
 
 
 def _rounds():
@@ -47,7 +47,7 @@ def test_plot_written_as_png(tmp_path):
 
 
 def test_hospitrust_report_on_a_run_directory_draws_its_trust(tmp_path):
-    from hospitrust.cli import main
+    from hospitrust.ops.cli import main
 
     (tmp_path / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rounds()))
     assert main(["report", str(tmp_path)]) == 0

@@ -1,12 +1,12 @@
 """How one cell runs: in process (the real ServerApp and ClientApp, no Ray) or as a real Flower simulation.
 
-``inprocess``: ``hospitrust.inprocess.run_inprocess`` in a worker process that is reused across
+``inprocess``: ``hospitrust.ops.inprocess.run_inprocess`` in a worker process that is reused across
 cells, so imports, the loaded dataset and the partitions (cached per process) are paid once per
 worker, not once per cell.
 
 ``simulation``: a real Flower simulation (SuperLink, SuperExec, ``flwr-simulation``, Ray actors).
 With ``shared-superlink`` (default) the grid starts one SuperLink and submits every cell to it
-as its own run (``flwr run``); otherwise every cell calls ``hospitrust.simulate.simulate`` and
+as its own run (``flwr run``); otherwise every cell calls ``hospitrust.ops.simulate.simulate`` and
 owns a SuperLink. With a Ray address (``--ray-address`` / ``RAY_ADDRESS``) each run's
 ``flwr-simulation`` joins that Ray cluster (``ray.init()`` reads ``RAY_ADDRESS``) instead of
 starting a Ray instance of its own.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from hospitrust.simulate import (
+from hospitrust.ops.simulate import (
     COMPLETED, SimulationError, _env, _flwr, _stop, _wait_healthy, app_config_defaults, find_app_dir, free_port, run_status,
     size_resources,
     to_toml_overrides,
@@ -39,7 +39,7 @@ def run_inprocess_cell(run_config: dict[str, Any], hospitals: int, log: TextIO,
     import contextlib
     import logging
 
-    from hospitrust.inprocess import run_inprocess
+    from hospitrust.ops.inprocess import run_inprocess
 
     flwr_logger = logging.getLogger("flwr")
     handler = logging.StreamHandler(log)
@@ -112,7 +112,7 @@ def run_simulation_cell(run_config: dict[str, Any], hospitals: int, log: TextIO,
     if ray_address:
         os.environ["RAY_ADDRESS"] = ray_address  # inherited by the SuperLink -> flwr-simulation -> ray.init()
     if superlink is None:
-        from hospitrust.simulate import simulate
+        from hospitrust.ops.simulate import simulate
 
         status, _ = simulate(hospitals=hospitals, overrides=[to_toml_overrides(values)], app_dir=app,
                              timeout=timeout, out=log)

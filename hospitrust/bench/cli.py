@@ -12,7 +12,7 @@ from hospitrust.bench.grid import METRICS
 def _bench(args: argparse.Namespace) -> int:
     from hospitrust.bench.grid import GridError, parse_grid
     from hospitrust.bench.runner import GridLocked, run_grid
-    from hospitrust.simulate import SimulationError
+    from hospitrust.ops.simulate import SimulationError
 
     try:
         grid = parse_grid(args.grid)
@@ -60,7 +60,7 @@ def _report(args: argparse.Namespace) -> int:
         print(f"hospitrust report: {grid_dir} is not a folder (give the --out folder of `hospitrust bench`)", file=sys.stderr)
         return 2
     if (grid_dir / "rounds.jsonl").is_file():  # one run directory: its trust picture
-        from hospitrust.trust_plot import plot_trust
+        from hospitrust.server_app.plots import plot_trust
 
         try:
             print(f"trust plot: {plot_trust(grid_dir)}")

@@ -158,7 +158,7 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
         raise GridError(f"[grid] workers = {workers!r}: must be an integer >= 1")
     default_hospitals = meta.get("hospitals", 10)
 
-    from hospitrust.simulate import app_config_defaults
+    from hospitrust.ops.simulate import app_config_defaults
 
     defaults = app_config_defaults(app_dir)
     base = dict(data.get("base", {}))

@@ -11,23 +11,23 @@ and reports v on its validation set of M, M0, M - U_i and M0 + U_i, and cos(U_i,
 Nothing here is sent to the server except those five scalars.
 
 Also here: the ClientApp mods that do this without touching the training code
-(``remember_round_mod`` on train, ``contribution_evaluate_mod`` on evaluate), and
-``secure_train_mod``, which runs Flower's ``secaggplus_mod`` for SecAgg+ train messages and
-adapts the legacy FitIns/FitRes records to the Message-API train handler.
+(``remember_round_mod`` on train, ``contribution_evaluate_mod`` on evaluate).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from logging import WARNING
 
-import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MetricRecord
 from flwr.common import log
 
+from hospitrust import metrics
+from hospitrust.client_app.context import hospital_context
+from hospitrust.config import parse_run_config
 from hospitrust.contribution.interface import REPORT_KEYS, WEIGHT_KEY
 from hospitrust.contribution.scores import cosine_to_aggregate
+from hospitrust.models.training import pick_device, predict_proba
 
 STATE_GLOBAL = "contribution-global"  # context.state keys
 STATE_SENT = "contribution-sent"
@@ -101,8 +101,6 @@ def inflate(report: dict[str, float], amount: float) -> dict[str, float]:
 def remember_round_mod(msg: Message, context: Context, call_next) -> Message:
     """On train: keep M0 and the model actually sent back (after any simulated attack)."""
     reply = call_next(msg, context)
-    from hospitrust.config import parse_run_config
-
     if not parse_run_config(context.run_config).contribution_scoring or reply.has_error():
         return reply
     if "arrays" not in msg.content.array_records or "arrays" not in reply.content.array_records:
@@ -120,12 +118,8 @@ def contribution_evaluate_mod(msg: Message, context: Context, call_next) -> Mess
     config = msg.content.config_records.get("config")
     if reply.has_error() or config is None or WEIGHT_KEY not in config:
         return reply
-    from hospitrust.client_app import _setup
-    from hospitrust.models import build_model
-    from hospitrust.training import pick_device, predict_proba
-    from hospitrust import metrics
-
-    cfg, node, info, data = _setup(context)
+    hospital = hospital_context(context)
+    cfg, node, info, data = hospital.cfg, hospital.node, hospital.info, hospital.data
     if STATE_GLOBAL not in context.state or STATE_SENT not in context.state:
         log(WARNING, "contribution: asked for round %s scores but no trained model is remembered", config.get("server-round"))
         return reply
@@ -134,7 +128,7 @@ def contribution_evaluate_mod(msg: Message, context: Context, call_next) -> Mess
         log(WARNING, "contribution: asked about round %s but the last trained round is %d", config.get("server-round"), remembered)
         return reply
     device = pick_device()
-    model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
+    model = hospital.new_model()
     val = data.val if len(data.val) else data.train
 
     def evaluate_state(state):
@@ -154,55 +148,3 @@ def contribution_evaluate_mod(msg: Message, context: Context, call_next) -> Mess
     for field, key in REPORT_KEYS.items():
         out[key] = float(report[field])
     return reply
-
-
-def secure_train_mod(msg: Message, context: Context, call_next) -> Message:
-    """SecAgg+ train messages through Flower's ``secaggplus_mod``; all others untouched.
-
-    The legacy SecAgg+ workflow speaks FitIns/FitRes records; this turns them into the
-    Message-API ``arrays``/``config`` the train handler reads, and its reply back into a
-    FitRes (scalar metrics only), whose parameters ``secaggplus_mod`` then quantizes and masks.
-    """
-    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
-
-    if RECORD_KEY_CONFIGS not in msg.content.config_records:
-        return call_next(msg, context)
-    from flwr.client.mod import secaggplus_mod
-
-    return secaggplus_mod(msg, context, lambda m, c: _legacy_train(m, c, call_next))
-
-
-def _legacy_train(msg: Message, context: Context, call_next) -> Message:
-    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-    from flwr.compat.common.recorddict_compat import fitres_to_recorddict, recorddict_to_fitins
-
-    from hospitrust.client_app import _setup
-    from hospitrust.models import build_model
-
-    cfg, _, info, _ = _setup(context)
-    fitins = recorddict_to_fitins(msg.content, keep_input=True)
-    template = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size).state_dict()
-    arrays = parameters_to_ndarrays(fitins.parameters)
-    if len(arrays) != len(template):
-        raise ValueError(f"SecAgg+ train message has {len(arrays)} arrays, the model has {len(template)}")
-    state = OrderedDict(
-        (k, torch.from_numpy(np.ascontiguousarray(a)).to(t.dtype).reshape(t.shape)) for (k, t), a in zip(template.items(), arrays)
-    )
-    inner = Message(RecordDict({"arrays": ArrayRecord(state), "config": ConfigRecord(dict(fitins.config))}),
-                    metadata=msg.metadata)
-    out = call_next(inner, context)
-    if out.has_error():
-        raise RuntimeError(f"local training failed: {out.error.reason}")
-    sent = out.content["arrays"].to_torch_state_dict()
-    clip = float(fitins.config.get("secagg-clipping-range", 0.0))
-    largest = max(float(v.abs().max()) for v in sent.values() if v.is_floating_point() and v.numel())
-    if clip and largest > clip:
-        log(WARNING, "SecAgg+: a model value of magnitude %.3g exceeds the clipping range %.3g and is clipped", largest, clip)
-    metrics = {k: v for k, v in dict(out.content["metrics"]).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    fitres = FitRes(
-        status=Status(Code.OK, "ok"),
-        parameters=ndarrays_to_parameters([sent[k].detach().cpu().numpy() for k in template]),
-        num_examples=int(metrics.get("num-examples", 0)),
-        metrics=metrics,
-    )
-    return Message(fitres_to_recorddict(fitres, keep_input=False), reply_to=msg)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hospitrust.results import jsonable
+from hospitrust.server_app.results import jsonable
 
 
 def add_unlearn_parser(sub) -> None:

@@ -18,8 +18,8 @@ from hospitrust.datasets import DatasetInfo, load_hospital
 from hospitrust.fbd.training import train_with_sibling
 from hospitrust.fbd.warehouse import color_key, parse_color_key
 from hospitrust.models import build_model
-from hospitrust.threat_model import data_rng, hospital_attack
-from hospitrust.training import pick_device, seed_everything
+from hospitrust.attacks.threat_model import data_rng, hospital_attack
+from hospitrust.models.training import pick_device, seed_everything
 
 FBD_ACTION = "fbd"
 

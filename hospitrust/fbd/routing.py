@@ -19,7 +19,7 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from hospitrust.training import predict_proba
+from hospitrust.models.training import predict_proba
 
 ROUTING_MODES = ("max-confidence", "ensemble")
 

@@ -33,12 +33,13 @@ from hospitrust.fbd.routing import (
 )
 from hospitrust.fbd.stamps import STAMP_LOG, StampLog
 from hospitrust.fbd.warehouse import Warehouse
-from hospitrust.results import RunDirectory, default_run_name
-from hospitrust.security import round_detection
+from hospitrust.server_app.discovery import discover_hospitals, format_class_counts, offline_hospitals
+from hospitrust.server_app.records import fail_if_every_hospital_crashed, round_detection, summary_head
+from hospitrust.server_app.results import RunDirectory, default_run_name
 from hospitrust.strategies.fbd import FBD
 from hospitrust.strategies.validation import ReplyLimits
-from hospitrust.threat_model import configured_attack, ground_truth
-from hospitrust.training import pick_device, seed_everything
+from hospitrust.attacks.threat_model import configured_attack, ground_truth
+from hospitrust.models.training import pick_device, seed_everything
 
 PLAN_FILE = "fbd_plan.json"
 WAREHOUSE_FILE = "warehouse.pt"
@@ -114,9 +115,6 @@ class WarehouseEvaluator:
 
 def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
     """A whole FED-FBD run; returns its directory."""
-    from hospitrust.server_app import (_fail_if_every_hospital_crashed, discover_hospitals, format_class_counts,
-                                       offline_hospitals, summary_head)
-
     started = time.time()
     cfg = parse_run_config(context.run_config)
     check_fbd_options(cfg)
@@ -173,7 +171,7 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
         replies = list(grid.send_and_receive(messages, timeout=cfg.reply_timeout))
         strategy.aggregate_train(rnd, replies)
         record = strategy.records[rnd]
-        _fail_if_every_hospital_crashed(rnd, record.clients, len(messages))
+        fail_if_every_hospital_crashed(rnd, record.clients, len(messages))
         warehouse.save(run_dir.path / WAREHOUSE_FILE)
         central, fbd = evaluator(warehouse)
         for c in record.clients:

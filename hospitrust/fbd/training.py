@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hospitrust.training import make_optimizer, pick_device, to_batch
+from hospitrust.models.training import make_optimizer, pick_device, to_batch
 
 
 @dataclass

@@ -27,7 +27,7 @@ import torch.nn as nn
 from hospitrust.fbd.plan import ShippingPlan
 from hospitrust.fbd.stamps import block_hash
 from hospitrust.fbd.warehouse import Warehouse
-from hospitrust.training import pick_device, to_batch
+from hospitrust.models.training import pick_device, to_batch
 
 
 class UnlearningError(ValueError):

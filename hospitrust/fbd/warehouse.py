@@ -18,7 +18,7 @@ from flwr.app import ArrayRecord
 from hospitrust.fbd.blocks import block_of_keys, blocks_for
 from hospitrust.fbd.stamps import block_hash
 from hospitrust.models import build_model
-from hospitrust.training import seed_everything
+from hospitrust.models.training import seed_everything
 
 INIT_WRITER = "init"
 

@@ -337,7 +337,7 @@ def online_nodes(connection: str, env: dict[str, str] | None = None) -> list[dic
 
 
 # ---------------------------------------------------------------------------------------------
-# CLI handlers (wired in hospitrust.cli)
+# CLI handlers (wired in hospitrust.ops.cli)
 
 def _exec(cmd: list[str], dry_run: bool) -> int:
     print("$ " + shlex.join(cmd), flush=True)
@@ -420,7 +420,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_supernode(args) -> int:
-    from hospitrust import data_check
+    from hospitrust.ops import data_check
 
     data_path = Path(args.data_path).expanduser().resolve()
     if not args.skip_data_check:
@@ -445,7 +445,7 @@ def cmd_supernode(args) -> int:
 
 
 def cmd_data_check(args) -> int:
-    from hospitrust import data_check
+    from hospitrust.ops import data_check
 
     return data_check.main(args.path, args.dataset, args.image_size, args.allow_odd_sizes)
 

@@ -10,7 +10,7 @@ from hospitrust.config import ConfigError
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from hospitrust.simulate import COMPLETED, SimulationError, simulate
+    from hospitrust.ops.simulate import COMPLETED, SimulationError, simulate
 
     try:
         status, _ = simulate(
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is stopped (default 3600)")
     sim.set_defaults(func=_simulate)
 
-    from hospitrust.deploy import add_data_parser, add_deploy_parser
+    from hospitrust.ops.deploy import add_data_parser, add_deploy_parser
 
     add_deploy_parser(sub)
     add_data_parser(sub)
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("deploy", "data"):
-        from hospitrust.deploy import DeployError
+        from hospitrust.ops.deploy import DeployError
 
         try:
             return int(args.func(args))

@@ -56,7 +56,7 @@ def plot_trust(run_dir: str | Path, out: str | Path | None = None) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hospitrust.results import read_rounds, read_summary
+    from hospitrust.server_app.results import read_rounds, read_summary
 
     run_dir = Path(run_dir)
     rounds = read_rounds(run_dir)

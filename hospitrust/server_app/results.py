@@ -6,7 +6,7 @@
   - ``rounds.jsonl``       one JSON object per round (ROUND_FIELDS; ``clients``: CLIENT_FIELDS)
   - ``summary.json``       SUMMARY_FIELDS
   - ``model.pt``           the final global model (torch state_dict)
-  - ``checkpoint.pt``      server state after the last finished round (hospitrust.checkpoint)
+  - ``checkpoint.pt``      server state after the last finished round (hospitrust.server_app.checkpoint)
 
 Later features add fields; none is ever renamed. NaN and infinities are written as null
 (JSON has no NaN).

@@ -1,0 +1,64 @@
+"""The ClientApp: a hospital trains the global model on its own images and reports back.
+
+Per-hospital state lives in ``context.state`` (a SuperNode starts a fresh process per
+message); the module-level caches only avoid reloading data inside one process.
+"""
+
+from __future__ import annotations
+
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from hospitrust.client_app.context import hospital_context, local_report
+from hospitrust.client_app.secure import secure_train_mod
+from hospitrust.client_app.training import local_training_step
+from hospitrust.contribution.client import contribution_evaluate_mod, remember_round_mod
+from hospitrust.fbd.client import FBD_ACTION, fbd_train
+from hospitrust.models.training import pick_device
+
+app = ClientApp()
+
+
+@app.query()
+def describe(msg: Message, context: Context) -> Message:
+    """Who this node is and what it holds: the server maps node ids to hospitals with it."""
+    hospital = hospital_context(context)
+    node, info, data = hospital.node, hospital.info, hospital.data
+    record = ConfigRecord(
+        {
+            "hospital": data.name,
+            "partition-id": -1 if node.partition_id is None else int(node.partition_id),
+            "num-partitions": -1 if node.num_partitions is None else int(node.num_partitions),
+            "train-class-counts": data.train.class_counts(info.num_classes),
+            "val-class-counts": data.val.class_counts(info.num_classes),
+            "device": str(pick_device()),
+        }
+    )
+    return Message(RecordDict({"info": record}), reply_to=msg)
+
+
+# SecAgg+ train messages (secure-aggregation) go through Flower's secaggplus_mod; with
+# contribution-scoring the hospital keeps M0 and its sent model to evaluate counterfactuals later
+@app.train(mods=[secure_train_mod, remember_round_mod])
+def train_handler(msg: Message, context: Context) -> Message:
+    return local_training_step(msg, context, hospital_context(context))
+
+
+@app.evaluate(mods=[contribution_evaluate_mod])
+def evaluate_handler(msg: Message, context: Context) -> Message:
+    """Federated evaluation: the global model on this hospital's local validation set."""
+    hospital = hospital_context(context)
+    model = hospital.model_from(msg)
+    val = hospital.data.val if len(hospital.data.val) else hospital.data.train
+    report = local_report(model, val.images, val.labels, hospital.info.num_classes, pick_device())
+    metrics = MetricRecord({
+        "num-examples": int(len(val)),
+        "loss": float(report["loss"]),
+        "accuracy": float(report["accuracy"]),
+        "balanced-accuracy": float(report["balanced_accuracy"]),
+    })
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+# FED-FBD (strategy fbd): "train.fbd" messages carry only this hospital's colors' blocks
+app.train(FBD_ACTION)(fbd_train)

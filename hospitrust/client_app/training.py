@@ -1,0 +1,84 @@
+"""A hospital's local training step: poison its data if it is a simulated attacker, train,
+rewrite its update if it is one, and report what the server needs."""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from hospitrust.attacks.base import DataAttack, UpdateAttack, attack_state_dict
+from hospitrust.attacks.threat_model import data_rng, hospital_attack
+from hospitrust.client_app.context import HospitalContext, local_report
+from hospitrust.config import RunConfig
+from hospitrust.datasets.federation import LabelledImages
+from hospitrust.models.training import balanced_class_weights, class_weights_from_counts, pick_device, seed_everything, train
+
+
+def loss_class_weights(cfg: RunConfig, server_cfg: ConfigRecord, train_labels, num_classes: int) -> torch.Tensor | None:
+    """The loss's class weights: none, the hospital's own 'balanced' weights, or, when the
+    server sends the federation's class totals (class-weights-from = federation), from those."""
+    if not cfg.class_weighted_loss:
+        return None
+    totals = server_cfg.get("federation-class-counts")
+    if totals is None:
+        return balanced_class_weights(train_labels, num_classes)
+    return class_weights_from_counts(list(totals), num_classes)
+
+
+def local_training_step(msg: Message, context: Context, hospital: HospitalContext) -> Message:
+    """Train the global model in ``msg`` on this hospital's data; the reply carries the new
+    model and its metrics (num-examples, train loss, FedAgain's benchmark error, class counts)."""
+    cfg, node, info, data = hospital.cfg, hospital.node, hospital.info, hospital.data
+    server_cfg = msg.content["config"]
+    server_round = int(server_cfg.get("server-round", 0))
+    device = pick_device()
+    seed_everything(cfg.seed, node.partition_id if node.partition_id is not None else 0, server_round)
+    global_state = msg.content["arrays"].to_torch_state_dict()
+    model = hospital.model_from(msg).to(device)
+    attack = hospital_attack(cfg, node)  # None unless this hospital is one of the run's attackers
+    train_images, train_labels = data.train.images, data.train.labels
+    if isinstance(attack, DataAttack):
+        train_images, train_labels = attack.poison_for_round(
+            train_images, train_labels, server_round=server_round, rng=data_rng(cfg, node), num_classes=info.num_classes
+        )
+
+    # FedAgain's benchmark error: the incoming global model's error on local validation,
+    # measured before local training (reported by the hospital itself).
+    val = data.val if len(data.val) else data.train
+    before = local_report(model, val.images, val.labels, info.num_classes, device)
+
+    result = train(
+        model,
+        train_images,
+        train_labels,
+        epochs=int(server_cfg.get("local-epochs", cfg.local_epochs)),
+        batch_size=int(server_cfg.get("batch-size", cfg.batch_size)),
+        learning_rate=float(server_cfg.get("learning-rate", cfg.learning_rate)),
+        optimizer=cfg.optimizer,
+        momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay,
+        proximal_mu=float(server_cfg.get("proximal-mu", 0.0)),  # only fedprox sends it
+        device=device,
+        class_weights=loss_class_weights(cfg, server_cfg, train_labels, info.num_classes),
+        missing_class_scale=cfg.fedrs_alpha,
+    )
+    rounds_trained = int(context.state["hospital"]["rounds-trained"]) + 1 if "hospital" in context.state else 1
+    context.state["hospital"] = MetricRecord({"rounds-trained": rounds_trained})
+
+    reply_metrics = MetricRecord(
+        {
+            "num-examples": int(result.num_examples),
+            "train-loss": float(result.loss),
+            "benchmark-error": float(1.0 - before["accuracy"]),
+            "benchmark-loss": float(before["loss"]),
+            # the labels it trained on: a data attacker reports its poisoned labels (a
+            # rare-class faker claims the class it fakes); honest hospitals their own counts
+            "class-counts": LabelledImages(train_images, train_labels).class_counts(info.num_classes),
+            "rounds-trained": rounds_trained,
+        }
+    )
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if isinstance(attack, UpdateAttack):
+        generator = torch.Generator().manual_seed(cfg.seed * 7919 + server_round)
+        state = attack_state_dict(attack, global_state, state, server_round=server_round, generator=generator)
+    return Message(RecordDict({"arrays": ArrayRecord(state), "metrics": reply_metrics}), reply_to=msg)

@@ -1,0 +1,233 @@
+"""The round loop: validated config -> hospitals -> strategy -> rounds -> results.
+
+It follows ``Strategy.start`` (train, federated evaluation, central evaluation) and adds
+what a consortium needs on the record: per-round progress, the run directory
+(rounds.jsonl, summary.json, model.pt) and a summary table at the end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from hospitrust import metrics
+from hospitrust.attacks.base import ColludingAttack
+from hospitrust.attacks.threat_model import ColludingAdversary, configured_attack, ground_truth
+from hospitrust.config import RunConfig, parse_run_config
+from hospitrust.contribution.federation import ContributionTracker
+from hospitrust.datasets.federation import load_arrays, reference_set
+from hospitrust.datasets.medmnist_source import DatasetInfo
+from hospitrust.fbd.server import run_fbd_federation
+from hospitrust.models import build_model
+from hospitrust.models.training import pick_device, seed_everything
+from hospitrust.server_app.checkpoint import check_compatible, load_checkpoint, restore_rng_states, save_checkpoint
+from hospitrust.server_app.discovery import discover_hospitals, format_class_counts, offline_hospitals
+from hospitrust.server_app.plots import plot_trust
+from hospitrust.server_app.records import (
+    FederationFailure, absences, fail_if_every_hospital_crashed, flagged_hospitals, rare_class_holders, round_detection, run_security, summary_head,
+)
+from hospitrust.server_app.results import RunDirectory, default_run_name
+from hospitrust.server_app.secure import SecureTrainRound
+from hospitrust.server_app.services import CentralEvaluator, strategy_from_config
+from hospitrust.strategies.base import RoundRecord
+
+RUN_DIR_LOCK_TIMEOUT = 300.0  # seconds a resumed run waits for the stopped run's ServerApp to exit
+
+
+def _progress_line(rnd: int, total: int, central: Mapping[str, Any], valid: int, asked: int, seconds: float) -> str:
+    return (
+        f"round {rnd:>3}/{total}  bal-acc {central['balanced_accuracy']:.4f}  auc {central['auc']:.4f}  "
+        f"acc {central['accuracy']:.4f}  worst-recall {central['worst_class_recall']:.4f}  "
+        f"valid {valid}/{asked}  {seconds:.1f}s"
+    )
+
+
+def format_summary_table(history: list[dict[str, Any]]) -> str:
+    head = f"{'round':>5} {'accuracy':>9} {'bal-acc':>8} {'auc':>7} {'macro-f1':>9} {'worst-rec':>9} {'seconds':>8}"
+    lines = [head, "-" * len(head)]
+    for rec in history:
+        c = rec["central"]
+        lines.append(
+            f"{rec['round']:>5} {c['accuracy']:>9.4f} {c['balanced_accuracy']:>8.4f} {c['auc']:>7.4f} "
+            f"{c['macro_f1']:>9.4f} {c['worst_class_recall']:>9.4f} {rec['round_seconds']:>8.1f}"
+        )
+    return "\n".join(lines)
+
+
+def run_federation(grid: Grid, context: Context) -> RunDirectory:
+    """The whole run; returns its directory. Raises on bad config or missing data before any round."""
+    started = time.time()
+    cfg = parse_run_config(context.run_config)
+    if cfg.strategy == "fbd":  # block ownership keeps a warehouse of colors, not one global model
+        return run_fbd_federation(grid, context)
+    info = DatasetInfo.of(cfg.dataset)
+    load_arrays(cfg)  # a missing dataset fails here, before any hospital is contacted
+    seed_everything(cfg.seed)
+    device = pick_device()
+
+    resume = load_checkpoint(cfg.resume_from) if cfg.resume_from else None
+    if resume is not None:  # the run goes on in its own directory
+        check_compatible(resume["config"], cfg.to_flat())
+        run_dir = RunDirectory(resume["path"].parent)
+        log(INFO, "hospitrust: resuming %s after round %d", run_dir.path, resume["round"])
+    else:
+        run_dir = RunDirectory.create(cfg.output_dir, cfg.run_name or default_run_name(cfg.dataset, cfg.strategy))
+        log(INFO, "hospitrust: run directory %s", run_dir.path)
+    # one ServerApp writes a run directory at a time: a stopped run's ServerApp may still be
+    # finishing its round when the resumed one starts
+    with run_dir.exclusive(timeout=RUN_DIR_LOCK_TIMEOUT):
+        return _federate(grid, cfg, info, device, run_dir, resume, started)
+
+
+def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.device, run_dir: RunDirectory,
+              resume: dict[str, Any] | None, started: float) -> RunDirectory:
+    hospitals, rows = discover_hospitals(grid, cfg)
+    log(INFO, "hospitrust: %d hospitals, %s, partitioner %s\n%s", len(hospitals), cfg.dataset, cfg.partitioner,
+        format_class_counts(rows, info.class_names))
+    run_dir.write_class_counts(info.class_names, rows)
+    run_dir.write_config(
+        {
+            **cfg.to_flat(),
+            "data-dir-resolved": str(cfg.resolved_data_dir() or ""),
+            "hospitals": {str(nid): name for nid, name in hospitals.items()},
+            "class-names": list(info.class_names),
+            "server-device": str(device),
+            "reference-cohort-size": len(reference_set(cfg)),
+        }
+    )
+
+    # the threat model (simulation ground truth; all honest when no attack is configured)
+    attack = configured_attack(cfg)
+    partition_of = {r["hospital"]: r["partition_id"] for r in rows}
+    num_partitions = max([r.get("num_partitions", -1) for r in rows] + [len(rows)])
+    truth = ground_truth(cfg, partition_of, num_partitions)
+    rare_class, rare_holders = rare_class_holders(rows)
+    if attack is not None:
+        log(INFO, "hospitrust: attack %s by %s", attack, sorted(h for h, bad in truth.items() if bad) or "nobody")
+
+    model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
+    arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    strategy = strategy_from_config(cfg, hospitals, device)
+    if cfg.class_weighted_loss and cfg.class_weights_from == "federation":
+        # every hospital weighs its classes by the federation's totals from the query round
+        strategy.train_config["federation-class-counts"] = [float(c) for c in np.sum([r["train"] for r in rows], axis=0)]
+    if isinstance(attack, ColludingAttack):
+        strategy.adversary = ColludingAdversary(attack, {h for h, bad in truth.items() if bad}, cfg.seed)
+    strategy.summary()
+    evaluator = CentralEvaluator(cfg, info, device, attack)
+    evaluator.rare_classes = metrics.rare_classes(np.sum([r["train"] for r in rows], axis=0))
+
+    history: list[dict[str, Any]] = []
+    flags_per_round: list[dict[str, bool]] = []
+    resumed_at: list[int] = []
+    if resume is None:
+        initial = evaluator(arrays)
+        log(INFO, "round   0 (initial model)  bal-acc %.4f  auc %.4f", initial["balanced_accuracy"], initial["auc"])
+    else:
+        arrays = ArrayRecord(resume["model"])
+        strategy.load_state_dict(resume["strategy_state"])
+        history, flags_per_round = list(resume["history"]), list(resume["flags_per_round"])
+        resumed_at = [*resume.get("resumed_at", []), resume["round"]]
+        run_dir.rewrite_rounds(history)  # rounds after the checkpoint (a crash mid-round) are dropped
+        restore_rng_states(resume["rng"])
+    train_config, evaluate_config = ConfigRecord(), ConfigRecord()
+    # contribution scores from hospitals' reported scalars; SecAgg+ hands the server the sum only
+    contribution = ContributionTracker(hospitals) if cfg.contribution_scoring else None
+    if contribution is not None:
+        contribution.restore(history)  # a resumed run keeps its earlier rounds' scores
+    secure = (SecureTrainRound(cfg, hospitals, strategy.train_config, train_sizes=[sum(r["train"]) for r in rows])
+              if cfg.secure_aggregation else None)
+    for rnd in range(len(history) + 1, cfg.num_server_rounds + 1):
+        round_start = time.perf_counter()
+        offline = offline_hospitals(rnd, grid, strategy.hospitals)
+        if secure is None:
+            messages = list(strategy.configure_train(rnd, arrays, train_config, grid))
+            replies = list(grid.send_and_receive(messages, timeout=cfg.reply_timeout))
+            new_arrays, _ = strategy.aggregate_train(rnd, replies)
+            asked = [m.metadata.dst_node_id for m in messages]
+        else:
+            new_arrays, asked = secure(grid, rnd, arrays, strategy.records.setdefault(rnd, RoundRecord()))
+        fail_if_every_hospital_crashed(rnd, strategy.records[rnd].clients, len(asked))
+        if new_arrays is not None:
+            arrays = new_arrays
+        eval_messages = list(strategy.configure_evaluate(rnd, arrays, evaluate_config, grid))
+        if contribution is not None:
+            eval_messages = contribution.ask(rnd, strategy.records[rnd], eval_messages)
+        eval_replies = list(grid.send_and_receive(eval_messages, timeout=cfg.reply_timeout))
+        strategy.aggregate_evaluate(rnd, eval_replies)
+        central = evaluator(arrays)
+        record = strategy.records[rnd]
+        answered = {c["node_id"] for c in record.clients}
+        missing = [strategy.hospitals[nid] for nid in asked if nid not in answered]
+        per_hospital = {h: v["accuracy"] for h, v in record.evaluation.items()}
+        for c in record.clients:
+            c["malicious"] = truth.get(c["hospital"], False)
+        flags = flagged_hospitals(record.clients)
+        flags_per_round.append(flags)
+        round_record = {
+            "round": rnd,
+            "central": central,
+            "clients": record.clients,
+            "aggregation_seconds": record.aggregation_seconds,
+            "round_seconds": time.perf_counter() - round_start,
+            "asked": len(asked),
+            "missing": missing,
+            "offline": offline,
+            "kept_previous_model": record.kept_previous_model,
+            "note": record.note,
+            "hospital_accuracy": per_hospital,
+            "fairness": metrics.fairness(per_hospital) if per_hospital else None,
+            "detection": round_detection(flags, truth),
+        }
+        if contribution is not None:
+            round_record["contribution"] = contribution.score(rnd, eval_replies, strategy)
+        run_dir.append_round(round_record)
+        history.append(round_record)
+        valid = sum(1 for c in record.clients if not c.get("rejected"))
+        log(INFO, "%s", _progress_line(rnd, cfg.num_server_rounds, central, valid, len(asked), round_record["round_seconds"]))
+        if cfg.checkpoint:
+            save_checkpoint(run_dir.path, round=rnd, model_state=arrays.to_torch_state_dict(),
+                            strategy_name=cfg.strategy, strategy_state=strategy.state_dict(), config=cfg.to_flat(),
+                            history=history, flags_per_round=flags_per_round, resumed_at=resumed_at)
+
+    final_state = arrays.to_torch_state_dict()
+    run_dir.save_model(final_state)
+    summary = {
+        **summary_head(cfg, history, len(hospitals), run_dir, started),
+        "fairness": history[-1]["fairness"],
+        "malicious_hospitals": sorted(h for h, bad in truth.items() if bad),
+        "rare_class": rare_class,
+        "rare_classes": evaluator.rare_classes,
+        "security": run_security(flags_per_round, truth, rare_holders),
+        "resumed_at": resumed_at,
+    }
+    if contribution is not None:
+        summary["contribution"] = contribution.summary()
+        contribution.write(run_dir.path)
+    run_dir.write_summary(summary)
+    if cfg.strategy not in ("fedavg", "fedprox"):  # rules that weigh hospitals: draw whose update counted
+        try:
+            plot_trust(run_dir.path)
+        except Exception as exc:  # a picture never fails a finished run
+            log(WARNING, "hospitrust: trust plot not drawn: %s", exc)
+    final = summary["final"]
+    if missed := absences(summary["participation"], len(history)):
+        log(WARNING, "hospitrust: hospitals without a valid update in every round:\n%s", missed)
+    if copies := summary.get("near_duplicates"):
+        log(WARNING, "hospitrust: hospitals that sent another hospital's update (counted as one voice, flagged):\n%s",
+            "\n".join(f"{name}: {e['rounds']} of {len(history)} rounds, with {', '.join(e['with'])}"
+                      for name, e in copies.items()))
+    log(INFO, "hospitrust: finished %d rounds in %.1f s\n%s\nfinal: accuracy %.4f  balanced accuracy %.4f  AUC %.4f  "
+        "worst-class recall %.4f  (best round %d)\nresults: %s",
+        len(history), summary["wall_seconds"], format_summary_table(history), final["accuracy"],
+        final["balanced_accuracy"], final["auc"], final["worst_class_recall"], summary["best_round"], run_dir.path)
+    return run_dir
+

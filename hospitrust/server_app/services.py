@@ -1,0 +1,180 @@
+"""What the server offers the rules: central evaluation on its test split, and its reference
+cohort as a trainer (FLTrust's root update) and as a judge (HTA's v, FedAgain's server
+benchmark, EARN's audit)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord
+from flwr.common import log
+
+from hospitrust import metrics
+from hospitrust.aggregation import flatten_state, unflatten_state
+from hospitrust.attacks.base import Backdoor, LabelFlip
+from hospitrust.attacks.metrics import backdoor_success_rate, targeted_flip_success
+from hospitrust.config import RunConfig
+from hospitrust.datasets.federation import reference_set, test_set
+from hospitrust.datasets.medmnist_source import DatasetInfo
+from hospitrust.models import build_model
+from hospitrust.models.training import balanced_class_weights, predict_proba, seed_everything, to_batch, train
+from hospitrust.strategies import HospitrustStrategy, build_strategy
+from hospitrust.strategies.validation import ReplyLimits
+
+
+class CentralEvaluator:
+    """The global model on the server's test split: the clinical metrics and, under a
+    backdoor or a targeted label flip, the attack success rate."""
+
+    def __init__(self, cfg: RunConfig, info: DatasetInfo, device: torch.device, attack=None) -> None:
+        self.cfg, self.info, self.device = cfg, info, device
+        self.test = test_set(cfg)
+        self.model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
+        inner = getattr(attack, "attack", attack)  # unwrap a schedule
+        self.backdoor = inner if isinstance(inner, Backdoor) else None
+        self.targeted_flip = inner if isinstance(inner, LabelFlip) and inner.mode == "source-to-target" else None
+        self.triggered = self.backdoor.trigger(self.test.images) if self.backdoor is not None else None
+        self.rare_classes: list[int] = []  # set from the federation's class counts
+
+    def __call__(self, arrays: ArrayRecord) -> dict[str, Any]:
+        self.model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+        probs = predict_proba(self.model, self.test.images, device=self.device)
+        report = metrics.classification_report(self.test.labels, probs, self.info.num_classes)
+        if self.rare_classes:
+            report["rare_class_macro_f1"] = metrics.rare_class_macro_f1(self.test.labels, probs.argmax(axis=1),
+                                                                        self.rare_classes)
+        if self.backdoor is not None:
+            pred = predict_proba(self.model, self.triggered, device=self.device).argmax(axis=1)
+            report["attack_success_rate"] = backdoor_success_rate(pred, self.test.labels, self.backdoor.target)
+        elif self.targeted_flip is not None:
+            report["attack_success_rate"] = targeted_flip_success(
+                probs.argmax(axis=1), self.test.labels, self.targeted_flip.source, self.targeted_flip.target
+            )
+        return report
+
+
+class ReferenceCohortTrainer:
+    """FLTrust's root update: the global model trained one local epoch on the server's
+    reference cohort, with the hospitals' optimizer settings."""
+
+    def __init__(self, cfg: RunConfig, info: DatasetInfo, device: torch.device) -> None:
+        self.cfg, self.info, self.device = cfg, info, device
+        self.cohort = reference_set(cfg)
+        self.model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
+
+    def __call__(self, global_state: dict[str, torch.Tensor], server_round: int) -> torch.Tensor:
+        seed_everything(self.cfg.seed, 10_000_019, server_round)
+        self.model.load_state_dict(global_state, strict=True)
+        train(self.model, self.cohort.images, self.cohort.labels, epochs=1, batch_size=self.cfg.batch_size,
+              learning_rate=self.cfg.learning_rate, optimizer=self.cfg.optimizer, momentum=self.cfg.momentum,
+              weight_decay=self.cfg.weight_decay, device=self.device,
+              class_weights=(balanced_class_weights(self.cohort.labels, self.info.num_classes)
+                             if self.cfg.class_weighted_loss else None))
+        trained = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        return flatten_state(trained)[0] - flatten_state(global_state)[0]
+
+
+class ReferenceCohortJudge:
+    """The server's reference cohort as a judge of hospitals' updates (HTA's v, FedAgain's
+    server benchmark, EARN's row audit): balanced accuracy of candidate models
+    (global + u_h), and the global model's inputs to its last linear layer."""
+
+    def __init__(self, cfg: RunConfig, info: DatasetInfo, device: torch.device) -> None:
+        self.cfg, self.info, self.device = cfg, info, device
+        self.cohort = reference_set(cfg)
+        self.model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
+        self.head = [m for m in self.model.modules() if isinstance(m, torch.nn.Linear)][-1]
+
+    def score_candidates(self, global_state: dict[str, torch.Tensor], updates: torch.Tensor) -> torch.Tensor:
+        """(n,) balanced accuracy on the reference cohort of each candidate global + updates[i]."""
+        _, cands, labels = self.candidate_logits(global_state, updates)
+        return torch.tensor([metrics.balanced_accuracy(labels.numpy(), c.argmax(dim=1).numpy()) for c in cands],
+                            dtype=torch.float64)
+
+    __call__ = score_candidates
+
+    @torch.no_grad()
+    def candidate_logits(self, global_state: dict[str, torch.Tensor], updates: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logits on the cohort of the global model ((m, C)) and of each candidate global +
+        updates[i] ((n, m, C)), and the labels ((m,))."""
+        global_vec, spec = flatten_state(global_state)
+        batch = to_batch(self.cohort.images, self.device)  # the cohort is small: one batch
+
+        def logits(state) -> torch.Tensor:
+            self.model.load_state_dict(state, strict=True)
+            self.model.to(self.device).eval()
+            return self.model(batch).double().cpu()
+
+        base = logits(global_state)
+        cands = torch.stack([logits(unflatten_state(global_vec + u.detach().cpu().to(global_vec.dtype), spec, global_state))
+                             for u in updates])
+        return base, cands, torch.as_tensor(np.asarray(self.cohort.labels).reshape(-1), dtype=torch.long)
+
+    @torch.no_grad()
+    def head_features(self, global_state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The global model's inputs to its last linear layer on the cohort ((m, H)), and the labels ((m,))."""
+        self.model.load_state_dict(global_state, strict=True)
+        seen: list[torch.Tensor] = []
+        hook = self.head.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].detach().float().cpu()))
+        try:
+            predict_proba(self.model, self.cohort.images, device=self.device)
+        finally:
+            hook.remove()
+        return torch.cat(seen), torch.as_tensor(np.asarray(self.cohort.labels).reshape(-1), dtype=torch.long)
+
+
+def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: torch.device) -> HospitrustStrategy:
+    train_config = {
+        "local-epochs": cfg.local_epochs,
+        "batch-size": cfg.batch_size,
+        "learning-rate": cfg.learning_rate,
+    }
+    kwargs: dict[str, Any] = dict(
+        train_config=train_config,
+        fraction_train=cfg.fraction_train,
+        min_hospitals=cfg.min_hospitals,
+        limits=ReplyLimits(max_update_norm=cfg.max_update_norm, max_num_examples=cfg.max_num_examples),
+        seed=cfg.seed,
+        device=device,
+    )
+    # each rule's own settings
+    if cfg.strategy == "fedprox":
+        kwargs["proximal_mu"] = cfg.proximal_mu
+    if cfg.strategy in ("trimmed-mean", "krum", "multi-krum", "bulyan"):
+        kwargs["assumed_malicious"] = cfg.assumed_malicious
+    if cfg.strategy == "multi-krum":
+        kwargs["multi_krum_m"] = cfg.multi_krum_m
+    if cfg.strategy == "centered-clipping":
+        kwargs.update(clipping_tau=cfg.clipping_tau, clipping_iters=cfg.clipping_iters)
+    info = DatasetInfo.of(cfg.dataset)
+    if cfg.strategy == "fltrust":
+        kwargs["server_update"] = ReferenceCohortTrainer(cfg, info, device)
+    if cfg.strategy == "contribution":
+        kwargs["contribution_score"] = cfg.contribution_score
+    # trust rules: every run config field named after the rule (fedagain_*, hta_*, earn_*) is its option
+    fields = cfg.model_dump(exclude={"attacks"})
+    if cfg.strategy in ("fedagain", "hta", "earn"):
+        prefix = cfg.strategy + "_"
+        kwargs.update({k: v for k, v in fields.items() if k.startswith(prefix)})
+    if cfg.strategy == "earn" and cfg.earn_base == "hta":  # EARN's base rule takes HTA's own options
+        kwargs["hta_options"] = {k: v for k, v in fields.items() if k.startswith("hta_")}
+    needs_scores = (cfg.strategy == "fedagain" and cfg.fedagain_benchmark == "server") or (
+        cfg.hta_c > 0 and (cfg.strategy == "hta" or (cfg.strategy == "earn" and cfg.earn_base == "hta"))
+    )
+    needs_audit = cfg.strategy == "earn" and cfg.earn_audit
+    judge = ReferenceCohortJudge(cfg, info, device) if needs_scores or needs_audit else None  # one cohort load
+    if needs_scores:
+        kwargs["candidate_scores"] = judge.score_candidates
+    if needs_audit:
+        kwargs["head_features"], kwargs["candidate_logits"] = judge.head_features, judge.candidate_logits
+    strategy = build_strategy(cfg.strategy, hospitals, **kwargs)
+    if strategy.required_replies() > len(hospitals):
+        log(WARNING, "%s with assumed-malicious %d needs %d valid replies per round but there are only %d "
+            "hospitals: every round will keep the previous model", cfg.strategy, cfg.assumed_malicious,
+            strategy.required_replies(), len(hospitals))
+    return strategy
