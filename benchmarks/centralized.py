@@ -23,7 +23,8 @@ import torch
 from hospitrust import metrics
 from hospitrust.config import parse_run_config
 from hospitrust.datasets.federation import load_arrays, simulated_hospital, test_set
-from hospitrust.datasets.medmnist_source import DatasetInfo
+from hospitrust.datasets.base import DatasetInfo
+from hospitrust.datasets.registry import dataset_info
 from hospitrust.models import build_model
 from hospitrust.ops.simulate import app_config_defaults, parse_overrides
 from hospitrust.models.training import balanced_class_weights, pick_device, predict_proba, seed_everything, train
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     defaults = app_config_defaults()
     cfg = parse_run_config({**defaults, **parse_overrides(args.run_config, defaults)})
-    info = DatasetInfo.of(cfg.dataset)
+    info = dataset_info(cfg.dataset)
     load_arrays(cfg)
     # the union of exactly the samples the hospitals train on (their local train splits)
     shares = [simulated_hospital(cfg, pid, args.hospitals).train for pid in range(args.hospitals)]

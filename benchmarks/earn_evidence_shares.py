@@ -44,7 +44,8 @@ def main() -> None:
     from hospitrust.aggregation.earn import update_count_evidence
     from hospitrust.client_app import app as client_app
     from hospitrust.config import RunConfig, parse_run_config
-    from hospitrust.datasets import DatasetInfo, federation
+    from hospitrust.datasets import federation
+    from hospitrust.datasets.registry import dataset_info
     from hospitrust.ops.inprocess import InProcessGrid
     from hospitrust.server_app import app as server_app
 
@@ -67,7 +68,7 @@ def main() -> None:
     server_app(InProcessGrid(client_app, a.hospitals, cfg, reply_filter=capture),
                Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
     run_cfg = parse_run_config(cfg)
-    classes = DatasetInfo.of(a.dataset).num_classes
+    classes = dataset_info(a.dataset).num_classes
     true = np.array([federation.simulated_hospital(run_cfg, i, a.hospitals).train.class_counts(classes)
                      for i in range(a.hospitals)], dtype=float)
     shares = true / true.sum(axis=1, keepdims=True)

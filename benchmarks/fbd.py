@@ -73,7 +73,7 @@ def routed_without(run_dir: Path, colors: list[int]) -> dict:
     """The run's routed ensemble on the test split without the named colors (here: the ones
     the stamp trails show the attacker reached)."""
     from hospitrust import metrics
-    from hospitrust.datasets import DatasetInfo
+    from hospitrust.datasets.registry import dataset_info
     from hospitrust.datasets.federation import test_set
     from hospitrust.fbd.cli import _run_config
     from hospitrust.fbd.routing import color_probabilities, route
@@ -82,7 +82,7 @@ def routed_without(run_dir: Path, colors: list[int]) -> dict:
     cfg, _ = _run_config(run_dir)
     test = test_set(cfg)
     probs = color_probabilities(Warehouse.load(run_dir / "warehouse.pt"), test.images)
-    rep = metrics.classification_report(test.labels, route(probs, "ensemble", colors), DatasetInfo.of(cfg.dataset).num_classes)
+    rep = metrics.classification_report(test.labels, route(probs, "ensemble", colors), dataset_info(cfg.dataset).num_classes)
     return {"excluded": colors, "accuracy": rep["accuracy"], "balanced_accuracy": rep["balanced_accuracy"], "auc": rep["auc"]}
 
 

@@ -34,7 +34,8 @@ from hospitrust import metrics
 from hospitrust.server_app import results
 from hospitrust.config import parse_run_config
 from hospitrust.datasets.federation import load_arrays, simulated_hospital, test_set
-from hospitrust.datasets.medmnist_source import DatasetInfo
+from hospitrust.datasets.base import DatasetInfo
+from hospitrust.datasets.registry import dataset_info
 from hospitrust.models import build_model
 from hospitrust.bench.backends import run_inprocess_cell
 from hospitrust.ops.simulate import app_config_defaults, parse_overrides
@@ -70,7 +71,7 @@ def federation_rare_classes(run_config: dict[str, Any], hospitals: int) -> list[
     """The rare classes of the whole federation (all hospitals' true training counts), as the
     server computes them for a run with every hospital."""
     cfg = parse_run_config(run_config)
-    info = DatasetInfo.of(cfg.dataset)
+    info = dataset_info(cfg.dataset)
     load_arrays(cfg)
     totals = np.sum([simulated_hospital(cfg, pid, hospitals).train.class_counts(info.num_classes)
                      for pid in range(hospitals)], axis=0)
@@ -81,7 +82,7 @@ def score_model(run_dir: Path, run_config: dict[str, Any], rare: list[int]) -> d
     """The run's final model (``model.pt``) on the test split: balanced accuracy and the
     rare-class macro-F1 over ``rare``."""
     cfg = parse_run_config(run_config)
-    info = DatasetInfo.of(cfg.dataset)
+    info = dataset_info(cfg.dataset)
     model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
     model.load_state_dict(torch.load(run_dir / "model.pt", map_location="cpu"), strict=True)
     test = test_set(cfg)

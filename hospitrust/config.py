@@ -158,7 +158,7 @@ class RunConfig(BaseModel):
     @field_validator("dataset")
     @classmethod
     def _dataset(cls, v: str) -> str:
-        from hospitrust.datasets.medmnist_source import dataset_flags
+        from hospitrust.datasets.registry import dataset_flags
 
         flags = dataset_flags()
         if v not in flags:
@@ -202,10 +202,12 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
-        from hospitrust.datasets.medmnist_source import MEDMNIST_SIZES, available_flags
+        from hospitrust.datasets.registry import source_of
 
-        if self.dataset in available_flags() and self.image_size not in MEDMNIST_SIZES:
-            raise ValueError(f"image-size {self.image_size}: MedMNIST ships {', '.join(map(str, MEDMNIST_SIZES))} only")
+        source = source_of(self.dataset)
+        sizes = source.sizes(self.dataset)
+        if self.image_size not in sizes:
+            raise ValueError(f"image-size {self.image_size}: {source.title} ships {', '.join(map(str, sizes))} only")
         if self.partitioner == "specialist" and not self.specialist_classes.strip():
             raise ValueError("partitioner 'specialist' needs specialist-classes, e.g. '4:0' (class 4 only at hospital 0)")
         if self.strategy == "fbd":

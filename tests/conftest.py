@@ -7,6 +7,18 @@ from pathlib import Path
 
 import pytest
 
+from hospitrust.ops import flwr
+
+
+def pytest_sessionstart(session):
+    # a test run stopped with SIGTERM stops every Flower process it started (Ctrl-C: the
+    # tests' own teardown and the exit handler do it)
+    flwr.stop_on_signals()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    flwr.stop_all()
+
 REPO = Path(__file__).resolve().parent.parent
 _default_data = REPO.parent / "shared" / "data" / "medmnist"
 if not os.environ.get("HOSPITRUST_DATA_DIR") and _default_data.is_dir():

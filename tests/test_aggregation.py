@@ -448,7 +448,7 @@ def test_no_flower_imports_in_package():
 def test_multi_krum_blocked_path_is_the_mean_of_the_selected(outlier_scale):
     """Above GRAM_BLOCK columns (the blocked Gram product) Multi-Krum still averages exactly
     the selected rows, whatever the size of a left-out row (a scaling attack)."""
-    from hospitrust.aggregation.krum import GRAM_BLOCK
+    from hospitrust.aggregation.kernels import GRAM_BLOCK
 
     g = torch.Generator().manual_seed(5)
     x = torch.randn(9, 2 * GRAM_BLOCK + 7, generator=g)
@@ -473,7 +473,7 @@ def test_centered_clipping_blocked_distances_are_exact():
 def test_gram_batched_blocks_match_float64_product(layout):
     """The CPU Gram over column blocks (batched product plus a ragged tail) equals X X^T
     computed in float64, also for a column-major input."""
-    from hospitrust.aggregation.krum import GRAM_BLOCK, gram
+    from hospitrust.aggregation.kernels import GRAM_BLOCK, gram
 
     g = torch.Generator().manual_seed(3)
     d = 2 * GRAM_BLOCK + 7

@@ -110,9 +110,9 @@ def test_not_a_folder(tmp_path):
 
 @pytest.mark.parametrize("dataset", ["retinamnist"])
 def test_other_dataset_classes(tmp_path, dataset):
-    from hospitrust.datasets.medmnist_source import DatasetInfo
+    from hospitrust.datasets.registry import dataset_info
 
-    info = DatasetInfo.of(dataset)
+    info = dataset_info(dataset)
     root = _good(tmp_path / "h", classes=tuple(str(i) for i in range(info.num_classes)))
     report = check_folder(root, dataset, 28)
     assert report.ok, report.format()

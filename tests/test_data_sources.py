@@ -12,7 +12,9 @@ from hospitrust.datasets import load_hospital
 from hospitrust.datasets.federation import partitions, reference_set, simulated_hospital
 from hospitrust.datasets.federation import test_set as central_test_set
 from hospitrust.datasets.image_folder import ClassMismatchError, load_image_folder
-from hospitrust.datasets.medmnist_source import DataMissingError, DatasetInfo, dataset_path, load_medmnist
+from hospitrust.datasets.medmnist_source import dataset_path, load_medmnist
+from hospitrust.datasets.base import DataMissingError, DatasetInfo
+from hospitrust.datasets.registry import dataset_info
 
 
 def test_missing_file_names_file_folder_and_remedy(tmp_path, monkeypatch):
@@ -44,7 +46,7 @@ def test_official_files_load(data_dir):
     assert np.bincount(a.labels["test"]).tolist() == [174, 46, 92, 68, 20]
     p = load_medmnist("pneumoniamnist", 28, str(data_dir))
     assert p.images["train"].shape == (4708, 28, 28, 1)
-    assert DatasetInfo.of("pneumoniamnist").class_names == ("normal", "pneumonia")
+    assert dataset_info("pneumoniamnist").class_names == ("normal", "pneumonia")
 
 
 def test_simulated_hospitals_cover_the_training_pool_once(tmp_path, data_dir):
@@ -77,7 +79,7 @@ def _write_folder(root, classes, per_class=3, size=(40, 30), mode="L"):
 def test_hospital_image_folders_load_resized_and_mapped(tmp_path, data_dir):
     root = tmp_path / "stmarys"
     _write_folder(root, ["normal", "pneumonia"], per_class=4, mode="RGB")
-    images, labels = load_image_folder(root, DatasetInfo.of("pneumoniamnist"), 28)
+    images, labels = load_image_folder(root, dataset_info("pneumoniamnist"), 28)
     assert images.shape == (8, 28, 28, 1) and images.dtype == np.uint8
     assert sorted(labels.tolist()) == [0] * 4 + [1] * 4
     cfg = parse_run_config(small_run_config(tmp_path))
@@ -89,7 +91,7 @@ def test_hospital_image_folders_load_resized_and_mapped(tmp_path, data_dir):
 def test_folders_may_be_named_by_index(tmp_path):
     root = tmp_path / "h"
     _write_folder(root, ["0", "1", "2", "3", "4"], per_class=1, mode="RGB")
-    images, labels = load_image_folder(root, DatasetInfo.of("retinamnist"), 28)
+    images, labels = load_image_folder(root, dataset_info("retinamnist"), 28)
     assert images.shape == (5, 28, 28, 3) and sorted(labels.tolist()) == [0, 1, 2, 3, 4]
 
 
@@ -97,11 +99,11 @@ def test_class_folders_must_match_the_federation(tmp_path):
     root = tmp_path / "h"
     _write_folder(root, ["normal", "covid"], per_class=1)
     with pytest.raises(ClassMismatchError) as err:
-        load_image_folder(root, DatasetInfo.of("pneumoniamnist"), 28)
+        load_image_folder(root, dataset_info("pneumoniamnist"), 28)
     msg = str(err.value)
     assert "unknown ['covid']" in msg and "missing classes ['pneumonia']" in msg and "0=normal" in msg
 
 
 def test_missing_data_path_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="is not a folder"):
-        load_image_folder(tmp_path / "nope", DatasetInfo.of("pneumoniamnist"), 28)
+        load_image_folder(tmp_path / "nope", dataset_info("pneumoniamnist"), 28)

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from conftest import DATA_DIR, REPO
-from hospitrust.ops import deploy
+from hospitrust.ops import deploy, flwr
 
 pytestmark = pytest.mark.slow
 
@@ -73,24 +73,12 @@ class Federation:
         log = self.work / f"{name}.log"
         if log.exists():  # a restart: keep the earlier process's log beside the new one
             log.rename(self.work / f"{name}.{sum(1 for r in self.restarted if r.startswith(name + ' '))}.log")
-        with open(log, "w") as fh:
-            proc = subprocess.Popen(cmd, env=_env(home), cwd=self.work, stdout=fh, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+        proc = flwr.start(name, cmd, env=_env(home), cwd=self.work, log_file=log)  # stopped with its children
         self.procs[name], self.logs[name] = proc, log
-        return proc
+        return proc.popen
 
     def kill(self, name: str, sig=signal.SIGKILL) -> None:
-        proc = self.procs[name]
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        self.procs[name].stop(sig)
 
     def stop_all(self) -> None:
         for name in list(self.procs):
@@ -113,7 +101,7 @@ class Federation:
         so a stopped run's ClientApp still training holds the next run's messages back."""
         out = []
         for name in HOSPITALS:
-            if name in self.procs and self.procs[name].poll() is None:
+            if name in self.procs and self.procs[name].popen.poll() is None:
                 text = self.logs[name].read_text(errors="replace")
                 if text.count("Receiving:") > sum(text.count(m) for m in _MESSAGE_DONE):
                     out.append(name)
@@ -129,7 +117,7 @@ class Federation:
         for name in HOSPITALS:
             if name not in self.procs:
                 continue
-            if (rc := self.procs[name].poll()) is not None:
+            if (rc := self.procs[name].popen.poll()) is not None:
                 out[name] = f"exited with {rc}"
             elif self.node_ids.get(name) not in online:
                 out[name] = "alive but offline at the SuperLink"
@@ -158,7 +146,7 @@ class Federation:
         count = len(names)
         while len(deploy.online_nodes("tls", env=_env(self.cli_home))) < count:
             for name in names:
-                assert self.procs[name].poll() is None, self.tail(name)
+                assert self.procs[name].popen.poll() is None, self.tail(name)
             assert time.monotonic() < deadline, f"{count} SuperNodes not online in {timeout:.0f} s\n" + self.tail("superlink")
             time.sleep(2)
 
@@ -205,8 +193,8 @@ def federation(tmp_path_factory):
     try:
         cmd = deploy.superlink_command(ca=certs / "ca.crt", cert=certs / "server.pem", key=certs / "server.key",
                                        database=work / "superlink" / "state.db", host="127.0.0.1", port=fed.port)
-        superlink = fed.start("superlink", cmd, work / "superlink")
-        deploy.wait_healthy(fed.address, certs / "ca.crt", timeout=120, proc=superlink)
+        fed.start("superlink", cmd, work / "superlink")
+        deploy.wait_healthy(fed.address, ca=certs / "ca.crt", timeout=120, proc=fed.procs["superlink"])
 
         fed.cli_home = work / "cli"
         deploy.write_connection("tls", fed.address, certs / "ca.crt", make_default=True, home=fed.cli_home)
@@ -231,9 +219,7 @@ def federation(tmp_path_factory):
 
 
 def _free_port() -> int:
-    from hospitrust.ops.simulate import free_port
-
-    return free_port()
+    return flwr.free_port()
 
 
 def _run_config(fed: Federation, name: str, extra: str = "", reply_timeout: float = REPLY_TIMEOUT) -> str:
@@ -354,7 +340,7 @@ def test_a_supernode_killed_mid_run_is_recorded_and_the_run_completes(federation
     deadline = time.monotonic() + RUN_TIMEOUT
     while not config.is_file():
         assert time.monotonic() < deadline, "the run never got past its query round\n" + fed.run_log(run_id)
-        status, details = deploy.run_status(run_id, "tls", _env(fed.cli_home))
+        status, details = deploy.run_status(run_id, "tls", env=_env(fed.cli_home))
         assert not status.startswith("finished"), f"{status}: {details}\n{fed.run_log(run_id)}"
         time.sleep(1)
     fed.kill("hospital-2")

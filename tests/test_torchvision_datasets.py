@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from hospitrust.config import ConfigError, RunConfig, parse_run_config
-from hospitrust.datasets import DataMissingError, DatasetInfo
+from hospitrust.datasets.base import DataMissingError
+from hospitrust.datasets.registry import dataset_info
 from hospitrust.datasets import torchvision_source as tvs
 from hospitrust.datasets import federation
 
@@ -89,7 +90,7 @@ def test_cifar10_channel_layout_and_resampling(tmp_path):
     assert arrays.images["train"].shape == (90, 32, 32, 3)  # 100 minus the 10 % val
     assert arrays.images["test"].shape == (20, 32, 32, 3)
     assert arrays.images["test"][0, 5, 5].tolist() == [200, 100, 7]  # planes -> HWC
-    assert DatasetInfo.of("cifar10").class_names[0] == "airplane"
+    assert dataset_info("cifar10").class_names[0] == "airplane"
     small = federation.load_arrays(_cfg(tmp_path, "cifar10"))  # default image-size 28: resampled
     assert small.images["test"].shape == (20, 28, 28, 3)
     assert small.images["test"][0, 10, 10].tolist() == [200, 100, 7]  # a flat image stays flat

@@ -11,15 +11,8 @@ from .bulyan import bulyan, bulyan_select
 from .centered_clipping import centered_clipping
 from .fltrust import fltrust, fltrust_trust
 from .geometric_median import geometric_median
-from .krum import (
-    gram,
-    krum,
-    krum_scores,
-    krum_select,
-    multi_krum,
-    multi_krum_select,
-    pairwise_sq_distances,
-)
+from .kernels import gram, median_norm_clip, pairwise_sq_distances, plausible_median_norm
+from .krum import krum, krum_scores, krum_select, multi_krum, multi_krum_select
 from .mean import mean
 from .median import coordinate_median
 from .norm_clip import clip_factors, clip_rows, norm_clip
@@ -57,10 +50,7 @@ __all__ = [
 
 # trust rules (fedagain, hta, earn)
 from .fedagain import fedagain_divergence, fedagain_trust  # noqa: E402
-from .hta import (  # noqa: E402
-    excused_direction, hta_fusion, hta_signals, hta_weights, mad_exclusion, median_norm_clip, plausible_median_norm,
-    reputation_update,
-)
+from .hta import excused_direction, hta_fusion, hta_signals, hta_weights, mad_exclusion, reputation_update  # noqa: E402
 from . import earn  # noqa: E402
 
 __all__ += [

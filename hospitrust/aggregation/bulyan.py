@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ._validation import check_f, check_updates
-from .krum import _distances, _scores_from_distances
+from .kernels import checked_distances, nearest_neighbour_scores
 from .order_statistics import bulyan_coordinate_kernel
 
 __all__ = ["bulyan_select", "bulyan"]
@@ -55,15 +55,15 @@ def bulyan_select(
     if selection not in _SELECTIONS:
         raise ValueError(f"selection must be one of {_SELECTIONS}; got {selection!r}")
     theta = n - 2 * f
-    dist = _distances(x, distances).cpu()
+    dist = checked_distances(x, distances).cpu()
     if selection == "multi_krum":
-        scores = _scores_from_distances(dist, n - f - 2)
+        scores = nearest_neighbour_scores(dist, n - f - 2)
         return torch.sort(scores, stable=True).indices[:theta]
     remaining = torch.arange(n)
     chosen: list[int] = []
     for _ in range(theta):
         sub = dist[remaining][:, remaining]
-        scores = _scores_from_distances(sub, remaining.numel() - f - 2)
+        scores = nearest_neighbour_scores(sub, remaining.numel() - f - 2)
         pos = int(torch.sort(scores, stable=True).indices[0])
         chosen.append(int(remaining[pos]))
         remaining = torch.cat([remaining[:pos], remaining[pos + 1 :]])

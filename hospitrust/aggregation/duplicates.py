@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ._validation import check_updates
-from .krum import gram
+from .kernels import gram
 
 __all__ = ["pairwise_cosine", "duplicate_groups", "group_representatives"]
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ._validation import check_updates, check_weights
-from .krum import gram
+from .kernels import gram
 
 __all__ = ["geometric_median"]
 

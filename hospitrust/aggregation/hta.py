@@ -8,31 +8,10 @@ import torch
 
 from ._validation import check_updates
 from .duplicates import group_representatives
+from .kernels import median_norm_clip, plausible_median_norm
 from .median import coordinate_median
 
-__all__ = ["plausible_median_norm", "hta_signals", "excused_direction", "hta_fusion", "reputation_update", "mad_exclusion", "hta_weights"]
-
-
-def plausible_median_norm(norms: torch.Tensor, tolerance: float | None) -> float:
-    r"""The median of the norms at most ``tolerance`` times their median:
-    :math:`\tilde\nu_1 = \mathrm{med}\{\nu_h : \nu_h \le t\,\tilde\nu_0\}`,
-    :math:`\tilde\nu_0 = \mathrm{med}(\nu)`; the plain median when ``tolerance`` is None.
-
-    Why: three scalers of ten move the plain median from the honest hospitals' 4th of 7 norms
-    to their 5th-6th, and with hospital sizes from 16 to 283 images that roughly doubled the
-    median norm on RetinaMNIST's specialist split, so every honest update was clipped less
-    and the small ones looked implausibly short. One step of trimming the norms above the
-    magnitude tolerance drops the scaled ones before the median is taken. Only the top is
-    trimmed: a short update cannot raise the threshold, and trimming the bottom as well would
-    move the median up again. Never empty: the lower middle norm is at most the median.
-    """
-    if tolerance is not None and tolerance < 1.0:
-        raise ValueError(f"tolerance must be >= 1, got {tolerance}")
-    norms = torch.as_tensor(norms, dtype=torch.float64).flatten().cpu()
-    med = float(torch.quantile(norms, 0.5))
-    if tolerance is None or med <= 0:
-        return med
-    return float(torch.quantile(norms[norms <= med * tolerance], 0.5))
+__all__ = ["hta_signals", "excused_direction", "hta_fusion", "reputation_update", "mad_exclusion", "hta_weights"]
 
 
 def hta_signals(
@@ -210,13 +189,3 @@ def hta_weights(
     w = raw / raw.sum()
     coef = w * median_norm_clip(x, keep, trim_tolerance) if clip_to_median_norm else w.clone()
     return coef.to(dtype=x.dtype, device=x.device) @ x, w
-
-
-def median_norm_clip(x: torch.Tensor, keep: torch.Tensor | None = None, trim_tolerance: float | None = None) -> torch.Tensor:
-    r"""Per-update factor :math:`\min(1, \tilde\nu / \lVert u_h\rVert)` that clips each update to the
-    median norm :math:`\tilde\nu` of the ``keep`` ones (all if None; with ``trim_tolerance``, of
-    those at most that factor times their median, :func:`plausible_median_norm`). ``(n,)`` float64 CPU."""
-    norms = torch.linalg.vector_norm(x.double(), dim=1).cpu()
-    kept = norms if keep is None else norms[torch.as_tensor(keep, dtype=torch.bool).flatten().cpu()]
-    med = plausible_median_norm(kept, trim_tolerance)
-    return torch.where(norms > med, med / norms.clamp_min(1e-300), torch.ones_like(norms))

@@ -14,10 +14,11 @@ starting a Ray instance of its own.
 
 from __future__ import annotations
 
-import json
+import contextlib
+import logging
 import os
+import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from hospitrust.ops import flwr
+from hospitrust.ops.inprocess import run_inprocess
+from hospitrust.ops.flwr import COMPLETED, FlowerProcess, FlowerProcessError
 from hospitrust.ops.simulate import (
-    COMPLETED, SimulationError, _env, _flwr, _stop, _wait_healthy, app_config_defaults, find_app_dir, free_port, run_status,
-    size_resources,
-    to_toml_overrides,
+    CONNECTION, SimulationError, app_config_defaults, find_app_dir, simulate, size_resources, to_toml_overrides,
 )
 
 
@@ -36,11 +38,6 @@ def run_inprocess_cell(run_config: dict[str, Any], hospitals: int, log: TextIO,
                        node_configs: list[dict[str, Any]] | None = None) -> None:
     """One cell in this (worker) process; the run's log lines (flwr logger, prints) go to ``log``.
     ``node_configs``: one per hospital (default: partition i of ``hospitals``)."""
-    import contextlib
-    import logging
-
-    from hospitrust.ops.inprocess import run_inprocess
-
     flwr_logger = logging.getLogger("flwr")
     handler = logging.StreamHandler(log)
     handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s: %(message)s"))
@@ -76,31 +73,25 @@ class SharedSuperLink:
     pid: int
 
     @classmethod
-    def start(cls, ray_address: str = "", extra_env: dict[str, str] | None = None) -> tuple["SharedSuperLink", subprocess.Popen]:
+    def start(cls, ray_address: str = "", extra_env: dict[str, str] | None = None) -> tuple["SharedSuperLink", FlowerProcess]:
         work = Path(tempfile.mkdtemp(prefix="hospitrust-bench-superlink-"))
-        env = _env(work)
-        env.update(extra_env or {})
+        env = flwr.flower_env(work, extra_env)
         if ray_address:
             env["RAY_ADDRESS"] = ray_address
-        port = free_port()
-        (work / "config.toml").write_text(
-            f'[superlink]\ndefault = "sim"\n\n[superlink.sim]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
-        log_file = work / "superlink.log"
-        with open(log_file, "w") as fh:
-            proc = subprocess.Popen(
-                ["flower-superlink", "--insecure", "--simulation", "--host", "127.0.0.1", "--port", str(port),
-                 "--disable-runtime-dependency-installation"],
-                cwd=work, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        port = flwr.free_port()
+        flwr.write_local_connection(work, CONNECTION, port)
+        proc = flwr.start("flower-superlink", flwr.simulation_superlink_command(port), env=env, cwd=work,
+                          log_file=work / "superlink.log")
         try:
-            _wait_healthy(port, proc, log_file)
-        except SimulationError:
-            _stop(proc)
-            raise
+            flwr.wait_healthy(f"127.0.0.1:{port}", proc=proc)
+        except FlowerProcessError as exc:
+            proc.stop()
+            raise SimulationError(str(exc)) from None
         return cls(f"127.0.0.1:{port}", str(work), proc.pid), proc
 
     @staticmethod
-    def stop(proc: subprocess.Popen, flwr_home: str) -> None:
-        _stop(proc)
+    def stop(proc: FlowerProcess, flwr_home: str) -> None:
+        proc.stop()
         shutil.rmtree(flwr_home, ignore_errors=True)
 
 
@@ -112,24 +103,21 @@ def run_simulation_cell(run_config: dict[str, Any], hospitals: int, log: TextIO,
     if ray_address:
         os.environ["RAY_ADDRESS"] = ray_address  # inherited by the SuperLink -> flwr-simulation -> ray.init()
     if superlink is None:
-        from hospitrust.ops.simulate import simulate
-
         status, _ = simulate(hospitals=hospitals, overrides=[to_toml_overrides(values)], app_dir=app,
                              timeout=timeout, out=log)
         if status != COMPLETED:
             raise SimulationError(f"simulation ended {status}")
         return
     work = Path(superlink["flwr_home"])
-    env = _env(work)
+    env = flwr.flower_env(work)
     res = size_resources(hospitals)
     federation = (f"num-supernodes={hospitals} client-resources-num-cpus={res.cpus_per_hospital:g} "
                   f"client-resources-num-gpus={res.gpus_per_hospital:g}")
-    submit = _flwr(["run", str(app), "sim", "--federation-config", federation,
-                    "--run-config", to_toml_overrides(values), "--format", "json"], env, work)
     try:
-        run_id = int(json.loads(submit.stdout)["run-id"])
-    except (json.JSONDecodeError, KeyError, ValueError):
-        raise SimulationError(f"flwr run did not start the run:\n{submit.stdout[-2000:]}\n{submit.stderr[-2000:]}")
+        run_id = flwr.submit_run(app, CONNECTION, run_config=to_toml_overrides(values), env=env, cwd=work,
+                                 federation_config=federation)
+    except FlowerProcessError as exc:
+        raise SimulationError(str(exc)) from None
     print(f"bench: run {run_id} submitted to SuperLink {superlink['address']}", file=log, flush=True)
     summary = Path(values["output-dir"]) / values["run-name"] / "summary.json"
     deadline = time.monotonic() + timeout
@@ -137,15 +125,15 @@ def run_simulation_cell(run_config: dict[str, Any], hospitals: int, log: TextIO,
     while time.monotonic() < deadline:
         # a finished run leaves summary.json; `flwr ls` (a CLI start, ~1 s of CPU) only now and then
         if summary.is_file() or time.monotonic() - last_check > 20:
-            status, details = run_status(run_id, env, work)
+            status, details = flwr.run_status(run_id, CONNECTION, env=env, cwd=work)
             last_check = time.monotonic()
             if status.startswith("finished"):
                 break
         time.sleep(1.0)
     if not status.startswith("finished"):
-        _flwr(["stop", str(run_id), "sim"], env, work)
+        flwr.stop_run(run_id, CONNECTION, env=env, cwd=work)
         status, details = "timeout", f"timed out after {timeout:.0f} s; the run was stopped"
-    shown = _flwr(["log", str(run_id), "sim", "--show"], env, work)
+    shown = flwr.flwr_cli(["log", str(run_id), CONNECTION, "--show"], env=env, cwd=work)
     log.write(shown.stdout + shown.stderr)
     print(f"bench: run {run_id} ended {status}", file=log, flush=True)
     if status != COMPLETED:
@@ -158,7 +146,7 @@ class LocalRayHead:
     which would end every Ray instance of the user)."""
 
     def __init__(self, num_cpus: int | None = None, timeout: float = 180.0) -> None:
-        self.port = free_port()
+        self.port = flwr.free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.temp_dir = tempfile.mkdtemp(prefix="hospitrust-ray-")
         cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
@@ -169,16 +157,13 @@ class LocalRayHead:
         self.log_path = Path(self.temp_dir) / "ray-start.log"
         env = dict(os.environ)
         env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-        with open(self.log_path, "w") as fh:
-            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc = flwr.start("ray head", cmd, env=env, cwd=Path(self.temp_dir), log_file=self.log_path)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SimulationError(f"ray start exited with {self.proc.returncode}:\n{self.log_path.read_text()[-2000:]}")
+            if not self.proc.alive():
+                raise SimulationError(f"ray start exited with {self.proc.popen.returncode}:\n{self.log_path.read_text()[-2000:]}")
             text = self.log_path.read_text()
             if "Ray runtime started" in text:
-                import re
-
                 # Ray may bind the GCS to the host's address rather than 127.0.0.1: use the one it reports
                 found = re.search(r"--address='([^']+)'", text)
                 if found:
@@ -189,17 +174,7 @@ class LocalRayHead:
         raise SimulationError(f"the Ray head did not start within {timeout:.0f} s:\n{self.log_path.read_text()[-2000:]}")
 
     def stop(self) -> None:
-        import signal
-
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=60)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        self.proc.stop(timeout=60)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def __enter__(self) -> "LocalRayHead":

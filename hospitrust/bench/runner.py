@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from hospitrust.bench.events import append_event, read_events
 from hospitrust.bench.grid import Cell, Grid, grid_fingerprint
 
 _WORKER: dict[str, Any] = {}
@@ -46,23 +47,6 @@ def cell_state(out: Path, cell: Cell | str) -> str:
     if (out / "failed" / f"{name}.json").is_file():
         return "failed"
     return "pending"
-
-
-def _append_event(out: Path, event: dict[str, Any]) -> None:
-    with open(out / "bench.jsonl", "a") as fh:
-        fh.write(json.dumps({"time": time.time(), **event}) + "\n")
-
-
-def read_events(out: Path) -> list[dict[str, Any]]:
-    """The grid folder's events (``bench.jsonl``) in order; a line cut short by a kill is skipped."""
-    path = Path(out) / "bench.jsonl"
-    events = []
-    for raw in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            events.append(json.loads(raw))
-        except json.JSONDecodeError:
-            continue
-    return events
 
 
 def _worker_init(threads: int, backend: str, started: float, aggregation_backend: str = "auto") -> None:
@@ -204,12 +188,12 @@ def _run_locked(grid: Grid, out: Path, *, workers, retry_failed, ray_address, li
         f"{f' on Ray {ray_address}' if ray_address else ''} -> {out}")
 
     started = time.time()
-    _append_event(out, {"event": "start", "cells": len(grid.cells), "todo": len(todo), "workers": workers,
+    append_event(out, {"event": "start", "cells": len(grid.cells), "todo": len(todo), "workers": workers,
                         "backend": grid.backend, "ray_address": ray_address, "pid": os.getpid()})
     # a cell can finish in the moment a bench is killed, before its event is written: log it now
     recorded = _recorded_done(out)
     for name in [n for n, state in states.items() if state == "done" and n not in recorded]:
-        _append_event(out, {"event": "cell", "cell": name, "status": "done", "seconds": None,
+        append_event(out, {"event": "cell", "cell": name, "status": "done", "seconds": None,
                             "recorded_late": "finished while an earlier start was interrupted"})
     outcome = BenchOutcome(total=len(grid.cells), done=done_before, failed=failed_before if not retry_failed else 0,
                            ran=0, skipped_done=done_before, skipped_failed=0 if retry_failed else failed_before,
@@ -228,7 +212,7 @@ def _run_locked(grid: Grid, out: Path, *, workers, retry_failed, ray_address, li
         extra_env = {} if grid.aggregation_backend == "auto" else {"HOSPITRUST_AGG_BACKEND": grid.aggregation_backend}
         info, superlink_proc = SharedSuperLink.start(ray_address, extra_env)
         superlink = {"address": info.address, "flwr_home": info.flwr_home}
-        _append_event(out, {"event": "superlink", "seconds": time.time() - t0, "address": info.address})
+        append_event(out, {"event": "superlink", "seconds": time.time() - t0, "address": info.address})
         say(f"[bench {grid.name}] one SuperLink for the grid on {info.address} (started in {time.time() - t0:.1f} s)")
 
     def task(cell: Cell) -> dict[str, Any]:
@@ -280,7 +264,7 @@ def _run_locked(grid: Grid, out: Path, *, workers, retry_failed, ray_address, li
                     result = {"cell": name, "status": "failed", "error": f"worker failed: {type(exc).__name__}: {exc}",
                               "traceback": traceback.format_exc(), "seconds": float("nan")}
                 if not result.get("finished_earlier"):
-                    _append_event(out, {"event": "cell", **{k: v for k, v in result.items() if k != "traceback"}})
+                    append_event(out, {"event": "cell", **{k: v for k, v in result.items() if k != "traceback"}})
                 fail_file = out / "failed" / f"{name}.json"
                 if result["status"] == "done":
                     done_now += 1
@@ -307,7 +291,7 @@ def _run_locked(grid: Grid, out: Path, *, workers, retry_failed, ray_address, li
         pool.terminate()
         pool.join()
         outcome.interrupted = True
-        _append_event(out, {"event": "interrupted", "running": list(inflight), "pid": os.getpid()})
+        append_event(out, {"event": "interrupted", "running": list(inflight), "pid": os.getpid()})
         say(f"[bench {grid.name}] interrupted: {len(inflight)} running cell(s) dropped "
             f"({', '.join(inflight)}); they run again on the next start")
     finally:
@@ -322,7 +306,7 @@ def _run_locked(grid: Grid, out: Path, *, workers, retry_failed, ray_address, li
     outcome.done = done_before + done_now
     outcome.failed = (outcome.skipped_failed) + failed_now
     outcome.wall_seconds = time.time() - started
-    _append_event(out, {"event": "end", "done": done_now, "failed": failed_now, "wall_seconds": outcome.wall_seconds,
+    append_event(out, {"event": "end", "done": done_now, "failed": failed_now, "wall_seconds": outcome.wall_seconds,
                         "interrupted": outcome.interrupted})
     say(f"[bench {grid.name}] {'stopped' if outcome.interrupted else 'finished'}: {outcome.done}/{outcome.total} done, "
         f"{outcome.failed} failed, {done_now + failed_now} ran this time in {_fmt_seconds(outcome.wall_seconds)}")

@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from hospitrust.bench.runner import read_events
+from hospitrust.bench.events import read_events
 
 ALWAYS = ("strategy", "attack", "malicious-fraction", "seed", "dataset", "partitioner", "dirichlet-alpha",
           "num-server-rounds")

@@ -10,7 +10,9 @@ from flwr.app import Context, Message
 
 from hospitrust import metrics
 from hospitrust.config import NodeConfig, RunConfig, parse_node_config, parse_run_config
-from hospitrust.datasets import DatasetInfo, load_hospital
+from hospitrust.datasets import load_hospital
+from hospitrust.datasets.base import DatasetInfo
+from hospitrust.datasets.registry import dataset_info
 from hospitrust.datasets.federation import HospitalData
 from hospitrust.models import build_model
 from hospitrust.models.training import predict_proba
@@ -39,7 +41,7 @@ def hospital_context(context: Context) -> HospitalContext:
     """Parse the configs (a bad value fails here, naming it) and load this hospital's data."""
     cfg = parse_run_config(context.run_config)
     node = parse_node_config(context.node_config)
-    info = DatasetInfo.of(cfg.dataset)
+    info = dataset_info(cfg.dataset)
     return HospitalContext(cfg, node, info, load_hospital(cfg, node))
 
 

@@ -7,7 +7,8 @@ import zlib
 
 from hospitrust.config import NodeConfig, RunConfig
 from hospitrust.datasets.federation import HospitalData, LabelledImages, simulated_hospital
-from hospitrust.datasets.medmnist_source import DataMissingError, DatasetInfo
+from hospitrust.datasets.base import DataMissingError, DatasetInfo
+from hospitrust.datasets.registry import dataset_info
 from hospitrust.datasets.partitioners import split_train_val
 
 
@@ -19,7 +20,7 @@ def load_hospital(cfg: RunConfig, node: NodeConfig) -> HospitalData:
 
         from hospitrust.datasets.image_folder import load_image_folder
 
-        info = DatasetInfo.of(cfg.dataset)
+        info = dataset_info(cfg.dataset)
         images, labels = load_image_folder(node.data_path, info, cfg.image_size)
         # the local split is seeded by the hospital's name, so it is stable across messages
         name_seed = zlib.crc32(node.hospital_name.encode())

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hospitrust.config import RunConfig
-from hospitrust.datasets.medmnist_source import MedMNISTArrays, load_medmnist
+from hospitrust.datasets.base import DatasetArrays
+from hospitrust.datasets.registry import load_dataset
 from hospitrust.datasets.partitioners import (
     PARTITIONERS,
     parse_specialist_classes,
@@ -44,13 +45,9 @@ class HospitalData:
     val: LabelledImages
 
 
-def load_arrays(cfg: RunConfig) -> MedMNISTArrays:
-    """The configured dataset's three splits: a MedMNIST file or torchvision's MNIST / CIFAR-10."""
-    from hospitrust.datasets.torchvision_source import TORCHVISION_DATASETS, load_torchvision
-
-    root = cfg.resolved_data_dir()
-    load = load_torchvision if cfg.dataset in TORCHVISION_DATASETS else load_medmnist
-    return load(cfg.dataset, cfg.image_size, str(root) if root else None)
+def load_arrays(cfg: RunConfig) -> DatasetArrays:
+    """The configured dataset's three splits, from its source (MedMNIST, torchvision)."""
+    return load_dataset(cfg.dataset, cfg.image_size, cfg.resolved_data_dir())
 
 
 def _stratified_subsample(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hospitrust.datasets.medmnist_source import DatasetInfo
+from hospitrust.datasets.base import DatasetInfo
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 

@@ -7,17 +7,13 @@ and cached per process: a simulated hospital (a Ray actor) loads its dataset onc
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
-SPLITS = ("train", "val", "test")
 
-
-class DataMissingError(FileNotFoundError):
-    """A dataset file is not on disk and could not be downloaded."""
-
+from hospitrust.datasets.base import SPLITS, DataMissingError, DatasetArrays, DatasetInfo, DatasetSource, default_root
 
 @functools.cache
 def _info() -> dict:
@@ -38,44 +34,17 @@ def available_flags() -> tuple[str, ...]:
     )
 
 
-def dataset_flags() -> tuple[str, ...]:
-    """Every dataset a run can name: the MedMNIST 2D flags plus torchvision's MNIST and CIFAR-10."""
-    from hospitrust.datasets.torchvision_source import TORCHVISION_DATASETS
-
-    return tuple(sorted(available_flags() + tuple(TORCHVISION_DATASETS)))
-
-
 MEDMNIST_SIZES = (28, 64, 128, 224)
 
 
-@dataclass(frozen=True)
-class DatasetInfo:
-    flag: str
-    num_classes: int
-    in_channels: int
-    class_names: tuple[str, ...]
-    task: str
-    license: str
-
-    @classmethod
-    def of(cls, flag: str) -> "DatasetInfo":
-        from hospitrust.datasets.torchvision_source import TORCHVISION_DATASETS
-
-        if flag in TORCHVISION_DATASETS:
-            spec = TORCHVISION_DATASETS[flag]
-            return cls(flag, spec.num_classes, spec.in_channels, spec.class_names, "multi-class", spec.license)
-        if flag not in available_flags():
-            raise ValueError(f"unknown dataset {flag!r}; allowed: {', '.join(dataset_flags())}")
-        info = _info()[flag]
-        labels = info["label"]
-        names = tuple(str(labels[str(i)]) for i in range(len(labels)))
-        return cls(flag, len(names), int(info["n_channels"]), names, info["task"], info.get("license", ""))
-
-
-def default_root() -> Path:
-    from medmnist.info import DEFAULT_ROOT
-
-    return Path(DEFAULT_ROOT)
+def medmnist_info(flag: str) -> DatasetInfo:
+    """A MedMNIST flag's classes (in label order), channels, task and licence, from medmnist.INFO."""
+    if flag not in available_flags():
+        raise ValueError(f"unknown MedMNIST dataset {flag!r}; allowed: {', '.join(available_flags())}")
+    info = _info()[flag]
+    labels = info["label"]
+    names = tuple(str(labels[str(i)]) for i in range(len(labels)))
+    return DatasetInfo(flag, len(names), int(info["n_channels"]), names, info["task"], info.get("license", ""))
 
 
 def file_name(flag: str, size: int) -> str:
@@ -112,20 +81,10 @@ def dataset_path(flag: str, size: int, root: Path | None) -> Path:
     return path
 
 
-@dataclass(frozen=True)
-class MedMNISTArrays:
-    """One dataset file in memory: uint8 images (N, H, W, C) and int64 labels (N,) per split."""
-
-    info: DatasetInfo
-    image_size: int
-    images: dict[str, np.ndarray]
-    labels: dict[str, np.ndarray]
-
-
 @functools.lru_cache(maxsize=4)
-def load_medmnist(flag: str, size: int, root: str | None) -> MedMNISTArrays:
+def load_medmnist(flag: str, size: int, root: str | None) -> DatasetArrays:
     """Load (and cache per process) all three splits of a MedMNIST dataset."""
-    info = DatasetInfo.of(flag)
+    info = medmnist_info(flag)
     path = dataset_path(flag, size, Path(root) if root else None)
     with np.load(path) as npz:
         images = {}
@@ -139,4 +98,23 @@ def load_medmnist(flag: str, size: int, root: str | None) -> MedMNISTArrays:
     for split in SPLITS:
         if images[split].shape[1:3] != (size, size):
             raise ValueError(f"{path}: {split} images are {images[split].shape[1:3]}, expected {size}x{size}")
-    return MedMNISTArrays(info, size, images, labels)
+    return DatasetArrays(info, size, images, labels)
+
+
+class MedMNISTSource(DatasetSource):
+    """MedMNIST v2's 2D single-label datasets, from the official ``.npz`` files."""
+
+    name: ClassVar[str] = "medmnist"
+    title: ClassVar[str] = "MedMNIST"
+
+    def flags(self) -> tuple[str, ...]:
+        return available_flags()
+
+    def sizes(self, flag: str) -> tuple[int, ...]:
+        return MEDMNIST_SIZES
+
+    def info(self, flag: str) -> DatasetInfo:
+        return medmnist_info(flag)
+
+    def load(self, flag: str, size: int, root: Path | None) -> DatasetArrays:
+        return load_medmnist(flag, size, str(root) if root else None)

@@ -15,8 +15,11 @@ import gzip
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
+
+from hospitrust.datasets.base import DataMissingError, DatasetArrays, DatasetInfo, DatasetSource, default_root
 
 VAL_FRACTION = 0.1
 VAL_SEED = 20_260_606  # fixed: the val split must not move with the run's seed
@@ -69,8 +72,6 @@ def dataset_folder(flag: str, root: Path | None) -> Path:
 
     Raises DataMissingError naming the missing files, the folder searched and how to get them.
     """
-    from hospitrust.datasets.medmnist_source import DataMissingError, default_root
-
     spec = TORCHVISION_DATASETS[flag]
     base = Path(root if root is not None else default_root()).expanduser().resolve()
     folder = base / spec.folder
@@ -170,9 +171,7 @@ def resample(images: np.ndarray, size: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=4)
 def load_torchvision(flag: str, size: int, root: str | None):
-    """All three splits (train, the carved val, test) as MedMNISTArrays-shaped arrays."""
-    from hospitrust.datasets.medmnist_source import DatasetInfo, MedMNISTArrays
-
+    """All three splits (train, the carved val, test)."""
     folder = dataset_folder(flag, Path(root) if root else None)
     raw = _read_mnist(folder) if flag == "mnist" else _read_cifar10(folder)
     train_x, train_y = raw["train"]
@@ -181,4 +180,29 @@ def load_torchvision(flag: str, size: int, root: str | None):
               "test": raw["test"]}
     images = {k: np.ascontiguousarray(resample(x, size)) for k, (x, _) in splits.items()}
     labels = {k: y for k, (_, y) in splits.items()}
-    return MedMNISTArrays(DatasetInfo.of(flag), size, images, labels)
+    return DatasetArrays(torchvision_info(flag), size, images, labels)
+
+
+def torchvision_info(flag: str) -> DatasetInfo:
+    spec = TORCHVISION_DATASETS[flag]
+    return DatasetInfo(flag, spec.num_classes, spec.in_channels, spec.class_names, "multi-class", spec.license)
+
+
+class TorchvisionSource(DatasetSource):
+    """torchvision's MNIST and CIFAR-10, from torchvision's on-disk layout; any image size
+    (resampled), and CIFAR-10's native 32."""
+
+    name: ClassVar[str] = "torchvision"
+    title: ClassVar[str] = "torchvision"
+
+    def flags(self) -> tuple[str, ...]:
+        return tuple(TORCHVISION_DATASETS)
+
+    def sizes(self, flag: str) -> tuple[int, ...]:
+        return (28, 32, 64, 128, 224)
+
+    def info(self, flag: str) -> DatasetInfo:
+        return torchvision_info(flag)
+
+    def load(self, flag: str, size: int, root: Path | None) -> DatasetArrays:
+        return load_torchvision(flag, size, str(root) if root else None)

@@ -48,7 +48,7 @@ def evaluate_unlearning(cfg, saved: dict[str, Any], hospital: str, before, after
     """Routed ensemble on the test split before/after, and the membership-inference AUROC of
     the hospital's training images (members) against the test images (non-members)."""
     from hospitrust import metrics
-    from hospitrust.datasets import DatasetInfo
+    from hospitrust.datasets.registry import dataset_info
     import numpy as np
 
     from hospitrust.datasets.federation import load_arrays, simulated_hospital, test_set
@@ -56,7 +56,7 @@ def evaluate_unlearning(cfg, saved: dict[str, Any], hospital: str, before, after
     from hospitrust.fbd.mia import mia_auroc
     from hospitrust.fbd.routing import color_probabilities, parse_color_list, route
 
-    info = DatasetInfo.of(cfg.dataset)
+    info = dataset_info(cfg.dataset)
     test = test_set(cfg)
     exclude = parse_color_list(cfg.fbd_exclude_colors, cfg.fbd_colors)
     out: dict[str, Any] = {"routing_mode": cfg.fbd_routing}

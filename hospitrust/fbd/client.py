@@ -14,7 +14,9 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from hospitrust.attacks.base import DataAttack, UpdateAttack, attack_state_dict
 from hospitrust.config import parse_node_config, parse_run_config
-from hospitrust.datasets import DatasetInfo, load_hospital
+from hospitrust.datasets import load_hospital
+from hospitrust.datasets.base import DatasetInfo
+from hospitrust.datasets.registry import dataset_info
 from hospitrust.fbd.training import train_with_sibling
 from hospitrust.fbd.warehouse import color_key, parse_color_key
 from hospitrust.models import build_model
@@ -38,7 +40,7 @@ def _color_state(arrays: ArrayRecord, color: int) -> dict[str, torch.Tensor]:
 def fbd_train(msg: Message, context: Context) -> Message:
     cfg = parse_run_config(context.run_config)
     node = parse_node_config(context.node_config)
-    info = DatasetInfo.of(cfg.dataset)
+    info = dataset_info(cfg.dataset)
     data = load_hospital(cfg, node)
     server_cfg = msg.content["config"]
     server_round = int(server_cfg.get("server-round", 0))

@@ -26,7 +26,8 @@ from flwr.serverapp import Grid
 from hospitrust import metrics
 from hospitrust.config import RunConfig, parse_run_config
 from hospitrust.datasets.federation import load_arrays, reference_set, test_set
-from hospitrust.datasets.medmnist_source import DatasetInfo
+from hospitrust.datasets.base import DatasetInfo
+from hospitrust.datasets.registry import dataset_info
 from hospitrust.fbd.plan import ShippingPlan, make_plan, parse_plan
 from hospitrust.fbd.routing import (
     ROUTING_MODES, color_losses, color_probabilities, flagged_colors, loss_zscores, parse_color_list, route,
@@ -118,7 +119,7 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
     started = time.time()
     cfg = parse_run_config(context.run_config)
     check_fbd_options(cfg)
-    info = DatasetInfo.of(cfg.dataset)
+    info = dataset_info(cfg.dataset)
     load_arrays(cfg)
     seed_everything(cfg.seed)
     device = pick_device()

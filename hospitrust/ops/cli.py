@@ -10,8 +10,10 @@ from hospitrust.config import ConfigError
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    from hospitrust.ops import flwr
     from hospitrust.ops.simulate import COMPLETED, SimulationError, simulate
 
+    flwr.stop_on_signals()  # a stopped `hospitrust simulate` stops its SuperLink and what that started
     try:
         status, _ = simulate(
             hospitals=args.hospitals,
@@ -43,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is stopped (default 3600)")
     sim.set_defaults(func=_simulate)
 
-    from hospitrust.ops.deploy import add_data_parser, add_deploy_parser
+    from hospitrust.ops.deploy.cli import add_data_parser, add_deploy_parser
 
     add_deploy_parser(sub)
     add_data_parser(sub)

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hospitrust.datasets.image_folder import IMAGE_SUFFIXES, ClassMismatchError, folder_class_index
-from hospitrust.datasets.medmnist_source import DatasetInfo
+from hospitrust.datasets.base import DatasetInfo
+from hospitrust.datasets.registry import dataset_info
 
 MAX_LISTED = 5  # file names listed per problem in the report
 
@@ -96,7 +97,7 @@ def check_folder(root: Path, dataset: str = "pneumoniamnist", image_size: int = 
     """Check a class-per-folder dataset against the federation's classes; never raises on bad data."""
     from PIL import Image, UnidentifiedImageError
 
-    info = DatasetInfo.of(dataset)
+    info = dataset_info(dataset)
     root = Path(root).expanduser().resolve()
     problems: list[str] = []
     warnings: list[str] = []

@@ -15,24 +15,31 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import tomllib
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from hospitrust.config import DATA_DIR_ENV, ConfigError, parse_run_config
+from hospitrust.ops import flwr
+from hospitrust.ops.flwr import COMPLETED, FlowerProcessError
 
-COMPLETED = "finished:completed"
+CONNECTION = "sim"  # the connection name in this run's own FLWR_HOME
 
 
-class SimulationError(RuntimeError):
+class SimulationError(FlowerProcessError):
     """The simulation could not be started or did not complete."""
+
+
+def copy_lines(src, dst) -> None:
+    """Copy a text stream line by line (a thread streaming a run's log)."""
+    for line in iter(src.readline, ""):
+        dst.write(line)
+        dst.flush()
 
 
 def find_app_dir(start: Path | None = None) -> Path:
@@ -99,12 +106,6 @@ def to_toml_overrides(values: dict[str, object]) -> str:
     return " ".join(parts)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Resources:
     cpus_per_hospital: float
@@ -126,69 +127,6 @@ def size_resources(hospitals: int, cpus: int | None = None, gpus: int | None = N
     concurrency = max(1, min(hospitals, cpus))
     gpu_share = round(min(1.0, gpus / concurrency), 4) if gpus else 0.0
     return Resources(1.0, gpu_share, concurrency)
-
-
-def _env(flwr_home: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        FLWR_HOME=str(flwr_home),
-        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-        FLWR_TELEMETRY_ENABLED="0",
-        FLWR_DISABLE_UPDATE_CHECK="1",
-        RAY_DEDUP_LOGS="0",
-        PYTHONUNBUFFERED="1",
-    )
-    # flwr launches flower-superlink etc. by name: this interpreter's bin must come first
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    return env
-
-
-def _wait_healthy(port: int, proc: subprocess.Popen, log_file: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SimulationError(f"flower-superlink exited with code {proc.returncode}:\n{log_file.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise SimulationError(f"flower-superlink did not answer on 127.0.0.1:{port} within {timeout:.0f} s")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
-
-
-def _flwr(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(["flwr", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-
-
-def _copy_lines(src, dst) -> None:
-    for line in iter(src.readline, ""):
-        dst.write(line)
-        dst.flush()
-
-
-def run_status(run_id: int, env: dict[str, str], cwd: Path) -> tuple[str, str]:
-    res = _flwr(["ls", "sim", "--run-id", str(run_id), "--format", "json"], env, cwd)
-    try:
-        run = json.loads(res.stdout)["runs"][0]
-    except (json.JSONDecodeError, KeyError, IndexError):
-        return "unknown", (res.stdout + res.stderr)[-2000:]
-    return str(run.get("status", "unknown")), str(run.get("status-details", ""))
 
 
 def simulate(
@@ -228,12 +166,9 @@ def simulate(
 
     res = size_resources(hospitals, gpus=gpus)
     work = Path(tempfile.mkdtemp(prefix="hospitrust-sim-"))
-    env = _env(work)
-    port = free_port()
-    (work / "config.toml").write_text(
-        f'[superlink]\ndefault = "sim"\n\n[superlink.sim]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
-    )
-    log_file = work / "superlink.log"
+    env = flwr.flower_env(work)
+    port = flwr.free_port()
+    flwr.write_local_connection(work, CONNECTION, port)
     print(
         f"hospitrust simulate: {hospitals} hospitals, {res.cpus_per_hospital:g} CPU"
         f"{f' + {res.gpus_per_hospital:g} GPU' if res.gpus_per_hospital else ''} each, up to {res.concurrency} at once; "
@@ -241,33 +176,29 @@ def simulate(
         file=out,
         flush=True,
     )
-    with open(log_file, "w") as log_fh:
-        superlink = subprocess.Popen(
-            ["flower-superlink", "--insecure", "--simulation", "--host", "127.0.0.1", "--port", str(port),
-             "--disable-runtime-dependency-installation"],
-            cwd=work, env=env, stdout=log_fh, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+    superlink = flwr.start("flower-superlink", flwr.simulation_superlink_command(port), env=env, cwd=work,
+                           log_file=work / "superlink.log")
     status, details, run_dir = "not-started", "", None
     try:
-        _wait_healthy(port, superlink, log_file)
+        try:
+            flwr.wait_healthy(f"127.0.0.1:{port}", proc=superlink)
+        except FlowerProcessError as exc:
+            raise SimulationError(str(exc)) from None
         federation = (
             f"num-supernodes={hospitals} client-resources-num-cpus={res.cpus_per_hospital:g} "
             f"client-resources-num-gpus={res.gpus_per_hospital:g}"
         )
-        submit = _flwr(
-            ["run", str(app), "sim", "--federation-config", federation, "--run-config", to_toml_overrides(values),
-             "--format", "json"], env, work,
-        )
         try:
-            run_id = int(json.loads(submit.stdout)["run-id"])
-        except (json.JSONDecodeError, KeyError, ValueError):
-            raise SimulationError(f"flwr run did not start the run:\n{submit.stdout[-3000:]}\n{submit.stderr[-3000:]}")
+            run_id = flwr.submit_run(app, CONNECTION, run_config=to_toml_overrides(values), env=env, cwd=work,
+                                     federation_config=federation)
+        except FlowerProcessError as exc:
+            raise SimulationError(str(exc)) from None
         print(f"hospitrust simulate: run {run_id} submitted; streaming its log (timeout {timeout:.0f} s)", file=out, flush=True)
         deadline = time.monotonic() + timeout
-        stream = subprocess.Popen(["flwr", "log", str(run_id), "sim", "--stream"], env=env, cwd=work,
+        stream = subprocess.Popen(["flwr", "log", str(run_id), CONNECTION, "--stream"], env=env, cwd=work,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                   start_new_session=True)
-        reader = threading.Thread(target=_copy_lines, args=(stream.stdout, out), daemon=True)
+        reader = threading.Thread(target=copy_lines, args=(stream.stdout, out), daemon=True)
         reader.start()
         try:
             stream.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -280,12 +211,12 @@ def simulate(
             reader.join(timeout=5)
         # the log stream can end a moment before the status is final
         for _ in range(60):
-            status, details = run_status(run_id, env, work)
+            status, details = flwr.run_status(run_id, CONNECTION, env=env, cwd=work)
             if status.startswith("finished") or time.monotonic() > deadline:
                 break
             time.sleep(1)
         if not status.startswith("finished"):
-            _flwr(["stop", str(run_id), "sim"], env, work)
+            flwr.stop_run(run_id, CONNECTION, env=env, cwd=work)
             details = f"timed out after {timeout:.0f} s (status was {status}); the run was stopped"
             status = "timeout"
         if values.get("resume-from"):  # a resumed run goes on in the checkpoint's directory
@@ -295,9 +226,9 @@ def simulate(
             candidates = sorted(Path(values["output-dir"]).glob(f"{values['run-name']}*"))
             run_dir = candidates[-1] if candidates else None
     finally:
-        _stop(superlink)
+        superlink.stop()
         if status != COMPLETED:
-            print(f"hospitrust simulate: SuperLink log kept at {log_file}", file=out)
+            print(f"hospitrust simulate: SuperLink log kept at {superlink.log_file}", file=out)
         else:
             shutil.rmtree(work, ignore_errors=True)
     print(f"hospitrust simulate: run ended {status}" + (f": {details}" if details and status != COMPLETED else ""),

@@ -24,7 +24,8 @@ from hospitrust.attacks.threat_model import ColludingAdversary, configured_attac
 from hospitrust.config import RunConfig, parse_run_config
 from hospitrust.contribution.federation import ContributionTracker
 from hospitrust.datasets.federation import load_arrays, reference_set
-from hospitrust.datasets.medmnist_source import DatasetInfo
+from hospitrust.datasets.base import DatasetInfo
+from hospitrust.datasets.registry import dataset_info
 from hospitrust.fbd.server import run_fbd_federation
 from hospitrust.models import build_model
 from hospitrust.models.training import pick_device, seed_everything
@@ -68,7 +69,7 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
     cfg = parse_run_config(context.run_config)
     if cfg.strategy == "fbd":  # block ownership keeps a warehouse of colors, not one global model
         return run_fbd_federation(grid, context)
-    info = DatasetInfo.of(cfg.dataset)
+    info = dataset_info(cfg.dataset)
     load_arrays(cfg)  # a missing dataset fails here, before any hospital is contacted
     seed_everything(cfg.seed)
     device = pick_device()

@@ -19,7 +19,8 @@ from hospitrust.attacks.base import Backdoor, LabelFlip
 from hospitrust.attacks.metrics import backdoor_success_rate, targeted_flip_success
 from hospitrust.config import RunConfig
 from hospitrust.datasets.federation import reference_set, test_set
-from hospitrust.datasets.medmnist_source import DatasetInfo
+from hospitrust.datasets.base import DatasetInfo
+from hospitrust.datasets.registry import dataset_info
 from hospitrust.models import build_model
 from hospitrust.models.training import balanced_class_weights, predict_proba, seed_everything, to_batch, train
 from hospitrust.strategies import HospitrustStrategy, build_strategy
@@ -151,7 +152,7 @@ def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: t
         kwargs["multi_krum_m"] = cfg.multi_krum_m
     if cfg.strategy == "centered-clipping":
         kwargs.update(clipping_tau=cfg.clipping_tau, clipping_iters=cfg.clipping_iters)
-    info = DatasetInfo.of(cfg.dataset)
+    info = dataset_info(cfg.dataset)
     if cfg.strategy == "fltrust":
         kwargs["server_update"] = ReferenceCohortTrainer(cfg, info, device)
     if cfg.strategy == "contribution":

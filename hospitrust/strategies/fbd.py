@@ -29,7 +29,7 @@ from hospitrust.fbd.plan import ShippingPlan
 from hospitrust.fbd.stamps import StampLog
 from hospitrust.fbd.warehouse import Warehouse, parse_color_key
 from hospitrust.strategies.base import HospitrustStrategy, RoundRecord
-from hospitrust.strategies.validation import RejectedReply, _short, negative_running_var
+from hospitrust.strategies.validation import RejectedReply, shorten, negative_running_var
 
 
 class FBD(HospitrustStrategy):
@@ -95,7 +95,7 @@ class FBD(HospitrustStrategy):
         RejectedReply when the reply as a whole is unusable."""
         hospital, color = shipped["hospital"], shipped["color"]
         if reply.has_error():
-            raise RejectedReply(f"error reply: {_short(reply.error.reason)}")
+            raise RejectedReply(f"error reply: {shorten(reply.error.reason)}")
         if not reply.has_content():
             raise RejectedReply("empty reply")
         content = reply.content
@@ -194,7 +194,7 @@ class FBD(HospitrustStrategy):
                 log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(nid), rej.reason)
                 continue
             except Exception as exc:  # a check failed on odd input: still the hospital's fault
-                reason = f"unreadable reply: {type(exc).__name__}: {_short(exc)}"
+                reason = f"unreadable reply: {type(exc).__name__}: {shorten(exc)}"
                 record.clients.append(self._client_entry(nid, rejected=True, reason=reason, **entry_extra))
                 log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(nid), reason)
                 continue

@@ -39,7 +39,8 @@ class CheckedReply:
     metrics: dict
 
 
-def _short(text: str, limit: int = 300) -> str:
+def shorten(text: str, limit: int = 300) -> str:
+    """One line of at most ``limit`` characters: a reason that fits a log line and rounds.jsonl."""
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[:limit] + "..."
 
@@ -60,7 +61,7 @@ def check_train_reply(
 ) -> CheckedReply:
     node_id = int(reply.metadata.src_node_id)
     if reply.has_error():
-        raise RejectedReply(f"error reply: {_short(reply.error.reason)}")
+        raise RejectedReply(f"error reply: {shorten(reply.error.reason)}")
     if not reply.has_content():
         raise RejectedReply("empty reply")
     content = reply.content
@@ -75,7 +76,7 @@ def check_train_reply(
     try:
         state = record.to_torch_state_dict()
     except Exception as exc:  # undecodable bytes
-        raise RejectedReply(f"arrays cannot be decoded: {type(exc).__name__}: {_short(exc)}") from None
+        raise RejectedReply(f"arrays cannot be decoded: {type(exc).__name__}: {shorten(exc)}") from None
 
     for name, ref in global_state.items():
         t = state[name]
@@ -103,7 +104,7 @@ def check_train_reply(
         raise RejectedReply("metrics lack 'num-examples'")
     n = metrics["num-examples"]
     if isinstance(n, bool) or not isinstance(n, (int, float)):
-        raise RejectedReply(f"'num-examples' is not a number: {_short(repr(n), 60)}")
+        raise RejectedReply(f"'num-examples' is not a number: {shorten(repr(n), 60)}")
     if not math.isfinite(float(n)) or n < 0 or float(n) != int(n):
         raise RejectedReply(f"'num-examples' must be a non-negative integer, got {n!r}")
     if n > limits.max_num_examples:

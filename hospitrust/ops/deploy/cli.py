@@ -1,0 +1,214 @@
+"""``hospitrust deploy ...`` and ``hospitrust data check``: the command-line handlers and parsers."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from hospitrust.ops import data_check, flwr
+from hospitrust.ops.deploy.errors import DeployError
+from hospitrust.ops.deploy.pki import create_ca, create_server_cert, create_supernode_keys
+from hospitrust.ops.deploy.superlink import DEFAULT_PORT, superlink_command, write_connection
+from hospitrust.ops.deploy.supernode import supernode_command
+from hospitrust.ops.flwr import COMPLETED
+
+
+def _exec(cmd: list[str], dry_run: bool) -> int:
+    print("$ " + shlex.join(cmd), flush=True)
+    if dry_run:
+        return 0
+    try:
+        os.execvp(cmd[0], cmd)  # the Flower process replaces this one: signals and exit code are its own
+    except FileNotFoundError:
+        raise DeployError(f"{cmd[0]} not found on PATH (pip install 'flwr>=1.42,<2')") from None
+    return 0  # pragma: no cover
+
+
+def cmd_ca(args) -> int:
+    cert, key = create_ca(Path(args.out), name=args.name, days=args.days, force=args.force)
+    print(f"CA certificate: {cert}   (give it to the hospitals and to whoever runs `flwr`)\n"
+          f"CA private key: {key}   (mode 0600; keep it offline, it signs the SuperLink's certificate)")
+    return 0
+
+
+def cmd_server_cert(args) -> int:
+    ca_dir = Path(args.ca_dir)
+    cert, key = create_server_cert(Path(args.ca_cert or ca_dir / "ca.crt"), Path(args.ca_key or ca_dir / "ca.key"),
+                                   Path(args.out or ca_dir), args.san, days=args.days, force=args.force)
+    print(f"SuperLink certificate: {cert} (SANs: {', '.join(s for x in args.san for s in x.split(',') if s)})\n"
+          f"SuperLink private key: {key} (mode 0600)")
+    return 0
+
+
+def cmd_keygen(args) -> int:
+    key, pub = create_supernode_keys(Path(args.out), args.name, force=args.force)
+    print(f"private key: {key}   (mode 0600; stays on the SuperNode machine)\n"
+          f"public key:  {pub}   (send this file to the federation operator to register)")
+    return 0
+
+
+def cmd_superlink(args) -> int:
+    certs = Path(args.certs)
+    database = Path(args.database).expanduser().resolve()
+    database.parent.mkdir(parents=True, exist_ok=True)
+    cmd = superlink_command(ca=Path(args.ca or certs / "ca.crt"), cert=Path(args.cert or certs / "server.pem"),
+                            key=Path(args.key or certs / "server.key"), database=database, host=args.host,
+                            port=args.port, log_file=Path(args.log_file) if args.log_file else None)
+    for flag in ("--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile"):
+        p = Path(cmd[cmd.index(flag) + 1])
+        if not p.is_file():
+            raise DeployError(f"{flag} {p} not found (hospitrust deploy ca / server-cert make them)")
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    return _exec(cmd, args.dry_run)
+
+
+def cmd_connection(args) -> int:
+    path = write_connection(args.name, args.address, Path(args.ca), make_default=args.default)
+    print(f"wrote [superlink.{args.name}] (address {args.address}, root-certificates {Path(args.ca).resolve()}) to {path}")
+    return 0
+
+
+def cmd_register(args) -> int:
+    rc = 0
+    for key in args.public_keys:
+        key = Path(key).expanduser().resolve()
+        text = key.read_text().strip() if key.is_file() else ""
+        if not text.startswith("ecdsa-sha2-nistp384 "):
+            print(f"{key}: not an OpenSSH ecdsa-sha2-nistp384 public key (hospitrust deploy keygen makes one)",
+                  file=sys.stderr)
+            rc = 1
+            continue
+        res = flwr.flwr_cli(["supernode", "register", str(key), args.connection])
+        out = (res.stdout + res.stderr).strip()
+        print(f"{key.name}: {out.splitlines()[-1] if out else 'rc ' + str(res.returncode)}")
+        if res.returncode != 0:
+            rc = 1
+    return rc
+
+
+def cmd_status(args) -> int:
+    status, details = (flwr.wait_for_run(args.run_id, args.connection, args.timeout) if args.wait
+                       else flwr.run_status(args.run_id, args.connection))
+    print(f"run {args.run_id}: {status}" + (f"\n{details}" if details and status != COMPLETED else ""))
+    return 0 if status == COMPLETED else 1
+
+
+def cmd_supernode(args) -> int:
+    data_path = Path(args.data_path).expanduser().resolve()
+    if not args.skip_data_check:
+        report = data_check.check_folder(data_path, args.dataset, args.image_size, allow_odd_sizes=args.allow_odd_sizes)
+        print(report.format(), flush=True)
+        if not report.ok:
+            print("\nhospitrust deploy supernode: not starting the SuperNode: fix the problems above "
+                  "(or pass --skip-data-check to start anyway)", file=sys.stderr)
+            return 3
+    for label, p in (("--ca", Path(args.ca)), ("--key", Path(args.key))):
+        if not p.expanduser().is_file():
+            raise DeployError(f"{label} {p} not found")
+    key_mode = Path(args.key).expanduser().stat().st_mode & 0o777
+    if key_mode & 0o077:
+        print(f"warning: {args.key} is readable by others (mode {key_mode:o}); chmod 600 it", file=sys.stderr)
+    node_config: dict[str, object] = {"data-path": str(data_path), "hospital": args.hospital}
+    cmd = supernode_command(superlink=args.superlink, ca=Path(args.ca), key=Path(args.key), node_config=node_config,
+                            port=args.port, host=args.host, max_retries=args.max_retries,
+                            max_wait_time=args.max_wait_time)
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    return _exec(cmd, args.dry_run)
+
+
+def cmd_data_check(args) -> int:
+    return data_check.main(args.path, args.dataset, args.image_size, args.allow_odd_sizes)
+
+
+def add_deploy_parser(sub) -> None:
+    dep = sub.add_parser("deploy", help="certificates, keys, SuperLink and SuperNode for a real federation",
+                         description="Operator and hospital commands for a TLS-secured, authenticated Flower deployment "
+                                     "(see docs/deployment.md).")
+    dsub = dep.add_subparsers(dest="deploy_command", required=True)
+
+    p = dsub.add_parser("ca", help="operator: create the federation's certificate authority")
+    p.add_argument("--out", required=True, help="folder for ca.crt and ca.key")
+    p.add_argument("--name", default="hospitrust federation CA", help="CA common name")
+    p.add_argument("--days", type=int, default=3650)
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.set_defaults(func=cmd_ca)
+
+    p = dsub.add_parser("server-cert", help="operator: the SuperLink's TLS certificate, signed by the CA")
+    p.add_argument("--ca-dir", required=True, help="folder with ca.crt and ca.key (also the default --out)")
+    p.add_argument("--ca-cert", help="CA certificate (default CA_DIR/ca.crt)")
+    p.add_argument("--ca-key", help="CA private key (default CA_DIR/ca.key)")
+    p.add_argument("--out", help="folder for server.pem and server.key (default: --ca-dir)")
+    p.add_argument("--san", action="append", required=True, metavar="HOST_OR_IP",
+                   help="host name or IP address the SuperLink is reached by; repeat or comma-separate "
+                        "(e.g. --san superlink.example.org --san 10.0.0.5 --san localhost --san 127.0.0.1)")
+    p.add_argument("--days", type=int, default=825)
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.set_defaults(func=cmd_server_cert)
+
+    p = dsub.add_parser("keygen", help="hospital: the SuperNode's key pair (send NAME.pub to the operator)")
+    p.add_argument("--out", required=True, help="folder for NAME.key and NAME.pub")
+    p.add_argument("--name", required=True, help="the hospital's short name, e.g. st-mary")
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.set_defaults(func=cmd_keygen)
+
+    p = dsub.add_parser("superlink", help="operator: start flower-superlink (TLS, SuperNode auth, persistent database)")
+    p.add_argument("--certs", default=".", help="folder with ca.crt, server.pem, server.key (default .)")
+    p.add_argument("--ca", help="CA certificate (default CERTS/ca.crt)")
+    p.add_argument("--cert", help="server certificate (default CERTS/server.pem)")
+    p.add_argument("--key", help="server private key (default CERTS/server.key)")
+    p.add_argument("--database", required=True, help="SQLite state file (keeps registered SuperNodes and runs across restarts)")
+    p.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0: all interfaces)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the one HTTP port (default {DEFAULT_PORT})")
+    p.add_argument("--log-file", help="also log to this file")
+    p.add_argument("--dry-run", action="store_true", help="print the command, do not start it")
+    p.set_defaults(func=cmd_superlink)
+
+    p = dsub.add_parser("connection", help="operator/researcher: write the flwr connection to $FLWR_HOME/config.toml")
+    p.add_argument("name", help="connection name used as `flwr run . NAME`")
+    p.add_argument("--address", required=True, help="SuperLink HOST:PORT (a host name or IP in the certificate's SANs)")
+    p.add_argument("--ca", required=True, help="the federation's CA certificate (stored as an absolute path)")
+    p.add_argument("--default", action="store_true", help="make it the default connection")
+    p.set_defaults(func=cmd_connection)
+
+    p = dsub.add_parser("register", help="operator: register hospitals' SuperNode public keys")
+    p.add_argument("public_keys", nargs="+", metavar="KEY.pub")
+    p.add_argument("--connection", required=True, help="flwr connection name (see `deploy connection`)")
+    p.set_defaults(func=cmd_register)
+
+    p = dsub.add_parser("status", help="a run's status; exit 0 only if it ended finished:completed")
+    p.add_argument("run_id", type=int)
+    p.add_argument("--connection", required=True)
+    p.add_argument("--wait", action="store_true", help="wait until the run has finished")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait (default 3600)")
+    p.set_defaults(func=cmd_status)
+
+    p = dsub.add_parser("supernode", help="hospital: check the data, then start flower-supernode")
+    p.add_argument("--superlink", required=True, metavar="HOST:PORT")
+    p.add_argument("--ca", required=True, help="the federation's CA certificate")
+    p.add_argument("--key", required=True, help="this hospital's SuperNode private key (deploy keygen)")
+    p.add_argument("--data-path", required=True, help="class-per-folder images")
+    p.add_argument("--hospital", required=True, help="this hospital's name (as the federation records it)")
+    p.add_argument("--port", type=int, default=9094, help="the SuperNode's local Runtime API port (default 9094)")
+    p.add_argument("--host", default="127.0.0.1", help="the SuperNode's local Runtime API address (default 127.0.0.1)")
+    p.add_argument("--dataset", default="pneumoniamnist", help="the federation's dataset (default pneumoniamnist)")
+    p.add_argument("--image-size", type=int, default=28, help="the federation's image size (default 28)")
+    p.add_argument("--allow-odd-sizes", action="store_true", help="non-square or small images are warnings, not problems")
+    p.add_argument("--skip-data-check", action="store_true", help="start even if the data check finds problems")
+    p.add_argument("--max-retries", type=int, help="reconnection attempts before giving up (default: unlimited)")
+    p.add_argument("--max-wait-time", type=float, help="seconds of reconnecting before giving up (default: unlimited)")
+    p.add_argument("--dry-run", action="store_true", help="check and print the command, do not start it")
+    p.set_defaults(func=cmd_supernode)
+
+
+def add_data_parser(sub) -> None:
+    data = sub.add_parser("data", help="check a hospital's own data before joining")
+    dsub = data.add_subparsers(dest="data_command", required=True)
+    p = dsub.add_parser("check", help="check a class-per-folder image dataset against the federation's classes",
+                        description="Exit 0 when the folder is ready, 1 when it has problems.")
+    p.add_argument("path", help="folder with one sub-folder per class")
+    p.add_argument("--dataset", default="pneumoniamnist", help="the federation's dataset (default pneumoniamnist)")
+    p.add_argument("--image-size", type=int, default=28, help="the federation's image size (default 28)")
+    p.add_argument("--allow-odd-sizes", action="store_true", help="non-square or small images are warnings, not problems")
+    p.set_defaults(func=cmd_data_check)

@@ -1,0 +1,64 @@
+"""The operator's side: ``flower-superlink`` with TLS and SuperNode authentication, and the
+``[superlink.NAME]`` connection in ``$FLWR_HOME/config.toml`` that ``flwr`` uses to reach it."""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+
+from hospitrust.ops.deploy.errors import DeployError
+
+DEFAULT_PORT = 9093  # hospitrust's suggested SuperLink port (Flower's own default is 8000)
+
+
+def superlink_command(*, ca: Path, cert: Path, key: Path, database: Path, host: str = "0.0.0.0",
+                      port: int = DEFAULT_PORT, log_file: Path | None = None) -> list[str]:
+    cmd = [
+        "flower-superlink",
+        "--ssl-ca-certfile", str(Path(ca).expanduser().resolve()),
+        "--ssl-certfile", str(Path(cert).expanduser().resolve()),
+        "--ssl-keyfile", str(Path(key).expanduser().resolve()),
+        "--enable-supernode-auth",
+        "--database", str(Path(database).expanduser().resolve()),
+        "--disable-runtime-dependency-installation",
+        "--host", host,
+        "--port", str(port),
+    ]
+    if log_file is not None:
+        cmd += ["--log-file", str(Path(log_file).expanduser().resolve())]
+    return cmd
+
+
+def flwr_home() -> Path:
+    return Path(os.environ.get("FLWR_HOME") or Path.home() / ".flwr").expanduser().resolve()
+
+
+FLWR_DEFAULT_CONFIG = {"superlink": {"default": "local", "supergrid": {"address": "api.flower.ai"},
+                                     "local": {"address": ":local:"}}}
+
+
+def write_connection(name: str, address: str, ca: Path, *, make_default: bool = False, home: Path | None = None) -> Path:
+    """Add or replace ``[superlink.NAME]`` (address, absolute root-certificates) in ``$FLWR_HOME/config.toml``,
+    keeping every other entry."""
+    import tomli_w
+
+    if not name or not all(ch.isalnum() or ch in "-_" for ch in name) or name in ("default",):
+        raise DeployError(f"bad connection name {name!r}: letters, digits, '-' and '_' only")
+    ca = Path(ca).expanduser().resolve()
+    if not ca.is_file():
+        raise DeployError(f"CA certificate {ca} not found")
+    home = Path(home).expanduser().resolve() if home else flwr_home()
+    path = home / "config.toml"
+    data = tomllib.loads(path.read_text()) if path.is_file() else json.loads(json.dumps(FLWR_DEFAULT_CONFIG))
+    links = data.setdefault("superlink", {})
+    links[name] = {"address": address, "root-certificates": str(ca)}
+    if make_default or "default" not in links:
+        links["default"] = name
+    # scalars first, so tomli_w writes `default = ...` under [superlink] before the sub-tables
+    data["superlink"] = {k: v for k, v in links.items() if not isinstance(v, dict)} | {
+        k: v for k, v in links.items() if isinstance(v, dict)}
+    home.mkdir(parents=True, exist_ok=True)
+    path.write_text(tomli_w.dumps(data))
+    return path

@@ -1,0 +1,263 @@
+"""The one place that starts and stops Flower processes and calls the ``flwr`` CLI.
+
+``hospitrust simulate``, ``hospitrust deploy``, the benchmark backends and the tests all
+start ``flower-superlink`` / ``flower-supernode`` here. Every process is started in a
+session of its own and tracked: ``stop`` ends it together with everything it started
+(Flower's SuperLink detaches its SuperExec into another session, and the SuperExec starts
+``flwr-serverapp`` / ``flwr-clientapp`` processes, so a process group alone is not enough),
+and at interpreter exit, or on SIGTERM / SIGINT once ``stop_on_signals`` is installed,
+every tracked process still alive is stopped. An interrupted test run or command leaves no
+Flower process behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+
+COMPLETED = "finished:completed"
+_TRACKED: dict[int, "FlowerProcess"] = {}
+_LOCK = threading.Lock()
+
+
+class FlowerProcessError(RuntimeError):
+    """A Flower process did not start, did not become healthy, or a ``flwr`` command failed."""
+
+
+def flower_env(flwr_home: Path | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for Flower processes: this interpreter's bin first on PATH (flwr starts
+    ``flower-superlink`` by name), no telemetry, no update check, no runtime ``uv sync``."""
+    env = dict(os.environ)
+    if flwr_home is not None:
+        env["FLWR_HOME"] = str(flwr_home)
+    env.update(
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        RAY_DEDUP_LOGS="0",
+        PYTHONUNBUFFERED="1",
+    )
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env.update(extra or {})
+    return env
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class FlowerProcess:
+    """A process started in its own session, its output in ``log_file``, stopped with its descendants."""
+
+    def __init__(self, name: str, cmd: Sequence[str], *, env: dict[str, str], cwd: Path, log_file: Path) -> None:
+        self.name, self.cmd, self.log_file = name, list(cmd), Path(log_file)
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "w") as fh:
+            try:
+                self.popen = subprocess.Popen(self.cmd, env=env, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT,
+                                              start_new_session=True)
+            except FileNotFoundError:
+                raise FlowerProcessError(f"{self.cmd[0]} not found on PATH (pip install 'flwr>=1.42,<2')") from None
+        with _LOCK:
+            _TRACKED[self.popen.pid] = self
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_file.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
+        """End the process and every process it started (also those in other sessions)."""
+        stop_tree(self.popen.pid, sig=sig, timeout=timeout)
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop_tree(self.popen.pid, sig=signal.SIGKILL, timeout=5)
+            self.popen.wait(timeout=10)
+        with _LOCK:
+            _TRACKED.pop(self.popen.pid, None)
+
+
+def stop_tree(pid: int, *, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
+    """Signal ``pid`` and all its descendants (found before any of them exits, so orphans are
+    not missed), then SIGKILL whatever is still alive after ``timeout``."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
+def stop_all() -> None:
+    """Stop every tracked process that is still alive (atexit, signals, test teardown)."""
+    with _LOCK:
+        procs = list(_TRACKED.values())
+    for proc in procs:
+        try:
+            proc.stop(timeout=10)
+        except Exception:  # keep stopping the others
+            pass
+
+
+atexit.register(stop_all)
+
+
+def stop_descendants(timeout: float = 10.0) -> None:
+    """Stop every process this one started, directly or not, tracked or not."""
+    try:
+        children = psutil.Process().children(recursive=False)
+    except psutil.NoSuchProcess:
+        return
+    for child in children:
+        stop_tree(child.pid, timeout=timeout)
+
+
+def stop_on_signals() -> None:
+    """On SIGTERM, stop every tracked Flower process and every other process this one started,
+    then raise KeyboardInterrupt so the caller's own cleanup (pytest's teardown, ``finally``
+    blocks) runs too. Ctrl-C (SIGINT) already raises KeyboardInterrupt; the tracked processes
+    are then stopped by their owners' ``finally`` blocks and at exit."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the cleanup below must not be interrupted
+        stop_all()
+        stop_descendants()
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def start(name: str, cmd: Sequence[str], *, env: dict[str, str], cwd: Path, log_file: Path) -> FlowerProcess:
+    """Start a tracked Flower process."""
+    return FlowerProcess(name, cmd, env=env, cwd=cwd, log_file=log_file)
+
+
+def simulation_superlink_command(port: int) -> list[str]:
+    """A SuperLink in simulation mode on 127.0.0.1 (no TLS: it is reached from this machine only)."""
+    return ["flower-superlink", "--insecure", "--simulation", "--host", "127.0.0.1", "--port", str(port),
+            "--disable-runtime-dependency-installation"]
+
+
+def write_local_connection(flwr_home: Path, name: str, port: int) -> Path:
+    """``$FLWR_HOME/config.toml`` with one insecure connection ``name`` to 127.0.0.1:port (the default)."""
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    path = flwr_home / "config.toml"
+    path.write_text(f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+    return path
+
+
+def wait_healthy(address: str, *, ca: Path | None = None, timeout: float = 60.0, proc: FlowerProcess | None = None) -> None:
+    """Until ``http(s)://ADDRESS/health`` answers 200 (verified against ``ca`` when given), or raise."""
+    context = ssl.create_default_context(cafile=str(ca)) if ca else None
+    scheme = "https" if ca else "http"
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if proc is not None and not proc.alive():
+            raise FlowerProcessError(f"{proc.name} exited with code {proc.popen.returncode} before {address} was "
+                                     f"healthy:\n{proc.log_tail()}")
+        try:
+            with urllib.request.urlopen(f"{scheme}://{address}/health", timeout=3, context=context) as resp:
+                if resp.status == 200:
+                    return
+        except OSError as exc:
+            last = str(exc)
+        time.sleep(0.3)
+    raise FlowerProcessError(f"{address} did not answer /health within {timeout:.0f} s ({last})")
+
+
+def flwr_cli(args: Sequence[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
+             timeout: float = 120) -> subprocess.CompletedProcess:
+    """``flwr ARGS``, output captured."""
+    try:
+        return subprocess.run(["flwr", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise FlowerProcessError("flwr not found on PATH (pip install 'flwr>=1.42,<2')") from None
+
+
+def submit_run(app: Path, connection: str, *, run_config: str, env: dict[str, str], cwd: Path,
+               federation_config: str | None = None) -> int:
+    """``flwr run APP CONNECTION`` without streaming; the run id, or FlowerProcessError with flwr's output."""
+    args = ["run", str(app), connection, "--run-config", run_config, "--format", "json"]
+    if federation_config:
+        args[3:3] = ["--federation-config", federation_config]
+    res = flwr_cli(args, env=env, cwd=cwd)
+    try:
+        return int(json.loads(res.stdout)["run-id"])
+    except (json.JSONDecodeError, KeyError, ValueError, TypeError):
+        raise FlowerProcessError(f"flwr run did not start the run:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}") from None
+
+
+def run_status(run_id: int, connection: str, *, env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[str, str]:
+    """(status, status details) of a run, from ``flwr ls --run-id``; ("unknown", output) if unreadable."""
+    res = flwr_cli(["ls", connection, "--run-id", str(run_id), "--format", "json"], env=env, cwd=cwd)
+    try:
+        run = json.loads(res.stdout)["runs"][0]
+    except (json.JSONDecodeError, KeyError, IndexError, TypeError):
+        return "unknown", (res.stdout + res.stderr)[-2000:]
+    return str(run.get("status", "unknown")), str(run.get("status-details", ""))
+
+
+def wait_for_run(run_id: int, connection: str, timeout: float, *, env: dict[str, str] | None = None,
+                 cwd: Path | None = None, poll: float = 2.0) -> tuple[str, str]:
+    """Poll the run's status until it has finished; ("timeout", ...) after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    status, details = "unknown", ""
+    while time.monotonic() < deadline:
+        status, details = run_status(run_id, connection, env=env, cwd=cwd)
+        if status.startswith("finished"):
+            return status, details
+        time.sleep(poll)
+    return "timeout", f"still {status} after {timeout:.0f} s"
+
+
+def stop_run(run_id: int, connection: str, *, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+    flwr_cli(["stop", str(run_id), connection], env=env, cwd=cwd)
+
+
+def online_nodes(connection: str, *, env: dict[str, str] | None = None, cwd: Path | None = None) -> list[dict]:
+    """The SuperNodes the SuperLink lists as online."""
+    res = flwr_cli(["supernode", "list", connection, "--format", "json"], env=env, cwd=cwd)
+    try:
+        nodes = json.loads(res.stdout).get("nodes", [])
+    except json.JSONDecodeError:
+        return []
+    return [n for n in nodes if n.get("status") == "online"]
