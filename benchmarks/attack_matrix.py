@@ -27,10 +27,10 @@ ATTACKS = [
 ]
 STRATEGIES = ["fedavg", "median", "trimmed-mean", "krum", "multi-krum", "fltrust"]
 # the targeted label flip (pneumonia -> normal: a missed diagnosis) has a success rate to report
-ATTACK_DEFAULTS = {"label-flip-mode": "source-to-target", "attack-source": 1, "attack-target": 0}
+ATTACK_DEFAULTS = {"label-flip.mode": "source-to-target", "label-flip.source": 1, "label-flip.target": 0}
 # named variants: an attack with a schedule (honest for 2 rounds to earn trust, then attacking)
-VARIANTS = {"delayed-sign-flip": {"attack": "sign-flip", "attack-start-round": 2},
-            "delayed-label-flip": {"attack": "label-flip", "attack-start-round": 2}}
+VARIANTS = {"delayed-sign-flip": {"attack": "sign-flip", "attack-schedule.start-round": 2},
+            "delayed-label-flip": {"attack": "label-flip", "attack-schedule.start-round": 2}}
 # the trust-rule comparison (issue: trust rules), beside fedavg, median, multi-krum, fltrust
 TRUST_ATTACKS = ["none", "label-flip", "backdoor", "sign-flip", "scaling", "alie", "ipm", "min-max", "free-rider",
                  "delayed-sign-flip"]

@@ -40,29 +40,29 @@ def main(argv: list[str] | None = None) -> int:
     defaults = app_config_defaults()
     cfg = parse_run_config({**defaults, **parse_overrides(args.run_config, defaults)})
     info = dataset_info(cfg.dataset)
-    load_arrays(cfg)
+    load_arrays(cfg.federation)
     # the union of exactly the samples the hospitals train on (their local train splits)
-    shares = [simulated_hospital(cfg, pid, args.hospitals).train for pid in range(args.hospitals)]
+    shares = [simulated_hospital(cfg.federation, pid, args.hospitals).train for pid in range(args.hospitals)]
     images = np.concatenate([s.images for s in shares])
     labels = np.concatenate([s.labels for s in shares])
-    test = test_set(cfg)
+    test = test_set(cfg.federation)
     rare = metrics.rare_classes(np.bincount(labels.astype(np.int64), minlength=info.num_classes))
     # the union holds every class, so the hospital- and federation-level weights are the same here
-    class_weights = balanced_class_weights(labels, info.num_classes) if cfg.class_weighted_loss else None
+    class_weights = balanced_class_weights(labels, info.num_classes) if cfg.train.class_weighted_loss else None
 
     seed_everything(cfg.seed)
     device = pick_device()
     model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
     epochs = cfg.num_server_rounds * cfg.local_epochs
     print(f"centralized: {cfg.dataset}, {cfg.model}, {labels.size} training images (union of {args.hospitals} "
-          f"hospitals), {epochs} epochs, {cfg.optimizer} lr {cfg.learning_rate}, batch {cfg.batch_size}, "
+          f"hospitals), {epochs} epochs, {cfg.train.optimizer} lr {cfg.learning_rate}, batch {cfg.batch_size}, "
           f"class weights {'balanced' if class_weights is not None else 'off'}, rare classes {rare}", flush=True)
     started = time.time()
     generator = torch.Generator().manual_seed(cfg.seed)
     report = {}
     for epoch in range(1, epochs + 1):
         train(model, images, labels, epochs=1, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
-              optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=device,
+              optimizer=cfg.train.optimizer, momentum=cfg.train.momentum, weight_decay=cfg.train.weight_decay, device=device,
               generator=generator, class_weights=class_weights)
         probs = predict_proba(model, test.images, device=device)
         report = metrics.classification_report(test.labels, probs, info.num_classes)

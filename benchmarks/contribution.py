@@ -158,12 +158,12 @@ class Setting:
 def run_once(s: Setting, weighting: str, with_shapley: bool) -> dict:
     """One federation; weighting: fedavg, fp or ee (weights ∝ clipped positive accumulated score)."""
     cfg = RunConfig(seed=s.seed, partitioner="dirichlet", dirichlet_alpha=0.5, train_subsample=s.train_subsample)
-    arrays = load_arrays(cfg)
+    arrays = load_arrays(cfg.federation)
     num_classes = int(arrays.labels["train"].max()) + 1
     in_ch, size = arrays.images["train"].shape[3], arrays.images["train"].shape[1]
     roles = roles_for(s.hospitals)
     rng = np.random.default_rng([s.seed, 99])
-    shares = partitions(cfg, s.hospitals)
+    shares = partitions(cfg.federation, s.hospitals)
     data = []
     for i, idx in enumerate(shares):
         y = arrays.labels["train"][idx].reshape(-1)

@@ -40,8 +40,8 @@ def main(argv=None) -> int:
     for secure in (False, True):
         cfg = RunConfig().to_flat()
         cfg.update({"num-server-rounds": args.rounds, "train-subsample": args.train_subsample, "local-epochs": 1,
-                    "output-dir": str(out), "run-name": f"secure-{secure}", "contribution-scoring": True,
-                    "contribution-utility": args.utility, "secure-aggregation": secure})
+                    "output-dir": str(out), "run-name": f"secure-{secure}", "contribution-scoring.enabled": True,
+                    "contribution-scoring.utility": args.utility, "secagg.enabled": secure})
         run_inprocess(cfg, args.hospitals)
         runs[secure] = (read_rounds(out / f"secure-{secure}"), torch.load(out / f"secure-{secure}" / "model.pt"))
     print(f"\n{args.hospitals} hospitals, utility {args.utility}: SecAgg+ minus plain FedAvg, largest |difference| over hospitals")

@@ -69,7 +69,7 @@ def main() -> None:
                Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
     run_cfg = parse_run_config(cfg)
     classes = dataset_info(a.dataset).num_classes
-    true = np.array([federation.simulated_hospital(run_cfg, i, a.hospitals).train.class_counts(classes)
+    true = np.array([federation.simulated_hospital(run_cfg.federation, i, a.hospitals).train.class_counts(classes)
                      for i in range(a.hospitals)], dtype=float)
     shares = true / true.sum(axis=1, keepdims=True)
     print(f"{a.dataset}, {a.hospitals} hospitals, Dirichlet {run_cfg.dirichlet_alpha}, seed {a.seed}")

@@ -31,8 +31,8 @@ from pathlib import Path
 
 HOSPITALS = 6
 ATTACKS = {
-    "label-flip": {"attack": "label-flip", "label-flip-mode": "source-to-target", "attack-source": 1, "attack-target": 0},
-    "noise": {"attack": "gaussian-noise", "attack-sigma": 1.0},
+    "label-flip": {"attack": "label-flip", "label-flip.mode": "source-to-target", "label-flip.source": 1, "label-flip.target": 0},
+    "noise": {"attack": "gaussian-noise", "gaussian-noise.sigma": 1.0},
 }
 
 
@@ -80,7 +80,7 @@ def routed_without(run_dir: Path, colors: list[int]) -> dict:
     from hospitrust.fbd.warehouse import Warehouse
 
     cfg, _ = _run_config(run_dir)
-    test = test_set(cfg)
+    test = test_set(cfg.federation)
     probs = color_probabilities(Warehouse.load(run_dir / "warehouse.pt"), test.images)
     rep = metrics.classification_report(test.labels, route(probs, "ensemble", colors), dataset_info(cfg.dataset).num_classes)
     return {"excluded": colors, "accuracy": rep["accuracy"], "balanced_accuracy": rep["balanced_accuracy"], "auc": rep["auc"]}
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from hospitrust.config import RunConfig
 
-    base = {**RunConfig().to_flat(), "partitioner": "iid", "fbd-colors": 6, "fbd-redundancy": 3,
+    base = {**RunConfig().to_flat(), "partitioner": "iid", "fbd.colors": 6, "fbd.redundancy": 3,
             **_parse_overrides(args.run_config)}
     todo = [cfg for cfg in _runs(base, out) if not (out / cfg["run-name"] / "summary.json").is_file()]
     started = time.time()
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
 
     summaries = {cfg["run-name"]: read_summary(out / cfg["run-name"]) for cfg in _runs(base, out)}
     results: dict = {"config": {k: base[k] for k in ("dataset", "model", "num-server-rounds", "local-epochs",
-                                                   "train-subsample", "partitioner", "fbd-lambda", "seed")},
+                                                   "train-subsample", "partitioner", "fbd.distill-weight", "seed")},
                      "runs": {}}
     for name, s in summaries.items():
         results["runs"][name] = {"accuracy": s["final"]["accuracy"], "balanced_accuracy": s["final"]["balanced_accuracy"],

@@ -12,7 +12,7 @@ so the oracle's rare-class macro-F1 reads on the same classes as the full runs'.
 
     python benchmarks/oracle_exclusion.py --out runs/oracle --seeds 1,2,42 --strategies earn,fedavg \\
         --attack label-flip -c 'dataset=retinamnist num-server-rounds=30 local-epochs=2 \\
-        train-subsample=1.0 class-weighted-loss=true attack-source=4 attack-target=0' \\
+        train-subsample=1.0 train.class-weighted-loss=true label-flip.source=4 label-flip.target=0' \\
         --against runs/gates/natural-s*/*
 
 A cell whose ``summary.json`` exists is not run again (an interrupted sweep resumes).
@@ -72,8 +72,8 @@ def federation_rare_classes(run_config: dict[str, Any], hospitals: int) -> list[
     server computes them for a run with every hospital."""
     cfg = parse_run_config(run_config)
     info = dataset_info(cfg.dataset)
-    load_arrays(cfg)
-    totals = np.sum([simulated_hospital(cfg, pid, hospitals).train.class_counts(info.num_classes)
+    load_arrays(cfg.federation)
+    totals = np.sum([simulated_hospital(cfg.federation, pid, hospitals).train.class_counts(info.num_classes)
                      for pid in range(hospitals)], axis=0)
     return metrics.rare_classes(totals)
 
@@ -85,7 +85,7 @@ def score_model(run_dir: Path, run_config: dict[str, Any], rare: list[int]) -> d
     info = dataset_info(cfg.dataset)
     model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
     model.load_state_dict(torch.load(run_dir / "model.pt", map_location="cpu"), strict=True)
-    test = test_set(cfg)
+    test = test_set(cfg.federation)
     pred = predict_proba(model, test.images, device=torch.device("cpu")).argmax(axis=1)
     labels = np.asarray(test.labels).reshape(-1)
     return {"balanced_accuracy": metrics.balanced_accuracy(labels, pred),

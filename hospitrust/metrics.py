@@ -183,7 +183,8 @@ RARE_FRACTION = 0.6  # a class is rare when its share is under this fraction of 
 
 def rare_classes(class_totals: Any, fraction: float = RARE_FRACTION) -> list[int]:
     """The federation's rare classes from its per-class training totals: every present class
-    with fewer than ``fraction`` x the mean count, and always the rarest one."""
+    with fewer than ``fraction`` x the mean count, and always the rarest one.
+    """
     totals = np.asarray(class_totals, dtype=float).reshape(-1)
     present = np.flatnonzero(totals > 0)
     if present.size == 0:
@@ -196,7 +197,8 @@ def rare_classes(class_totals: Any, fraction: float = RARE_FRACTION) -> list[int
 
 def rare_class_macro_f1(y_true: Any, y_pred: Any, classes: Any) -> float:
     """Mean F1 over the given (rare) classes; each class's F1 is 0 when it is neither
-    predicted correctly nor at all (``zero_division=0``). NaN when ``classes`` is empty."""
+    predicted correctly nor at all (``zero_division=0``). NaN when ``classes`` is empty.
+    """
     from sklearn.metrics import f1_score
 
     labels = [int(c) for c in classes]

@@ -1,4 +1,12 @@
-"""Shared test setup: the offline MedMNIST folder, small run configs, the in-process Grid."""
+"""Shared test setup: the MedMNIST files, small run configs, Flower processes stopped on exit.
+
+The data tests (marker ``data``: every test that takes the ``data_dir`` fixture) read
+PneumoniaMNIST and RetinaMNIST from ``$HOSPITRUST_DATA_DIR``; when it is unset, from a cache
+folder (``$XDG_CACHE_HOME/hospitrust/medmnist``, default ``~/.cache/hospitrust/medmnist``) into
+which medmnist downloads them on the first run. Where the files can be had neither way, each
+data test fails with one line saying what is missing and how to provide it (never a skip);
+``python -m pytest -m "not data"`` runs the rest.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +16,20 @@ from pathlib import Path
 import pytest
 
 from hospitrust.ops import flwr
+
+REPO = Path(__file__).resolve().parent.parent
+DATA_FILES = ("pneumoniamnist", "retinamnist")  # the MedMNIST flags the tests use, at 28 x 28
+
+
+def _data_folder() -> Path:
+    if os.environ.get("HOSPITRUST_DATA_DIR"):
+        return Path(os.environ["HOSPITRUST_DATA_DIR"]).expanduser().resolve()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return (cache / "hospitrust" / "medmnist").resolve()
+
+
+DATA_DIR = _data_folder()
+os.environ["HOSPITRUST_DATA_DIR"] = str(DATA_DIR)  # what the product (and every process a test starts) reads
 
 
 def pytest_sessionstart(session):
@@ -19,11 +41,38 @@ def pytest_sessionstart(session):
 def pytest_sessionfinish(session, exitstatus):
     flwr.stop_all()
 
-REPO = Path(__file__).resolve().parent.parent
-_default_data = REPO.parent / "shared" / "data" / "medmnist"
-if not os.environ.get("HOSPITRUST_DATA_DIR") and _default_data.is_dir():
-    os.environ["HOSPITRUST_DATA_DIR"] = str(_default_data)
-DATA_DIR = Path(os.environ.get("HOSPITRUST_DATA_DIR", _default_data))
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "_medmnist_problem" in getattr(item, "fixturenames", ()):  # data_dir, or a fixture built on it
+            item.add_marker(pytest.mark.data)
+
+
+@pytest.fixture(scope="session")
+def _medmnist_problem() -> str | None:
+    """None when the files are there (downloaded now if needed), else the one-line reason."""
+    from hospitrust.datasets.base import DataMissingError
+    from hospitrust.datasets.medmnist_source import dataset_path
+
+    missing = []
+    for flag in DATA_FILES:
+        try:
+            dataset_path(flag, 28, DATA_DIR)
+        except DataMissingError:
+            missing.append(f"{flag}.npz")
+    if not missing:
+        return None
+    return (f"MedMNIST files missing: {', '.join(missing)} not in {DATA_DIR} and not downloadable here; "
+            f"set HOSPITRUST_DATA_DIR to a folder holding them, run once with network access, "
+            f"or run the offline tests with -m 'not data'")
+
+
+@pytest.fixture
+def data_dir(_medmnist_problem) -> Path:
+    """The folder with the MedMNIST files; a data test fails with one line when they cannot be had."""
+    if _medmnist_problem:
+        pytest.fail(_medmnist_problem, pytrace=False)
+    return DATA_DIR
 
 
 def small_run_config(tmp_path: Path, **overrides) -> dict:
@@ -45,10 +94,3 @@ def small_run_config(tmp_path: Path, **overrides) -> dict:
     )
     cfg.update(overrides)
     return cfg
-
-
-@pytest.fixture
-def data_dir() -> Path:
-    if not (DATA_DIR / "pneumoniamnist.npz").is_file():
-        pytest.skip(f"MedMNIST files not found in {DATA_DIR}")
-    return DATA_DIR

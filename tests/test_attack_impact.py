@@ -27,7 +27,7 @@ def test_thirty_percent_label_flippers_cost_fedavg_balanced_accuracy(tmp_path, d
     clean, _ = _final(tmp_path, "no-attack")
     # pneumonia relabelled 'normal' by 3 of 10 hospitals: a missed diagnosis (the attack matrix's label flip)
     attacked, rounds = _final(tmp_path, "label-flip", **{
-        "attack": "label-flip", "label-flip-mode": "source-to-target", "attack-source": 1, "attack-target": 0,
+        "attack": "label-flip", "label-flip.mode": "source-to-target", "label-flip.source": 1, "label-flip.target": 0,
         "malicious-fraction": 0.3})
     assert len(attacked["malicious_hospitals"]) == 3 and clean["malicious_hospitals"] == []
     assert all(sum(c["malicious"] for c in r["clients"]) == 3 for r in rounds)

@@ -62,14 +62,14 @@ def test_update_attack_sign_flip_reaches_the_server(tmp_path, data_dir):
 
 
 def test_backdoor_reports_attack_success_rate(tmp_path, data_dir):
-    run_dir = _run(tmp_path, **{"attack": "backdoor", "malicious-hospitals": "0,1", "attack-target": 1})
+    run_dir = _run(tmp_path, **{"attack": "backdoor", "malicious-hospitals": "0,1", "backdoor.target": 1})
     for r in read_rounds(run_dir):
         asr = r["central"]["attack_success_rate"]
         assert asr is not None and 0.0 <= asr <= 1.0
 
 
 def test_colluding_alie_replaces_the_attackers_updates(tmp_path, data_dir):
-    run_dir = _run(tmp_path, **{"attack": "alie", "attack-z": 1.5, "malicious-hospitals": "2"})
+    run_dir = _run(tmp_path, **{"attack": "alie", "alie.z": 1.5, "malicious-hospitals": "2"})
     rounds = read_rounds(run_dir)
     assert len(rounds) == 2
     assert [c["hospital"] for r in rounds for c in r["clients"] if c["malicious"]] == ["hospital-2", "hospital-2"]
@@ -111,10 +111,10 @@ def test_data_attacker_reports_the_class_counts_it_trained_on(tmp_path, data_dir
         return reply
 
     _run(tmp_path, reply_filter=capture, num_nodes=4, **{
-        "num-server-rounds": 1, "attack": "label-flip", "label-flip-mode": "source-to-target",
-        "attack-source": 1, "attack-target": 0, "malicious-hospitals": "0"})
+        "num-server-rounds": 1, "attack": "label-flip", "label-flip.mode": "source-to-target",
+        "label-flip.source": 1, "label-flip.target": 0, "malicious-hospitals": "0"})
     cfg = parse_run_config(small_run_config(tmp_path, **{"train-subsample": 0.05, "batch-size": 64}))
-    true = [federation.simulated_hospital(cfg, i, 4).train.class_counts(2) for i in range(4)]
+    true = [federation.simulated_hospital(cfg.federation, i, 4).train.class_counts(2) for i in range(4)]
     assert true[0][1] > 0  # the attacker has class-1 images to relabel
     assert counts[0] == [true[0][0] + true[0][1], 0]
     assert [counts[i] for i in (1, 2, 3)] == true[1:]

@@ -15,7 +15,14 @@ import torch
 
 import hospitrust.attacks as A
 from hospitrust.attacks import metrics as M
-from hospitrust.attacks import update_math as U
+from hospitrust.attacks.math import update as U
+from hospitrust.attacks.threat_model import configured_attack
+from hospitrust.config import ConfigError, parse_run_config
+
+
+def _configured(attack: str, **flat):
+    """The attack a run config with these keys builds (the real config path)."""
+    return configured_attack(parse_run_config({"attack": attack, **flat}))
 
 
 def _stack(n: int = 8, d: int = 40, seed: int = 0, dtype=torch.float64) -> torch.Tensor:
@@ -199,13 +206,10 @@ def test_jittered_copies_norm_and_cosine():
 
 @pytest.mark.parametrize("name", ["alie", "ipm", "min-max", "min-sum"])
 def test_copy_noise_setting_reaches_the_colluders(name):
-    from hospitrust.attacks.registry import ATTACKS
-    from hospitrust.attacks.settings import AttackSettings
-
     h = _stack(n=6, d=400)
-    exact = ATTACKS[name](AttackSettings(attack=name)).craft(h, 3, server_round=1)
+    exact = _configured(name).craft(h, 3, server_round=1)
     assert all(torch.equal(r, exact[0]) for r in exact)
-    jittered = ATTACKS[name](AttackSettings(attack=name, attack_copy_noise=0.3)).craft(
+    jittered = _configured(name, **{f"{name}.copy-noise": 0.3}).craft(
         h, 3, server_round=1, generator=torch.Generator().manual_seed(0))
     assert not torch.equal(jittered[0], jittered[1])
     rel = torch.linalg.vector_norm(jittered - exact, dim=1) / torch.linalg.vector_norm(exact[0])
@@ -313,12 +317,14 @@ class MyPluginAttack(A.UpdateAttack):
 
 
 class MyConfigurablePlugin(A.ColludingAttack):
+    from hospitrust.attacks.colluding import IPMOptions as Options  # a plugin declares options like any attack
+
     def __init__(self, eps):
         self.eps = eps
 
     @classmethod
-    def from_settings(cls, settings):
-        return cls(settings.attack_eps)
+    def from_options(cls, options, build):
+        return cls(options.eps)
 
     def craft(self, honest, num_malicious, *, server_round, generator=None):
         return (-self.eps * honest.mean(0)).repeat(num_malicious, 1)
@@ -333,38 +339,45 @@ def test_registry_builds_every_attack_with_kind():
         "label-flip", "backdoor", "corruption", "label-noise", "sign-flip", "scaling", "gaussian-noise",
         "free-rider", "nan-update", "alie", "ipm", "min-max", "min-sum", "fang-trimmed-mean", "fang-median", "mimic", "sybil",
     }  # fmt: skip
-    assert set(A.ATTACKS) == names == set(A.KINDS)
+    assert set(A.ATTACKS) == names
+    kinds = {"label-flip": "data", "backdoor": "data", "corruption": "data", "label-noise": "data", "sign-flip": "update",
+             "scaling": "update", "gaussian-noise": "update", "free-rider": "update", "nan-update": "update"}
     for name in names:
-        attack = A.build_attack(name, {})
-        assert A.attack_kind(attack) == A.KINDS[name]
-    assert A.build_attack("none", {}) is None
+        attack = A.build_attack(name)
+        assert A.attack_kind(attack) == A.ATTACKS[name].kind == kinds.get(name, "colluding")  # the class carries its kind
+    assert A.build_attack("none") is None
     with pytest.raises(A.AttackError, match="unknown attack"):
-        A.build_attack("sign-flop", {})
+        A.build_attack("sign-flop")
 
 
-def test_build_attack_uses_settings_and_schedule():
-    cfg = {"attack": "alie", "attack-z": 1.5, "attack-start-round": 2, "attack-period": 2, "seed": 7}
-    s = A.AttackSettings.from_run_config(cfg)
-    attack = s.build()
+def test_build_attack_uses_its_section_and_the_schedule():
+    attack = _configured("alie", **{"alie.z": 1.5, "attack-schedule.start-round": 2, "attack-schedule.period": 2})
     assert isinstance(attack, A.DelayedStart) and isinstance(attack, A.ColludingAttack)
     assert attack.attack.attack.z == 1.5
     assert [r for r in range(1, 9) if attack.active(r)] == [4, 6, 8]
-    on = A.build_attack("scaling", {"attack-on-rounds": "1, 3", "attack-gamma": 4})
+    on = _configured("scaling", **{"attack-schedule.on-rounds": "1, 3", "scaling.gamma": 4})
     assert [r for r in range(1, 6) if on.active(r)] == [1, 3] and on.attack.gamma == 4.0
-    lf = A.build_attack("label-flip", {"label-flip-mode": "source-to-target", "attack-source": 2, "attack-target": 0})
+    lf = _configured("label-flip", **{"label-flip.mode": "source-to-target", "label-flip.source": 2, "label-flip.target": 0})
     assert (lf.mode, lf.source, lf.target) == ("source-to-target", 2, 0)
-    sy = A.build_attack("sybil", {"attack-sybil-base": "ipm"})
-    assert isinstance(sy.base, A.IPM)
+    sy = _configured("sybil", **{"sybil.base": "ipm", "ipm.eps": 0.7})  # the base attack takes its own section
+    assert isinstance(sy.base, A.IPM) and sy.base.eps == 0.7
+
+
+def test_old_flat_attack_keys_still_work_with_a_deprecation_line():
+    with pytest.warns(FutureWarning, match="'attack-gamma' is deprecated: it is now 'scaling.gamma'"):
+        on = _configured("scaling", **{"attack-gamma": 4, "attack-schedule.on-rounds": "1, 3"})
+    assert on.attack.gamma == 4.0 and [r for r in range(1, 6) if on.active(r)] == [1, 3]
+    with pytest.warns(FutureWarning, match="'attack-target' is deprecated: it is now 'backdoor.target'"):
+        assert _configured("backdoor", **{"attack-target": 1}).target == 1  # a shared old key goes to the selected attack
 
 
 def test_plugin_loading():
-    attack = A.build_attack(f"{__name__}:MyPluginAttack", {})
+    attack = A.build_attack(f"{__name__}:MyPluginAttack")
     assert isinstance(attack, MyPluginAttack)
     assert torch.equal(attack.apply(torch.tensor([2.0]), server_round=1), torch.tensor([1.0]))
-    conf = A.build_attack(f"{__name__}:MyConfigurablePlugin", {"attack-eps": 2.0, "attack-period": 2})
-    assert isinstance(conf, A.ColludingAttack) and conf.attack.eps == 2.0 and not conf.active(1)
-    s = A.AttackSettings.from_run_config({"attack": f"{__name__}:MyPluginAttack"})
-    assert isinstance(s.build(), MyPluginAttack)
+    conf = _configured(f"{__name__}:MyConfigurablePlugin", **{"attack-schedule.period": 2})
+    assert isinstance(conf, A.ColludingAttack) and conf.attack.eps == 0.5 and not conf.active(1)
+    assert isinstance(_configured(f"{__name__}:MyPluginAttack"), MyPluginAttack)
 
 
 @pytest.mark.parametrize(
@@ -374,54 +387,56 @@ def test_plugin_loading():
         (f"{__name__}:DoesNotExist", "has no attribute"),
         (f"{__name__}:NotAnAttack", "implements none of"),
         (f"{__name__}:_UNUSED", "not a class"),
-        ("hospitrust.attacks.base:UpdateAttack", "abstract"),
+        ("hospitrust.attacks.interfaces:UpdateAttack", "abstract"),
         (":Name", "package.module:ClassName"),
     ],
 )
 def test_plugin_loading_errors(path, match):
     with pytest.raises(A.AttackError, match=match):
-        A.build_attack(path, {})
+        A.build_attack(path)
 
 
 _UNUSED = 42
 
 
-def test_settings_defaults_bounds_and_errors():
-    s = A.AttackSettings.from_run_config({"num-server-rounds": 5, "strategy": "fedavg"})  # other keys ignored
-    assert s.attack == "none" and not s.enabled and s.malicious_fraction == 0.0
-    assert (s.attack_gamma, s.attack_z, s.attack_eps, s.attack_severity, s.attack_poison_fraction) == (10.0, 1.0, 0.5, 5, 0.5)
-    assert s.to_flat()["malicious-fraction"] == 0.0
-    assert A.AttackSettings.from_run_config({"attack-corruption": "gaussian-noise"}).attack_corruption == "gaussian_noise"
+def test_attack_options_defaults_bounds_and_errors():
+    cfg = parse_run_config({"num-server-rounds": 5, "strategy": "fedavg"})
+    assert cfg.attack == "none" and not cfg.attack_enabled and cfg.malicious_fraction == 0.0
+    o = cfg.attack_sections()
+    assert (o["scaling"].gamma, o["alie"].z, o["ipm"].eps, o["corruption"].severity, o["backdoor"].poison_fraction) == (
+        10.0, 1.0, 0.5, 5, 0.5)
+    assert cfg.to_flat()["malicious-fraction"] == 0.0
+    assert parse_run_config({"attack": "corruption", "corruption.kind": "gaussian-noise"}).options("corruption").kind == "gaussian_noise"
     bad = [
-        {"malicious-fraction": 1.0},
-        {"attack-severity": 6},
-        {"attack-eps": -1},
-        {"attack": "nope"},
-        {"malicious-hospitals": "1,x"},
-        {"malicious-hospitals": "1", "malicious-fraction": 0.2},
-        {"attack-on-rounds": "0"},
-        {"attack-on-rounds": "1", "attack-period": 2},
-        {"attack-period": 2, "attack-on-for": 3},
-        {"attack-sybil-base": "label-flip"},
-        {"label-flip-mode": "sideways"},
+        ({"malicious-fraction": 1.0}, "malicious-fraction"),
+        ({"attack": "corruption", "corruption.severity": 6}, "corruption.severity"),
+        ({"attack": "ipm", "ipm.eps": -1}, "ipm.eps"),
+        ({"attack": "nope"}, "unknown attack"),
+        ({"malicious-hospitals": "1,x"}, "malicious-hospitals"),
+        ({"malicious-hospitals": "1", "malicious-fraction": 0.2}, "not both"),
+        ({"attack": "scaling", "attack-schedule.on-rounds": "0"}, "on-rounds"),
+        ({"attack": "scaling", "attack-schedule.on-rounds": "1", "attack-schedule.period": 2}, "not both"),
+        ({"attack": "scaling", "attack-schedule.period": 2, "attack-schedule.on-for": 3}, "on-for"),
+        ({"attack": "sybil", "sybil.base": "label-flip"}, "sybil.base"),
+        ({"attack": "label-flip", "label-flip.mode": "sideways"}, "label-flip.mode"),
+        ({"attack": "sign-flip", "scaling.gamma": 3.0}, "selected attack is 'sign-flip'"),
     ]
-    for cfg in bad:
-        with pytest.raises(ValueError, match="invalid attack settings"):
-            A.AttackSettings.from_run_config(cfg)
+    for values, match in bad:
+        with pytest.raises(ConfigError, match=match):
+            parse_run_config(values)
 
 
 def test_malicious_set():
-    cfg = {"malicious-fraction": 0.3}
-    a = A.malicious_set(10, cfg, seed=1)
-    assert len(a) == 3 and a == A.malicious_set(10, cfg, seed=1) and all(0 <= h < 10 for h in a)
-    assert any(A.malicious_set(10, cfg, seed=s) != a for s in range(2, 8))
-    assert len(A.malicious_set(5, {"malicious-fraction": 0.01}, seed=0)) == 1  # > 0 gives at least one
-    assert A.malicious_set(10, {}, seed=0) == frozenset()
-    assert A.malicious_set(10, {"malicious-hospitals": "0, 7"}, seed=0) == frozenset({0, 7})
+    a = A.malicious_set(10, malicious_fraction=0.3, seed=1)
+    assert len(a) == 3 and a == A.malicious_set(10, malicious_fraction=0.3, seed=1) and all(0 <= h < 10 for h in a)
+    assert any(A.malicious_set(10, malicious_fraction=0.3, seed=s) != a for s in range(2, 8))
+    assert len(A.malicious_set(5, malicious_fraction=0.01, seed=0)) == 1  # > 0 gives at least one
+    assert A.malicious_set(10, seed=0) == frozenset()
+    assert A.malicious_set(10, malicious_hospitals="0, 7", seed=0) == frozenset({0, 7})
     with pytest.raises(ValueError, match="out of range"):
-        A.malicious_set(5, {"malicious-hospitals": "5"}, seed=0)
+        A.malicious_set(5, malicious_hospitals="5", seed=0)
     with pytest.raises(ValueError, match="no honest"):
-        A.malicious_set(2, {"malicious-fraction": 0.9}, seed=0)
+        A.malicious_set(2, malicious_fraction=0.9, seed=0)
 
 
 # ========================================================================= metrics

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import hospitrust.attacks as A
-from hospitrust.attacks import data as D
+from hospitrust.attacks.math import data as D
 
 
 def _images(n=20, h=28, w=28, c=1, seed=0) -> np.ndarray:

@@ -39,7 +39,7 @@ def test_axes_tables_and_when_rules_expand_into_named_cells():
         base={"assumed-malicious": "auto", "malicious-fraction": 0.25},
         axes={"strategy": ["fedavg", "krum"], "attack": ["none", "sign-flip"],
               "heterogeneity": [{"label": "iid", "partitioner": "iid"},
-                                {"label": "dir0.1", "partitioner": "dirichlet", "dirichlet-alpha": 0.1}],
+                                {"label": "dir0.1", "partitioner": "dirichlet", "dirichlet.alpha": 0.1}],
               "hospitals": [4, 8]},
         when=[{"if": {"attack": "none"}, "set": {"malicious-fraction": 0.0}},
               {"if": {"strategy": "krum", "hospitals": 4}, "skip": True}],
@@ -48,7 +48,7 @@ def test_axes_tables_and_when_rules_expand_into_named_cells():
     assert len(grid.cells) == 12 and grid.skipped == 4
     by_name = {c.name: c for c in grid.cells}
     cell = by_name["strategy=krum__attack=sign-flip__heterogeneity=dir0.1__hospitals=8"]
-    assert cell.run_config["partitioner"] == "dirichlet" and cell.run_config["dirichlet-alpha"] == 0.1
+    assert cell.run_config["partitioner"] == "dirichlet" and cell.run_config["dirichlet.alpha"] == 0.1
     assert cell.hospitals == 8 and cell.run_config["assumed-malicious"] == 2  # round(0.25 x 8)
     assert cell.run_config["run-name"] == cell.name
     clean = by_name["strategy=fedavg__attack=none__heterogeneity=iid__hospitals=4"]

@@ -9,7 +9,7 @@ from hospitrust.bench.findings import hta_findings
 
 
 def _cell(strategy, partitioner, attack, value, alpha=0.1, seed=1, dataset="pneumoniamnist"):
-    return {"dataset": dataset, "strategy": strategy, "partitioner": partitioner, "dirichlet-alpha": alpha,
+    return {"dataset": dataset, "strategy": strategy, "partitioner": partitioner, "dirichlet.alpha": alpha,
             "attack": attack, "malicious-fraction": 0.0 if attack == "none" else 0.3, "seed": seed,
             "final_balanced_accuracy": value}
 

@@ -66,9 +66,9 @@ def test_trust_tables_prints_the_late_mean_for_a_single_folder(tmp_path, capsys)
 def _run(folder: Path, name: str, strategy: str, attack: str, seed: int, rare_f1: float) -> None:
     run = folder / "cells" / name
     run.mkdir(parents=True)
-    cfg = {"strategy": strategy, "attack": attack, "seed": seed, "earn-mode": "blend", "earn-evidence": "update",
-           "earn-cap": 0.5, "earn-audit": True, "earn-audit-by": "row-shift-free", "earn-base": "hta",
-           "earn-excuse-direction": True}
+    cfg = {"strategy": strategy, "attack": attack, "seed": seed, "earn.agreement": "blend", "earn.evidence": "update",
+           "earn.row-cap": 0.5, "earn.audit": True, "earn.audit-by": "row-shift-free", "earn.base": "hta",
+           "earn.ablation.excuse-direction": True}
     (run / "config.json").write_text(json.dumps({"run_config": cfg}))
     (run / "rounds.jsonl").write_text(json.dumps(
         {"round": 1, "clients": [], "central": {"rare_class_macro_f1": rare_f1, "balanced_accuracy": 0.3}}) + "\n")
@@ -140,7 +140,7 @@ def test_centralized_baseline_uses_the_class_weights_and_reports_rare_class_f1(t
     centralized = _script("centralized")
     out = tmp_path / "central.json"
     assert centralized.main(["--hospitals", "3", "--json", str(out), "-c",
-                             "num-server-rounds=1 local-epochs=1 train-subsample=0.05 class-weighted-loss=true"]) == 0
+                             "num-server-rounds=1 local-epochs=1 train-subsample=0.05 train.class-weighted-loss=true"]) == 0
     printed = capsys.readouterr().out
     assert "class weights balanced, rare classes [0]" in printed  # PneumoniaMNIST: normal is the rare class
     final = json.loads(out.read_text())["final"]

@@ -19,17 +19,22 @@ def test_defaults_parse_and_round_trip():
     assert parse_run_config(cfg.to_flat()) == cfg
 
 
-def test_pyproject_run_config_matches_the_model():
+def test_pyproject_and_the_config_reference_are_generated_from_the_options():
     import tomllib
     from pathlib import Path
 
-    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
-    app_config = project["tool"]["flwr"]["app"]["config"]
+    from flwr.common.config import flatten_dict
+
+    from hospitrust.config import reference, run_config_defaults
+
+    root = Path(__file__).resolve().parent.parent
+    assert reference.stale(root) == [], "run `hospitrust config generate` (pyproject.toml, docs/config.md, docs/rules)"
+    project = tomllib.loads((root / "pyproject.toml").read_text())
     assert "federations" not in project["tool"]["flwr"]
-    assert set(app_config) == set(RunConfig().to_flat())
-    cfg = parse_run_config(app_config)
-    for key, value in app_config.items():
-        assert cfg.to_flat()[key] == value, key
+    app_config = flatten_dict(project["tool"]["flwr"]["app"]["config"])  # as Flower flattens the sections
+    assert app_config == run_config_defaults()
+    assert sum(1 for k in app_config if "." not in k) <= 30  # the rest lives in sections
+    parse_run_config(app_config)
 
 
 @pytest.mark.parametrize(
@@ -40,15 +45,18 @@ def test_pyproject_run_config_matches_the_model():
         ({"partitioner": "random"}, ["partitioner", "'random'", "dirichlet", "specialist"]),
         ({"model": "vgg"}, ["model", "'vgg'", "small-cnn", "resnet18"]),
         ({"num-server-rounds": 0}, ["num-server-rounds", "0", "greater than or equal to 1"]),
-        ({"dirichlet-alpha": 0.0}, ["dirichlet-alpha", "0.0", "greater than 0"]),
-        ({"dirichlet-alpha": -1.0}, ["dirichlet-alpha", "-1.0", "greater than 0"]),
+        ({"dirichlet.alpha": 0.0}, ["dirichlet.alpha", "0.0", "greater than 0"]),
+        ({"dirichlet.alpha": -1.0}, ["dirichlet.alpha", "-1.0", "greater than 0"]),
         ({"image-size": 32}, ["image-size", "32", "28, 64, 128, 224"]),
         ({"image-size": 48}, ["image-size", "48", "28, 64, 128, 224"]),
-        ({"optimizer": "rmsprop"}, ["optimizer", "'rmsprop'", "sgd", "adam"]),
-        ({"partitioner": "specialist"}, ["specialist-classes"]),
-        ({"specialist-classes": "four:0"}, ["specialist-classes", "four:0"]),
-        ({"fedrs-alpha": 1.5}, ["fedrs-alpha", "1.5", "less than or equal to 1"]),
-        ({"fedrs-alpha": 0.0, "strategy": "fbd"}, ["fedrs-alpha 0.0", "strategy fbd", "leave it at 1.0"]),
+        ({"train.optimizer": "rmsprop"}, ["train.optimizer", "'rmsprop'", "sgd", "adam"]),
+        ({"partitioner": "specialist"}, ["specialist.classes"]),
+        ({"partitioner": "specialist", "specialist.classes": "four:0"}, ["specialist.classes", "four:0"]),
+        ({"train.fedrs-alpha": 1.5}, ["train.fedrs-alpha", "1.5", "less than or equal to 1"]),
+        ({"train.fedrs-alpha": 0.0, "strategy": "fbd"}, ["train.fedrs-alpha 0.0", "strategy fbd", "leave it at 1.0"]),
+        ({"hta.exclusion-fraction": 0.4, "strategy": "krum"}, ["hta.exclusion-fraction", "selected strategy is 'krum'"]),
+        ({"dirichlet.alpha": 0.1, "partitioner": "iid"}, ["dirichlet.alpha", "selected partitioner is 'iid'"]),
+        ({"scaling.gamma": 3.0, "attack": "sign-flip"}, ["scaling.gamma", "selected attack is 'sign-flip'"]),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(overrides, fragments):
@@ -56,6 +64,40 @@ def test_bad_values_name_key_value_and_allowed(overrides, fragments):
         parse_run_config(_cfg(**overrides))
     for fragment in fragments:
         assert fragment in str(err.value), (fragment, str(err.value))
+
+
+def test_every_old_flat_key_still_works_with_a_deprecation_line():
+    from hospitrust.config import legacy, run_config_defaults
+    from hospitrust.config.sections import all_sections
+
+    defaults, sections = run_config_defaults(), all_sections()
+    needs = {"contribution": {"contribution-scoring.enabled": True}, "specialist": {"specialist.classes": "0:0"}}
+    for old, new in legacy.RENAMED.items():
+        section = sections[new.split(".")[0]]
+        raw = {section.kind: section.name} if section.kind != "service" else {}
+        raw.update(needs.get(section.name, {}))
+        raw[old] = defaults[new] if old != "specialist-classes" else "0:0"
+        with pytest.warns(FutureWarning, match=f"'{old}' is deprecated: it is now '{new}'"):
+            cfg = parse_run_config(raw)
+        assert cfg.to_flat()[new] == raw[old], old
+
+
+def test_a_shared_old_key_goes_to_the_selected_component():
+    with pytest.warns(FutureWarning, match="'dirichlet-alpha' is deprecated: it is now 'specialist.alpha'"):
+        cfg = parse_run_config({"partitioner": "specialist", "specialist.classes": "4:0", "dirichlet-alpha": 0.2})
+    assert cfg.options("specialist").alpha == 0.2
+    with pytest.warns(FutureWarning, match="'attack-copy-noise' is deprecated: it is now 'ipm.copy-noise'"):
+        cfg = parse_run_config({"attack": "sybil", "sybil.base": "ipm", "attack-copy-noise": 0.3})
+    assert cfg.options("ipm").copy_noise == 0.3
+    with pytest.raises(ConfigError, match="hta.exclusion-fraction = 0.4: an option of strategy hta"):
+        with pytest.warns(FutureWarning):
+            parse_run_config({"strategy": "krum", "hta-kappa": 0.4})
+
+
+def test_explicit_keys_of_an_unselected_component_are_refused_even_at_their_default():
+    parse_run_config({"strategy": "krum", "hta.exclusion-fraction": 0.5})  # pyproject's default for every section
+    with pytest.raises(ConfigError, match="selected strategy is 'krum'"):
+        parse_run_config({"strategy": "krum", "hta.exclusion-fraction": 0.5}, explicit={"hta.exclusion-fraction"})
 
 
 def test_misspelt_key_is_named_with_a_suggestion():

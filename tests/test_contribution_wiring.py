@@ -39,8 +39,8 @@ def _run(tmp_path, name, num_nodes=3, **overrides):
 
 
 def test_contribution_strategy_run_scores_every_round_and_weights_by_score(tmp_path, data_dir):
-    run_dir, _, _ = _run(tmp_path, "contrib", **{"strategy": "contribution", "contribution-scoring": True,
-                                                 "contribution-utility": "neg-loss"})
+    run_dir, _, _ = _run(tmp_path, "contrib", **{"strategy": "contribution", "contribution-scoring.enabled": True,
+                                                 "contribution-scoring.utility": "neg-loss"})
     rounds = read_rounds(run_dir)
     for r in rounds:
         c = r["contribution"]
@@ -81,7 +81,7 @@ def test_contribution_strategy_weights_by_clipped_positive_scores():
 
     from hospitrust.strategies import build_strategy
 
-    strategy = build_strategy("contribution", {1: "a", 2: "b", 3: "c"}, contribution_score="ee")
+    strategy = build_strategy("contribution", {1: "a", 2: "b", 3: "c"}, options={"score": "ee"})
     updates = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=torch.float64)
     n = torch.tensor([10.0, 30.0, 60.0], dtype=torch.float64)
     replies = [SimpleNamespace(node_id=i) for i in (1, 2, 3)]
@@ -97,14 +97,14 @@ def test_contribution_strategy_weights_by_clipped_positive_scores():
     # nobody positive: FedAvg again
     strategy.update_scores({h: {"fp": 0.0, "ee": -1.0} for h in "abc"})
     torch.testing.assert_close(strategy.aggregate_updates(3, updates, n, replies).weights, n / n.sum())
-    with pytest.raises(ValueError, match="'fp' or 'ee'"):
-        build_strategy("contribution", {1: "a"}, contribution_score="shapley")
+    with pytest.raises(ValueError, match="contribution.score = 'shapley': Input should be 'fp' or 'ee'"):
+        build_strategy("contribution", {1: "a"}, options={"score": "shapley"})
 
 
 def test_secagg_server_never_holds_an_update_and_scores_match_plain_fedavg(tmp_path, data_dir):
-    common = {"contribution-scoring": True, "contribution-utility": "neg-loss", "num-server-rounds": 1}
+    common = {"contribution-scoring.enabled": True, "contribution-scoring.utility": "neg-loss", "num-server-rounds": 1}
     plain_dir, _, _ = _run(tmp_path, "plain", **common)
-    secure_dir, grid, received = _run(tmp_path, "secure", **{**common, "secure-aggregation": True})
+    secure_dir, grid, received = _run(tmp_path, "secure", **{**common, "secagg.enabled": True})
 
     # the server was never handed a model or an update: every reply's array records are empty
     # (secaggplus_mod clears them; what travels is the masked, quantized vector)
@@ -131,10 +131,10 @@ def test_secagg_server_never_holds_an_update_and_scores_match_plain_fedavg(tmp_p
 
 
 def test_a_selfish_hospital_moves_its_loo_ioi_and_fp_but_not_its_ee(tmp_path, data_dir):
-    common = {"contribution-scoring": True, "contribution-utility": "neg-loss", "num-server-rounds": 1}
+    common = {"contribution-scoring.enabled": True, "contribution-scoring.utility": "neg-loss", "num-server-rounds": 1}
     honest_dir, _, _ = _run(tmp_path, "honest", **common)
-    selfish_dir, _, _ = _run(tmp_path, "selfish", **{**common, "contribution-selfish-hospitals": "0",
-                                                     "contribution-selfish-inflation": 0.1})
+    selfish_dir, _, _ = _run(tmp_path, "selfish", **{**common, "contribution-scoring.selfish-hospitals": "0",
+                                                     "contribution-scoring.selfish-inflation": 0.1})
     honest = read_rounds(honest_dir)[0]["contribution"]["hospitals"]
     selfish = read_rounds(selfish_dir)[0]["contribution"]["hospitals"]
     me = "hospital-0"
@@ -151,12 +151,12 @@ def test_a_selfish_hospital_moves_its_loo_ioi_and_fp_but_not_its_ee(tmp_path, da
 
 def test_secure_aggregation_config_is_checked():
     with pytest.raises(ConfigError, match="strategy must be 'fedavg'"):
-        parse_run_config({"secure-aggregation": True, "strategy": "krum"})
+        parse_run_config({"secagg.enabled": True, "strategy": "krum"})
     with pytest.raises(ConfigError, match="fraction-train must be 1.0"):
-        parse_run_config({"secure-aggregation": True, "fraction-train": 0.5})
+        parse_run_config({"secagg.enabled": True, "fraction-train": 0.5})
     with pytest.raises(ConfigError, match="weighted-mean strategy"):
-        parse_run_config({"contribution-scoring": True, "strategy": "median"})
-    with pytest.raises(ConfigError, match="contribution-scoring = true"):
+        parse_run_config({"contribution-scoring.enabled": True, "strategy": "median"})
+    with pytest.raises(ConfigError, match="contribution-scoring.enabled = true"):
         parse_run_config({"strategy": "contribution"})
 
 
@@ -170,7 +170,7 @@ def test_simulate_with_secagg_produces_fp_and_ee(tmp_path, data_dir):
     out = tmp_path / "runs"
     res = _simulate(["--hospitals", "3", "--app", str(REPO), "-c", "num-server-rounds=1 train-subsample=0.05 batch-size=64",
                      "-c", f"output-dir={out} run-name=secagg", "-c",
-                     "secure-aggregation=true contribution-scoring=true", "--timeout", "500"], cwd=tmp_path)
+                     "secagg.enabled=true contribution-scoring.enabled=true", "--timeout", "500"], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert "run ended finished:completed" in res.stdout
     assert "Secure aggregation completed" in res.stdout + res.stderr

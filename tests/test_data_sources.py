@@ -8,7 +8,7 @@ from PIL import Image
 
 from conftest import small_run_config
 from hospitrust.config import parse_node_config, parse_run_config
-from hospitrust.datasets import load_hospital
+from hospitrust.client_app.context import load_hospital
 from hospitrust.datasets.federation import partitions, reference_set, simulated_hospital
 from hospitrust.datasets.federation import test_set as central_test_set
 from hospitrust.datasets.image_folder import ClassMismatchError, load_image_folder
@@ -51,21 +51,21 @@ def test_official_files_load(data_dir):
 
 def test_simulated_hospitals_cover_the_training_pool_once(tmp_path, data_dir):
     cfg = parse_run_config(small_run_config(tmp_path, **{"train-subsample": 1.0}))
-    parts = partitions(cfg, 10)
+    parts = partitions(cfg.federation, 10)
     allidx = np.concatenate(parts)
     assert allidx.size == 4708 and np.unique(allidx).size == 4708
-    h = simulated_hospital(cfg, 3, 10)
+    h = simulated_hospital(cfg.federation, 3, 10)
     assert len(h.train) + len(h.val) == parts[3].size and len(h.val) >= 1
     # the reference cohort is class-balanced and from the val split (no hospital holds it)
-    ref = reference_set(cfg)
+    ref = reference_set(cfg.federation)
     assert np.bincount(ref.labels).tolist() == [20, 20]
-    assert len(central_test_set(cfg)) == 624
+    assert len(central_test_set(cfg.federation)) == 624
 
 
 def test_more_hospitals_than_samples_is_a_clear_error(tmp_path, data_dir):
     cfg = parse_run_config(small_run_config(tmp_path, **{"train-subsample": 0.001}))
     with pytest.raises(ValueError, match="hospitals but only"):
-        partitions(cfg, 50)
+        partitions(cfg.federation, 50)
 
 
 def _write_folder(root, classes, per_class=3, size=(40, 30), mode="L"):

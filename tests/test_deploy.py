@@ -24,7 +24,7 @@ import pytest
 from conftest import DATA_DIR, REPO
 from hospitrust.ops import deploy, flwr
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.data]
 
 RUN_TIMEOUT = float(os.environ.get("HOSPITRUST_TEST_RUN_TIMEOUT", "900"))
 REPLY_TIMEOUT = float(os.environ.get("HOSPITRUST_TEST_REPLY_TIMEOUT", "300"))
@@ -176,9 +176,9 @@ class Federation:
 
 
 @pytest.fixture(scope="module")
-def federation(tmp_path_factory):
-    if not (DATA_DIR / "pneumoniamnist.npz").is_file():
-        pytest.skip(f"MedMNIST files not found in {DATA_DIR}")
+def federation(tmp_path_factory, _medmnist_problem):
+    if _medmnist_problem:
+        pytest.fail(_medmnist_problem, pytrace=False)
     work = tmp_path_factory.mktemp("deploy")
     fed = Federation(work)
     certs, keys = work / "certs", work / "keys"

@@ -323,19 +323,18 @@ def test_writes_outside_the_plan_are_rejected_and_recorded(tmp_path):
 # ---- real in-process runs -----------------------------------------------------------------------
 def _fbd_config(tmp_path, name, **overrides):
     return small_run_config(tmp_path, **{
-        "strategy": "fbd", "fbd-colors": 4, "fbd-redundancy": 2, "num-server-rounds": 2, "train-subsample": 0.03,
-        "run-name": name, "partitioner": "iid", "fbd-lambda": 0.2, **overrides})
+        "strategy": "fbd", "fbd.colors": 4, "fbd.redundancy": 2, "num-server-rounds": 2, "train-subsample": 0.03,
+        "run-name": name, "partitioner": "iid", "fbd.distill-weight": 0.2, **overrides})
 
 
 @pytest.fixture(scope="module")
-def fbd_runs(tmp_path_factory):
+def fbd_runs(tmp_path_factory, _medmnist_problem):
     """An honest run and a run where hospital-0 flips labels and also tries to write a color
     of the other group (the same seed, everything else equal)."""
-    from conftest import DATA_DIR
     from hospitrust.ops.inprocess import run_inprocess
 
-    if not (DATA_DIR / "pneumoniamnist.npz").is_file():
-        pytest.skip(f"MedMNIST files not found in {DATA_DIR}")
+    if _medmnist_problem:
+        pytest.fail(_medmnist_problem, pytrace=False)
     tmp = tmp_path_factory.mktemp("fbd")
     run_inprocess(_fbd_config(tmp, "honest"), 4)
     plan = ShippingPlan.load(tmp / "runs" / "honest" / "fbd_plan.json")
@@ -434,23 +433,21 @@ def test_fbd_config_errors():
     from hospitrust.config import ConfigError, RunConfig, parse_run_config
 
     flat = RunConfig().to_flat()
-    with pytest.raises(ConfigError, match="fbd-exclude-colors leaves none"):
-        parse_run_config({**flat, "strategy": "fbd", "fbd-colors": 2, "fbd-exclude-colors": "0,1"})
+    with pytest.raises(ConfigError, match="fbd.exclude-colors leaves none"):
+        parse_run_config({**flat, "strategy": "fbd", "fbd.colors": 2, "fbd.exclude-colors": "0,1"})
     with pytest.raises(ConfigError, match="out of range"):
-        parse_run_config({**flat, "strategy": "fbd", "fbd-exclude-colors": "9"})
+        parse_run_config({**flat, "strategy": "fbd", "fbd.exclude-colors": "9"})
     assert parse_run_config({**flat, "strategy": "fbd", "model": "resnet18"}).strategy == "fbd"
 
 
 def test_fbd_refuses_generic_loop_options_by_name():
     from hospitrust.config import ConfigError, RunConfig, parse_run_config
-    from hospitrust.fbd.server import check_fbd_options
 
     flat = {**RunConfig().to_flat(), "strategy": "fbd"}
-    check_fbd_options(parse_run_config(flat))  # defaults are fine
-    if "resume-from" not in flat:
-        pytest.skip("this build has no resume-from key")
-    with pytest.raises(ConfigError, match="strategy fbd does not support resume-from"):
-        check_fbd_options(parse_run_config(flat).model_copy(update={"resume_from": "/tmp/some-run"}))
+    parse_run_config(flat)  # defaults are fine
+    for key, value in (("resume-from", "/tmp/some-run"), ("secagg.enabled", True), ("contribution-scoring.enabled", True)):
+        with pytest.raises(ConfigError, match=f"strategy fbd does not support {key}"):
+            parse_run_config({**flat, key: value})
 
 
 def test_negative_batchnorm_variance_is_rejected_by_both_validators():
@@ -492,7 +489,7 @@ def test_evaluator_leaves_a_broken_color_out_instead_of_failing(tmp_path, data_d
     from hospitrust.datasets.registry import dataset_info
     from hospitrust.fbd.server import WarehouseEvaluator
 
-    cfg = parse_run_config(small_run_config(tmp_path, **{"strategy": "fbd", "fbd-colors": 3, "fbd-redundancy": 1}))
+    cfg = parse_run_config(small_run_config(tmp_path, **{"strategy": "fbd", "fbd.colors": 3, "fbd.redundancy": 1}))
     wh = _warehouse(colors=3)
     wh.states[1]["classifier.4.weight"] = torch.full_like(wh.states[1]["classifier.4.weight"], float("nan"))
     central, fbd = WarehouseEvaluator(cfg, dataset_info(cfg.dataset), torch.device("cpu"))(wh)

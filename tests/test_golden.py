@@ -35,8 +35,8 @@ RUNS: dict[str, tuple[int, dict]] = {
     "earn": (4, {"strategy": "earn"}),
     "multi-krum": (5, {"strategy": "multi-krum"}),
     "fltrust": (3, {"strategy": "fltrust"}),
-    "fbd": (3, {"strategy": "fbd", "fbd-colors": 3, "fbd-redundancy": 2}),
-    "contribution-scoring": (3, {"strategy": "contribution", "contribution-scoring": True, "num-server-rounds": 3}),
+    "fbd": (3, {"strategy": "fbd", "fbd.colors": 3, "fbd.redundancy": 2}),
+    "contribution-scoring": (3, {"strategy": "contribution", "contribution-scoring.enabled": True, "num-server-rounds": 3}),
     "colluding-alie-median": (4, {"strategy": "median", "attack": "alie", "malicious-hospitals": "0"}),
     "data-label-flip-fedavg": (3, {"attack": "label-flip", "malicious-hospitals": "1"}),
 }

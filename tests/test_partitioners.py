@@ -26,15 +26,21 @@ NUM_CLASSES = 5
 # Imbalanced, as medical data usually is (class 4 is the "rare disease").
 LABELS = np.random.default_rng(123).choice(NUM_CLASSES, size=2000, p=[0.4, 0.25, 0.15, 0.12, 0.08])
 
-# (registry name, params) for every partitioner; hospitals counts below must suit all of them.
+# (registry name, its options) for every partitioner; hospitals counts below must suit all of them.
 CASES = [
     ("iid", {}),
     ("dirichlet", {"alpha": 0.3}),
     ("quantity-skew", {"alpha": 0.5}),
     ("pathological", {"classes_per_hospital": 3}),
-    ("specialist", {"specialist_classes": {4: [0], 3: [0, 1]}, "alpha": 0.5}),
+    ("specialist", {"classes": "4:0;3:0,1", "alpha": 0.5}),
 ]
 CASE_IDS = [name for name, _ in CASES]
+
+
+def _split(name, params, labels, num_hospitals, **kw):
+    """The registered partitioner with these options (its run-config section), applied."""
+    cls = PARTITIONERS[name]
+    return cls(cls.Options(**params)).split(labels, num_hospitals, **kw)
 
 
 def _assert_exact_cover(parts, n, num_hospitals, min_size=1):
@@ -56,29 +62,29 @@ def test_registry_keys():
 @pytest.mark.parametrize("num_hospitals", [2, 5, 10])
 @pytest.mark.parametrize("seed", [0, 1, 7])
 def test_every_sample_exactly_once(name, params, num_hospitals, seed):
-    parts = PARTITIONERS[name](LABELS, num_hospitals, seed=seed, **params)
+    parts = _split(name, params, LABELS, num_hospitals, seed=seed)
     _assert_exact_cover(parts, LABELS.size, num_hospitals)
 
 
 @pytest.mark.parametrize(("name", "params"), CASES, ids=CASE_IDS)
 def test_same_seed_same_partition_other_seed_differs(name, params):
-    a = PARTITIONERS[name](LABELS, 5, seed=3, **params)
-    b = PARTITIONERS[name](LABELS, 5, seed=3, **params)
-    c = PARTITIONERS[name](LABELS, 5, seed=4, **params)
+    a = _split(name, params, LABELS, 5, seed=3)
+    b = _split(name, params, LABELS, 5, seed=3)
+    c = _split(name, params, LABELS, 5, seed=4)
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
     assert not all(np.array_equal(x, y) for x, y in zip(a, c))
 
 
 @pytest.mark.parametrize(("name", "params"), CASES, ids=CASE_IDS)
 def test_min_size_respected(name, params):
-    parts = PARTITIONERS[name](LABELS, 5, seed=0, min_size=40, **params)
+    parts = _split(name, params, LABELS, 5, seed=0, min_size=40)
     _assert_exact_cover(parts, LABELS.size, 5, min_size=40)
 
 
 @pytest.mark.parametrize(("name", "params"), CASES, ids=CASE_IDS)
 def test_more_hospitals_than_samples(name, params):
     with pytest.raises(ValueError, match=r"5 hospitals.*only 3 samples"):
-        PARTITIONERS[name](np.array([0, 1, 2]), 5, seed=0, **params)
+        _split(name, params, np.array([0, 1, 2]), 5, seed=0)
 
 
 def test_one_sample_per_hospital_is_fine():

@@ -60,7 +60,7 @@ STACK_RULES = sorted(n for n in STRATEGIES if n != "fbd")
 
 @pytest.mark.parametrize("name", STACK_RULES)
 def test_identical_updates_give_that_update(name):
-    kwargs = {"proximal_mu": 0.1} if name == "fedprox" else {}
+    kwargs = {"options": {"proximal_mu": 0.1}} if name == "fedprox" else {}
     if name == "fltrust":  # FLTrust rescales to the root update's norm: give it the same update
         kwargs["server_update"] = lambda state, rnd: torch.tensor([2.0, -1, 0, 3, 1, 1])
     s = _strategy(name, 7, **kwargs)
@@ -133,7 +133,7 @@ def test_fedavg_weights_by_examples():
 
 @pytest.mark.parametrize("name", STACK_RULES)
 def test_each_strategy_in_a_real_inprocess_run(tmp_path, data_dir, name):
-    own = {"contribution-scoring": True} if name == "contribution" else {}  # it weighs by the scores
+    own = {"contribution-scoring.enabled": True} if name == "contribution" else {}  # it weighs by the scores
     cfg = small_run_config(tmp_path, **{"strategy": name, "num-server-rounds": 1, "train-subsample": 0.03,
                                         "batch-size": 64, "local-epochs": 1, **own})
     grid = InProcessGrid(client_app, 7, cfg)

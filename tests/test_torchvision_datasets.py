@@ -126,10 +126,10 @@ def test_config_checks_sizes_and_names():
 def test_hospitals_and_server_sets_on_mnist(tmp_path):
     fake_mnist(tmp_path, n_train=400)
     cfg = _cfg(tmp_path, "mnist", **{"partitioner": "iid", "reference-cohort-per-class": 2})
-    shares = [federation.simulated_hospital(cfg, i, 4) for i in range(4)]
+    shares = [federation.simulated_hospital(cfg.federation, i, 4) for i in range(4)]
     assert sum(len(h.train) + len(h.val) for h in shares) == 360
-    assert len(federation.test_set(cfg)) == 60
-    assert np.bincount(federation.reference_set(cfg).labels, minlength=10).tolist() == [2] * 10
+    assert len(federation.test_set(cfg.federation)) == 60
+    assert np.bincount(federation.reference_set(cfg.federation).labels, minlength=10).tolist() == [2] * 10
 
 
 def test_inprocess_run_on_mnist(tmp_path):

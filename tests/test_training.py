@@ -119,7 +119,7 @@ def test_class_weighted_loss_reaches_the_hospitals_training(tmp_path, data_dir):
 
     losses = []
     for name, weighted, source in (("off", False, "hospital"), ("own", True, "hospital"), ("fed", True, "federation")):
-        cfg = small_run_config(tmp_path / name, **{"class-weighted-loss": weighted, "class-weights-from": source,
+        cfg = small_run_config(tmp_path / name, **{"train.class-weighted-loss": weighted, "train.class-weights-from": source,
                                                    "num-server-rounds": 1})
         grid = InProcessGrid(client_app, 3, cfg)
         server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
@@ -142,8 +142,8 @@ def test_fedrs_alpha_reaches_the_hospitals_training(tmp_path, data_dir):
         server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
         return read_rounds(tmp_path / name / "runs" / cfg["run-name"])[-1]["central"]["loss"]
 
-    specialist = {"partitioner": "specialist", "specialist-classes": "0:0"}
-    assert final_loss("spec-on", **specialist, **{"fedrs-alpha": 0.0}) != pytest.approx(
+    specialist = {"partitioner": "specialist", "specialist.classes": "0:0"}
+    assert final_loss("spec-on", **specialist, **{"train.fedrs-alpha": 0.0}) != pytest.approx(
         final_loss("spec-off", **specialist), rel=1e-6)
     iid = {"partitioner": "iid"}
-    assert final_loss("iid-on", **iid, **{"fedrs-alpha": 0.0}) == pytest.approx(final_loss("iid-off", **iid), rel=1e-9)
+    assert final_loss("iid-on", **iid, **{"train.fedrs-alpha": 0.0}) == pytest.approx(final_loss("iid-off", **iid), rel=1e-9)

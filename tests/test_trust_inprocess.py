@@ -12,12 +12,12 @@ from hospitrust.server_app.results import read_rounds
 from hospitrust.server_app import app as server_app
 
 CASES = {
-    "fedagain": ({"fedagain-benchmark": "server", "fedagain-divergence": "cosine"}, ("trust", "divergence", "flagged")),
+    "fedagain": ({"fedagain.benchmark": "server", "fedagain.divergence": "cosine"}, ("trust", "divergence", "flagged")),
     "hta": ({}, ("s", "m", "v", "tau", "reputation", "excluded", "exclusion_reason", "flagged", "max_peer_cosine",
                  "duplicate_group_size", "duplicates_of")),
-    "earn": ({"earn-rare-classes": "0", "earn-base": "fedavg"}, ("evidence", "earn_trust", "row_audit", "rare_row_weight", "evidence_spearman")),
+    "earn": ({"earn.rare-classes": "0", "earn.base": "fedavg"}, ("evidence", "earn_trust", "row_audit", "rare_row_weight", "evidence_spearman")),
     # EARN on an HTA base: HTA's signals (v from the reference cohort) and EARN's, side by side; s_raw: HTA's direction before EARN's excuse
-    "earn-on-hta": ({"strategy": "earn", "earn-rare-classes": "0", "earn-base": "hta"},
+    "earn-on-hta": ({"strategy": "earn", "earn.rare-classes": "0", "earn.base": "hta"},
                     ("s", "s_raw", "v", "reference_balanced_accuracy", "reputation", "excluded", "earn_trust", "rare_row_weight")),
 }
 

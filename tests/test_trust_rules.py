@@ -121,14 +121,14 @@ def test_fedagain_server_variant_uses_the_reference_cohort():
         calls.append(updates.shape)
         return torch.tensor([0.8, 0.8, 0.4], dtype=torch.float64)
 
-    s = build_strategy("fedagain", _hospitals(3), fedagain_benchmark="server", candidate_scores=scores)
+    s = build_strategy("fedagain", _hospitals(3), options=dict(benchmark="server"), candidate_scores=scores)
     g = {"w": torch.zeros(2)}
     deltas = [{"w": torch.tensor([3.0, 4.0])}] * 3
     _, by = _send(s, 1, g, deltas, [{"benchmark-error": 0.0}] * 3)  # lies ignored
     assert calls == [(3, 2)]
     assert [by[f"h{i}"]["benchmark_error_used"] for i in range(3)] == pytest.approx([0.2, 0.2, 0.6])
     with pytest.raises(ValueError, match="candidate_scores"):
-        build_strategy("fedagain", _hospitals(3), fedagain_benchmark="server")
+        build_strategy("fedagain", _hospitals(3), options=dict(benchmark="server"))
 
 
 # ---- HTA -----------------------------------------------------------------------------------
@@ -291,7 +291,7 @@ def test_hta_gives_colluders_sending_one_update_one_hospitals_say(merge):
     are flagged; not merged, they hold about three tenths and pass."""
     d, n = 20, 10
     ones = torch.ones(d, dtype=torch.float64)
-    s = build_strategy("hta", _hospitals(n), hta_merge_duplicates=merge)
+    s = build_strategy("hta", _hospitals(n), options=dict(ablation=dict(merge_duplicates=merge)))
     gen = torch.Generator().manual_seed(0)
     for rnd in range(1, 6):
         honest = [ones + 0.3 * torch.randn(d, generator=gen, dtype=torch.float64) for _ in range(7)]
@@ -470,8 +470,7 @@ def _reference_features(state):
 
 
 def test_earn_rewards_the_specialist_and_not_a_consistent_faker():
-    s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", head_features=_reference_features,
-                       earn_base="fedavg")  # the FedAvg base: the weights below by hand
+    s = build_strategy("earn", _hospitals(6), options=dict(rare_classes="2", base="fedavg"), head_features=_reference_features)  # the FedAvg base: the weights below by hand
     gen = torch.Generator().manual_seed(0)
     for rnd in range(1, 13):
         arrays, by = _earn_round(s, rnd, gen)
@@ -490,7 +489,7 @@ def test_earn_rewards_the_specialist_and_not_a_consistent_faker():
 
 
 def test_earn_on_an_hta_base_weighs_the_body_by_reputation_and_keeps_it_across_a_checkpoint():
-    kw = dict(earn_rare_classes="2", head_features=_reference_features, earn_base="hta", hta_options={"hta_c": 0.0})
+    kw = dict(options=dict(rare_classes="2", base="hta"), head_features=_reference_features, hta_options={"validation_exponent": 0.0})
     s = build_strategy("earn", _hospitals(7), **kw)
     gen = torch.Generator().manual_seed(0)
     for rnd in range(1, 13):
@@ -524,9 +523,7 @@ def test_earn_excuses_an_audited_specialists_direction_but_not_a_sign_flipper():
     body = {}
     for excuse in (False, True):
         # hta_merge_duplicates off: these synthetic honest hospitals send near-identical updates (cosine > 0.99)
-        s = build_strategy("earn", _hospitals(7), earn_rare_classes="2", head_features=_reference_features,
-                           candidate_scores=scores, earn_excuse_direction=excuse,
-                           hta_options={"hta_merge_duplicates": False})
+        s = build_strategy("earn", _hospitals(7), options=dict(rare_classes="2", ablation=dict(excuse_direction=excuse)), head_features=_reference_features, candidate_scores=scores, hta_options={"ablation": {"merge_duplicates": False}})
         gen = torch.Generator().manual_seed(0)
         for rnd in range(1, 16):
             _, by = _earn_round(s, rnd, gen, n=7, flipper=6, specialist_body=torch.tensor([1.0, -2.5, 0.0]))
@@ -543,8 +540,7 @@ def test_earn_nonholder_weight_scales_non_holders_out_of_the_rare_row():
     the holders' alone (capped at half each); at 0.5 the non-holders keep a smaller share than
     at 1 (the rule as specified); the body does not change."""
     def row(factor):
-        s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", head_features=_reference_features,
-                           earn_base="fedavg", earn_nonholder_weight=factor, earn_nonholder_by_peers=False)
+        s = build_strategy("earn", _hospitals(6), options=dict(rare_classes="2", base="fedavg", nonholder_weight=factor, ablation=dict(nonholder_by_peers=False)), head_features=_reference_features)
         _, by = _earn_round(s, 1, torch.Generator().manual_seed(0))
         assert all((2 in by[f"h{i}"]["holds"]) == (i < 2) for i in range(6))
         assert by["h2"]["weight"] == pytest.approx(1 / 6)  # the body: FedAvg whatever the factor
@@ -554,8 +550,8 @@ def test_earn_nonholder_weight_scales_non_holders_out_of_the_rare_row():
     assert zero == pytest.approx([0.5, 0.5, 0, 0, 0, 0])
     assert all(0 < h < o for h, o in zip(half[2:], one[2:]))
     assert sum(half[:2]) > sum(one[:2]) and sum(half) == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="earn-nonholder-weight"):
-        build_strategy("earn", _hospitals(3), earn_nonholder_weight=1.5)
+    with pytest.raises(ValueError, match="earn.nonholder-weight"):
+        build_strategy("earn", _hospitals(3), options=dict(nonholder_weight=1.5))
 
 
 def test_nonholder_factor_by_hand():
@@ -571,13 +567,11 @@ def test_earn_nonholder_by_peers_keeps_non_holders_in_a_thin_row_and_drops_them_
     """Two holders (p = 0.25): the row is the fixed factor 0.75's. Five holders of seven
     (p = 1): the two non-holders get no share of the row, and the body is FedAvg either way."""
     def fixed_row(factor):
-        s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", head_features=_reference_features,
-                           earn_base="fedavg", earn_nonholder_weight=factor, earn_nonholder_by_peers=False)
+        s = build_strategy("earn", _hospitals(6), options=dict(rare_classes="2", base="fedavg", nonholder_weight=factor, ablation=dict(nonholder_by_peers=False)), head_features=_reference_features)
         by = _earn_round(s, 1, torch.Generator().manual_seed(0))[1]
         return [by[f"h{i}"]["rare_row_weight"]["2"] for i in range(6)]
 
-    s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", head_features=_reference_features,
-                       earn_base="fedavg")  # by peers: the default
+    s = build_strategy("earn", _hospitals(6), options=dict(rare_classes="2", base="fedavg"), head_features=_reference_features)  # by peers: the default
     _, by = _earn_round(s, 1, torch.Generator().manual_seed(0))
     assert [by[f"h{i}"]["rare_row_weight"]["2"] for i in range(6)] == pytest.approx(fixed_row(0.75))
     assert fixed_row(0.75) != pytest.approx(fixed_row(1.0))
@@ -587,8 +581,7 @@ def test_earn_nonholder_by_peers_keeps_non_holders_in_a_thin_row_and_drops_them_
     deltas = [{"body": torch.ones(3) + 0.05 * torch.randn(3, generator=gen),
                "head.weight": 0.05 * torch.randn(3, 4, generator=gen),
                "head.bias": torch.tensor([0.1, 0.1, 0.5 if i < 5 else -0.3])} for i in range(7)]
-    s = build_strategy("earn", _hospitals(7), earn_rare_classes="2", head_features=_reference_features,
-                       earn_base="fedavg", earn_nonholder_by_peers=True)
+    s = build_strategy("earn", _hospitals(7), options=dict(rare_classes="2", base="fedavg", ablation=dict(nonholder_by_peers=True)), head_features=_reference_features)
     _, by = _send(s, 1, g, deltas)
     assert [2 in by[f"h{i}"]["holds"] for i in range(7)] == [True] * 5 + [False] * 2
     row = [by[f"h{i}"]["rare_row_weight"]["2"] for i in range(7)]
@@ -610,8 +603,7 @@ def test_earn_rare_rows_average_clipped_updates_so_a_scaled_holder_counts_at_the
     """h5 holds the rare class and passes every row check, but sends its update x10 (the
     scaling attack): it earns trust, and unclipped its rare row dominates the average."""
     def last_rare_row(factor, clip):
-        s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", head_features=_reference_features,
-                           earn_base="fedavg", earn_clip_rows=clip)
+        s = build_strategy("earn", _hospitals(6), options=dict(rare_classes="2", base="fedavg", clip_rows=clip), head_features=_reference_features)
         gen = torch.Generator().manual_seed(0)
         for rnd in range(1, 11):
             arrays, by = _earn_round(s, rnd, gen, scaled=(5, factor))
@@ -637,8 +629,7 @@ def test_earn_holders_row_clip_leaves_a_specialist_with_a_large_update_its_row()
     only typical holder here), and still clips the scaled h5."""
     clips = {}
     for clip in ("update", "holders"):
-        s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", head_features=_reference_features,
-                           earn_base="fedavg", earn_clip_rows=clip)
+        s = build_strategy("earn", _hospitals(6), options=dict(rare_classes="2", base="fedavg", clip_rows=clip), head_features=_reference_features)
         gen = torch.Generator().manual_seed(0)
         for rnd in range(1, 4):
             _, by = _earn_round(s, rnd, gen, specialist_body=torch.tensor([4.0, 4.0, 4.0]), scaled=(5, 10.0))
@@ -720,9 +711,9 @@ def test_hta_trim_norms_keeps_scalers_from_raising_the_clip(strategy):
     result = {}
     for trim in (False, True):
         # kappa 0: nobody is excluded, so the scaled norms reach the clip's median
-        hta_options = {"hta_c": 0.0, "hta_kappa": 0.0, "hta_trim_norms": trim}
-        s = (build_strategy("hta", _hospitals(n), **hta_options) if strategy == "hta" else
-             build_strategy("earn", _hospitals(n), earn_rare_classes="0", hta_options=hta_options))
+        hta_options = {"validation_exponent": 0.0, "exclusion_fraction": 0.0, "ablation": {"trim_norms": trim}}
+        s = (build_strategy("hta", _hospitals(n), options=hta_options) if strategy == "hta" else
+             build_strategy("earn", _hospitals(n), options=dict(rare_classes="0"), hta_options=hta_options))
         arrays, by = _send(s, 1, g, [_split_head(u) for u in ups])
         agg = torch.cat([v.double().flatten() for v in arrays.to_torch_state_dict().values()])
         result[trim] = (float(torch.linalg.vector_norm(agg)), by["h0"]["m"])
@@ -739,7 +730,7 @@ def test_hta_trim_norms_keeps_scalers_from_raising_the_clip(strategy):
 
 
 def test_earn_history_only_without_audit_shows_the_known_failure():
-    s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", earn_mode="history", earn_audit=False)
+    s = build_strategy("earn", _hospitals(6), options=dict(rare_classes="2", agreement="history", audit=False))
     gen = torch.Generator().manual_seed(0)
     for rnd in range(1, 13):
         _, by = _earn_round(s, rnd, gen)
@@ -749,8 +740,7 @@ def test_earn_history_only_without_audit_shows_the_known_failure():
 
 
 def test_earn_with_zero_trust_is_capped_fedavg_on_rare_rows():
-    s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", earn_evidence="reported",
-                       head_features=_reference_features, earn_base="fedavg")
+    s = build_strategy("earn", _hospitals(6), options=dict(rare_classes="2", evidence="reported", base="fedavg"), head_features=_reference_features)
     gen = torch.Generator().manual_seed(0)
     _, by = _earn_round(s, 1, gen)  # round 1: h0's peer (the faker) disagrees: trust stays 0
     assert all(by[f"h{i}"]["rare_row_weight"]["2"] == pytest.approx(1 / 6) for i in range(6))
@@ -760,16 +750,29 @@ def test_earn_with_zero_trust_is_capped_fedavg_on_rare_rows():
 def test_trust_rule_config_is_validated():
     from hospitrust.config import ConfigError, parse_run_config
 
-    with pytest.raises(ConfigError, match="fedagain-divergence"):
-        parse_run_config({"fedagain-divergence": "manhattan"})
-    with pytest.raises(ConfigError, match="earn-rare-classes"):
-        parse_run_config({"earn-rare-classes": "four"})
-    with pytest.raises(ConfigError, match="hta-kappa"):
-        parse_run_config({"hta-kappa": 2.0})
-    with pytest.raises(ConfigError, match="earn-clip-rows"):
-        parse_run_config({"earn-clip-rows": True})  # an option with three values now, not a switch
-    cfg = parse_run_config({"strategy": "hta", "hta-a": 0.0, "earn-rare-classes": "1,4"})
-    assert cfg.hta_a == 0.0 and cfg.earn_rare_classes == "1,4"
+    with pytest.raises(ConfigError, match="fedagain.divergence"):
+        parse_run_config({"strategy": "fedagain", "fedagain.divergence": "manhattan"})
+    with pytest.raises(ConfigError, match="earn.rare-classes"):
+        parse_run_config({"strategy": "earn", "earn.rare-classes": "four"})
+    with pytest.raises(ConfigError, match="hta.exclusion-fraction"):
+        parse_run_config({"strategy": "hta", "hta.exclusion-fraction": 2.0})
+    with pytest.raises(ConfigError, match="earn.clip-rows"):
+        parse_run_config({"strategy": "earn", "earn.clip-rows": True})  # an option with three values now, not a switch
+    cfg = parse_run_config({"strategy": "earn", "hta.direction-exponent": 0.0, "earn.rare-classes": "1,4"})
+    assert cfg.options("hta").direction_exponent == 0.0 and cfg.options("earn").rare_classes == "1,4"  # EARN's HTA base
+    # an option of a rule that is not selected is refused, naming the key and the selected rule
+    with pytest.raises(ConfigError, match=r"hta.exclusion-fraction = 0.4: an option of strategy hta, but the selected strategy is 'krum'"):
+        parse_run_config({"strategy": "krum", "hta.exclusion-fraction": 0.4})
+    with pytest.raises(ConfigError, match="selected strategy is 'hta'"):
+        parse_run_config({"strategy": "hta", "earn.rare-classes": "1,4"})
+    with pytest.raises(ConfigError, match="earn.ablation.excuse-direction = true needs earn.audit = true"):
+        keys = {"earn.audit": False, "earn.ablation.excuse-direction": True}  # set by the user, e.g. simulate -c
+        parse_run_config({"strategy": "earn", **keys}, explicit=set(keys))
+    with pytest.raises(ConfigError, match="needs earn.audit = true"):  # as a hospitrust 0.1 config said it
+        with pytest.warns(FutureWarning):
+            parse_run_config({"strategy": "earn", "earn-audit": False, "earn-excuse-direction": True},
+                             explicit={"earn-audit", "earn-excuse-direction"})
+    assert not parse_run_config({"strategy": "earn", "earn.audit": False}).options("earn").audit  # the excuse, default on, lapses
 
 
 def test_model_audit_hand_computed():
@@ -800,9 +803,7 @@ def _candidate_logits(global_state, updates):
 
 
 def test_earn_model_audit_rewards_the_specialist_and_not_the_faker():
-    s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", earn_audit_by="model",
-                       candidate_logits=_candidate_logits,
-                       hta_options={"hta_merge_duplicates": False})  # synthetic honest updates: cosine > 0.99
+    s = build_strategy("earn", _hospitals(6), options=dict(rare_classes="2", audit_by="model"), candidate_logits=_candidate_logits, hta_options={"ablation": {"merge_duplicates": False}})  # synthetic honest updates: cosine > 0.99
     gen = torch.Generator().manual_seed(0)
     for rnd in range(1, 13):
         _, by = _earn_round(s, rnd, gen)
@@ -812,13 +813,13 @@ def test_earn_model_audit_rewards_the_specialist_and_not_the_faker():
 
 
 def test_earn_audit_by_is_validated():
-    with pytest.raises(ValueError, match="earn-audit-by"):
-        build_strategy("earn", _hospitals(3), earn_audit_by="oracle")
+    with pytest.raises(ValueError, match="earn.audit-by"):
+        build_strategy("earn", _hospitals(3), options=dict(audit_by="oracle"))
     from hospitrust.config import ConfigError, parse_run_config
 
-    with pytest.raises(ConfigError, match="earn-audit-by"):
-        parse_run_config({"earn-audit-by": "row-shiftfree"})
-    assert parse_run_config({"earn-audit-by": "row-shift-free"}).earn_audit_by == "row-shift-free"
+    with pytest.raises(ConfigError, match="earn.audit-by"):
+        parse_run_config({"strategy": "earn", "earn.audit-by": "row-shiftfree"})
+    assert parse_run_config({"strategy": "earn", "earn.audit-by": "model"}).options("earn").audit_by == "model"
 
 
 def test_update_count_evidence_hand_computed():
@@ -837,8 +838,7 @@ def test_update_count_evidence_hand_computed():
 
 
 def test_earn_runs_on_update_count_evidence():
-    s = build_strategy("earn", _hospitals(6), earn_rare_classes="2", earn_evidence="update-count",
-                       train_config={"learning-rate": 0.1, "batch-size": 32, "local-epochs": 1})
+    s = build_strategy("earn", _hospitals(6), options=dict(rare_classes="2", evidence="update-count"), train_config={"learning-rate": 0.1, "batch-size": 32, "local-epochs": 1})
     gen = torch.Generator().manual_seed(0)
     for rnd in range(1, 4):
         _, by = _earn_round(s, rnd, gen)

@@ -14,7 +14,8 @@ DIST_BLOCK = 65_536
 def _distances_to(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Exact ``||x_i - v||`` for every row (no Gram identity: the updates may sit close to
     the center), one pass over ``x``, float64. On the CPU the differences are formed one
-    cache-sized column block at a time instead of as an ``(n, d)`` temporary."""
+    cache-sized column block at a time instead of as an ``(n, d)`` temporary.
+    """
     if x.dtype not in (torch.float32, torch.float64):
         return torch.linalg.vector_norm(x.float() - v.float(), dim=1).double()
     n, d = x.shape

@@ -21,7 +21,8 @@ __all__ = ["pairwise_cosine", "duplicate_groups", "group_representatives"]
 def pairwise_cosine(x: torch.Tensor) -> torch.Tensor:
     """``(n, n)`` float64 CPU cosine similarities of the rows of ``x``, from one Gram matrix
     (no copy of ``x``); a zero row has cosine 0 with every other row (it has no direction) and
-    1 with itself."""
+    1 with itself.
+    """
     check_updates(x)
     g = gram(x).cpu()
     norms = g.diagonal().clamp_min(0.0).sqrt()
@@ -69,7 +70,8 @@ def duplicate_groups(x: torch.Tensor, threshold: float = 0.999) -> dict[str, tor
 
 def group_representatives(x: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     """One row per group, the mean of its members, in order of first member: ``(g, d)`` on
-    ``x``'s device and dtype. With every hospital alone it is ``x`` itself."""
+    ``x``'s device and dtype. With every hospital alone it is ``x`` itself.
+    """
     check_updates(x)
     group = torch.as_tensor(group, dtype=torch.int64).flatten().cpu()
     if group.numel() != x.shape[0]:

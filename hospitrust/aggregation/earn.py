@@ -59,7 +59,8 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def mean_class_spearman(evidence: torch.Tensor, counts: torch.Tensor) -> float:
     """Per class, Spearman across hospitals of evidence vs true counts; the mean over classes
-    where both are non-constant (NaN if none)."""
+    where both are non-constant (NaN if none).
+    """
     e = torch.as_tensor(evidence, dtype=torch.float64)
     k = torch.as_tensor(counts, dtype=torch.float64)
     vals = [spearman(e[:, c], k[:, c]) for c in range(e.shape[1])]
@@ -272,7 +273,8 @@ def trust_step(trust: torch.Tensor, agrees: torch.Tensor, *, gain: float = 0.1, 
 def capped_weights(w: torch.Tensor, cap: float = 0.5) -> torch.Tensor:
     r"""Normalize ``w`` to sum 1 with no entry above ``cap`` (water filling: capped entries sit
     at the cap, the rest share what is left in proportion to ``w``). ``cap >= 1`` only
-    normalizes; a cap below 1/n is raised to 1/n (the only feasible cap)."""
+    normalizes; a cap below 1/n is raised to 1/n (the only feasible cap).
+    """
     w = torch.as_tensor(w, dtype=torch.float64).clamp_min(0.0)
     n = w.numel()
     if float(w.sum()) <= 0:
@@ -303,7 +305,8 @@ def rare_row_clip(rows: torch.Tensor, holders: torch.Tensor, update_clip: torch.
     :math:`\min(1, \tilde r / \lVert r_k\rVert)`, :math:`\tilde r` the median row norm over the
     class's holders (over everyone if none). A row is shrunk only when both its whole update and
     the row itself are larger than is typical, so a specialist whose whole update is large because
-    it trains on the rare class keeps its row, while a scaled update is clipped. ``(n,)`` float64."""
+    it trains on the rare class keeps its row, while a scaled update is clipped. ``(n,)`` float64.
+    """
     h = torch.as_tensor(holders, dtype=torch.bool).flatten()
     row = median_norm_clip(torch.as_tensor(rows, dtype=torch.float64), h if bool(h.any()) else None)
     return torch.maximum(torch.as_tensor(update_clip, dtype=torch.float64).cpu(), row)
@@ -313,7 +316,8 @@ def rare_row_weights(
     fedavg: torch.Tensor, trust: torch.Tensor, evidence: torch.Tensor, *, cap: float = 0.5
 ) -> torch.Tensor:
     r"""Weights of a rare-class row: :math:`w_k \propto n_k / \sum n + T_k\, e_k / \sum e`, capped
-    (:func:`capped_weights`). With every trust at 0 this is FedAvg with the cap."""
+    (:func:`capped_weights`). With every trust at 0 this is FedAvg with the cap.
+    """
     f = torch.as_tensor(fedavg, dtype=torch.float64)
     f = f / f.sum()
     e = torch.as_tensor(evidence, dtype=torch.float64).clamp_min(0.0)

@@ -77,7 +77,8 @@ GRAM_BLOCK = 65_536  # columns per block of the CPU Gram product (see gram)
 
 def nearest_neighbour_scores(dist: torch.Tensor, k: int) -> torch.Tensor:
     """Sum of the ``k`` smallest off-diagonal entries of every row of a distance matrix
-    (Krum's score with k = n - f - 2 neighbours)."""
+    (Krum's score with k = n - f - 2 neighbours).
+    """
     n = dist.shape[0]
     if n == 1:
         return torch.zeros(1, dtype=dist.dtype, device=dist.device)
@@ -124,7 +125,8 @@ def plausible_median_norm(norms: torch.Tensor, tolerance: float | None) -> float
 def median_norm_clip(x: torch.Tensor, keep: torch.Tensor | None = None, trim_tolerance: float | None = None) -> torch.Tensor:
     r"""Per-update factor :math:`\min(1, \tilde\nu / \lVert u_h\rVert)` that clips each update to the
     median norm :math:`\tilde\nu` of the ``keep`` ones (all if None; with ``trim_tolerance``, of
-    those at most that factor times their median, :func:`plausible_median_norm`). ``(n,)`` float64 CPU."""
+    those at most that factor times their median, :func:`plausible_median_norm`). ``(n,)`` float64 CPU.
+    """
     norms = torch.linalg.vector_norm(x.double(), dim=1).cpu()
     kept = norms if keep is None else norms[torch.as_tensor(keep, dtype=torch.bool).flatten().cpu()]
     med = plausible_median_norm(kept, trim_tolerance)

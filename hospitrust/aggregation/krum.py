@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ._validation import check_f, check_updates
-from .kernels import checked_distances, nearest_neighbour_scores, pairwise_sq_distances
+from .kernels import checked_distances, nearest_neighbour_scores
 
 __all__ = [
     "krum_scores",

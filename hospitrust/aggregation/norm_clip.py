@@ -64,7 +64,8 @@ def norm_clip(
 def clip_rows(x: torch.Tensor, max_norm: float, out: torch.Tensor | None = None) -> torch.Tensor:
     r"""The clipped updates :math:`\tilde x_i` themselves, ``(n, d)``: a new tensor unless
     ``out`` is given (``out=x`` clips in place). Writing a fresh ``(n, d)`` tensor is
-    dominated by page-faulting new memory for large models: pass a reusable ``out``."""
+    dominated by page-faulting new memory for large models: pass a reusable ``out``.
+    """
     factor = clip_factors(x, max_norm).to(dtype=x.dtype, device=x.device)[:, None]
     if out is None:
         return x * factor

@@ -29,7 +29,8 @@ def _pair(pred, true_labels) -> tuple[np.ndarray, np.ndarray]:
 def backdoor_success_rate(pred_on_triggered, true_labels, target: int) -> float:
     """Attack success rate (ASR) of a backdoor: among test images whose true class is
     not ``target``, the share predicted as ``target`` once the trigger is stamped on
-    them. NaN if every test image is of the target class."""
+    them. NaN if every test image is of the target class.
+    """
     p, t = _pair(pred_on_triggered, true_labels)
     eligible = t != int(target)
     if not eligible.any():
@@ -39,7 +40,8 @@ def backdoor_success_rate(pred_on_triggered, true_labels, target: int) -> float:
 
 def targeted_flip_success(pred, true_labels, source: int, target: int) -> float:
     """Targeted label-flip success: the share of ``source``-class test images predicted
-    as ``target``. NaN if there are no source-class images."""
+    as ``target``. NaN if there are no source-class images.
+    """
     p, t = _pair(pred, true_labels)
     eligible = t == int(source)
     if not eligible.any():
@@ -95,7 +97,8 @@ def rounds_to_detection(
 ) -> dict[Hashable, int | None]:
     """For each malicious hospital, the first round in which it was flagged, or None if
     never. ``flags_per_round[i]`` holds the flags of round ``first_round + i`` (Flower
-    rounds are 1-based); a hospital missing from a round's map was not flagged."""
+    rounds are 1-based); a hospital missing from a round's map was not flagged.
+    """
     out: dict[Hashable, int | None] = {}
     for h, is_bad in malicious.items():
         if not is_bad:

@@ -1,82 +1,70 @@
-"""Attack registry: kebab-case name -> factory(AttackSettings) -> attack, plus plugins."""
+"""The attack registry, derived from the classes: every concrete attack class carries its
+``name``, ``kind`` and ``Options``, and is registered by name; no list to keep in step.
+
+``build_attack`` makes the configured attack from the run config's sections (the attack's
+own, and the ``attack-schedule`` section) and also loads a user's ``"package.module:Name"``.
+"""
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import pkgutil
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any
 
-from hospitrust.attacks import base as B
-from hospitrust.attacks.settings import AttackSettings
+from hospitrust.attacks.interfaces import INTERFACES, Attack
+from hospitrust.attacks.schedule import ScheduleOptions, with_schedule
+from hospitrust.options import Options
+
+SCHEDULE_SECTION = "attack-schedule"
 
 
 class AttackError(ValueError):
     """An attack name, plugin path or plugin class is wrong; the message says why."""
 
 
-Factory = Callable[[AttackSettings], B.Attack]
+NOT_ATTACKS = {"apply", "interfaces", "math", "metrics", "registry", "schedule", "selection", "threat_model"}
 
 
-def _sybil(s: AttackSettings) -> B.Attack:
-    if s.attack_sybil_base == "mean":
-        return B.Sybil("mean")
-    return B.Sybil(ATTACKS[s.attack_sybil_base](s))
+def attack_modules() -> list[ModuleType]:
+    """The modules of the attacks package that hold attacks (a new attack is a new module here)."""
+    package = importlib.import_module("hospitrust.attacks")
+    return [importlib.import_module(f"hospitrust.attacks.{m.name}") for m in sorted(pkgutil.iter_modules(package.__path__),
+                                                                                   key=lambda m: m.name)
+            if m.name not in NOT_ATTACKS and not m.name.startswith("_")]
 
 
-ATTACKS: dict[str, Factory] = {
-    # data attacks (ClientApp, before training)
-    "label-flip": lambda s: B.LabelFlip(s.label_flip_mode, s.attack_source, s.attack_target),
-    "backdoor": lambda s: B.Backdoor(s.attack_target, s.attack_poison_fraction, s.attack_patch_size),
-    "corruption": lambda s: B.Corruption(s.attack_corruption, s.attack_severity),
-    "label-noise": lambda s: B.LabelNoise(s.attack_noise_rate),
-    # update attacks (ClientApp, after training, own update only)
-    "sign-flip": lambda s: B.SignFlip(),
-    "scaling": lambda s: B.Scaling(s.attack_gamma),
-    "gaussian-noise": lambda s: B.GaussianNoise(s.attack_sigma),
-    "free-rider": lambda s: B.FreeRider(s.attack_free_rider_noise),
-    "nan-update": lambda s: B.NonFinite(),
-    # colluding attacks (server-side simulation step, sees honest updates)
-    "alie": lambda s: B.ALIE(s.attack_z).with_copy_noise(s.attack_copy_noise),
-    "ipm": lambda s: B.IPM(s.attack_eps).with_copy_noise(s.attack_copy_noise),
-    "min-max": lambda s: B.MinMax(s.attack_perturbation).with_copy_noise(s.attack_copy_noise),
-    "min-sum": lambda s: B.MinSum(s.attack_perturbation).with_copy_noise(s.attack_copy_noise),
-    "fang-trimmed-mean": lambda s: B.FangTrimmedMean(),
-    "fang-median": lambda s: B.FangMedian(),
-    "mimic": lambda s: B.Mimic(s.attack_mimic_index),
-    "sybil": _sybil,
-}
-
-#: Registry name -> "data" | "update" | "colluding" (where the attack must be wired).
-KINDS: dict[str, str] = {
-    "label-flip": "data",
-    "backdoor": "data",
-    "corruption": "data",
-    "label-noise": "data",
-    "sign-flip": "update",
-    "scaling": "update",
-    "gaussian-noise": "update",
-    "free-rider": "update",
-    "nan-update": "update",
-    "alie": "colluding",
-    "ipm": "colluding",
-    "min-max": "colluding",
-    "min-sum": "colluding",
-    "fang-trimmed-mean": "colluding",
-    "fang-median": "colluding",
-    "mimic": "colluding",
-    "sybil": "colluding",
-}
+def _registered(modules) -> dict[str, type[Attack]]:
+    found: dict[str, type[Attack]] = {}
+    for module in modules:
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, Attack) and cls.__module__ == module.__name__ and cls.name and not inspect.isabstract(cls):
+                if cls.name in found and found[cls.name] is not cls:
+                    raise AttackError(f"two attacks are named {cls.name!r}")
+                found[cls.name] = cls
+    return dict(sorted(found.items()))
 
 
-def load_plugin(path: str, settings: AttackSettings) -> B.Attack:
+#: Registry name -> attack class (its ``kind`` says where it is wired: data, update, colluding).
+ATTACKS: dict[str, type[Attack]] = _registered(attack_modules())
+
+
+def refresh() -> dict[str, type[Attack]]:
+    """Search the package again (after a module was added to its path); returns the registry."""
+    ATTACKS.clear()
+    ATTACKS.update(_registered(attack_modules()))
+    return ATTACKS
+
+
+def load_plugin(path: str, options: Options | None = None) -> Attack:
     """Instantiate ``"package.module:Name"``.
 
-    ``Name`` is a class implementing :class:`~hospitrust.attacks.base.DataAttack`,
-    :class:`~hospitrust.attacks.base.UpdateAttack` or
-    :class:`~hospitrust.attacks.base.ColludingAttack`, built with
-    ``Name.from_settings(settings)`` when it defines that classmethod, else ``Name()``;
-    or a function ``Name(settings)`` returning such an attack.
+    ``Name`` is a class implementing DataAttack, UpdateAttack or ColludingAttack
+    (``hospitrust.attacks.interfaces``), built with ``Name.from_options(Name.Options(), ...)``
+    (its options' defaults; a plugin has no run-config section), or a function ``Name()``
+    returning such an attack.
     """
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
@@ -93,61 +81,67 @@ def load_plugin(path: str, settings: AttackSettings) -> B.Attack:
                 f"module {module_name!r} has no attribute {attr!r} (attack plugin {path!r}); it defines: {', '.join(public)}"
             )
         obj = getattr(obj, part)
-    ifaces = "DataAttack, UpdateAttack or ColludingAttack (hospitrust.attacks.base)"
+    ifaces = "DataAttack, UpdateAttack or ColludingAttack (hospitrust.attacks.interfaces)"
     if inspect.isclass(obj):
-        if not issubclass(obj, B.INTERFACES):
+        if not issubclass(obj, INTERFACES):
             raise AttackError(f"plugin {path!r} is a class that implements none of {ifaces}")
         if inspect.isabstract(obj):
             missing = ", ".join(sorted(getattr(obj, "__abstractmethods__", ())))
             raise AttackError(f"plugin {path!r} is abstract: it does not implement {missing}")
         try:
-            attack = obj.from_settings(settings) if hasattr(obj, "from_settings") else obj()
+            attack = obj.from_options(options or obj.Options(), lambda name: build_attack(name))
         except Exception as exc:
             raise AttackError(f"cannot instantiate attack plugin {path!r}: {exc}") from exc
     elif callable(obj):
         try:
-            attack = obj(settings)
+            attack = obj()
         except Exception as exc:
             raise AttackError(f"attack plugin factory {path!r} failed: {exc}") from exc
-        if not isinstance(attack, B.INTERFACES):
+        if not isinstance(attack, INTERFACES):
             raise AttackError(f"attack plugin factory {path!r} returned {attack!r}, which implements none of {ifaces}")
     else:
         raise AttackError(f"plugin {path!r} is {type(obj).__name__}, not a class implementing {ifaces}")
     return attack
 
 
-def with_schedule(attack: B.Attack, settings: AttackSettings) -> B.Attack:
-    """Wrap ``attack`` in the schedule the settings ask for: OnOff (attack-on-rounds or
-    attack-period / attack-on-for), then DelayedStart (attack-start-round > 0)."""
-    if settings.on_rounds:
-        attack = B.OnOff(attack, rounds=settings.on_rounds)
-    elif settings.attack_period > 0:
-        attack = B.OnOff(attack, period=settings.attack_period, on_for=settings.attack_on_for)
-    if settings.attack_start_round > 0:
-        attack = B.DelayedStart(attack, start_round=settings.attack_start_round)
-    return attack
+def attack_class(name: str) -> type[Attack]:
+    try:
+        return ATTACKS[name]
+    except KeyError:
+        raise AttackError(
+            f"unknown attack {name!r}; allowed: none, {', '.join(ATTACKS)}, or 'package.module:ClassName'"
+        ) from None
 
 
-def build_attack(name: str, settings: AttackSettings | Mapping[str, Any] | None = None) -> B.Attack | None:
-    """Build attack ``name`` (registry name or ``"package.module:Name"`` plugin) with the
-    parameters and schedule in ``settings`` (an AttackSettings, a flat run config dict,
-    or None for defaults). Returns None for ``"none"``."""
-    if settings is None:
-        settings = AttackSettings()
-    elif not isinstance(settings, AttackSettings):
-        settings = AttackSettings.from_run_config(settings)
+def build_attack(name: str, sections: Mapping[str, Options] | None = None, *, schedule: bool = True) -> Attack | None:
+    """Attack ``name`` (registry name or ``"package.module:Name"`` plugin) with its options
+    (``sections[name]``, else its defaults), wrapped in the schedule of
+    ``sections["attack-schedule"]`` (when ``schedule``). None for ``"none"``.
+    """
+    sections = dict(sections or {})
     name = str(name).strip()
     if name == "none":
         return None
     if ":" in name:
-        attack = load_plugin(name, settings)
-    elif name in ATTACKS:
-        attack = ATTACKS[name](settings)
+        attack = load_plugin(name)
     else:
-        raise AttackError(
-            f"unknown attack {name!r}; allowed: none, {', '.join(sorted(ATTACKS))}, or 'package.module:ClassName'"
-        )
-    return with_schedule(attack, settings)
+        cls = attack_class(name)
+        options = sections.get(name) or cls.Options()
+        attack = cls.from_options(options, lambda other: _build_inner(other, sections))
+    if not schedule:
+        return attack
+    plan = sections.get(SCHEDULE_SECTION) or ScheduleOptions()
+    return with_schedule(attack, plan)  # type: ignore[arg-type]
 
 
-__all__ = ["ATTACKS", "AttackError", "KINDS", "build_attack", "load_plugin", "with_schedule"]
+def _build_inner(name: str, sections: Mapping[str, Options]) -> Attack:
+    cls = attack_class(name)
+    if cls.kind == "data" or name == "sybil":
+        allowed = sorted(n for n, c in ATTACKS.items() if c.kind != "data" and n != "sybil")
+        raise AttackError(f"sybil.base must be 'mean' or one of {', '.join(allowed)}, got {name!r}")
+    return cls.from_options(sections.get(name) or cls.Options(), lambda other: _build_inner(other, sections))
+
+
+Builder = Callable[[str], Attack]
+
+__all__ = ["ATTACKS", "AttackError", "SCHEDULE_SECTION", "attack_class", "build_attack", "load_plugin", "refresh"]

@@ -13,36 +13,38 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
 
-from hospitrust.attacks import build_attack, malicious_set
-from hospitrust.attacks.base import Attack, ColludingAttack, DataAttack, UpdateAttack, attack_update_stack
-from hospitrust.config import NodeConfig, RunConfig
+from hospitrust.attacks.apply import attack_update_stack
+from hospitrust.attacks.interfaces import Attack, ColludingAttack, DataAttack, UpdateAttack
+from hospitrust.attacks.registry import build_attack
+from hospitrust.attacks.selection import malicious_set
 
 
-def configured_attack(cfg: RunConfig) -> Attack | None:
-    """The run's attack with its schedule, or None."""
-    return build_attack(cfg.attacks.attack, cfg.attacks) if cfg.attacks.enabled else None
+def configured_attack(cfg: Any) -> Attack | None:
+    """The run's attack with its schedule, or None (``cfg``: a ``hospitrust.config.RunConfig``)."""
+    return build_attack(cfg.attack, cfg.attack_sections()) if cfg.attack_enabled else None
 
 
-def malicious_partitions(cfg: RunConfig, num_partitions: int) -> frozenset[int]:
-    if not cfg.attacks.enabled:
+def malicious_partitions(cfg: Any, num_partitions: int) -> frozenset[int]:
+    if not cfg.attack_enabled:
         return frozenset()
-    return malicious_set(num_partitions, cfg.attacks, cfg.seed)
+    return malicious_set(num_partitions, malicious_fraction=cfg.malicious_fraction,
+                         malicious_hospitals=cfg.malicious_hospitals, seed=cfg.seed)
 
 
-def is_malicious(cfg: RunConfig, node: NodeConfig) -> bool:
-    explicit = (node.model_extra or {}).get("malicious")
-    if explicit is not None:
-        return bool(explicit) and cfg.attacks.enabled
+def is_malicious(cfg: Any, node: Any) -> bool:
+    if node.malicious is not None:
+        return bool(node.malicious) and cfg.attack_enabled
     if node.partition_id is None or node.num_partitions is None:
         return False
     return int(node.partition_id) in malicious_partitions(cfg, int(node.num_partitions))
 
 
-def hospital_attack(cfg: RunConfig, node: NodeConfig) -> Attack | None:
+def hospital_attack(cfg: Any, node: Any) -> Attack | None:
     """The attack this hospital's ClientApp carries out itself (data or update), or None."""
     if not is_malicious(cfg, node):
         return None
@@ -50,15 +52,16 @@ def hospital_attack(cfg: RunConfig, node: NodeConfig) -> Attack | None:
     return attack if isinstance(attack, (DataAttack, UpdateAttack)) else None
 
 
-def ground_truth(cfg: RunConfig, partition_of: Mapping[str, int], num_partitions: int) -> dict[str, bool]:
-    """hospital name -> malicious, for the record (simulation: from partition ids)."""
+def ground_truth(cfg: Any, partition_of: Mapping[str, int], num_partitions: int) -> dict[str, bool]:
+    """Hospital name -> malicious, for the record (simulation: from partition ids)."""
     bad = malicious_partitions(cfg, num_partitions)
     return {name: pid in bad for name, pid in partition_of.items()}
 
 
 class ColludingAdversary:
     """The server-side simulation step: malicious rows of the update stack are replaced by
-    what the colluding attack crafts from the honest rows."""
+    what the colluding attack crafts from the honest rows.
+    """
 
     def __init__(self, attack: ColludingAttack, malicious_hospitals: set[str], seed: int) -> None:
         self.attack, self.malicious_hospitals, self.seed = attack, set(malicious_hospitals), seed
@@ -71,6 +74,6 @@ class ColludingAdversary:
         return attack_update_stack(self.attack, updates, rows, server_round=server_round, generator=generator)
 
 
-def data_rng(cfg: RunConfig, node: NodeConfig) -> np.random.Generator:
+def data_rng(cfg: Any, node: Any) -> np.random.Generator:
     """Fixed per hospital (not per round): a hospital's poisoned data stays the same all run."""
     return np.random.default_rng([cfg.seed, int(node.partition_id or 0), 0xDA7A])

@@ -37,7 +37,8 @@ from hospitrust.ops.simulate import (
 def run_inprocess_cell(run_config: dict[str, Any], hospitals: int, log: TextIO,
                        node_configs: list[dict[str, Any]] | None = None) -> None:
     """One cell in this (worker) process; the run's log lines (flwr logger, prints) go to ``log``.
-    ``node_configs``: one per hospital (default: partition i of ``hospitals``)."""
+    ``node_configs``: one per hospital (default: partition i of ``hospitals``).
+    """
     flwr_logger = logging.getLogger("flwr")
     handler = logging.StreamHandler(log)
     handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s: %(message)s"))
@@ -143,7 +144,8 @@ def run_simulation_cell(run_config: dict[str, Any], hospitals: int, log: TextIO,
 class LocalRayHead:
     """A Ray head on 127.0.0.1 started by us (``ray start --head --block`` in its own process group),
     for tests and single-machine use; ``stop()`` ends exactly that process group (never ``ray stop``,
-    which would end every Ray instance of the user)."""
+    which would end every Ray instance of the user).
+    """
 
     def __init__(self, num_cpus: int | None = None, timeout: float = 180.0) -> None:
         self.port = flwr.free_port()

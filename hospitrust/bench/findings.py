@@ -37,7 +37,7 @@ def regime(frame: pd.DataFrame) -> pd.Series:
     def one(row) -> str:
         part = row.get("partitioner", "dirichlet")
         if part == "dirichlet":
-            return f"dir{float(row.get('dirichlet-alpha', 0.5)):g}"
+            return f"dir{float(row.get('dirichlet.alpha', 0.5)):g}"
         return str(part)
 
     return frame.apply(one, axis=1)

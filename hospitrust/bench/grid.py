@@ -19,13 +19,18 @@
     seed = [1, 2]
     heterogeneity = [              # an axis of tables sets several keys at once; `label` names it
         { label = "iid", partitioner = "iid" },
-        { label = "dir0.1", partitioner = "dirichlet", dirichlet-alpha = 0.1 },
+        { label = "dir0.1", partitioner = "dirichlet", "dirichlet.alpha" = 0.1 },
     ]
 
     [[when]]                       # applied to every cell in order, after the axes
     if = { attack = "none" }       # a list value means any of
     set = { malicious-fraction = 0.0 }
     # skip = true                  # or drop the matching cells
+
+A component's options are written with their section (``hta.exclusion-mads = 1.0``, or quoted
+as one key); a cell keeps only the keys of the components it selects, so ``[base]`` can hold the
+options of every rule of a strategy axis. Old flat keys (``hta-lambda``) are translated with a
+deprecation line.
 
 A cell's name is ``key=value`` for every axis, joined by ``__`` (values as resolved after the
 ``when`` rules, table axes by their label); cells that resolve to the same name must have the
@@ -40,11 +45,17 @@ import itertools
 import json
 import math
 import re
+import sys
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hospitrust.config import ConfigError, legacy, parse_run_config
+from hospitrust.config.run import restrict_to_active
+from hospitrust.errors import did_you_mean
+from hospitrust.ops.simulate import app_config_defaults, flatten_sections
 
 BACKENDS = ("inprocess", "simulation")
 GRID_KEYS = {"name", "description", "backend", "workers", "hospitals", "metric", "baseline", "keep-models", "timeout",
@@ -158,11 +169,11 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
         raise GridError(f"[grid] workers = {workers!r}: must be an integer >= 1")
     default_hospitals = meta.get("hospitals", 10)
 
-    from hospitrust.ops.simulate import app_config_defaults
-
     defaults = app_config_defaults(app_dir)
-    base = dict(data.get("base", {}))
-    axes_raw = dict(data.get("axes", {}))
+    # a dotted key (hta.exclusion-mads = 1.0) is a nested table in TOML: flatten it as Flower does
+    base = _translated(flatten_sections(dict(data.get("base", {}))), "[base]")
+    axes_raw = {k: ([flatten_sections(v) if isinstance(v, dict) else v for v in vals] if isinstance(vals, list) else vals)
+                for k, vals in flatten_sections(dict(data.get("axes", {}))).items()}
     for key, values in axes_raw.items():
         if not isinstance(values, list) or not values:
             raise GridError(f"[axes] {key} must be a non-empty list, got {values!r}")
@@ -174,7 +185,7 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
                 raise GridError(f"[axes] {key}: every table needs a `label` (a short name for the cell names)")
             if len(set(labels)) != len(labels):
                 raise GridError(f"[axes] {key}: labels repeat: {labels}")
-        elif key not in defaults and key not in AXIS_ONLY_KEYS:
+        elif key not in defaults and key not in AXIS_ONLY_KEYS and not legacy.new_names(key):
             raise GridError(_unknown_key_message(f"[axes] {key}", key, defaults))
     for key in base:
         if key not in defaults:
@@ -186,6 +197,9 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
         extra = sorted(set(rule) - {"if", "set", "skip"})
         if extra or "if" not in rule or not ({"set", "skip"} & set(rule)):
             raise GridError(f"[[when]] #{i + 1}: needs `if` and `set` or `skip` (got keys {sorted(rule)})")
+        rule["if"] = flatten_sections(dict(rule["if"]))
+        if "set" in rule:
+            rule["set"] = flatten_sections(dict(rule["set"]))
 
     grid = Grid(
         name=str(meta.get("name", path.stem if path else "grid")), path=path, backend=backend, workers=workers,
@@ -210,7 +224,7 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
                         continue
                     if k == "hospitals":
                         hospitals = v
-                    elif k not in defaults:
+                    elif k not in defaults and not legacy.new_names(k):
                         errors.append(_unknown_key_message(f"[axes] {key} ({value['label']})", k, defaults))
                     else:
                         config[k] = v
@@ -220,7 +234,7 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
                 config[key] = value
         skip = False
         for rule in rules:
-            view = {**config, **labels, "hospitals": hospitals}
+            view = {**legacy.translate(config)[0], **config, **labels, "hospitals": hospitals}
             if _matches(rule["if"], view):
                 if rule.get("skip"):
                     skip = True
@@ -228,7 +242,7 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
                 for k, v in rule.get("set", {}).items():
                     if k == "hospitals":
                         hospitals = v
-                    elif k not in defaults:
+                    elif k not in defaults and not legacy.new_names(k):
                         errors.append(_unknown_key_message("[[when]] set", k, defaults))
                     else:
                         config[k] = v
@@ -242,6 +256,9 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
             config["assumed-malicious"] = max(1, round(float(config.get("malicious-fraction", 0.0)) * hospitals))
         axis_values = {k: labels.get(k, hospitals if k == "hospitals" else config.get(k)) for k in keys}
         name = cell_name(axis_values)
+        # old flat keys under their new names (the cell's own selection decides the shared ones), and a
+        # shared key of a component this cell does not select left out of its config
+        config = restrict_to_active(_translated(config, f"cell {name}", quiet=True))
         config["run-name"] = name
         cell = Cell(name=name, axes=axis_values, run_config=config, hospitals=hospitals)
         if name in seen:
@@ -262,10 +279,17 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
     return grid
 
 
+def _translated(values: dict[str, Any], where: str, quiet: bool = False) -> dict[str, Any]:
+    """Old flat keys under their new names; one line per old key in a grid file."""
+    out, notes = legacy.translate(values)
+    if not quiet:
+        for note in notes:
+            print(f"hospitrust bench: {where}: {note}", file=sys.stderr)
+    return out
+
+
 def validate_cells(cells: list[Cell]) -> list[str]:
     """Every cell's run config through parse_run_config (and the hospital count against it)."""
-    from hospitrust.config import ConfigError, parse_run_config
-
     errors = []
     for cell in cells:
         try:
@@ -279,11 +303,7 @@ def validate_cells(cells: list[Cell]) -> list[str]:
 
 
 def _unknown_key_message(where: str, key: str, defaults: Mapping[str, Any]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(key, list(defaults) + ["hospitals"], n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"{where}: unknown run config key {key!r}{hint}"
+    return f"{where}: unknown run config key {key!r}{did_you_mean(key, [*defaults, 'hospitals'])}"
 
 
 def grid_fingerprint(grid: Grid) -> str:

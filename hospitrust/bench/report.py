@@ -30,8 +30,8 @@ from pathlib import Path
 import pandas as pd
 
 from hospitrust.bench.store import collect, overhead_table
+from hospitrust.config.sections import is_hyperparameter
 
-HYPER_PREFIXES = ("hta-", "fedagain-", "earn-", "clipping-", "multi-krum-m", "proximal-mu", "fbd-", "contribution-score")
 NOT_SCENARIO = {"cell", "strategy", "attack", "malicious-fraction", "seed", "assumed-malicious", "run-name", "status"}
 METRIC_NAMES = {"balanced_accuracy": "balanced accuracy", "accuracy": "accuracy", "auc": "AUC", "macro_f1": "macro-F1",
                 "worst_class_recall": "worst-class recall", "rare_class_macro_f1": "rare-class macro-F1"}
@@ -88,7 +88,7 @@ class ReportData:
         axes = list(self.meta.get("axes", {})) or [c for c in config_cols if self.done[c].nunique(dropna=False) > 1]
         if "hospitals" in config_cols and self.done["hospitals"].nunique() > 1 and "hospitals" not in axes:
             axes.append("hospitals")
-        self.hyper_cols = [c for c in axes if c.startswith(HYPER_PREFIXES)]
+        self.hyper_cols = [c for c in axes if is_hyperparameter(c)]  # a rule's options: variants of the rule
         self.scenario_cols = [c for c in axes if c not in NOT_SCENARIO and c not in self.hyper_cols
                               and c in self.done.columns and self.done[c].nunique(dropna=False) > 1]
         for frame in (self.done, self.rounds):

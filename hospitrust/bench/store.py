@@ -9,7 +9,7 @@ Written from the run directories (never appended to, so a resumed grid cannot du
 
 Config columns: the grid's axes (a table axis by its label), ``hospitals``, and every run config
 key whose value differs between cells, plus strategy, attack, malicious-fraction, seed,
-dataset, partitioner and dirichlet-alpha always. Works on a grid directory written by
+dataset, partitioner and dirichlet.alpha always (old flat keys read under their new names). Works on a grid directory written by
 ``hospitrust bench`` (``cells/<cell>/``) and on a folder of run directories (e.g. the output of
 ``benchmarks/attack_matrix.py``).
 """
@@ -25,8 +25,9 @@ from typing import Any
 import pandas as pd
 
 from hospitrust.bench.events import read_events
+from hospitrust.config import legacy
 
-ALWAYS = ("strategy", "attack", "malicious-fraction", "seed", "dataset", "partitioner", "dirichlet-alpha",
+ALWAYS = ("strategy", "attack", "malicious-fraction", "seed", "dataset", "partitioner", "dirichlet.alpha",
           "num-server-rounds")
 NOT_CONFIG = {"run-name", "output-dir", "data-dir", "data-dir-resolved", "resume-from", "server-device", "class-names",
               "hospitals", "reference-cohort-size"}
@@ -73,7 +74,7 @@ def collect(grid_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
     configs: dict[str, dict[str, Any]] = {}
     dirs = {p.name: p for p in cell_dirs(grid_dir)}
     for name, path in dirs.items():
-        cfg = json.loads((path / "config.json").read_text())
+        cfg, _ = legacy.translate(json.loads((path / "config.json").read_text()))  # a 0.1 run: old flat keys
         configs[name] = cfg
     # cells named in grid.json that never started (or failed before writing config.json)
     names = list(dict.fromkeys([*axes_by_cell, *dirs]))

@@ -37,8 +37,8 @@ def describe(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"info": record}), reply_to=msg)
 
 
-# SecAgg+ train messages (secure-aggregation) go through Flower's secaggplus_mod; with
-# contribution-scoring the hospital keeps M0 and its sent model to evaluate counterfactuals later
+# SecAgg+ train messages (secagg.enabled) go through Flower's secaggplus_mod; with
+# contribution-scoring.enabled the hospital keeps M0 and its sent model to evaluate counterfactuals later
 @app.train(mods=[secure_train_mod, remember_round_mod])
 def train_handler(msg: Message, context: Context) -> Message:
     return local_training_step(msg, context, hospital_context(context))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,10 +12,11 @@ from flwr.app import Context, Message
 
 from hospitrust import metrics
 from hospitrust.config import NodeConfig, RunConfig, parse_node_config, parse_run_config
-from hospitrust.datasets import load_hospital
 from hospitrust.datasets.base import DatasetInfo
+from hospitrust.datasets.federation import HospitalData, LabelledImages, simulated_hospital
+from hospitrust.datasets.image_folder import load_image_folder
+from hospitrust.datasets.partitioners import split_train_val
 from hospitrust.datasets.registry import dataset_info
-from hospitrust.datasets.federation import HospitalData
 from hospitrust.models import build_model
 from hospitrust.models.training import predict_proba
 
@@ -35,6 +38,26 @@ class HospitalContext:
 
     def new_model(self) -> torch.nn.Module:
         return build_model(self.cfg.model, self.info.in_channels, self.info.num_classes, self.cfg.image_size)
+
+
+@functools.lru_cache(maxsize=4)
+def load_hospital(cfg: RunConfig, node: NodeConfig) -> HospitalData:
+    """This node's local data: its own image folders (``data-path``) or its simulated share."""
+    if node.data_path:
+        info = dataset_info(cfg.dataset)
+        images, labels = load_image_folder(node.data_path, info, cfg.image_size)
+        # the local split is seeded by the hospital's name, so it is stable across messages
+        name_seed = zlib.crc32(node.hospital_name.encode())
+        train_idx, val_idx = split_train_val(np.arange(labels.size), cfg.val_fraction, seed=cfg.seed * 1000 + name_seed)
+        return HospitalData(
+            node.hospital_name,
+            LabelledImages(images[train_idx], labels[train_idx]),
+            LabelledImages(images[val_idx], labels[val_idx]),
+        )
+    data = simulated_hospital(cfg.federation, int(node.partition_id), int(node.num_partitions))
+    if node.hospital:
+        data = HospitalData(node.hospital_name, data.train, data.val)
+    return data
 
 
 def hospital_context(context: Context) -> HospitalContext:

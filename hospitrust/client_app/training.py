@@ -1,23 +1,25 @@
 """A hospital's local training step: poison its data if it is a simulated attacker, train,
-rewrite its update if it is one, and report what the server needs."""
+rewrite its update if it is one, and report what the server needs.
+"""
 
 from __future__ import annotations
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from hospitrust.attacks.base import DataAttack, UpdateAttack, attack_state_dict
+from hospitrust.attacks.apply import attack_state_dict
+from hospitrust.attacks.interfaces import DataAttack, UpdateAttack
 from hospitrust.attacks.threat_model import data_rng, hospital_attack
 from hospitrust.client_app.context import HospitalContext, local_report
-from hospitrust.config import RunConfig
 from hospitrust.datasets.federation import LabelledImages
-from hospitrust.models.training import balanced_class_weights, class_weights_from_counts, pick_device, seed_everything, train
+from hospitrust.models.training import TrainOptions, balanced_class_weights, class_weights_from_counts, pick_device, seed_everything, train
 
 
-def loss_class_weights(cfg: RunConfig, server_cfg: ConfigRecord, train_labels, num_classes: int) -> torch.Tensor | None:
+def loss_class_weights(options: TrainOptions, server_cfg: ConfigRecord, train_labels, num_classes: int) -> torch.Tensor | None:
     """The loss's class weights: none, the hospital's own 'balanced' weights, or, when the
-    server sends the federation's class totals (class-weights-from = federation), from those."""
-    if not cfg.class_weighted_loss:
+    server sends the federation's class totals (train.class-weights-from = federation), from those.
+    """
+    if not options.class_weighted_loss:
         return None
     totals = server_cfg.get("federation-class-counts")
     if totals is None:
@@ -27,7 +29,8 @@ def loss_class_weights(cfg: RunConfig, server_cfg: ConfigRecord, train_labels, n
 
 def local_training_step(msg: Message, context: Context, hospital: HospitalContext) -> Message:
     """Train the global model in ``msg`` on this hospital's data; the reply carries the new
-    model and its metrics (num-examples, train loss, FedAgain's benchmark error, class counts)."""
+    model and its metrics (num-examples, train loss, FedAgain's benchmark error, class counts).
+    """
     cfg, node, info, data = hospital.cfg, hospital.node, hospital.info, hospital.data
     server_cfg = msg.content["config"]
     server_round = int(server_cfg.get("server-round", 0))
@@ -54,13 +57,13 @@ def local_training_step(msg: Message, context: Context, hospital: HospitalContex
         epochs=int(server_cfg.get("local-epochs", cfg.local_epochs)),
         batch_size=int(server_cfg.get("batch-size", cfg.batch_size)),
         learning_rate=float(server_cfg.get("learning-rate", cfg.learning_rate)),
-        optimizer=cfg.optimizer,
-        momentum=cfg.momentum,
-        weight_decay=cfg.weight_decay,
+        optimizer=cfg.train.optimizer,
+        momentum=cfg.train.momentum,
+        weight_decay=cfg.train.weight_decay,
         proximal_mu=float(server_cfg.get("proximal-mu", 0.0)),  # only fedprox sends it
         device=device,
-        class_weights=loss_class_weights(cfg, server_cfg, train_labels, info.num_classes),
-        missing_class_scale=cfg.fedrs_alpha,
+        class_weights=loss_class_weights(cfg.train, server_cfg, train_labels, info.num_classes),
+        missing_class_scale=cfg.train.fedrs_alpha,
     )
     rounds_trained = int(context.state["hospital"]["rounds-trained"]) + 1 if "hospital" in context.state else 1
     context.state["hospital"] = MetricRecord({"rounds-trained": rounds_trained})

@@ -4,7 +4,7 @@
 ``interface``  the narrow interface scoring sees (aggregates and reported scalars) and the ledger
 ``client``     a hospital's own evaluations of models it can build (and the ClientApp mods)
 ``federation`` the server's side in a Flower round
-``settings``   cross-checks of the contribution and secure-aggregation run config keys
+``options``    the contribution-scoring section and its checks against the rest of the run config
 """
 
 from hospitrust.contribution.scores import (

@@ -63,7 +63,7 @@ def counterfactual_states(
 
 
 def utility(report: dict, name: str) -> float:
-    """v of a classification report: balanced accuracy or negative cross-entropy."""
+    """V of a classification report: balanced accuracy or negative cross-entropy."""
     if name == "balanced-accuracy":
         return float(report["balanced_accuracy"])
     if name == "neg-loss":
@@ -86,8 +86,8 @@ def hospital_report(evaluate_state, global_state, sent_state, new_state, weight:
 
 
 def _selfish_inflation(cfg, node) -> float:
-    ids = [s.strip() for s in cfg.contribution_selfish_hospitals.split(",") if s.strip()]
-    return cfg.contribution_selfish_inflation if node.partition_id is not None and str(node.partition_id) in ids else 0.0
+    ids = [s.strip() for s in cfg.contribution_scoring.selfish_hospitals.split(",") if s.strip()]
+    return cfg.contribution_scoring.selfish_inflation if node.partition_id is not None and str(node.partition_id) in ids else 0.0
 
 
 def inflate(report: dict[str, float], amount: float) -> dict[str, float]:
@@ -101,7 +101,7 @@ def inflate(report: dict[str, float], amount: float) -> dict[str, float]:
 def remember_round_mod(msg: Message, context: Context, call_next) -> Message:
     """On train: keep M0 and the model actually sent back (after any simulated attack)."""
     reply = call_next(msg, context)
-    if not parse_run_config(context.run_config).contribution_scoring or reply.has_error():
+    if not parse_run_config(context.run_config).contribution_scoring.enabled or reply.has_error():
         return reply
     if "arrays" not in msg.content.array_records or "arrays" not in reply.content.array_records:
         return reply
@@ -134,7 +134,7 @@ def contribution_evaluate_mod(msg: Message, context: Context, call_next) -> Mess
     def evaluate_state(state):
         model.load_state_dict(state, strict=True)
         probs = predict_proba(model, val.images, device=device)
-        return utility(metrics.classification_report(val.labels, probs, info.num_classes), cfg.contribution_utility)
+        return utility(metrics.classification_report(val.labels, probs, info.num_classes), cfg.contribution_scoring.utility)
 
     report = hospital_report(
         evaluate_state,

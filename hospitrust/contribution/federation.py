@@ -29,7 +29,7 @@ from hospitrust.contribution.interface import (
 
 
 def round_weights(clients: Iterable[Mapping[str, Any]]) -> dict[int, float]:
-    """node id -> aggregation weight of the hospitals whose update is in this round's aggregate."""
+    """Node id -> aggregation weight of the hospitals whose update is in this round's aggregate."""
     return {
         int(c["node_id"]): float(c["weight"])
         for c in clients
@@ -86,14 +86,16 @@ class ContributionTracker:
 
     def ask(self, server_round: int, record, messages: Iterable[Message]) -> list[Message]:
         """The round's evaluate messages, with each hospital in the aggregate told its weight.
-        ``record`` is the strategy's RoundRecord (``clients``, ``kept_previous_model``)."""
+        ``record`` is the strategy's RoundRecord (``clients``, ``kept_previous_model``).
+        """
         weights = {} if record.kept_previous_model else round_weights(record.clients)
         self.weights[server_round] = weights
         return with_weights(messages, weights)
 
     def score(self, server_round: int, replies: Iterable[Message], strategy=None) -> dict[str, Any]:
         """The round's record for rounds.jsonl: scores per hospital, left-out reports with
-        reasons. A strategy with ``update_scores`` (contribution) gets the new totals."""
+        reasons. A strategy with ``update_scores`` (contribution) gets the new totals.
+        """
         record = self._score(server_round, self.weights.pop(server_round, {}), replies)
         if strategy is not None and hasattr(strategy, "update_scores"):
             strategy.update_scores(self.ledger.totals())

@@ -185,7 +185,7 @@ def _n_from_table(values: np.ndarray) -> int:
 def shapley_exact(values) -> np.ndarray:
     """Exact Shapley value from the ``2^n`` table of ``v(S)`` (bitmask-indexed)::
 
-        phi_i = sum_{S not containing i} |S|! (n - |S| - 1)! / n! * (v(S + i) - v(S))
+    phi_i = sum_{S not containing i} |S|! (n - |S| - 1)! / n! * (v(S + i) - v(S))
     """
     values = np.asarray(values, dtype=np.float64).reshape(-1)
     n = _n_from_table(values)
@@ -216,7 +216,8 @@ def multi_round_shapley(per_round: Sequence[Sequence[float]], round_weights: Seq
     """Multi-round Shapley: the (optionally weighted) sum over rounds of each round's exact
     Shapley value (the per-round reconstruction of Song et al., "Profit allocation for
     federated learning", IEEE BigData 2019). Rows are rounds, columns hospitals (a hospital
-    absent from a round scores 0 there)."""
+    absent from a round scores 0 there).
+    """
     table = np.asarray(per_round, dtype=np.float64)
     if table.ndim != 2:
         raise ValueError(f"per-round Shapley values must be a (rounds, hospitals) table, got shape {table.shape}")

@@ -6,6 +6,7 @@ themselves in ``hospitrust.datasets.registry``.
 from __future__ import annotations
 
 import abc
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -41,6 +42,12 @@ class DatasetArrays:
     labels: dict[str, np.ndarray]
 
 
+def first_sentence(exc: BaseException, limit: int = 120) -> str:
+    """An exception's first sentence on one line: why a download failed, without the library's manual."""
+    text = " ".join(str(exc).split())
+    return (re.split(r"(?<=[.!?])\s", text)[0][:limit] if text else "") or type(exc).__name__
+
+
 def default_root() -> Path:
     """Where datasets are looked for when neither data-dir nor $HOSPITRUST_DATA_DIR is set: medmnist's default."""
     from medmnist.info import DEFAULT_ROOT
@@ -50,7 +57,8 @@ def default_root() -> Path:
 
 class DatasetSource(abc.ABC):
     """A family of labelled image datasets (MedMNIST, torchvision's): which flags it serves,
-    at which image sizes, what each is, and its three splits (train, val, test) as arrays."""
+    at which image sizes, what each is, and its three splits (train, val, test) as arrays.
+    """
 
     name: ClassVar[str]  # registry name
     title: ClassVar[str]  # how messages name it
@@ -68,6 +76,11 @@ class DatasetSource(abc.ABC):
         """What ``flag`` is."""
 
     @abc.abstractmethod
+    def ensure(self, flag: str, size: int, root: Path | None) -> None:
+        """Fetch the files when missing and a network allows; DataMissingError otherwise."""
+
+    @abc.abstractmethod
     def load(self, flag: str, size: int, root: Path | None) -> DatasetArrays:
         """The three splits, found under ``root`` (default: :func:`default_root`) or downloaded;
-        raises DataMissingError naming the missing file and how to get it."""
+        raises DataMissingError naming the missing file and how to get it.
+        """

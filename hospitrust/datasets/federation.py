@@ -10,18 +10,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from hospitrust.config import RunConfig
 from hospitrust.datasets.base import DatasetArrays
 from hospitrust.datasets.registry import load_dataset
-from hospitrust.datasets.partitioners import (
-    PARTITIONERS,
-    parse_specialist_classes,
-    reference_cohort,
-    split_train_val,
-)
+from hospitrust.datasets.partitioners import Partitioner, reference_cohort, split_train_val
 
 
 @dataclass(frozen=True)
@@ -45,9 +40,30 @@ class HospitalData:
     val: LabelledImages
 
 
-def load_arrays(cfg: RunConfig) -> DatasetArrays:
-    """The configured dataset's three splits, from its source (MedMNIST, torchvision)."""
-    return load_dataset(cfg.dataset, cfg.image_size, cfg.resolved_data_dir())
+@dataclass(frozen=True)
+class SimulatedFederation:
+    """What the data side of a simulated federation depends on (and nothing else of the run config)."""
+
+    dataset: str
+    image_size: int
+    data_dir: Path | None
+    partitioner: Partitioner
+    train_subsample: float
+    val_fraction: float
+    seed: int
+    reference_cohort_per_class: int
+
+    def __hash__(self) -> int:  # the partitioner is identified by its name and (frozen) options
+        return hash((self.dataset, self.image_size, self.data_dir, self.partitioner.name, self.partitioner.options,
+                     self.train_subsample, self.val_fraction, self.seed, self.reference_cohort_per_class))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SimulatedFederation) and hash(self) == hash(other)
+
+
+def load_arrays(fed: SimulatedFederation) -> DatasetArrays:
+    """The federation's dataset, three splits, from its source (MedMNIST, torchvision)."""
+    return load_dataset(fed.dataset, fed.image_size, fed.data_dir)
 
 
 def _stratified_subsample(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
@@ -63,44 +79,30 @@ def _stratified_subsample(labels: np.ndarray, fraction: float, seed: int) -> np.
     return np.sort(np.concatenate(keep)).astype(np.int64)
 
 
-def partitioner_params(cfg: RunConfig) -> dict:
-    """The keyword arguments of the configured partitioner."""
-    name = cfg.partitioner
-    if name == "dirichlet":
-        return {"alpha": cfg.dirichlet_alpha}
-    if name == "quantity-skew":
-        return {"alpha": cfg.quantity_skew_alpha}
-    if name == "pathological":
-        return {"classes_per_hospital": cfg.classes_per_hospital}
-    if name == "specialist":
-        return {"specialist_classes": parse_specialist_classes(cfg.specialist_classes), "alpha": cfg.dirichlet_alpha}
-    return {}
-
-
 @functools.lru_cache(maxsize=8)
-def _partitions_cached(cfg: RunConfig, num_hospitals: int) -> tuple[np.ndarray, ...]:
-    arrays = load_arrays(cfg)
+def _partitions_cached(fed: SimulatedFederation, num_hospitals: int) -> tuple[np.ndarray, ...]:
+    arrays = load_arrays(fed)
     labels = arrays.labels["train"]
-    pool = _stratified_subsample(labels, cfg.train_subsample, cfg.seed)
+    pool = _stratified_subsample(labels, fed.train_subsample, fed.seed)
     if num_hospitals > pool.size:
         raise ValueError(
             f"{num_hospitals} hospitals but only {pool.size} training samples "
-            f"(dataset {cfg.dataset}, train-subsample {cfg.train_subsample}); use fewer hospitals or more data"
+            f"(dataset {fed.dataset}, train-subsample {fed.train_subsample}); use fewer hospitals or more data"
         )
-    parts = PARTITIONERS[cfg.partitioner](labels[pool], num_hospitals, seed=cfg.seed, **partitioner_params(cfg))
+    parts = fed.partitioner.split(labels[pool], num_hospitals, seed=fed.seed)
     return tuple(pool[p] for p in parts)
 
 
-def partitions(cfg: RunConfig, num_hospitals: int) -> list[np.ndarray]:
+def partitions(fed: SimulatedFederation, num_hospitals: int) -> list[np.ndarray]:
     """Per hospital, indices into the training split (cached per process)."""
-    return list(_partitions_cached(cfg, num_hospitals))
+    return list(_partitions_cached(fed, num_hospitals))
 
 
-def simulated_hospital(cfg: RunConfig, partition_id: int, num_partitions: int) -> HospitalData:
+def simulated_hospital(fed: SimulatedFederation, partition_id: int, num_partitions: int) -> HospitalData:
     """A simulated hospital's local train and validation sets."""
-    arrays = load_arrays(cfg)
-    share = partitions(cfg, num_partitions)[partition_id]
-    train_idx, val_idx = split_train_val(share, cfg.val_fraction, seed=cfg.seed * 1000 + partition_id)
+    arrays = load_arrays(fed)
+    share = partitions(fed, num_partitions)[partition_id]
+    train_idx, val_idx = split_train_val(share, fed.val_fraction, seed=fed.seed * 1000 + partition_id)
     x, y = arrays.images["train"], arrays.labels["train"]
     return HospitalData(
         name=f"hospital-{partition_id}",
@@ -109,13 +111,14 @@ def simulated_hospital(cfg: RunConfig, partition_id: int, num_partitions: int) -
     )
 
 
-def test_set(cfg: RunConfig) -> LabelledImages:
-    arrays = load_arrays(cfg)
+def test_set(fed: SimulatedFederation) -> LabelledImages:
+    """The server's test split (central evaluation)."""
+    arrays = load_arrays(fed)
     return LabelledImages(arrays.images["test"], arrays.labels["test"])
 
 
-def reference_set(cfg: RunConfig) -> LabelledImages:
+def reference_set(fed: SimulatedFederation) -> LabelledImages:
     """The server's reference cohort: class-balanced, from the val split (no hospital holds it)."""
-    arrays = load_arrays(cfg)
-    idx = reference_cohort(arrays.labels["val"], cfg.reference_cohort_per_class, seed=cfg.seed)
+    arrays = load_arrays(fed)
+    idx = reference_cohort(arrays.labels["val"], fed.reference_cohort_per_class, seed=fed.seed)
     return LabelledImages(arrays.images["val"][idx], arrays.labels["val"][idx])

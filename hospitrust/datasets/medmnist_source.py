@@ -13,7 +13,9 @@ from typing import ClassVar
 import numpy as np
 
 
-from hospitrust.datasets.base import SPLITS, DataMissingError, DatasetArrays, DatasetInfo, DatasetSource, default_root
+from hospitrust.datasets.base import (
+    SPLITS, DataMissingError, DatasetArrays, DatasetInfo, DatasetSource, default_root, first_sentence,
+)
 
 @functools.cache
 def _info() -> dict:
@@ -24,7 +26,8 @@ def _info() -> dict:
 
 def available_flags() -> tuple[str, ...]:
     """MedMNIST 2D single-label flags (multi-label ChestMNIST and the 3D sets are left out:
-    the models here are single-label 2D classifiers)."""
+    the models here are single-label 2D classifiers).
+    """
     return tuple(
         sorted(
             flag
@@ -69,12 +72,12 @@ def dataset_path(flag: str, size: int, root: Path | None) -> Path:
         dataset_cls(split="train", root=str(folder), download=True, size=size)
     except Exception as exc:  # no network, read-only folder, bad size, ...
         url = info.get(f"url_{size}") or info.get("url", "https://zenodo.org/records/10519652")
+        why = first_sentence(exc)
         raise DataMissingError(
-            f"dataset file {path.name!r} is not in {folder} and could not be downloaded ({type(exc).__name__}: {exc}).\n"
-            f"  Get it on a machine with network: `python -m medmnist download` or "
-            f"`python -c \"import medmnist; medmnist.{info['python_class']}(split='train', root='{folder}', "
-            f"download=True, size={size})\"`, or download {url} ,\n"
-            f"  then copy it to {folder} (or point run config data-dir / $HOSPITRUST_DATA_DIR at the folder that holds it)."
+            f"the dataset file {path.name} is not in {folder} and could not be downloaded ({why}). "
+            f"On a machine with network, download {url} (or run `python -m medmnist download`), copy the file into a "
+            f"folder, and point $HOSPITRUST_DATA_DIR (or run config data-dir) at that folder: e.g. "
+            f"HOSPITRUST_DATA_DIR=/path/to/medmnist hospitrust simulate."
         ) from exc
     if not path.is_file():
         raise DataMissingError(f"medmnist reported a download but {path} does not exist")
@@ -115,6 +118,9 @@ class MedMNISTSource(DatasetSource):
 
     def info(self, flag: str) -> DatasetInfo:
         return medmnist_info(flag)
+
+    def ensure(self, flag: str, size: int, root: Path | None) -> None:
+        dataset_path(flag, size, root)
 
     def load(self, flag: str, size: int, root: Path | None) -> DatasetArrays:
         return load_medmnist(flag, size, str(root) if root else None)

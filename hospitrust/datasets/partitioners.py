@@ -42,12 +42,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
+from pydantic import Field, field_validator
+
+from hospitrust.options import NoOptions, Options
 
 __all__ = [
     "PARTITIONERS",
+    "Partitioner",
     "iid",
     "dirichlet",
     "quantity_skew",
@@ -64,7 +68,6 @@ __all__ = [
 #: Default number of Dirichlet redraws before :func:`dirichlet` / :func:`specialist` give up.
 DEFAULT_MAX_ATTEMPTS = 1000
 
-Partitioner = Callable[..., list[np.ndarray]]
 
 
 # --------------------------------------------------------------------------- #
@@ -553,22 +556,132 @@ def parse_specialist_classes(text: str) -> dict[int, list[int]]:
     return result
 
 
-#: Partitioners by run-config name.
-PARTITIONERS: dict[str, Partitioner] = {
-    "iid": iid,
-    "dirichlet": dirichlet,
-    "quantity-skew": quantity_skew,
-    "pathological": pathological,
-    "specialist": specialist,
+# --------------------------------------------------------------------------- #
+# the registry: each partitioner a class with its options (its run-config section)
+# --------------------------------------------------------------------------- #
+class Partitioner:
+    """How a labelled training split is divided over simulated hospitals: a registry ``name``,
+    its ``Options`` (the ``[tool.flwr.app.config.<name>]`` section) and ``split``.
+    """
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type[Options]] = NoOptions
+
+    def __init__(self, options: Options | None = None) -> None:
+        self.options = options if options is not None else self.Options()
+
+    @classmethod
+    def check_run_config(cls, cfg: Any) -> None:
+        """Checks of this partitioner's section when it is the selected one (ValueError naming the key)."""
+
+    def split(self, labels: np.ndarray, num_hospitals: int, *, seed: int, min_size: int = 1) -> list[np.ndarray]:
+        raise NotImplementedError
+
+
+class IIDPartitioner(Partitioner):
+    """Uniformly random near-equal shares (:func:`iid`)."""
+
+    name = "iid"
+
+    def split(self, labels, num_hospitals, *, seed, min_size=1):
+        return iid(labels, num_hospitals, seed=seed, min_size=min_size)
+
+
+class AlphaOptions(Options):
+    alpha: float = Field(0.5, gt=0.0, description=(
+        "Dirichlet concentration of each class over the hospitals (smaller: more skewed)."
+    ))
+
+
+class DirichletPartitioner(Partitioner):
+    """Label skew: per class, hospital shares ~ Dir(alpha) (:func:`dirichlet`)."""
+
+    name = "dirichlet"
+    Options = AlphaOptions
+
+    def split(self, labels, num_hospitals, *, seed, min_size=1):
+        return dirichlet(labels, num_hospitals, seed=seed, alpha=self.options.alpha, min_size=min_size)
+
+
+class QuantitySkewOptions(Options):
+    alpha: float = Field(1.0, gt=0.0, description=(
+        "Dirichlet concentration of the hospitals' sizes (labels IID within each)."
+    ))
+
+
+class QuantitySkewPartitioner(Partitioner):
+    """Size skew: hospital sizes ~ Dir(alpha), labels IID within each (:func:`quantity_skew`)."""
+
+    name = "quantity-skew"
+    Options = QuantitySkewOptions
+
+    def split(self, labels, num_hospitals, *, seed, min_size=1):
+        return quantity_skew(labels, num_hospitals, seed=seed, alpha=self.options.alpha, min_size=min_size)
+
+
+class PathologicalOptions(Options):
+    classes_per_hospital: int = Field(1, ge=1, description="The number of classes each hospital holds.")
+
+
+class PathologicalPartitioner(Partitioner):
+    """Each hospital holds exactly k classes (:func:`pathological`)."""
+
+    name = "pathological"
+    Options = PathologicalOptions
+
+    def split(self, labels, num_hospitals, *, seed, min_size=1):
+        return pathological(labels, num_hospitals, seed=seed, classes_per_hospital=self.options.classes_per_hospital,
+                            min_size=min_size)
+
+
+class SpecialistOptions(Options):
+    classes: str = Field("", description=(
+        "'class:hospital[,hospital];...': each class held only by those hospitals, e.g. '4:0' (class 4 only "
+        "at hospital 0)."
+    ))
+    alpha: float = Field(0.5, gt=0.0, description="Dirichlet concentration of the other classes over all hospitals.")
+
+    @field_validator("classes")
+    @classmethod
+    def _classes(cls, v: str) -> str:
+        if v.strip():
+            parse_specialist_classes(v)  # raises ValueError with the reason
+        return v
+
+
+class SpecialistPartitioner(Partitioner):
+    """Some classes only at named specialist hospitals, the rest Dirichlet-split (:func:`specialist`)."""
+
+    name = "specialist"
+    Options = SpecialistOptions
+
+    @classmethod
+    def check_run_config(cls, cfg: Any) -> None:
+        if not cfg.options(cls.name).classes.strip():  # no usable default: they name this federation's hospitals
+            raise ValueError("partitioner 'specialist' needs specialist.classes, e.g. '4:0' (class 4 only at hospital 0)")
+
+    def split(self, labels, num_hospitals, *, seed, min_size=1):
+        return specialist(labels, num_hospitals, seed=seed, specialist_classes=parse_specialist_classes(self.options.classes),
+                          alpha=self.options.alpha, min_size=min_size)
+
+
+#: Partitioners by run-config name (derived from the classes).
+PARTITIONERS: dict[str, type[Partitioner]] = {
+    cls.name: cls for cls in (IIDPartitioner, DirichletPartitioner, QuantitySkewPartitioner, PathologicalPartitioner,
+                              SpecialistPartitioner)
+}
+
+_FUNCTIONS: dict[str, Callable[..., list[np.ndarray]]] = {
+    "iid": iid, "dirichlet": dirichlet, "quantity-skew": quantity_skew, "pathological": pathological, "specialist": specialist,
 }
 
 
 def partition(name: str, labels: np.ndarray, num_hospitals: int, *, seed: int, **params: Any) -> list[np.ndarray]:
-    """Run the partitioner registered as ``name`` (``_`` and ``-`` are interchangeable)."""
+    """Run the partitioner function registered as ``name`` (``_`` and ``-`` are interchangeable)."""
     key = str(name).strip().lower().replace("_", "-")
-    if key not in PARTITIONERS:
-        raise ValueError(f"unknown partitioner {name!r}; choose one of {sorted(PARTITIONERS)}")
-    return PARTITIONERS[key](labels, num_hospitals, seed=seed, **params)
+    if key not in _FUNCTIONS:
+        raise ValueError(f"unknown partitioner {name!r}; choose one of {sorted(_FUNCTIONS)}")
+    return _FUNCTIONS[key](labels, num_hospitals, seed=seed, **params)
 
 
 # --------------------------------------------------------------------------- #

@@ -36,3 +36,10 @@ def dataset_info(flag: str) -> DatasetInfo:
 def load_dataset(flag: str, size: int, root: Path | None) -> DatasetArrays:
     """The dataset's three splits (cached per process by the source)."""
     return source_of(flag).load(flag, size, root)
+
+
+def ensure_dataset(flag: str, size: int, root: Path | None) -> None:
+    """Make sure the dataset's files are on disk (downloading them where a network exists), without
+    loading them; DataMissingError names the missing file and how to get it.
+    """
+    source_of(flag).ensure(flag, size, root)

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from hospitrust.datasets.base import DataMissingError, DatasetArrays, DatasetInfo, DatasetSource, default_root
+from hospitrust.datasets.base import DataMissingError, DatasetArrays, DatasetInfo, DatasetSource, default_root, first_sentence
 
 VAL_FRACTION = 0.1
 VAL_SEED = 20_260_606  # fixed: the val split must not move with the run's seed
@@ -83,12 +83,11 @@ def dataset_folder(flag: str, root: Path | None) -> Path:
         _download(spec, base)
     except Exception as exc:  # no network, read-only folder, ...
         raise DataMissingError(
-            f"dataset {flag!r}: {', '.join(missing)} not in {folder} and could not be downloaded "
-            f"({type(exc).__name__}: {exc}).\n"
-            f"  Get it on a machine with network: `python -c \"import torchvision; "
+            f"dataset {flag!r}: {', '.join(missing)} not in {folder} and could not be downloaded ({first_sentence(exc)}). "
+            f"On a machine with network run `python -c \"import torchvision; "
             f"torchvision.datasets.{spec.python_class}(root='{base}', download=True); "
-            f"torchvision.datasets.{spec.python_class}(root='{base}', train=False, download=True)\"`,\n"
-            f"  then copy the folder {spec.folder.split('/')[0]}/ into {base} (or point run config data-dir / "
+            f"torchvision.datasets.{spec.python_class}(root='{base}', train=False, download=True)\"`, "
+            f"then copy the folder {spec.folder.split('/')[0]}/ into {base} (or point run config data-dir / "
             f"$HOSPITRUST_DATA_DIR at the folder that holds it)."
         ) from exc
     still = _missing(spec, folder)
@@ -103,7 +102,8 @@ def _open(path: Path):
 
 def read_idx(path: Path) -> np.ndarray:
     """An idx file (MNIST's format): magic (0, 0, dtype 0x08 = uint8, ndim), big-endian
-    int32 dimensions, then the data."""
+    int32 dimensions, then the data.
+    """
     with _open(path) as fh:
         raw = fh.read()
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
@@ -190,7 +190,8 @@ def torchvision_info(flag: str) -> DatasetInfo:
 
 class TorchvisionSource(DatasetSource):
     """torchvision's MNIST and CIFAR-10, from torchvision's on-disk layout; any image size
-    (resampled), and CIFAR-10's native 32."""
+    (resampled), and CIFAR-10's native 32.
+    """
 
     name: ClassVar[str] = "torchvision"
     title: ClassVar[str] = "torchvision"
@@ -203,6 +204,9 @@ class TorchvisionSource(DatasetSource):
 
     def info(self, flag: str) -> DatasetInfo:
         return torchvision_info(flag)
+
+    def ensure(self, flag: str, size: int, root: Path | None) -> None:
+        dataset_folder(flag, root)
 
     def load(self, flag: str, size: int, root: Path | None) -> DatasetArrays:
         return load_torchvision(flag, size, str(root) if root else None)

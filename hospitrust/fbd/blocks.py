@@ -40,8 +40,9 @@ def _matches(key: str, prefix: str) -> bool:
 
 
 def block_of_keys(keys, blocks: Mapping[str, tuple[str, ...]]) -> dict[str, list[str]]:
-    """block name -> its state-dict keys (in the given order). Raises ValueError when a key is
-    in no block or in two."""
+    """Block name -> its state-dict keys (in the given order). Raises ValueError when a key is
+    in no block or in two.
+    """
     out: dict[str, list[str]] = {b: [] for b in blocks}
     for key in keys:
         owners = [b for b, prefixes in blocks.items() if any(_matches(key, p) for p in prefixes)]

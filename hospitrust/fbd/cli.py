@@ -46,7 +46,8 @@ def _run_config(run_dir: Path):
 
 def evaluate_unlearning(cfg, saved: dict[str, Any], hospital: str, before, after) -> dict[str, Any]:
     """Routed ensemble on the test split before/after, and the membership-inference AUROC of
-    the hospital's training images (members) against the test images (non-members)."""
+    the hospital's training images (members) against the test images (non-members).
+    """
     from hospitrust import metrics
     from hospitrust.datasets.registry import dataset_info
     import numpy as np
@@ -57,31 +58,31 @@ def evaluate_unlearning(cfg, saved: dict[str, Any], hospital: str, before, after
     from hospitrust.fbd.routing import color_probabilities, parse_color_list, route
 
     info = dataset_info(cfg.dataset)
-    test = test_set(cfg)
-    exclude = parse_color_list(cfg.fbd_exclude_colors, cfg.fbd_colors)
-    out: dict[str, Any] = {"routing_mode": cfg.fbd_routing}
+    test = test_set(cfg.federation)
+    exclude = parse_color_list(cfg.options("fbd").exclude_colors, cfg.options("fbd").colors)
+    out: dict[str, Any] = {"routing_mode": cfg.options("fbd").routing}
     partitions = saved.get("partitions", {})
     # non-members from the members' own distribution too: the val split minus the reference
     # cohort (no hospital holds it, nothing trains on it); the test split alone mixes membership
     # with the train/test distribution shift of the dataset
-    arrays = load_arrays(cfg)
+    arrays = load_arrays(cfg.federation)
     held_out = np.ones(arrays.labels["val"].shape[0], dtype=bool)
     held_out[reference_cohort(arrays.labels["val"], cfg.reference_cohort_per_class, seed=cfg.seed)] = False
     val_images, val_labels = arrays.images["val"][held_out], arrays.labels["val"][held_out].reshape(-1)
     members = None
     if hospital in partitions and int(partitions[hospital]) >= 0:
         num_partitions = int(saved.get("num-partitions", len(partitions)))
-        members = simulated_hospital(cfg, int(partitions[hospital]), num_partitions).train
+        members = simulated_hospital(cfg.federation, int(partitions[hospital]), num_partitions).train
     for label, wh in (("before", before), ("after", after)):
         probs = color_probabilities(wh, test.images)
-        routed = route(probs, cfg.fbd_routing, exclude)
+        routed = route(probs, cfg.options("fbd").routing, exclude)
         rep = metrics.classification_report(test.labels, routed, info.num_classes)
         out[label] = {"accuracy": rep["accuracy"], "balanced_accuracy": rep["balanced_accuracy"], "auc": rep["auc"]}
         if members is not None and len(members):
-            member_probs = route(color_probabilities(wh, members.images), cfg.fbd_routing, exclude)
+            member_probs = route(color_probabilities(wh, members.images), cfg.options("fbd").routing, exclude)
             out[label]["mia_auroc"] = mia_auroc(member_probs, members.labels, routed, test.labels)
             if len(val_labels):
-                val_probs = route(color_probabilities(wh, val_images), cfg.fbd_routing, exclude)
+                val_probs = route(color_probabilities(wh, val_images), cfg.options("fbd").routing, exclude)
                 out[label]["mia_auroc_val"] = mia_auroc(member_probs, members.labels, val_probs, val_labels)
     out["accuracy_drop"] = out["before"]["accuracy"] - out["after"]["accuracy"]
     out["auc_drop"] = out["before"]["auc"] - out["after"]["auc"]
@@ -111,7 +112,7 @@ def unlearn_run(run_dir: str | Path, hospital: str, *, recalibrate_bn: bool = Fa
     load_seconds = time.perf_counter() - t0
     if hospital not in plan.colors_of:
         raise ValueError(f"hospital {hospital!r} is not in this run's plan; hospitals: {', '.join(plan.hospitals)}")
-    reference = reference_set(cfg).images if recalibrate_bn else None
+    reference = reference_set(cfg.federation).images if recalibrate_bn else None
     new, record = unlearn_hospital(warehouse, hospital, plan, reference_images=reference)
     target = Path(out).expanduser().resolve() if out else run_dir / f"unlearned-{hospital}"
     target.mkdir(parents=True, exist_ok=True)

@@ -12,14 +12,11 @@ from __future__ import annotations
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
-from hospitrust.attacks.base import DataAttack, UpdateAttack, attack_state_dict
-from hospitrust.config import parse_node_config, parse_run_config
-from hospitrust.datasets import load_hospital
-from hospitrust.datasets.base import DatasetInfo
-from hospitrust.datasets.registry import dataset_info
+from hospitrust.attacks.apply import attack_state_dict
+from hospitrust.attacks.interfaces import DataAttack, UpdateAttack
+from hospitrust.client_app.context import hospital_context
 from hospitrust.fbd.training import train_with_sibling
 from hospitrust.fbd.warehouse import color_key, parse_color_key
-from hospitrust.models import build_model
 from hospitrust.attacks.threat_model import data_rng, hospital_attack
 from hospitrust.models.training import pick_device, seed_everything
 
@@ -38,25 +35,23 @@ def _color_state(arrays: ArrayRecord, color: int) -> dict[str, torch.Tensor]:
 
 
 def fbd_train(msg: Message, context: Context) -> Message:
-    cfg = parse_run_config(context.run_config)
-    node = parse_node_config(context.node_config)
-    info = dataset_info(cfg.dataset)
-    data = load_hospital(cfg, node)
+    hospital = hospital_context(context)
+    cfg, node, info, data = hospital.cfg, hospital.node, hospital.info, hospital.data
     server_cfg = msg.content["config"]
     server_round = int(server_cfg.get("server-round", 0))
     color = int(server_cfg["fbd-color"])
     sibling = int(server_cfg.get("fbd-sibling", -1))
-    lam = float(server_cfg.get("fbd-lambda", cfg.fbd_lambda))
+    lam = float(server_cfg.get("fbd-lambda", cfg.options("fbd").distill_weight))
     device = pick_device()
     seed_everything(cfg.seed, node.partition_id if node.partition_id is not None else 0, server_round)
 
     arrays = msg.content["arrays"]
     received = _color_state(arrays, color)
-    student = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
+    student = hospital.new_model()
     student.load_state_dict(received, strict=True)
     teacher = None
     if sibling >= 0:
-        teacher = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
+        teacher = hospital.new_model()
         teacher.load_state_dict(_color_state(arrays, sibling), strict=True)
 
     attack = hospital_attack(cfg, node)
@@ -69,7 +64,7 @@ def fbd_train(msg: Message, context: Context) -> Message:
         epochs=int(server_cfg.get("local-epochs", cfg.local_epochs)),
         batch_size=int(server_cfg.get("batch-size", cfg.batch_size)),
         learning_rate=float(server_cfg.get("learning-rate", cfg.learning_rate)),
-        optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=device,
+        optimizer=cfg.train.optimizer, momentum=cfg.train.momentum, weight_decay=cfg.train.weight_decay, device=device,
     )
     state = {k: v.detach().cpu() for k, v in student.state_dict().items()}
     if isinstance(attack, UpdateAttack):

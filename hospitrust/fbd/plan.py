@@ -54,8 +54,9 @@ class ShippingPlan:
         return [m for m in range(self.num_colors) if m not in own]
 
     def schedule(self, server_round: int) -> dict[str, int]:
-        """hospital -> the one color it writes in ``server_round`` (1-based); hospitals left
-        out sit the round out. No color appears twice."""
+        """Hospital -> the one color it writes in ``server_round`` (1-based); hospitals left
+        out sit the round out. No color appears twice.
+        """
         t = max(int(server_round) - 1, 0)
         order = list(self.hospitals)
         n = len(order)
@@ -79,7 +80,8 @@ class ShippingPlan:
 
     def sibling(self, hospital: str, color: int, server_round: int, seed: int) -> int:
         """The sibling color a writer distills from: one of its other colors, drawn by seed;
-        -1 when it owns only ``color``."""
+        -1 when it owns only ``color``.
+        """
         others = [m for m in self.colors_of.get(hospital, ()) if m != color]
         if not others:
             return -1
@@ -161,11 +163,11 @@ def make_plan(hospitals: list[str], num_colors: int, redundancy: int, seed: int 
     if (num_colors * redundancy) % n_h:
         raise PlanError(
             f"num-colors x redundancy = {num_colors} x {redundancy} must be a multiple of the hospitals ({n_h}) "
-            "for every hospital to write the same number of colors; change fbd-colors or fbd-redundancy, or give fbd-plan"
+            "for every hospital to write the same number of colors; change fbd.colors or fbd.redundancy, or give fbd.plan"
         )
     k = num_colors * redundancy // n_h
     if k > num_colors:
-        raise PlanError(f"each hospital would need {k} of {num_colors} colors; lower fbd-redundancy")
+        raise PlanError(f"each hospital would need {k} of {num_colors} colors; lower fbd.redundancy")
     perm = list(range(num_colors))
     random.Random(seed).shuffle(perm)
     colors_of = {h: tuple(perm[(i * k + j) % num_colors] for j in range(k)) for i, h in enumerate(hospitals)}
@@ -175,35 +177,36 @@ def make_plan(hospitals: list[str], num_colors: int, redundancy: int, seed: int 
 def parse_plan(text: str, hospitals: list[str], num_colors: int, redundancy: int, seed: int = 0) -> ShippingPlan:
     """A plan from the run config: ``'hospital-0:0,1,2; hospital-1:3,4,5'`` (a bare index ``0``
     means ``hospital-0``), or the path of a plan JSON file. Hospitals are checked against
-    the ones that answered the query round."""
+    the ones that answered the query round.
+    """
     text = text.strip()
     if text.endswith(".json"):
         path = Path(text).expanduser()
         if not path.is_file():
-            raise PlanError(f"fbd-plan file {str(path)!r} not found")
+            raise PlanError(f"fbd.plan file {str(path)!r} not found")
         plan = ShippingPlan.load(path)
     else:
         colors_of: dict[str, tuple[int, ...]] = {}
         for part in filter(None, (p.strip() for p in text.split(";"))):
             if ":" not in part:
-                raise PlanError(f"fbd-plan entry {part!r} is not 'hospital:color,color,...'")
+                raise PlanError(f"fbd.plan entry {part!r} is not 'hospital:color,color,...'")
             name, colors = (s.strip() for s in part.split(":", 1))
             if name.isdigit() and name not in hospitals:
                 name = f"hospital-{name}"
             try:
                 parsed = tuple(int(c) for c in colors.split(",") if c.strip())
             except ValueError:
-                raise PlanError(f"fbd-plan entry {part!r}: colors must be integers, got {colors!r}") from None
+                raise PlanError(f"fbd.plan entry {part!r}: colors must be integers, got {colors!r}") from None
             if name in colors_of:
-                raise PlanError(f"fbd-plan names hospital {name!r} twice")
+                raise PlanError(f"fbd.plan names hospital {name!r} twice")
             colors_of[name] = parsed
         if not colors_of:
-            raise PlanError("fbd-plan is empty; expected 'hospital:color,color; ...' or a .json path")
+            raise PlanError("fbd.plan is empty; expected 'hospital:color,color; ...' or a .json path")
         plan = ShippingPlan(num_colors, colors_of, redundancy, seed, tuple(h for h in hospitals if h in colors_of)
                             + tuple(h for h in colors_of if h not in hospitals))
     unknown = sorted(set(plan.colors_of) - set(hospitals))
     if unknown:
-        raise PlanError(f"fbd-plan names hospitals {unknown} that are not in the federation {sorted(hospitals)}")
+        raise PlanError(f"fbd.plan names hospitals {unknown} that are not in the federation {sorted(hospitals)}")
     if plan.num_colors != num_colors:
-        raise PlanError(f"fbd-plan has {plan.num_colors} colors but fbd-colors is {num_colors}")
+        raise PlanError(f"fbd.plan has {plan.num_colors} colors but fbd.colors is {num_colors}")
     return plan.validate()

@@ -47,24 +47,10 @@ WAREHOUSE_FILE = "warehouse.pt"
 
 
 def plan_from_config(cfg: RunConfig, hospitals: list[str]) -> ShippingPlan:
-    if cfg.fbd_plan.strip():
-        return parse_plan(cfg.fbd_plan, hospitals, cfg.fbd_colors, cfg.fbd_redundancy, cfg.seed)
-    return make_plan(hospitals, cfg.fbd_colors, cfg.fbd_redundancy, cfg.seed)
-
-
-def check_fbd_options(cfg: RunConfig) -> None:
-    """Options of the generic loop that strategy fbd does not offer fail here, by name."""
-    from hospitrust.config import ConfigError
-
-    unsupported = {
-        "resume-from": bool(getattr(cfg, "resume_from", "")),
-        "secure-aggregation": bool(getattr(cfg, "secure_aggregation", False)),
-        "contribution-scoring": bool(getattr(cfg, "contribution_scoring", False)),
-    }
-    on = [k for k, v in unsupported.items() if v]
-    if on:
-        raise ConfigError(f"invalid run config: strategy fbd does not support {', '.join(on)} "
-                          "(its state is a warehouse of colors, written by direct replacement); turn them off")
+    fbd = cfg.options("fbd")
+    if fbd.plan.strip():
+        return parse_plan(fbd.plan, hospitals, fbd.colors, fbd.redundancy, cfg.seed)
+    return make_plan(hospitals, fbd.colors, fbd.redundancy, cfg.seed)
 
 
 class WarehouseEvaluator:
@@ -72,8 +58,8 @@ class WarehouseEvaluator:
 
     def __init__(self, cfg: RunConfig, info: DatasetInfo, device) -> None:
         self.cfg, self.info, self.device = cfg, info, device
-        self.test, self.cohort = test_set(cfg), reference_set(cfg)
-        self.named_exclusions = parse_color_list(cfg.fbd_exclude_colors, cfg.fbd_colors)
+        self.test, self.cohort = test_set(cfg.federation), reference_set(cfg.federation)
+        self.named_exclusions = parse_color_list(cfg.options("fbd").exclude_colors, cfg.options("fbd").colors)
 
     def __call__(self, warehouse: Warehouse) -> tuple[dict[str, Any], dict[str, Any]]:
         k = self.info.num_classes
@@ -91,8 +77,8 @@ class WarehouseEvaluator:
         z = np.full_like(losses, np.inf)
         z[finite] = loss_zscores(losses[finite])
         finite_idx = np.flatnonzero(finite)
-        flagged = sorted({int(finite_idx[i]) for i in flagged_colors(z[finite], self.cfg.fbd_detect_z)} | set(broken))
-        exclude = sorted(set(self.named_exclusions) | (set(flagged) if self.cfg.fbd_exclude_flagged else set()))
+        flagged = sorted({int(finite_idx[i]) for i in flagged_colors(z[finite], self.cfg.options("fbd").detect_z)} | set(broken))
+        exclude = sorted(set(self.named_exclusions) | (set(flagged) if self.cfg.options("fbd").exclude_flagged else set()))
         if len(exclude) >= warehouse.num_colors:
             exclude = sorted(self.named_exclusions)  # never exclude everything: fall back to the named ones
         exclude = sorted(set(exclude) | set(broken)) if len(broken) < warehouse.num_colors else exclude
@@ -109,18 +95,17 @@ class WarehouseEvaluator:
                     continue
                 rep = metrics.classification_report(self.test.labels, route(probs, mode, ex), k)
                 routing[label] = {"accuracy": rep["accuracy"], "balanced_accuracy": rep["balanced_accuracy"], "auc": rep["auc"]}
-        central = metrics.classification_report(self.test.labels, route(probs, self.cfg.fbd_routing, exclude), k)
+        central = metrics.classification_report(self.test.labels, route(probs, self.cfg.options("fbd").routing, exclude), k)
         return central, {"colors": colors, "flagged_colors": flagged, "excluded_colors": exclude, "broken_colors": broken,
-                         "routing_mode": self.cfg.fbd_routing, "routing": routing}
+                         "routing_mode": self.cfg.options("fbd").routing, "routing": routing}
 
 
 def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
     """A whole FED-FBD run; returns its directory."""
     started = time.time()
     cfg = parse_run_config(context.run_config)
-    check_fbd_options(cfg)
     info = dataset_info(cfg.dataset)
-    load_arrays(cfg)
+    load_arrays(cfg.federation)
     seed_everything(cfg.seed)
     device = pick_device()
     run_dir = RunDirectory.create(cfg.output_dir, cfg.run_name or default_run_name(cfg.dataset, cfg.strategy))
@@ -140,7 +125,7 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
         "num-partitions": max([r.get("num_partitions", -1) for r in rows] + [len(rows)]),
         "class-names": list(info.class_names),
         "server-device": str(device),
-        "reference-cohort-size": len(reference_set(cfg)),
+        "reference-cohort-size": len(reference_set(cfg.federation)),
     })
 
     attack = configured_attack(cfg)
@@ -151,11 +136,11 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
     if attack is not None:
         log(INFO, "hospitrust: attack %s by %s", attack, malicious or "nobody")
 
-    warehouse = Warehouse.create(cfg.model, info.in_channels, info.num_classes, cfg.image_size, cfg.fbd_colors, cfg.seed)
+    warehouse = Warehouse.create(cfg.model, info.in_channels, info.num_classes, cfg.image_size, cfg.options("fbd").colors, cfg.seed)
     stamps = StampLog(run_dir.path / STAMP_LOG)
     stamps.extend({"event": "init", **s} for s in warehouse.init_stamps())
     strategy = FBD(
-        hospitals, plan=plan, warehouse=warehouse, fbd_lambda=cfg.fbd_lambda, stamp_log=stamps,
+        hospitals, cfg.options("fbd"), plan=plan, warehouse=warehouse, stamp_log=stamps,
         train_config={"local-epochs": cfg.local_epochs, "batch-size": cfg.batch_size, "learning-rate": cfg.learning_rate},
         fraction_train=1.0, min_hospitals=cfg.min_hospitals,
         limits=ReplyLimits(max_update_norm=cfg.max_update_norm, max_num_examples=cfg.max_num_examples),
@@ -200,7 +185,7 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
         run_dir.append_round(round_record)
         history.append(round_record)
         log(INFO, "round %3d/%d  %s auc %.4f  bal-acc %.4f  writes %d  rejected writes %d  flagged colors %s  %.1fs",
-            rnd, cfg.num_server_rounds, cfg.fbd_routing, central["auc"], central["balanced_accuracy"],
+            rnd, cfg.num_server_rounds, cfg.options("fbd").routing, central["auc"], central["balanced_accuracy"],
             sum(len(c["accepted_blocks"]) for c in record.clients), fbd["rejected_writes"], fbd["flagged_colors"],
             round_record["round_seconds"])
 
@@ -222,6 +207,6 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
     }
     run_dir.write_summary(summary)
     log(INFO, "hospitrust: fbd finished %d rounds in %.1f s; routed (%s) auc %.4f bal-acc %.4f; clean colors %s\nresults: %s",
-        len(history), summary["wall_seconds"], cfg.fbd_routing, summary["final"]["auc"],
+        len(history), summary["wall_seconds"], cfg.options("fbd").routing, summary["final"]["auc"],
         summary["final"]["balanced_accuracy"], clean, run_dir.path)
     return run_dir

@@ -134,7 +134,8 @@ def recalibrate_batchnorm(warehouse: Warehouse, blocks: list[tuple[int, str]], i
                           batch_size: int = 256, device: torch.device | None = None) -> list[str]:
     """Re-estimate BatchNorm running mean/var of the listed (color, block)s from ``images``
     (cumulative average over one pass); other blocks, and the counters, keep their values.
-    Returns the recalibrated ``'color/block'`` names (none for a model without BatchNorm)."""
+    Returns the recalibrated ``'color/block'`` names (none for a model without BatchNorm).
+    """
     if len(images) == 0:
         raise ValueError("BatchNorm recalibration needs reference images, got none")
     device = device or pick_device()

@@ -73,7 +73,8 @@ class Warehouse:
         """Every color starts from the same initial model (``shared_init``, the default) and
         diverges through its writers' data; unlearning averages colors, and averaging weights
         is only meaningful between models with a common starting point (independently
-        initialized networks average to noise). ``shared_init=False`` seeds each color apart."""
+        initialized networks average to noise). ``shared_init=False`` seeds each color apart.
+        """
         states = []
         for m in range(num_colors):
             if m == 0 or not shared_init:
@@ -129,7 +130,8 @@ class Warehouse:
 
         Stored tensors are never modified in place (a write swaps them), so ``copy=False``
         may hand over fresh tensors, shared between colors; ``content_hash`` skips hashing
-        tensors whose hash is known."""
+        tensors whose hash is known.
+        """
         want = self.block_keys[block]
         if set(tensors) != set(want):
             raise ValueError(f"block {block!r} needs keys {want}, got {sorted(tensors)}")
@@ -184,7 +186,8 @@ class Warehouse:
 
     def copy(self) -> "Warehouse":
         """A new warehouse sharing the (never mutated in place) tensors: writes to either one
-        leave the other as it was."""
+        leave the other as it was.
+        """
         new = Warehouse.__new__(Warehouse)
         new.__dict__.update(self.__dict__)
         new.states = [dict(s) for s in self.states]

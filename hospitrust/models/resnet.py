@@ -17,7 +17,7 @@ RESNET_BLOCKS: dict[str, tuple[str, ...]] = {
 
 
 def resnet18(in_channels: int, num_classes: int, image_size: int = 28) -> nn.Module:
-    """torchvision ResNet-18, untrained.
+    """Torchvision ResNet-18, untrained.
 
     At 28 and 64 pixels the 7x7/stride-2 stem and the max-pool would shrink the image to
     almost nothing before layer1, so (as in MedMNIST v2's ResNet-18 (28)) the stem is a

@@ -8,11 +8,40 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from pydantic import Field
+
+from hospitrust.options import Options
+
+
+class TrainOptions(Options):
+    """Local training at every hospital (the ``train`` section; local-epochs, batch-size and
+    learning-rate are top-level keys, the three a consortium sets most).
+    """
+
+    optimizer: Literal["sgd", "adam"] = Field("sgd", description="Local optimizer: sgd or adam.")
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum.")
+    weight_decay: float = Field(0.0, ge=0.0, description="L2 weight decay.")
+    class_weighted_loss: bool = Field(False, description=(
+        "Weigh each class's loss by n / (classes held x its count) in the hospital's own training labels "
+        "(scikit-learn's 'balanced'), so rare classes are learned; also the server's own training on the "
+        "reference cohort (FLTrust's root update), not FED-FBD's."
+    ))
+    class_weights_from: Literal["hospital", "federation"] = Field("hospital", description=(
+        "With train.class-weighted-loss: 'hospital' weighs classes by the hospital's own label counts; "
+        "'federation' by the federation's totals (from the query round's class counts, sent with every train "
+        "message), so a specialist weighs up the rare class it holds instead of down."
+    ))
+    fedrs_alpha: float = Field(1.0, ge=0.0, le=1.0, description=(
+        "FedRS's restricted softmax: a hospital multiplies the logits of the classes it holds none of by this"
+        " in its loss (0: leaves them out of the softmax), so it does not push a class it never sees down "
+        "everywhere. 1: plain softmax (off)."
+    ))
 
 
 def pick_device() -> torch.device:
@@ -73,9 +102,10 @@ def train(
     (PyTorch's weighted mean: sum w_y l / sum w_y). ``missing_class_scale`` < 1 is FedRS's
     restricted softmax: the logits of the classes absent from ``labels`` are multiplied by it
     in the loss (0: left out of the softmax), so a hospital that holds none of a class does
-    not push that class's logit down everywhere."""
+    not push that class's logit down everywhere.
+    """
     if not 0.0 <= missing_class_scale <= 1.0:
-        raise ValueError(f"missing_class_scale (fedrs-alpha) must be in [0, 1], got {missing_class_scale}")
+        raise ValueError(f"missing_class_scale (train.fedrs-alpha) must be in [0, 1], got {missing_class_scale}")
     device = device or pick_device()
     model.to(device).train()
     n = int(labels.shape[0])
@@ -118,14 +148,15 @@ def _output_classes(model: nn.Module) -> int:
     """The number of classes: the output size of the model's last linear layer."""
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     if not linears:
-        raise ValueError("fedrs-alpha < 1 needs a model whose last layer is linear (its classes' logits)")
+        raise ValueError("train.fedrs-alpha < 1 needs a model whose last layer is linear (its classes' logits)")
     return int(linears[-1].out_features)
 
 
 def balanced_class_weights(labels: np.ndarray, num_classes: int) -> torch.Tensor:
     r"""scikit-learn's ``class_weight='balanced'`` over the classes present:
     :math:`w_c = n / (K\,n_c)` with K the number of classes present; 1 for absent classes
-    (no sample carries their weight)."""
+    (no sample carries their weight).
+    """
     y = np.asarray(labels).astype(np.int64).ravel()
     if y.size and (y.min() < 0 or y.max() >= num_classes):
         raise ValueError(f"labels must lie in [0, {num_classes}), got {int(y.min())}..{int(y.max())}")
@@ -134,9 +165,10 @@ def balanced_class_weights(labels: np.ndarray, num_classes: int) -> torch.Tensor
 
 def class_weights_from_counts(counts, num_classes: int) -> torch.Tensor:
     r"""The same weights from class counts: :math:`w_c = \sum n / (K\,n_c)` over the K classes
-    with a count, 1 for the others. From the federation's totals (``class-weights-from =
+    with a count, 1 for the others. From the federation's totals (``train.class-weights-from =
     federation``) a specialist weighs the rare class it holds up, where its own counts would
-    weigh that class, its majority, down."""
+    weigh that class, its majority, down.
+    """
     c = np.asarray(counts, dtype=np.float64).ravel()
     if c.size != num_classes:
         raise ValueError(f"class counts must have one entry per class ({num_classes}), got {c.size}")

@@ -6,10 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from hospitrust.config import ConfigError
+from hospitrust.errors import ConfigError
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    from hospitrust.datasets.base import DataMissingError
     from hospitrust.ops import flwr
     from hospitrust.ops.simulate import COMPLETED, SimulationError, simulate
 
@@ -21,10 +22,25 @@ def _simulate(args: argparse.Namespace) -> int:
             app_dir=Path(args.app) if args.app else None,
             timeout=args.timeout,
         )
-    except (ConfigError, SimulationError) as exc:
+    except (ConfigError, SimulationError, DataMissingError) as exc:
         print(f"hospitrust simulate: {exc}", file=sys.stderr)
         return 2
     return 0 if status == COMPLETED else 1
+
+
+def _config(args: argparse.Namespace) -> int:
+    from hospitrust.config import reference
+    from hospitrust.ops.simulate import find_app_dir
+
+    root = Path(args.app).resolve() if args.app else find_app_dir()
+    if args.config_command == "generate":
+        changed = reference.generate(root)
+        print("\n".join(f"wrote {p.relative_to(root)}" for p in changed) or "everything was current")
+        return 0
+    stale = reference.stale(root)
+    for path in stale:
+        print(f"{path.relative_to(root)} is stale: run `hospitrust config generate`", file=sys.stderr)
+    return 1 if stale else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--app", help="Flower app folder (default: found from the current folder)")
     sim.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is stopped (default 3600)")
     sim.set_defaults(func=_simulate)
+
+    cfg = sub.add_parser("config", help="generate or check pyproject's run config and the config reference",
+                         description="The run config's tables in pyproject.toml, docs/config.md and the rules' option "
+                                     "tables come from the components' Options: `generate` writes them, `check` exits 1 "
+                                     "when one is stale.")
+    cfg.add_argument("config_command", choices=("generate", "check"))
+    cfg.add_argument("--app", help="the project folder (default: found from the current folder)")
+    cfg.set_defaults(func=_config)
 
     from hospitrust.ops.deploy.cli import add_data_parser, add_deploy_parser
 

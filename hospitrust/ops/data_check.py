@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hospitrust.datasets.image_folder import IMAGE_SUFFIXES, ClassMismatchError, folder_class_index
-from hospitrust.datasets.base import DatasetInfo
 from hospitrust.datasets.registry import dataset_info
 
 MAX_LISTED = 5  # file names listed per problem in the report

@@ -39,7 +39,8 @@ class FlowerProcessError(RuntimeError):
 
 def flower_env(flwr_home: Path | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for Flower processes: this interpreter's bin first on PATH (flwr starts
-    ``flower-superlink`` by name), no telemetry, no update check, no runtime ``uv sync``."""
+    ``flower-superlink`` by name), no telemetry, no update check, no runtime ``uv sync``.
+    """
     env = dict(os.environ)
     if flwr_home is not None:
         env["FLWR_HOME"] = str(flwr_home)
@@ -104,7 +105,8 @@ class FlowerProcess:
 
 def stop_tree(pid: int, *, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
     """Signal ``pid`` and all its descendants (found before any of them exits, so orphans are
-    not missed), then SIGKILL whatever is still alive after ``timeout``."""
+    not missed), then SIGKILL whatever is still alive after ``timeout``.
+    """
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -152,7 +154,8 @@ def stop_on_signals() -> None:
     """On SIGTERM, stop every tracked Flower process and every other process this one started,
     then raise KeyboardInterrupt so the caller's own cleanup (pytest's teardown, ``finally``
     blocks) runs too. Ctrl-C (SIGINT) already raises KeyboardInterrupt; the tracked processes
-    are then stopped by their owners' ``finally`` blocks and at exit."""
+    are then stopped by their owners' ``finally`` blocks and at exit.
+    """
     if threading.current_thread() is not threading.main_thread():
         return
 

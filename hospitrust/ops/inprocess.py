@@ -86,7 +86,8 @@ class InProcessGrid(Grid):
 
 def run_inprocess(run_config: dict, num_hospitals: int, reply_filter=None, node_configs=None) -> None:
     """Run the hospitrust ServerApp against ``num_hospitals`` in-process simulated hospitals
-    (``node_configs``: one per hospital; default partition i of ``num_hospitals``)."""
+    (``node_configs``: one per hospital; default partition i of ``num_hospitals``).
+    """
     from flwr.app import Context, RecordDict
 
     from hospitrust.client_app import app as client_app

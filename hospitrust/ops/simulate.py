@@ -24,7 +24,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from hospitrust.config import DATA_DIR_ENV, ConfigError, parse_run_config
+from hospitrust.config import DATA_DIR_ENV, ConfigError, legacy, parse_run_config
+from hospitrust.datasets.registry import ensure_dataset
 from hospitrust.ops import flwr
 from hospitrust.ops.flwr import COMPLETED, FlowerProcessError
 
@@ -65,10 +66,29 @@ def find_app_dir(start: Path | None = None) -> Path:
     )
 
 
+def flatten_sections(table: dict, prefix: str = "") -> dict:
+    """Nested TOML tables as Flower flattens them: ``{"hta": {"ema-rate": 0.3}}`` -> ``{"hta.ema-rate": 0.3}``."""
+    out: dict = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out.update(flatten_sections(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def app_config_defaults(app_dir: Path | None = None) -> dict:
-    """The app's run config defaults: ``[tool.flwr.app.config]`` of its pyproject.toml."""
+    """The app's run config defaults: ``[tool.flwr.app.config]`` of its pyproject.toml, flat (dotted keys)."""
     folder = app_dir or find_app_dir()
-    return dict(tomllib.loads((folder / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
+    return flatten_sections(tomllib.loads((folder / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
+
+
+def translate_overrides(values: dict[str, object], out=sys.stderr) -> dict[str, object]:
+    """Old flat keys under their new names, with one line each saying so."""
+    translated, notes = legacy.translate(values)
+    for note in notes:
+        print(f"hospitrust: {note}", file=out)
+    return translated
 
 
 _PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
@@ -77,7 +97,8 @@ _PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
 def parse_overrides(texts: list[str], defaults: dict | None = None) -> dict[str, object]:
     """``-c 'k=v k2=v2'`` as flwr parses it (TOML values), but a bare word is taken as a string,
     so ``-c dataset=retinamnist`` works without shell-quoted quotes; and where ``defaults`` say a
-    key is a string, ``malicious-hospitals=1`` means the string "1"."""
+    key is a string, ``malicious-hospitals=1`` means the string "1".
+    """
     out: dict[str, object] = {}
     for text in texts:
         matches = _PAIR.findall(text)
@@ -89,7 +110,9 @@ def parse_overrides(texts: list[str], defaults: dict | None = None) -> dict[str,
                 out[key] = tomllib.loads(f"v = {raw}")["v"]
             except tomllib.TOMLDecodeError:
                 out[key] = raw.strip("'\"")
-            if defaults is not None and isinstance(defaults.get(key), str) and not isinstance(out[key], str):
+            names = [key, *legacy.new_names(key)]
+            default = next((defaults[n] for n in names if n in defaults), None) if defaults is not None else None
+            if isinstance(default, str) and not isinstance(out[key], str):
                 out[key] = raw.strip("'\"")
     return out
 
@@ -115,7 +138,8 @@ class Resources:
 
 def size_resources(hospitals: int, cpus: int | None = None, gpus: int | None = None) -> Resources:
     """One CPU per simulated hospital (so all cores train in parallel); GPUs shared between
-    the hospitals that run at once (a zero GPU share would hide the GPU from the actors)."""
+    the hospitals that run at once (a zero GPU share would hide the GPU from the actors).
+    """
     cpus = cpus if cpus is not None else (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     if gpus is None:
         try:
@@ -142,12 +166,9 @@ def simulate(
     if hospitals < 1:
         raise ConfigError(f"--hospitals must be >= 1, got {hospitals}")
     app = (app_dir or find_app_dir()).resolve()
-    project = tomllib.loads((app / "pyproject.toml").read_text())
-    defaults = project["tool"]["flwr"]["app"].get("config", {})
-    values = parse_overrides(overrides or [], defaults)
-    unknown = sorted(set(values) - set(defaults))
-    if unknown:
-        raise ConfigError(f"unknown run config key(s) {unknown}; known keys: {', '.join(sorted(defaults))}")
+    defaults = app_config_defaults(app)
+    values = translate_overrides(parse_overrides(overrides or [], defaults), out)
+    explicit = set(values)
 
     # Paths must be absolute: the ServerApp's cwd is not this shell's.
     merged = {**defaults, **values}
@@ -160,9 +181,11 @@ def simulate(
         values["resume-from"] = str(Path(str(merged["resume-from"])).expanduser().resolve())
     if not merged.get("run-name"):
         values["run-name"] = time.strftime("%Y%m%d-%H%M%S") + f"-{merged['dataset']}-{merged['strategy']}-{secrets.token_hex(2)}"
-    cfg = parse_run_config({**defaults, **values})  # every config error surfaces here, before anything starts
+    # every config error surfaces here, before anything starts (unknown keys with a "did you mean")
+    cfg = parse_run_config({**defaults, **values}, explicit=explicit)
     if cfg.min_hospitals > hospitals:
         raise ConfigError(f"min-hospitals = {cfg.min_hospitals} but only --hospitals {hospitals} are simulated")
+    ensure_dataset(cfg.dataset, cfg.image_size, cfg.resolved_data_dir())  # a missing file stops us before Flower or Ray
 
     res = size_resources(hospitals, gpus=gpus)
     work = Path(tempfile.mkdtemp(prefix="hospitrust-sim-"))

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from hospitrust.config import legacy
+
 CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT = 1
 # run config keys that may differ between a run and its continuation: everything else
@@ -88,7 +90,10 @@ def load_checkpoint(resume_from: str | Path) -> dict[str, Any]:
 
 
 def check_compatible(saved: dict[str, Any], current: dict[str, Any]) -> None:
-    """Refuse to continue a run under a config that would compute different rounds."""
+    """Refuse to continue a run under a config that would compute different rounds (a checkpoint
+    written with the old flat keys is read under their new names).
+    """
+    saved, _ = legacy.translate(saved)
     keys = (set(saved) | set(current)) - MAY_DIFFER
     differ = sorted(k for k in keys if saved.get(k) != current.get(k))
     if differ:

@@ -78,7 +78,8 @@ def format_class_counts(rows: list[dict[str, Any]], class_names: tuple[str, ...]
 
 def offline_hospitals(rnd: int, grid: Grid, hospitals: dict[int, str]) -> list[str]:
     """Hospitals known from the query round that the SuperLink lists as offline now: they are not
-    asked this round (no heartbeat within Flower's patience, 2 x 30 s), which the round record says."""
+    asked this round (no heartbeat within Flower's patience, 2 x 30 s), which the round record says.
+    """
     online = set(grid.get_node_ids())
     offline = sorted(name for nid, name in hospitals.items() if nid not in online)
     if offline:

@@ -19,7 +19,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from hospitrust import metrics
-from hospitrust.attacks.base import ColludingAttack
+from hospitrust.attacks.interfaces import ColludingAttack
 from hospitrust.attacks.threat_model import ColludingAdversary, configured_attack, ground_truth
 from hospitrust.config import RunConfig, parse_run_config
 from hospitrust.contribution.federation import ContributionTracker
@@ -33,7 +33,7 @@ from hospitrust.server_app.checkpoint import check_compatible, load_checkpoint, 
 from hospitrust.server_app.discovery import discover_hospitals, format_class_counts, offline_hospitals
 from hospitrust.server_app.plots import plot_trust
 from hospitrust.server_app.records import (
-    FederationFailure, absences, fail_if_every_hospital_crashed, flagged_hospitals, rare_class_holders, round_detection, run_security, summary_head,
+    absences, fail_if_every_hospital_crashed, flagged_hospitals, rare_class_holders, round_detection, run_security, summary_head,
 )
 from hospitrust.server_app.results import RunDirectory, default_run_name
 from hospitrust.server_app.secure import SecureTrainRound
@@ -70,7 +70,7 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
     if cfg.strategy == "fbd":  # block ownership keeps a warehouse of colors, not one global model
         return run_fbd_federation(grid, context)
     info = dataset_info(cfg.dataset)
-    load_arrays(cfg)  # a missing dataset fails here, before any hospital is contacted
+    load_arrays(cfg.federation)  # a missing dataset fails here, before any hospital is contacted
     seed_everything(cfg.seed)
     device = pick_device()
 
@@ -101,7 +101,7 @@ def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.devic
             "hospitals": {str(nid): name for nid, name in hospitals.items()},
             "class-names": list(info.class_names),
             "server-device": str(device),
-            "reference-cohort-size": len(reference_set(cfg)),
+            "reference-cohort-size": len(reference_set(cfg.federation)),
         }
     )
 
@@ -117,7 +117,7 @@ def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.devic
     model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
     strategy = strategy_from_config(cfg, hospitals, device)
-    if cfg.class_weighted_loss and cfg.class_weights_from == "federation":
+    if cfg.train.class_weighted_loss and cfg.train.class_weights_from == "federation":
         # every hospital weighs its classes by the federation's totals from the query round
         strategy.train_config["federation-class-counts"] = [float(c) for c in np.sum([r["train"] for r in rows], axis=0)]
     if isinstance(attack, ColludingAttack):
@@ -141,11 +141,12 @@ def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.devic
         restore_rng_states(resume["rng"])
     train_config, evaluate_config = ConfigRecord(), ConfigRecord()
     # contribution scores from hospitals' reported scalars; SecAgg+ hands the server the sum only
-    contribution = ContributionTracker(hospitals) if cfg.contribution_scoring else None
+    contribution = ContributionTracker(hospitals) if cfg.contribution_scoring.enabled else None
     if contribution is not None:
         contribution.restore(history)  # a resumed run keeps its earlier rounds' scores
-    secure = (SecureTrainRound(cfg, hospitals, strategy.train_config, train_sizes=[sum(r["train"]) for r in rows])
-              if cfg.secure_aggregation else None)
+    secure = (SecureTrainRound(cfg.secagg, hospitals, strategy.train_config, reply_timeout=cfg.reply_timeout,
+                               min_hospitals=cfg.min_hospitals, train_sizes=[sum(r["train"]) for r in rows])
+              if cfg.secagg.enabled else None)
     for rnd in range(len(history) + 1, cfg.num_server_rounds + 1):
         round_start = time.perf_counter()
         offline = offline_hospitals(rnd, grid, strategy.hospitals)

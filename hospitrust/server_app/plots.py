@@ -31,7 +31,7 @@ def client_signal(client: Mapping[str, Any]) -> tuple[str, float] | None:
 
 
 def trust_series(rounds: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str, list[tuple[int, float, bool]]], set[str]]:
-    """signal name, hospital -> [(round, value, flagged)], and the malicious hospitals."""
+    """Signal name, hospital -> [(round, value, flagged)], and the malicious hospitals."""
     series: dict[str, list[tuple[int, float, bool]]] = {}
     malicious: set[str] = set()
     names: list[str] = []

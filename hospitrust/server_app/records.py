@@ -28,7 +28,8 @@ def flagged_hospitals(clients: Sequence[Mapping[str, Any]]) -> dict[str, bool]:
 
 def rare_class_holders(rows: Sequence[Mapping[str, Any]]) -> tuple[int | None, set[str]]:
     """The rarest class in the federation's training data, and the hospitals holding at least
-    an equal share of it (total / hospitals): the specialists a robust rule must not exclude."""
+    an equal share of it (total / hospitals): the specialists a robust rule must not exclude.
+    """
     if not rows or not rows[0].get("train"):
         return None, set()
     counts = np.array([r["train"] for r in rows], dtype=float)
@@ -52,7 +53,8 @@ def run_security(
     rare_holders: set[str],
 ) -> dict[str, Any]:
     """Whole-run detection (all hospital-rounds pooled), rounds to detection, and how often an
-    honest rare-class holder was flagged."""
+    honest rare-class holder was flagged.
+    """
     tp = fp = fn = tn = 0
     for flags in flags_per_round:
         r = round_detection(flags, truth)
@@ -78,7 +80,8 @@ def run_security(
 
 def participation(history: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     """Per hospital, over the run's rounds: asked, answered with a valid update, rejected, asked
-    but silent (missing), and listed offline at the SuperLink (not asked)."""
+    but silent (missing), and listed offline at the SuperLink (not asked).
+    """
     out: dict[str, dict[str, int]] = {}
 
     def row(name: str) -> dict[str, int]:
@@ -106,7 +109,8 @@ def absences(parts: dict[str, dict[str, int]], rounds: int) -> str:
 
 def near_duplicates(history: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per hospital whose update a rule counted together with another's (HTA's
-    ``duplicates_of``): in how many rounds, and with whom. Empty when none was."""
+    ``duplicates_of``): in how many rounds, and with whom. Empty when none was.
+    """
     out: dict[str, dict[str, Any]] = {}
     for rec in history:
         for c in rec["clients"]:
@@ -132,7 +136,7 @@ def summary_head(cfg: RunConfig, history: list[dict[str, Any]], num_hospitals: i
         "model": cfg.model,
         "hospitals": num_hospitals,
         "run_dir": str(run_dir.path),
-        "attack": cfg.attacks.attack,
+        "attack": cfg.attack,
         "participation": participation(history),
         "near_duplicates": near_duplicates(history),
     }

@@ -77,7 +77,8 @@ class RunDirectory:
     @contextlib.contextmanager
     def exclusive(self, timeout: float = 0.0, poll: float = 1.0):
         """Hold ``.lock`` in the directory (an OS file lock: a killed holder releases it);
-        waits up to ``timeout`` seconds for another holder, then raises RuntimeError."""
+        waits up to ``timeout`` seconds for another holder, then raises RuntimeError.
+        """
         import fcntl
 
         fh = open(self.path / ".lock", "a+")
@@ -155,7 +156,8 @@ def read_rounds(run_dir: str | Path) -> list[dict[str, Any]]:
 def late_mean(rounds: list[dict[str, Any]], metric: str, last: int) -> float | None:
     """A central metric averaged over the last ``last`` rounds that report it (None if none do).
     At a small budget the model swings by several points from round to round, so the final
-    round alone is a noisy reading of where a run got to."""
+    round alone is a noisy reading of where a run got to.
+    """
     vals = [float(r["central"][metric]) for r in rounds
             if isinstance((r.get("central") or {}).get(metric), (int, float))]
     return sum(vals[-last:]) / len(vals[-last:]) if vals else None

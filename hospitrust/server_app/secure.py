@@ -10,7 +10,7 @@ server unmasks only the sum, i.e. the example-weighted mean model (FedAvg). What
 server learns per hospital is its ``num-examples`` and its scalar train metrics.
 
 Precision: model values are clipped to ``[-secagg-clipping-range, +range]`` and quantized
-to ``secagg-quantization-range`` levels, so the aggregate differs from plain FedAvg by up
+to ``secagg.quantization-range`` levels, so the aggregate differs from plain FedAvg by up
 to about ``2 * range / levels`` per value (about 4e-6 with the defaults).
 """
 
@@ -26,8 +26,30 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.common import FitIns, Parameters, log, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.serverapp import Grid
 
-from hospitrust.config import RunConfig
+from pydantic import Field
+
+from hospitrust.options import Options
 from hospitrust.strategies.base import RoundRecord
+
+
+class SecAggOptions(Options):
+    """Secure aggregation with Flower's SecAgg+ (the ``secagg`` section): the server only ever holds the sum."""
+
+    enabled: bool = Field(False, description=(
+        "Aggregate with Flower's SecAgg+ (legacy SecAggPlusWorkflow + secaggplus_mod): the server only ever "
+        "holds the sum; strategy must be fedavg."
+    ))
+    clipping_range: float = Field(8.0, gt=0.0, description=(
+        "Model values are clipped to [-range, range] before quantization."
+    ))
+    quantization_range: int = Field(4194304, ge=2, description="Quantization levels over the clipping range.")
+    max_weight: float = Field(0.0, ge=0.0, description=(
+        "The largest num-examples a hospital may weigh in with; 0: the largest training set reported in the "
+        "query round (models are scaled by n/max before quantization, so a loose bound costs precision)."
+    ))
+    reconstruction_threshold: float = Field(0.67, gt=0.0, le=1.0, description=(
+        "Share of the hospitals' key shares needed to unmask the sum."
+    ))
 
 
 def _legacy_strategy_class():
@@ -36,7 +58,8 @@ def _legacy_strategy_class():
     class SecureFedAvg(Strategy):
         """The legacy strategy SecAggPlusWorkflow drives: asks every hospital, keeps the
         unmasked mean. ``results`` reach it with every FitRes' parameters already replaced
-        by the aggregate; only num-examples and scalar metrics are per hospital."""
+        by the aggregate; only num-examples and scalar metrics are per hospital.
+        """
 
         def __init__(self, node_ids: list[int], fit_config: dict[str, Any]) -> None:
             self.node_ids, self.fit_config = node_ids, fit_config
@@ -74,13 +97,14 @@ def _legacy_strategy_class():
 class SecureTrainRound:
     """Runs one SecAgg+ training round per call and writes the strategy's RoundRecord."""
 
-    def __init__(self, cfg: RunConfig, hospitals: dict[int, str], train_config: dict[str, Any],
-                 train_sizes: list[int] | None = None) -> None:
-        self.cfg, self.hospitals = cfg, dict(hospitals)
+    def __init__(self, options: SecAggOptions, hospitals: dict[int, str], train_config: dict[str, Any], *,
+                 reply_timeout: float, min_hospitals: int, train_sizes: list[int] | None = None) -> None:
+        self.options, self.hospitals = options, dict(hospitals)
+        self.reply_timeout, self.min_hospitals = reply_timeout, min_hospitals
         # each model is scaled by n_i / max_weight before quantization: the tightest bound
         # keeps the most precision (a hospital above it still aggregates, with a warning)
-        self.max_weight = cfg.secagg_max_weight or float(max(train_sizes or [0]) or 1)
-        self.train_config = {**train_config, "secagg-clipping-range": cfg.secagg_clipping_range}
+        self.max_weight = options.max_weight or float(max(train_sizes or [0]) or 1)
+        self.train_config = {**train_config, "secagg-clipping-range": options.clipping_range}
 
     def workflow(self):
         from flwr.server.workflow import SecAggPlusWorkflow
@@ -88,11 +112,11 @@ class SecureTrainRound:
         n = len(self.hospitals)
         return SecAggPlusWorkflow(
             num_shares=n,
-            reconstruction_threshold=max(2, round(self.cfg.secagg_reconstruction_threshold * n)),
+            reconstruction_threshold=max(2, round(self.options.reconstruction_threshold * n)),
             max_weight=self.max_weight,
-            clipping_range=self.cfg.secagg_clipping_range,
-            quantization_range=self.cfg.secagg_quantization_range,
-            timeout=self.cfg.reply_timeout,
+            clipping_range=self.options.clipping_range,
+            quantization_range=self.options.quantization_range,
+            timeout=self.reply_timeout,
         )
 
     def __call__(self, grid: Grid, server_round: int, arrays: ArrayRecord, record: RoundRecord) -> tuple[ArrayRecord | None, list[int]]:
@@ -106,7 +130,7 @@ class SecureTrainRound:
         state = arrays.to_torch_state_dict()
         bad = [k for k, v in state.items() if not v.is_floating_point()]
         if bad:
-            raise ValueError(f"secure-aggregation averages every array; the model has integer buffers {bad}: use a model without them")
+            raise ValueError(f"secagg.enabled averages every array; the model has integer buffers {bad}: use a model without them")
         names, dtypes = list(state), {k: v.dtype for k, v in state.items()}
         online = set(grid.get_node_ids())
         node_ids = sorted(nid for nid in self.hospitals if nid in online)
@@ -138,7 +162,7 @@ class SecureTrainRound:
                 record.clients.append({"hospital": self.hospitals[nid], "node_id": nid, "num_examples": 0, "weight": 0.0,
                                        "selected": False, "rejected": True,
                                        "reason": "error reply: dropped out of the SecAgg+ round"})
-        if strategy.aggregate is None or len(answered) < self.cfg.min_hospitals:
+        if strategy.aggregate is None or len(answered) < self.min_hospitals:
             record.kept_previous_model = True
             record.note = f"SecAgg+ produced no aggregate from {len(answered)} hospital(s): kept the previous model"
             return None, node_ids

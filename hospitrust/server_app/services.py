@@ -1,10 +1,11 @@
 """What the server offers the rules: central evaluation on its test split, and its reference
 cohort as a trainer (FLTrust's root update) and as a judge (HTA's v, FedAgain's server
-benchmark, EARN's audit)."""
+benchmark, EARN's audit).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from logging import WARNING
 from typing import Any
 
@@ -15,7 +16,7 @@ from flwr.common import log
 
 from hospitrust import metrics
 from hospitrust.aggregation import flatten_state, unflatten_state
-from hospitrust.attacks.base import Backdoor, LabelFlip
+from hospitrust.attacks.data_attacks import Backdoor, LabelFlip
 from hospitrust.attacks.metrics import backdoor_success_rate, targeted_flip_success
 from hospitrust.config import RunConfig
 from hospitrust.datasets.federation import reference_set, test_set
@@ -23,17 +24,19 @@ from hospitrust.datasets.base import DatasetInfo
 from hospitrust.datasets.registry import dataset_info
 from hospitrust.models import build_model
 from hospitrust.models.training import balanced_class_weights, predict_proba, seed_everything, to_batch, train
-from hospitrust.strategies import HospitrustStrategy, build_strategy
+from hospitrust.strategies import HospitrustStrategy, build_strategy, strategy_class
+from hospitrust.strategies.base import SERVICES
 from hospitrust.strategies.validation import ReplyLimits
 
 
 class CentralEvaluator:
     """The global model on the server's test split: the clinical metrics and, under a
-    backdoor or a targeted label flip, the attack success rate."""
+    backdoor or a targeted label flip, the attack success rate.
+    """
 
     def __init__(self, cfg: RunConfig, info: DatasetInfo, device: torch.device, attack=None) -> None:
         self.cfg, self.info, self.device = cfg, info, device
-        self.test = test_set(cfg)
+        self.test = test_set(cfg.federation)
         self.model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
         inner = getattr(attack, "attack", attack)  # unwrap a schedule
         self.backdoor = inner if isinstance(inner, Backdoor) else None
@@ -60,21 +63,23 @@ class CentralEvaluator:
 
 class ReferenceCohortTrainer:
     """FLTrust's root update: the global model trained one local epoch on the server's
-    reference cohort, with the hospitals' optimizer settings."""
+    reference cohort, with the hospitals' optimizer settings.
+    """
 
     def __init__(self, cfg: RunConfig, info: DatasetInfo, device: torch.device) -> None:
         self.cfg, self.info, self.device = cfg, info, device
-        self.cohort = reference_set(cfg)
+        self.cohort = reference_set(cfg.federation)
         self.model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
 
     def __call__(self, global_state: dict[str, torch.Tensor], server_round: int) -> torch.Tensor:
         seed_everything(self.cfg.seed, 10_000_019, server_round)
         self.model.load_state_dict(global_state, strict=True)
+        local = self.cfg.train
         train(self.model, self.cohort.images, self.cohort.labels, epochs=1, batch_size=self.cfg.batch_size,
-              learning_rate=self.cfg.learning_rate, optimizer=self.cfg.optimizer, momentum=self.cfg.momentum,
-              weight_decay=self.cfg.weight_decay, device=self.device,
+              learning_rate=self.cfg.learning_rate, optimizer=local.optimizer, momentum=local.momentum,
+              weight_decay=local.weight_decay, device=self.device,
               class_weights=(balanced_class_weights(self.cohort.labels, self.info.num_classes)
-                             if self.cfg.class_weighted_loss else None))
+                             if local.class_weighted_loss else None))
         trained = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         return flatten_state(trained)[0] - flatten_state(global_state)[0]
 
@@ -82,11 +87,12 @@ class ReferenceCohortTrainer:
 class ReferenceCohortJudge:
     """The server's reference cohort as a judge of hospitals' updates (HTA's v, FedAgain's
     server benchmark, EARN's row audit): balanced accuracy of candidate models
-    (global + u_h), and the global model's inputs to its last linear layer."""
+    (global + u_h), and the global model's inputs to its last linear layer.
+    """
 
     def __init__(self, cfg: RunConfig, info: DatasetInfo, device: torch.device) -> None:
         self.cfg, self.info, self.device = cfg, info, device
-        self.cohort = reference_set(cfg)
+        self.cohort = reference_set(cfg.federation)
         self.model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
         self.head = [m for m in self.model.modules() if isinstance(m, torch.nn.Linear)][-1]
 
@@ -102,7 +108,8 @@ class ReferenceCohortJudge:
     def candidate_logits(self, global_state: dict[str, torch.Tensor], updates: torch.Tensor
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Logits on the cohort of the global model ((m, C)) and of each candidate global +
-        updates[i] ((n, m, C)), and the labels ((m,))."""
+        updates[i] ((n, m, C)), and the labels ((m,)).
+        """
         global_vec, spec = flatten_state(global_state)
         batch = to_batch(self.cohort.images, self.device)  # the cohort is small: one batch
 
@@ -129,51 +136,58 @@ class ReferenceCohortJudge:
         return torch.cat(seen), torch.as_tensor(np.asarray(self.cohort.labels).reshape(-1), dtype=torch.long)
 
 
+class ServerServices(Mapping[str, Callable[..., Any]]):
+    """What this server offers the rules (``hospitrust.strategies.base.SERVICES``), each built
+    on first use: the reference cohort is loaded once, and only for a rule that needs it.
+    """
+
+    def __init__(self, cfg: RunConfig, info: DatasetInfo, device: torch.device) -> None:
+        self.cfg, self.info, self.device = cfg, info, device
+        self._judge: ReferenceCohortJudge | None = None
+        self._trainer: ReferenceCohortTrainer | None = None
+
+    def _cohort_judge(self) -> ReferenceCohortJudge:
+        if self._judge is None:
+            self._judge = ReferenceCohortJudge(self.cfg, self.info, self.device)
+        return self._judge
+
+    def __getitem__(self, name: str) -> Callable[..., Any]:
+        if name == "candidate_scores":
+            return self._cohort_judge().score_candidates
+        if name == "head_features":
+            return self._cohort_judge().head_features
+        if name == "candidate_logits":
+            return self._cohort_judge().candidate_logits
+        if name == "server_update":
+            if self._trainer is None:
+                self._trainer = ReferenceCohortTrainer(self.cfg, self.info, self.device)
+            return self._trainer
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(SERVICES)
+
+    def __len__(self) -> int:
+        return len(SERVICES)
+
+
 def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: torch.device) -> HospitrustStrategy:
+    """The configured rule, built by the registry from its section and what it needs of the server."""
     train_config = {
         "local-epochs": cfg.local_epochs,
         "batch-size": cfg.batch_size,
         "learning-rate": cfg.learning_rate,
     }
-    kwargs: dict[str, Any] = dict(
-        train_config=train_config,
-        fraction_train=cfg.fraction_train,
-        min_hospitals=cfg.min_hospitals,
+    cls = strategy_class(cfg.strategy)
+    options = cfg.strategy_options
+    strategy = build_strategy(
+        cfg.strategy, hospitals, options=options,
+        composed={name: cfg.options(name) for name in cls.composes(options)},
+        services=ServerServices(cfg, dataset_info(cfg.dataset), device),
+        train_config=train_config, fraction_train=cfg.fraction_train, min_hospitals=cfg.min_hospitals,
         limits=ReplyLimits(max_update_norm=cfg.max_update_norm, max_num_examples=cfg.max_num_examples),
-        seed=cfg.seed,
-        device=device,
+        seed=cfg.seed, device=device, assumed_malicious=cfg.assumed_malicious,
     )
-    # each rule's own settings
-    if cfg.strategy == "fedprox":
-        kwargs["proximal_mu"] = cfg.proximal_mu
-    if cfg.strategy in ("trimmed-mean", "krum", "multi-krum", "bulyan"):
-        kwargs["assumed_malicious"] = cfg.assumed_malicious
-    if cfg.strategy == "multi-krum":
-        kwargs["multi_krum_m"] = cfg.multi_krum_m
-    if cfg.strategy == "centered-clipping":
-        kwargs.update(clipping_tau=cfg.clipping_tau, clipping_iters=cfg.clipping_iters)
-    info = dataset_info(cfg.dataset)
-    if cfg.strategy == "fltrust":
-        kwargs["server_update"] = ReferenceCohortTrainer(cfg, info, device)
-    if cfg.strategy == "contribution":
-        kwargs["contribution_score"] = cfg.contribution_score
-    # trust rules: every run config field named after the rule (fedagain_*, hta_*, earn_*) is its option
-    fields = cfg.model_dump(exclude={"attacks"})
-    if cfg.strategy in ("fedagain", "hta", "earn"):
-        prefix = cfg.strategy + "_"
-        kwargs.update({k: v for k, v in fields.items() if k.startswith(prefix)})
-    if cfg.strategy == "earn" and cfg.earn_base == "hta":  # EARN's base rule takes HTA's own options
-        kwargs["hta_options"] = {k: v for k, v in fields.items() if k.startswith("hta_")}
-    needs_scores = (cfg.strategy == "fedagain" and cfg.fedagain_benchmark == "server") or (
-        cfg.hta_c > 0 and (cfg.strategy == "hta" or (cfg.strategy == "earn" and cfg.earn_base == "hta"))
-    )
-    needs_audit = cfg.strategy == "earn" and cfg.earn_audit
-    judge = ReferenceCohortJudge(cfg, info, device) if needs_scores or needs_audit else None  # one cohort load
-    if needs_scores:
-        kwargs["candidate_scores"] = judge.score_candidates
-    if needs_audit:
-        kwargs["head_features"], kwargs["candidate_logits"] = judge.head_features, judge.candidate_logits
-    strategy = build_strategy(cfg.strategy, hospitals, **kwargs)
     if strategy.required_replies() > len(hospitals):
         log(WARNING, "%s with assumed-malicious %d needs %d valid replies per round but there are only %d "
             "hospitals: every round will keep the previous model", cfg.strategy, cfg.assumed_malicious,

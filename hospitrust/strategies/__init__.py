@@ -1,46 +1,12 @@
-"""Strategy registry: a run config name -> a Flower strategy class.
+"""Flower strategies, one per file, each with its Options; ``registry`` finds them by name.
 
-Every class takes ``(hospitals, **common)`` where ``common`` is built by
-``strategy_kwargs`` from the run config.
+Every class takes ``(hospitals, options, **common)``; ``build_strategy`` builds one from the run
+config's section and what the rule ``needs`` of the server.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
-from hospitrust.strategies.fedavg import FedAvg
-from hospitrust.strategies.bulyan import Bulyan
-from hospitrust.strategies.centered_clipping import CenteredClipping
-from hospitrust.strategies.fedprox import FedProx
-from hospitrust.strategies.fltrust import FLTrust
-from hospitrust.strategies.geometric_median import GeometricMedian
-from hospitrust.strategies.krum import Krum, MultiKrum
-from hospitrust.strategies.median import Median
-from hospitrust.strategies.trimmed_mean import TrimmedMean
-from hospitrust.strategies.fedagain import FedAgain
-from hospitrust.strategies.hta import HTA
-from hospitrust.strategies.earn import EARN
-from hospitrust.strategies.fbd import FBD
-from hospitrust.strategies.contribution import ContributionWeighted
+from hospitrust.strategies.registry import STRATEGIES, build_strategy, strategy_class
 
-STRATEGIES: dict[str, type[HospitrustStrategy]] = {
-    cls.name: cls
-    for cls in (FedAvg, FedProx, Median, TrimmedMean, Krum, MultiKrum, Bulyan, GeometricMedian, CenteredClipping, FLTrust,
-                FedAgain, HTA, EARN, ContributionWeighted, FBD)
-}
-
-
-def build_strategy(name: str, hospitals, **kwargs: Any) -> HospitrustStrategy:
-    try:
-        cls = STRATEGIES[name]
-    except KeyError:
-        raise ValueError(f"unknown strategy {name!r}; allowed: {', '.join(sorted(STRATEGIES))}") from None
-    return cls(hospitals, **kwargs)
-
-
-__all__ = [
-    "Aggregate", "HospitrustStrategy", "STRATEGIES", "build_strategy", "FedAvg", "FedProx", "Median", "TrimmedMean",
-    "Krum", "MultiKrum", "Bulyan", "GeometricMedian", "CenteredClipping", "FLTrust",
-    "FedAgain", "HTA", "EARN", "ContributionWeighted", "FBD",
-]
+__all__ = ["Aggregate", "HospitrustStrategy", "STRATEGIES", "build_strategy", "strategy_class"]

@@ -16,17 +16,28 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from hospitrust.aggregation.vectorize import flatten_state, unflatten_state
+from hospitrust.options import NoOptions, Options, kebab
 from hospitrust.strategies.validation import CheckedReply, RejectedReply, ReplyLimits, check_train_reply
+
+#: What a rule can ask the server for (``HospitrustStrategy.needs``): the keyword argument the
+#: registry passes, and what the server builds it from. All four need the reference cohort.
+SERVICES = {
+    "candidate_scores": "the reference cohort's balanced accuracy of each candidate model global + u_h",
+    "head_features": "the global model's inputs to its last linear layer on the reference cohort",
+    "candidate_logits": "the logits of the global model and of each candidate model on the reference cohort",
+    "server_update": "the global model trained one local epoch on the reference cohort (a root update)",
+}
 
 
 @dataclass
@@ -53,22 +64,73 @@ class RoundRecord:
 class HospitrustStrategy(Strategy):
     """Plumbing for all rules: sampling, reply validation, stacking, records.
 
+    A rule subclasses it with a registry ``name``, its ``Options`` (its run-config section) and
+    ``aggregate_updates``; ``needs`` says which server services it wants (``SERVICES``), and
+    the registry builds it with exactly those.
+
     Parameters
     ----------
-    hospitals : mapping node id -> hospital name (from the query round).
-    train_config : values every hospital gets in its train ConfigRecord (local epochs, lr, ...).
-    fraction_train : share of hospitals asked each round (at least ``min_hospitals``).
-    min_hospitals : fewest valid replies to update the model; fewer keeps the previous one.
-    limits : bounds of the reply validation.
-    seed : seeds hospital sampling.
-    device : where the aggregation math runs.
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options (an instance of its ``Options``, or a mapping of field names); its
+        defaults when None.
+    train_config : Mapping, optional
+        Values every hospital gets in its train ConfigRecord (local epochs, lr, ...).
+    fraction_train : float
+        Share of hospitals asked each round (at least ``min_hospitals``).
+    min_hospitals : int
+        Fewest valid replies to update the model; fewer keeps the previous one.
+    limits : ReplyLimits, optional
+        Bounds of the reply validation.
+    seed : int
+        Seeds hospital sampling.
+    device : torch.device or str
+        Where the aggregation math runs.
     """
 
-    name = "base"
+    name: ClassVar[str] = ""
+    Options: ClassVar[type[Options]] = NoOptions
+    #: True for the rules sized for f attackers: they get run config ``assumed-malicious``
+    sized_for_attackers: ClassVar[bool] = False
+
+    @classmethod
+    def composes(cls, options: Options) -> tuple[str, ...]:
+        """Other rules whose options (run-config sections) this rule uses with ``options``."""
+        return ()
+
+    @classmethod
+    def needs(cls, options: Options, composed: Mapping[str, Options]) -> frozenset[str]:
+        """The server services (keys of ``SERVICES``) this rule needs with these options."""
+        return frozenset()
+
+    @classmethod
+    def check_run_config(cls, cfg: Any) -> None:
+        """Checks of this rule against the rest of the run config when it is selected (a duck-typed
+        ``hospitrust.config.RunConfig``); ValueError naming the keys.
+        """
+
+    @classmethod
+    def parse_options(cls, options: Options | Mapping[str, Any] | None) -> Options:
+        if options is None:
+            return cls.Options()
+        if isinstance(options, cls.Options):
+            return options
+        if isinstance(options, Options):
+            raise TypeError(f"{cls.name}: options must be {cls.Options.__name__}, got {type(options).__name__}")
+        try:
+            parsed = cls.Options.model_validate(dict(options))
+        except ValidationError as err:  # the run-config names: earn.nonholder-weight = 1.5: ...
+            lines = [f"{cls.name}.{'.'.join(kebab(str(p)) for p in e['loc'])} = {e.get('input')!r}: "
+                     f"{e['msg'].removeprefix('Value error, ')}" for e in err.errors()]
+            raise ValueError("; ".join(lines)) from None
+        parsed.check_dependencies(parsed.set_keys())
+        return parsed
 
     def __init__(
         self,
         hospitals: Mapping[int, str],
+        options: Options | Mapping[str, Any] | None = None,
         *,
         train_config: Mapping[str, Any] | None = None,
         fraction_train: float = 1.0,
@@ -79,6 +141,7 @@ class HospitrustStrategy(Strategy):
     ) -> None:
         if not hospitals:
             raise ValueError("a strategy needs at least one hospital")
+        self.options = self.parse_options(options)
         self.hospitals = dict(hospitals)
         self.train_config = dict(train_config or {})
         self.fraction_train = fraction_train
@@ -293,7 +356,8 @@ class HospitrustStrategy(Strategy):
 
     def _integer_buffers(self, accepted: list[CheckedReply], selected: torch.Tensor) -> dict[str, torch.Tensor]:
         """Non-float tensors (BatchNorm counters) are copied, never averaged: the largest among
-        the selected replies, so a counter only moves forward."""
+        the selected replies, so a counter only moves forward.
+        """
         assert self.global_state is not None
         template = dict(self.global_state)
         chosen = [r for r, s in zip(accepted, selected.tolist()) if s] or accepted

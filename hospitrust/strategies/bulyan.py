@@ -13,12 +13,15 @@ class Bulyan(HospitrustStrategy):
     values closest to the median are averaged. Needs n >= 4f + 3.
 
     Selected hospitals are recorded with the nominal weight 1/theta (the coordinate phase
-    trims per coordinate, so a hospital's real share varies by coordinate)."""
+    trims per coordinate, so a hospital's real share varies by coordinate).
+    """
 
     name = "bulyan"
 
-    def __init__(self, hospitals, *, assumed_malicious: int = 1, **kwargs) -> None:
-        super().__init__(hospitals, **kwargs)
+    sized_for_attackers = True
+
+    def __init__(self, hospitals, options=None, *, assumed_malicious: int = 1, **kwargs) -> None:
+        super().__init__(hospitals, options, **kwargs)
         self.f = assumed_malicious
 
     def required_replies(self) -> int:

@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import torch
 
+from pydantic import Field
+
 from hospitrust.aggregation import centered_clipping
+from hospitrust.options import Options
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
+
+
+class CenteredClippingOptions(Options):
+    radius: float = Field(0.0, ge=0.0, description=(
+        "Clipping radius tau around the previous aggregate (0: the median distance to the center, each "
+        "round)."
+    ))
+    iterations: int = Field(1, ge=1, le=100, description="Clipping iterations per round.")
 
 
 class CenteredClipping(HospitrustStrategy):
@@ -13,14 +24,16 @@ class CenteredClipping(HospitrustStrategy):
     then averaged: v <- v + mean_i (x_i - v) min(1, tau / ||x_i - v||).
 
     ``tau`` <= 0 picks the radius each round as the median distance of the updates to the
-    center, so half the hospitals are clipped whatever the model's scale."""
+    center, so half the hospitals are clipped whatever the model's scale.
+    """
 
     name = "centered-clipping"
+    Options = CenteredClippingOptions
     state_attrs = ("center",)
 
-    def __init__(self, hospitals, *, clipping_tau: float = 0.0, clipping_iters: int = 1, **kwargs) -> None:
-        super().__init__(hospitals, **kwargs)
-        self.tau, self.iters = clipping_tau, clipping_iters
+    def __init__(self, hospitals, options=None, **kwargs) -> None:
+        super().__init__(hospitals, options, **kwargs)
+        self.tau, self.iters = self.options.radius, self.options.iterations
         self.center: torch.Tensor | None = None  # state across rounds
 
     def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:

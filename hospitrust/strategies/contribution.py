@@ -1,7 +1,7 @@
 """Contribution-weighted aggregation: each hospital weighs in with its clipped positive score.
 
 ``Δ = Σ_i w_i u_i`` with ``w_i ∝ max(s_i, 0)``, where ``s_i`` is hospital i's contribution
-score (Fair-Private or Everybody-Else, run config ``contribution-score``) accumulated over
+score (Fair-Private or Everybody-Else, run config ``contribution.score``) accumulated over
 the rounds scored so far. Until every hospital in the round has a score, and whenever no
 score is positive, it is FedAvg (weights ∝ examples). The scores come from
 ``hospitrust.contribution`` through ``update_scores`` after each round; the aggregate is
@@ -14,21 +14,32 @@ is shut out. Not available under secure aggregation (the server cannot weight a 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 
 import torch
+from pydantic import Field
 
+from hospitrust.options import Options
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 
 
+class ContributionOptions(Options):
+    score: Literal["fp", "ee"] = Field("fp", description=(
+        "The contribution score the weights come from: fp (Fair-Private) or ee (Everybody-Else), accumulated "
+        "over the rounds, clipped at 0. Needs contribution-scoring.enabled."
+    ))
+
+
 class ContributionWeighted(HospitrustStrategy):
+    """Each hospital weighs in with its accumulated contribution score, clipped at 0 (FedAvg until every hospital has one)."""
+
     name = "contribution"
+    Options = ContributionOptions
     state_attrs = ("scores",)  # checkpointed: the accumulated scores the weights come from
 
-    def __init__(self, hospitals, *, contribution_score: str = "fp", **common) -> None:
-        super().__init__(hospitals, **common)
-        if contribution_score not in ("fp", "ee"):
-            raise ValueError(f"contribution_score must be 'fp' or 'ee', got {contribution_score!r}")
-        self.contribution_score = contribution_score
+    def __init__(self, hospitals, options=None, **common) -> None:
+        super().__init__(hospitals, options, **common)
+        self.contribution_score = self.options.score
         self.scores: dict[str, float] = {}
 
     def update_scores(self, totals: Mapping[str, Mapping[str, float]]) -> None:

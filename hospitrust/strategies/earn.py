@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 from logging import INFO, WARNING
+from typing import Any, Literal
 
 import torch
 from flwr.common import log
+from pydantic import Field, field_validator
 
 from hospitrust.aggregation import coordinate_median, flatten_state, median_norm_clip
 from hospitrust.aggregation.earn import (
@@ -25,21 +26,18 @@ from hospitrust.aggregation.earn import (
     update_evidence,
 )
 from hospitrust.metrics import rare_classes
+from hospitrust.options import Options
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
-from hospitrust.strategies.hta import HTA
+from hospitrust.strategies.hta import HTA, HTAOptions
 
-EVIDENCE = ("update", "update-count", "reported")
-MODES = ("blend", "peer", "history")
-BASES = ("fedavg", "median", "hta")
-ROW_CLIPS = ("off", "update", "holders")
-AUDITS = ("row", "row-shift-free", "model")
 FLAG_TRUST = 0.1  # a holder of a rare class whose trust on that row is below this, once its history is locked
 
 
 def classifier_head(global_state: dict[str, torch.Tensor]) -> tuple[int, int, int, int]:
     """Where the last layer sits in the flat vector: ``(weight offset, C, H, bias offset)``.
 
-    The last float 1-D tensor (bias, shape (C,)) right after a float 2-D tensor of shape (C, H)."""
+    The last float 1-D tensor (bias, shape (C,)) right after a float 2-D tensor of shape (C, H).
+    """
     spec = flatten_state(global_state)[1]
     for i in range(len(spec.keys) - 1, 0, -1):
         bias, weight = spec.shapes[i], spec.shapes[i - 1]
@@ -73,48 +71,136 @@ def parse_class_list(text: str) -> tuple[int, ...]:
     try:
         out = tuple(sorted({int(t) for t in text.split(",") if t.strip()}))
     except ValueError:
-        raise ValueError(f"earn-rare-classes must be comma-separated class indices, e.g. '4' or '1,4'; got {text!r}") from None
+        raise ValueError(f"earn.rare-classes must be comma-separated class indices, e.g. '4' or '1,4'; got {text!r}") from None
     if any(c < 0 for c in out):
-        raise ValueError(f"earn-rare-classes must be non-negative, got {text!r}")
+        raise ValueError(f"earn.rare-classes must be non-negative, got {text!r}")
     return out
+
+
+class EARNAblation(Options):
+    """Toggles that bring back an earlier, worse-measured EARN (never the default; docs/rules/earn.md)."""
+
+    subsection = True
+    nonholder_by_peers: bool = Field(True, description=(
+        "Multiply earn.nonholder-weight in a rare row by 1 - p(c), p(c) = clip((n(c) - 1) / 4, 0, 1) from the"
+        " class's holders: a row with one holder is as specified (its non-holders dilute a faker), a row with"
+        " five or more holders is learned from them alone. false: the fixed factor (the rule before; "
+        "docs/experiments/2026-12-01-earn-nonholder-by-peers.md)."
+    ))
+    excuse_direction: bool = Field(True, description=(
+        "On the HTA base, the rare-class trust a hospital has earned (audited on the reference cohort) floors"
+        " HTA's direction signal s for it at trust x the round's median s; m and v still apply. In effect "
+        "only with earn.audit and hta.validation-exponent > 0. false: no excuse (the rule before; "
+        "docs/experiments/2026-11-30-earn-direction-excuse.md)."
+    ))
+
+
+class EARNOptions(Options):
+    evidence: Literal["update", "update-count", "reported"] = Field("update", description=(
+        "Evidence of who holds a class: update = the positive part of the class row's bias update; "
+        "update-count = class counts estimated from the bias update per local step and num-examples; reported"
+        " = the hospitals' class counts (fakeable)."
+    ))
+    agreement: Literal["blend", "peer", "history"] = Field("blend", description=(
+        "Row agreement: blend = p(c) x peer + (1 - p(c)) x own history; peer = peers only; history = own "
+        "history only."
+    ))
+    nonholder_weight: float = Field(1.0, ge=0.0, le=1.0, description=(
+        "Factor on the base weight of a hospital that does not hold a rare class (by the evidence) in that "
+        "class's row; 1 is the rule as specified, 0 learns the row from its holders only."
+    ))
+    row_cap: float = Field(0.5, gt=0.0, le=1.0, description=(
+        "The largest share one hospital may hold of a rare-class row (1: no cap)."
+    ))
+    clip_rows: Literal["off", "update", "holders"] = Field("update", description=(
+        "Rare rows: update = each hospital's row update scaled by the factor that clips its whole update to "
+        "the round's median norm (the HTA base's kept updates); holders = the larger of that factor and the "
+        "one that clips the row to the median row norm of the class's holders; off = unclipped rows (the rule"
+        " before)."
+    ))
+    history_rounds: int = Field(3, ge=1, le=1000, description=(
+        "A hospital's first rounds averaged into its locked history row."
+    ))
+    agree_threshold: float = Field(0.1, ge=0.0, le=1.0, description=(
+        "A row agrees when its (blended) agreement is at least this."
+    ))
+    audit: bool = Field(True, description=(
+        "A row must also raise its class's logit on the reference cohort's images of that class (needs the "
+        "reference cohort)."
+    ))
+    audit_by: Literal["row", "row-shift-free", "model"] = Field("row-shift-free", description=(
+        "Audit: row (the class row update against the global model's features), row-shift-free (the same with"
+        " the row's component along the mean feature removed, so raising the class everywhere earns nothing) "
+        "or model (the hospital's whole candidate model must separate the class better on the cohort than the"
+        " global model)."
+    ))
+    rare_classes: str = Field("", description=(
+        "The rare classes, e.g. '4' or '1,4'; empty: automatic (earn.rare-fraction)."
+    ))
+    rare_fraction: float = Field(0.6, gt=0.0, le=1.0, description=(
+        "Automatic rare classes: reported federation total below this x the mean class total (and always the "
+        "rarest)."
+    ))
+    base: Literal["fedavg", "median", "hta"] = Field("hta", description=(
+        "The rule for the body and the other rows: fedavg, median, or hta (HTA with its hta.* options; its "
+        "weights also replace FedAvg's in the rare rows)."
+    ))
+    ablation: EARNAblation = Field(default_factory=EARNAblation, description="Ablations of EARN.")
+
+    @field_validator("rare_classes")
+    @classmethod
+    def _rare_classes(cls, v: str) -> str:
+        parse_class_list(v)  # raises ValueError with the reason
+        return v
+
+    def check_dependencies(self, set_keys: set[str]) -> None:
+        # the excuse floors s by audited trust: unaudited, a consistent faker earns trust from its own history.
+        # Left at its default it is in effect where the audit runs on the HTA base (the run summary says so).
+        if "ablation.excuse-direction" in set_keys and self.ablation.excuse_direction:
+            if not self.audit:
+                raise ValueError("earn.ablation.excuse-direction = true needs earn.audit = true (only audited trust excuses "
+                                 "a direction); set one of them differently")
+            if self.base != "hta":
+                raise ValueError(f"earn.ablation.excuse-direction = true needs earn.base = 'hta' (it floors HTA's direction "
+                                 f"signal), got {self.base!r}")
 
 
 class EARN(HospitrustStrategy):
     """Per rare class c: evidence of who holds c (``reported`` class counts, or ``update``:
     the positive part of each hospital's bias update of row c), n(c) holders,
     p(c) = clip((n(c) - 1) / 4, 0, 1); agreement of the row update (weights and bias)
-    a = p peer + (1 - p) history (``earn-mode`` peer: p = 1; history: p = 0), the history
-    being the mean of the hospital's own rows over its first ``earn-history-rounds`` rounds,
-    then locked. Audited (``earn-audit``): the row must also raise class c's logit more on
-    the server's class-c reference images than on the others (``earn-audit-by``
+    a = p peer + (1 - p) history (``earn.agreement`` peer: p = 1; history: p = 0), the history
+    being the mean of the hospital's own rows over its first ``earn.history-rounds`` rounds,
+    then locked. Audited (``earn.audit``): the row must also raise class c's logit more on
+    the server's class-c reference images than on the others (``earn.audit-by``
     row-shift-free, the default: :func:`row_audit` of the row without its component along
     the mean feature, so raising class c on every image earns nothing; row: the plain row
     against the global model's features; model: :func:`model_audit`, the hospital's whole
     candidate model); a consistent faker agrees
     with its own history but fails the audit. Trust per (k, c):
     +gain on agreement, x decay otherwise (only for holders). Row c is averaged with
-    FedAvg weight + trust x evidence share, no hospital above ``earn-cap`` (1: no cap),
-    each row update first scaled (``earn-clip-rows`` update) by the factor that clips the
+    FedAvg weight + trust x evidence share, no hospital above ``earn.row-cap`` (1: no cap),
+    each row update first scaled (``earn.clip-rows`` update) by the factor that clips the
     hospital's whole update to the median norm (with the HTA base, the median of HTA's kept
     updates), or (holders) by the larger of that factor and the one that clips the row to
     the median row norm of the class's holders (:func:`rare_row_clip`); with all trust at 0
     this is FedAvg with the cap, on clipped rows (the non-holders scaled as below). Other
     rows and the body: FedAvg, the
-    coordinate median or HTA (``earn-base``). With HTA, HTA's weights replace FedAvg's in
+    coordinate median or HTA (``earn.base``). With HTA, HTA's weights replace FedAvg's in
     the rare rows too (an update HTA excludes starts there from 0 and counts only through
     the trust it earned on that row).
-    A non-holder's base weight in a rare row is multiplied by ``earn-nonholder-weight``, and
-    with ``earn-nonholder-by-peers`` also by 1 - p(c) (:func:`nonholder_factor`): a row with
+    A non-holder's base weight in a rare row is multiplied by ``earn.nonholder-weight``, and
+    with ``earn.ablation.nonholder-by-peers`` also by 1 - p(c) (:func:`nonholder_factor`): a row with
     one holder keeps its non-holders (they dilute a faker), a row with five or more holders is
     learned from them alone.
-    ``earn-excuse-direction`` (HTA base): the rare-class trust a hospital earned up to the
+    ``earn.ablation.excuse-direction`` (HTA base): the rare-class trust a hospital earned up to the
     last round floors HTA's direction signal s for it (at trust x the round's median s),
     so HTA does not weigh an audited specialist down for the direction its rare data gives
     its update (m and v still apply; only with the audit on and HTA's v in use, which
     checks the whole update).
 
-    Rare classes: ``earn-rare-classes`` (e.g. '4'), or automatically those whose reported
-    federation total is below ``earn-rare-fraction`` x the mean class total, plus the
+    Rare classes: ``earn.rare-classes`` (e.g. '4'), or automatically those whose reported
+    federation total is below ``earn.rare-fraction`` x the mean class total, plus the
     rarest; without reported counts, the classes with the fewest holders by evidence.
     The update-derived evidence is compared with the reported counts every round
     (mean over classes of the Spearman across hospitals), recorded as ``evidence_spearman``.
@@ -124,61 +210,55 @@ class EARN(HospitrustStrategy):
     """
 
     name = "earn"
+    Options = EARNOptions
     state_attrs = ("trust", "history_sum", "history_rounds", "evidence_spearman", "base_state")
+    gain, decay = 0.1, 0.5  # trust on agreement: + gain; otherwise x decay
+
+    @classmethod
+    def composes(cls, options) -> tuple[str, ...]:
+        return ("hta",) if options.base == "hta" else ()
+
+    @classmethod
+    def needs(cls, options, composed) -> frozenset[str]:
+        out: set[str] = set()
+        if options.audit:
+            out.add("candidate_logits" if options.audit_by == "model" else "head_features")
+        if options.base == "hta":
+            out |= HTA.needs(composed.get("hta", HTAOptions()), composed)
+        return frozenset(out)
 
     def __init__(
         self,
         hospitals,
+        options=None,
         *,
-        earn_evidence: str = "update",
-        earn_mode: str = "blend",
-        earn_cap: float = 0.5,
-        earn_nonholder_weight: float = 1.0,
-        earn_nonholder_by_peers: bool = True,
-        earn_clip_rows: str = "update",
-        earn_history_rounds: int = 3,
-        earn_agree_threshold: float = 0.1,
-        earn_audit: bool = True,
-        earn_audit_by: str = "row-shift-free",
-        earn_rare_classes: str = "",
-        earn_rare_fraction: float = 0.6,
-        earn_base: str = "hta",
-        earn_gain: float = 0.1,
-        earn_decay: float = 0.5,
-        earn_excuse_direction: bool = True,
+        hta_options: HTAOptions | dict[str, Any] | None = None,
         head_features: Callable[[dict], tuple[torch.Tensor, torch.Tensor]] | None = None,
         candidate_logits: Callable[[dict, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None,
-        hta_options: dict[str, Any] | None = None,
         candidate_scores: Callable[[dict, torch.Tensor], torch.Tensor] | None = None,
         **kwargs,
     ) -> None:
-        super().__init__(hospitals, **kwargs)
-        for key, value, allowed in (("earn-evidence", earn_evidence, EVIDENCE), ("earn-mode", earn_mode, MODES),
-                                    ("earn-clip-rows", earn_clip_rows, ROW_CLIPS),
-                                    ("earn-base", earn_base, BASES), ("earn-audit-by", earn_audit_by, AUDITS)):
-            if value not in allowed:
-                raise ValueError(f"{key} must be one of {allowed}, got {value!r}")
-        judge = candidate_logits if earn_audit_by == "model" else head_features
-        if earn_audit and judge is None:  # the ServerApp always gives both; bare use (tests) runs unaudited
+        super().__init__(hospitals, options, **kwargs)
+        o = self.options
+        audit = o.audit
+        judge = candidate_logits if o.audit_by == "model" else head_features
+        if audit and judge is None:  # the ServerApp always gives both; bare use (tests) runs unaudited
             log(WARNING, "earn: no %s callable (reference cohort): rows are not audited",
-                "candidate_logits" if earn_audit_by == "model" else "head_features")
-            earn_audit = False
-        self.evidence_source, self.mode, self.cap, self.clip_rows = earn_evidence, earn_mode, earn_cap, earn_clip_rows
-        if not 0.0 <= earn_nonholder_weight <= 1.0:
-            raise ValueError(f"earn-nonholder-weight must be in [0, 1], got {earn_nonholder_weight}")
-        self.nonholder_weight, self.nonholder_by_peers = earn_nonholder_weight, earn_nonholder_by_peers
-        self.history_len, self.agree_threshold, self.audit = earn_history_rounds, earn_agree_threshold, earn_audit
-        self.rare_explicit = parse_class_list(earn_rare_classes)
-        self.rare_fraction, self.base = earn_rare_fraction, earn_base
-        self.gain, self.decay = earn_gain, earn_decay
-        self.head_features, self.candidate_logits, self.audit_by = head_features, candidate_logits, earn_audit_by
-        # earn-base hta: HTA (its hta-* options, reputation kept across rounds) weighs the body and
+                "candidate_logits" if o.audit_by == "model" else "head_features")
+            audit = False
+        self.evidence_source, self.mode, self.cap, self.clip_rows = o.evidence, o.agreement, o.row_cap, o.clip_rows
+        self.nonholder_weight, self.nonholder_by_peers = o.nonholder_weight, o.ablation.nonholder_by_peers
+        self.history_len, self.agree_threshold, self.audit = o.history_rounds, o.agree_threshold, audit
+        self.rare_explicit = parse_class_list(o.rare_classes)
+        self.rare_fraction, self.base = o.rare_fraction, o.base
+        self.head_features, self.candidate_logits, self.audit_by = head_features, candidate_logits, o.audit_by
+        # earn.base hta: HTA (its hta.* options, reputation kept across rounds) weighs the body and
         # the other rows, and its weights replace FedAvg's in the rare rows
-        self.base_rule = (HTA(hospitals, candidate_scores=candidate_scores, **(hta_options or {}), **kwargs)
-                          if earn_base == "hta" else None)
+        self.base_rule = (HTA(hospitals, hta_options, candidate_scores=candidate_scores, **kwargs)
+                          if o.base == "hta" else None)
         # only audited trust excuses (unaudited, a consistent faker earns trust from its own history),
         # and only where HTA's v checks the whole update on the reference cohort (the audit checks one row)
-        self.excuse_direction = (earn_excuse_direction and self.audit and self.base_rule is not None
+        self.excuse_direction = (o.ablation.excuse_direction and self.audit and self.base_rule is not None
                                  and self.base_rule.c > 0 and self.base_rule.candidate_scores is not None)
         self.trust: dict[str, dict[int, float]] = {}
         self.history_sum: dict[str, torch.Tensor] = {}
@@ -209,7 +289,8 @@ class EARN(HospitrustStrategy):
         """Per hospital, the most rare-class trust it has earned before this round (0 if none):
         the excuse HTA floors its direction signal with (trust x the round's median s), so an
         audited specialist is not marked down for pointing where only its rare data points
-        (``earn-excuse-direction``)."""
+        (``earn.ablation.excuse-direction``).
+        """
         return torch.tensor([max([self.trust.get(nm, {}).get(c, 0.0) for c in rare], default=0.0) for nm in names],
                             dtype=torch.float64)
 
@@ -240,7 +321,7 @@ class EARN(HospitrustStrategy):
         try:
             w_off, C, H, b_off = classifier_head(self.global_state)
         except ValueError as err:  # no linear head: no class rows to judge, the base rule alone
-            log(WARNING, "Round %d: %s; aggregated with earn-base %s only", server_round, err, self.base)
+            log(WARNING, "Round %d: %s; aggregated with earn.base %s only", server_round, err, self.base)
             update, base_w, base_agg = self._base(server_round, updates, num_examples, replies)
             if base_agg is not None:
                 return base_agg

@@ -18,29 +18,81 @@ import time
 from collections.abc import Iterable, Mapping
 from logging import INFO, WARNING
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from pydantic import Field, model_validator
+
+from hospitrust.fbd.blocks import blocks_for
 from hospitrust.fbd.plan import ShippingPlan
+from hospitrust.fbd.routing import parse_color_list
+from hospitrust.options import Options
 from hospitrust.fbd.stamps import StampLog
 from hospitrust.fbd.warehouse import Warehouse, parse_color_key
 from hospitrust.strategies.base import HospitrustStrategy, RoundRecord
 from hospitrust.strategies.validation import RejectedReply, shorten, negative_running_var
 
 
+class FBDOptions(Options):
+    colors: int = Field(6, ge=1, le=64, description=(
+        "Colors in the warehouse (complete models, each from one version of every block)."
+    ))
+    redundancy: int = Field(3, ge=1, description=(
+        "Writers per color; a generated plan needs colors x redundancy to be a multiple of the hospitals."
+    ))
+    plan: str = Field("", description=(
+        "The shipping plan: '' generates one (seeded); 'hospital-0:0,1,2; hospital-1:3,4,5' (a bare index i "
+        "means hospital-i) or a plan .json path."
+    ))
+    distill_weight: float = Field(0.1, ge=0.0, le=100.0, description=(
+        "lambda, the weight of the KL term to the sibling color's predictions in local training (0: plain "
+        "cross-entropy)."
+    ))
+    routing: Literal["ensemble", "max-confidence"] = Field("ensemble", description=(
+        "Inference routing: ensemble (the mean of the colors' predictions) or max-confidence (per sample, the"
+        " most confident color)."
+    ))
+    exclude_colors: str = Field("", description="Colors left out of routing, e.g. '1,4'.")
+    detect_z: float = Field(1.5, gt=0.0, description=(
+        "Detection: a color whose reference-cohort loss z-score exceeds this is flagged."
+    ))
+    exclude_flagged: bool = Field(False, description="Leave flagged colors out of routing.")
+
+    @model_validator(mode="after")
+    def _colors(self) -> "FBDOptions":
+        excluded = parse_color_list(self.exclude_colors, self.colors)  # raises ValueError naming the bad color
+        if len(excluded) >= self.colors:
+            raise ValueError(f"fbd.exclude-colors leaves none of the {self.colors} colors for routing")
+        return self
+
+
 class FBD(HospitrustStrategy):
     """Block ownership: per-hospital shipping, permission-checked direct replacement."""
 
     name = "fbd"
+    Options = FBDOptions
 
-    def __init__(self, hospitals: Mapping[int, str], *, plan: ShippingPlan | None = None,
-                 warehouse: Warehouse | None = None, fbd_lambda: float = 0.1, stamp_log: StampLog | None = None,
+    @classmethod
+    def check_run_config(cls, cfg: Any) -> None:
+        blocks_for(cfg.model)  # ValueError naming the models that have a block cut
+        on = [key for key, value in (("resume-from", bool(cfg.resume_from)), ("secagg.enabled", cfg.secagg.enabled),
+                                     ("contribution-scoring.enabled", cfg.contribution_scoring.enabled)) if value]
+        if on:
+            raise ValueError(f"strategy fbd does not support {', '.join(on)} (its state is a warehouse of colors, "
+                             "written by direct replacement); turn them off")
+        if cfg.train.fedrs_alpha < 1.0:
+            raise ValueError(f"train.fedrs-alpha {cfg.train.fedrs_alpha} is not used by strategy fbd (its hospitals "
+                             "train block pairs with their own loss); leave it at 1.0")
+
+    def __init__(self, hospitals: Mapping[int, str], options=None, *, plan: ShippingPlan | None = None,
+                 warehouse: Warehouse | None = None, stamp_log: StampLog | None = None,
                  **common: Any) -> None:
-        super().__init__(hospitals, **common)
+        super().__init__(hospitals, options, **common)
+        fbd_lambda = self.options.distill_weight
         if plan is None or warehouse is None:
             raise ValueError("strategy fbd needs a shipping plan and a warehouse (run it through hospitrust.fbd.server)")
         if plan.num_colors != warehouse.num_colors:
@@ -92,7 +144,8 @@ class FBD(HospitrustStrategy):
 
     def _check(self, reply: Message, shipped: dict[str, Any]) -> tuple[dict, list[tuple[str, dict]], list[dict], int]:
         """(metrics, accepted (block, tensors) writes, rejected writes, num-examples) of one reply;
-        RejectedReply when the reply as a whole is unusable."""
+        RejectedReply when the reply as a whole is unusable.
+        """
         hospital, color = shipped["hospital"], shipped["color"]
         if reply.has_error():
             raise RejectedReply(f"error reply: {shorten(reply.error.reason)}")

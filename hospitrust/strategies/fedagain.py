@@ -5,15 +5,34 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from logging import INFO
+from typing import Literal
 
 import torch
 from flwr.common import log
+from pydantic import Field
 
 from hospitrust.aggregation import fedagain_divergence, fedagain_trust, flatten_state
+from hospitrust.options import Options
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 
-BENCHMARKS = ("client", "server")
-DIVERGENCES = ("l2", "cosine", "median")
+
+class FedAgainOptions(Options):
+    benchmark: Literal["client", "server"] = Field("client", description=(
+        "E: client = the hospital's reported error of the incoming global model on its validation set (the "
+        "paper); server = 1 - reference-cohort balanced accuracy of the hospital's returned model (a variant;"
+        " needs the reference cohort)."
+    ))
+    divergence: Literal["l2", "cosine", "median"] = Field("l2", description=(
+        "D: l2 = ||returned - global|| (the paper); cosine = 1 - cos(returned, global) (the authors' code); "
+        "median = ||update - coordinate-wise median update|| (a variant)."
+    ))
+    divergence_quantile: float = Field(0.5, ge=0.0, le=1.0, description=(
+        "D is floored at this quantile of the round's divergences (a free-rider has D = 0)."
+    ))
+    error_quantile: float = Field(0.5, ge=0.0, le=1.0, description=(
+        "E is floored at this quantile of the round's errors (a hospital reporting E = 0)."
+    ))
+    error_floor: float = Field(0.01, ge=0.0, le=1.0, description="Absolute floor of E.")
 
 
 def reported_errors(replies) -> tuple[torch.Tensor, list[str]]:
@@ -53,31 +72,23 @@ class FedAgain(HospitrustStrategy):
     """
 
     name = "fedagain"
+    Options = FedAgainOptions
 
-    def __init__(
-        self,
-        hospitals,
-        *,
-        fedagain_benchmark: str = "client",
-        fedagain_divergence: str = "l2",
-        fedagain_divergence_quantile: float = 0.5,
-        fedagain_error_quantile: float = 0.5,
-        fedagain_error_floor: float = 0.01,
-        candidate_scores: Callable[[dict, torch.Tensor], torch.Tensor] | None = None,
-        **kwargs,
-    ) -> None:
-        super().__init__(hospitals, **kwargs)
-        if fedagain_benchmark not in BENCHMARKS:
-            raise ValueError(f"fedagain-benchmark must be one of {BENCHMARKS}, got {fedagain_benchmark!r}")
-        if fedagain_divergence not in DIVERGENCES:
-            raise ValueError(f"fedagain-divergence must be one of {DIVERGENCES}, got {fedagain_divergence!r}")
-        if fedagain_benchmark == "server" and candidate_scores is None:
-            raise ValueError("fedagain-benchmark 'server' needs a candidate_scores callable (the reference cohort)")
-        self.benchmark = fedagain_benchmark
-        self.divergence = fedagain_divergence
-        self.divergence_quantile = fedagain_divergence_quantile
-        self.error_quantile = fedagain_error_quantile
-        self.error_floor = fedagain_error_floor
+    @classmethod
+    def needs(cls, options, composed) -> frozenset[str]:
+        return frozenset({"candidate_scores"}) if options.benchmark == "server" else frozenset()
+
+    def __init__(self, hospitals, options=None, *,
+                 candidate_scores: Callable[[dict, torch.Tensor], torch.Tensor] | None = None, **kwargs) -> None:
+        super().__init__(hospitals, options, **kwargs)
+        o = self.options
+        if o.benchmark == "server" and candidate_scores is None:
+            raise ValueError("fedagain.benchmark 'server' needs a candidate_scores callable (the reference cohort)")
+        self.benchmark = o.benchmark
+        self.divergence = o.divergence
+        self.divergence_quantile = o.divergence_quantile
+        self.error_quantile = o.error_quantile
+        self.error_floor = o.error_floor
         self.candidate_scores = candidate_scores
 
     def summary(self) -> None:

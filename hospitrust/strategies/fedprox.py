@@ -6,15 +6,25 @@ carries ``proximal-mu`` and the ClientApp adds ``(mu/2)||w - w_global||^2`` to i
 
 from __future__ import annotations
 
+from pydantic import Field
+
+from hospitrust.options import Options
 from hospitrust.strategies.fedavg import FedAvg
 
 
-class FedProx(FedAvg):
-    name = "fedprox"
+class FedProxOptions(Options):
+    proximal_mu: float = Field(0.01, gt=0.0, description=(
+        "Weight mu of the proximal term (mu/2)||w - w_global||^2 in each hospital's loss."
+    ))
 
-    def __init__(self, hospitals, *, proximal_mu: float = 0.01, **kwargs) -> None:
-        if proximal_mu <= 0:
-            raise ValueError(f"fedprox needs proximal-mu > 0, got {proximal_mu}")
-        super().__init__(hospitals, **kwargs)
-        self.proximal_mu = proximal_mu
-        self.train_config["proximal-mu"] = float(proximal_mu)
+
+class FedProx(FedAvg):
+    """FedAvg's aggregate; each hospital trains with FedProx's proximal term (weight ``fedprox.proximal-mu``)."""
+
+    name = "fedprox"
+    Options = FedProxOptions
+
+    def __init__(self, hospitals, options=None, **kwargs) -> None:
+        super().__init__(hospitals, options, **kwargs)
+        self.proximal_mu = self.options.proximal_mu
+        self.train_config["proximal-mu"] = float(self.proximal_mu)

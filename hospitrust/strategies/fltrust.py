@@ -16,12 +16,18 @@ class FLTrust(HospitrustStrategy):
     update is rescaled to ||g|| and the trust-weighted mean is the aggregate.
 
     ``server_update`` is a callable global state -> (d,) root update (built by the
-    ServerApp, which holds the model and the reference cohort)."""
+    ServerApp, which holds the model and the reference cohort).
+    """
 
     name = "fltrust"
 
-    def __init__(self, hospitals, *, server_update: Callable[[dict, int], torch.Tensor] | None = None, **kwargs) -> None:
-        super().__init__(hospitals, **kwargs)
+    @classmethod
+    def needs(cls, options, composed) -> frozenset[str]:
+        return frozenset({"server_update"})
+
+    def __init__(self, hospitals, options=None, *, server_update: Callable[[dict, int], torch.Tensor] | None = None,
+                 **kwargs) -> None:
+        super().__init__(hospitals, options, **kwargs)
         if server_update is None:
             raise ValueError("fltrust needs a server_update callable (the root update from the reference cohort)")
         self.server_update = server_update

@@ -12,7 +12,8 @@ class GeometricMedian(HospitrustStrategy):
     """The point minimizing the example-weighted sum of distances to the updates.
 
     Each hospital's recorded weight is its Weiszfeld weight at the solution,
-    alpha_i / max(eps, ||z - x_i||), normalized: far-off updates count little."""
+    alpha_i / max(eps, ||z - x_i||), normalized: far-off updates count little.
+    """
 
     name = "geometric-median"
     eps = 1e-6

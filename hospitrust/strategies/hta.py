@@ -8,17 +8,68 @@ from logging import INFO, WARNING
 
 import torch
 from flwr.common import log
+from pydantic import Field
 
 from hospitrust.aggregation.duplicates import duplicate_groups
 from hospitrust.aggregation import excused_direction, hta_fusion, hta_signals, hta_weights, mad_exclusion, reputation_update
+from hospitrust.options import Options
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
+
+
+class HTAAblation(Options):
+    """Toggles that bring back an earlier, worse-measured HTA (never the default; docs/rules/hta.md)."""
+
+    subsection = True
+    trim_norms: bool = Field(True, description=(
+        "The median norm behind m and the clip is taken over the norms at most hta.magnitude-tolerance x the "
+        "plain median (one trimming step, the top only), so scaled updates do not raise the threshold every "
+        "honest update is clipped to. false: the plain median (the rule before; measured in "
+        "docs/experiments/2026-11-30-hta-trim-norms.md)."
+    ))
+    merge_duplicates: bool = Field(True, description=(
+        "Updates whose pairwise cosine reaches hta.duplicate-cosine count as one voice (the medians of s, m "
+        "and v see their mean once; the group shares one hospital's weight) and are flagged. false: not "
+        "merged (the rule before; measured in docs/experiments/2026-11-30-hta-duplicates.md)."
+    ))
+
+
+class HTAOptions(Options):
+    direction_exponent: float = Field(0.5, ge=0.0, le=10.0, description=(
+        "a, the exponent of s (direction agreement with the coordinate median); 0 drops the signal."
+    ))
+    magnitude_exponent: float = Field(1.0, ge=0.0, le=10.0, description=(
+        "b, the exponent of m (magnitude plausibility); 0 drops the signal."
+    ))
+    validation_exponent: float = Field(1.0, ge=0.0, le=10.0, description=(
+        "c, the exponent of v (reference-cohort validation); 0 drops the signal and HTA needs no reference "
+        "cohort."
+    ))
+    ema_rate: float = Field(0.3, gt=0.0, le=1.0, description="Reputation EMA rate (weight of the new round).")
+    variance_penalty: float = Field(1.0, ge=0.0, description=(
+        "Reputation = EMA - this x the exponentially weighted standard deviation of tau."
+    ))
+    exclusion_mads: float = Field(2.0, ge=0.0, description=(
+        "lambda: excluded when reputation < median - lambda x MAD (and below exclusion-fraction x median)."
+    ))
+    exclusion_fraction: float = Field(0.5, ge=0.0, le=1.0, description=(
+        "kappa: excluded when reputation < kappa x median (and below median - exclusion-mads x MAD)."
+    ))
+    clip_to_median_norm: bool = Field(True, description="Clip each kept update to the kept updates' median norm.")
+    magnitude_tolerance: float = Field(2.0, ge=1.0, description=(
+        "m: norms within this factor of the median norm are not penalized."
+    ))
+    duplicate_cosine: float = Field(0.999, gt=0.0, le=1.0, description=(
+        "The pairwise cosine at or above which two hospitals' updates are near-duplicates (counted as one "
+        "voice)."
+    ))
+    ablation: HTAAblation = Field(default_factory=HTAAblation, description="Ablations of HTA.")
 
 
 class HTA(HospitrustStrategy):
     """Per round, signals s (direction vs the coordinate median), m (norm vs the median
     norm), v (reference-cohort balanced accuracy of global + u_h, over the round's median),
-    with near-duplicate updates (pairwise cosine >= ``hta_duplicate_cosine``) counted as one
-    voice in those medians and sharing one hospital's weight (``hta_merge_duplicates``);
+    with near-duplicate updates (pairwise cosine >= ``hta.duplicate-cosine``) counted as one
+    voice in those medians and sharing one hospital's weight;
     ``tau = s^a m^b v^c``; reputation = EMA of tau minus ``variance_penalty`` x its EW std;
     exclusion when reputation < mu - lambda MAD and < kappa mu; weights reputation x
     num-examples over the kept, each update optionally clipped to the kept median norm.
@@ -33,43 +84,30 @@ class HTA(HospitrustStrategy):
     within ``magnitude_tolerance`` x the median are not penalized: hospital sizes differ),
     and clipping to the kept median norm on by default (caps what a scaler that slips
     through can do). That median norm, and m's, leaves out the norms above the tolerance
-    x the plain median first (``hta_trim_norms``, default on), so scalers cannot raise the
+    x the plain median first (default on; ``hta.ablation.trim-norms``), so scalers cannot raise the
     threshold every honest update is clipped to.
     """
 
     name = "hta"
+    Options = HTAOptions
     state_attrs = ("ema", "var", "reputation")
 
-    def __init__(
-        self,
-        hospitals,
-        *,
-        hta_a: float = 0.5,
-        hta_b: float = 1.0,
-        hta_c: float = 1.0,
-        hta_ema_rate: float = 0.3,
-        hta_variance_penalty: float = 1.0,
-        hta_lambda: float = 2.0,
-        hta_kappa: float = 0.5,
-        hta_clip: bool = True,
-        hta_magnitude_tolerance: float = 2.0,
-        hta_merge_duplicates: bool = True,
-        hta_duplicate_cosine: float = 0.999,
-        hta_trim_norms: bool = True,
-        candidate_scores: Callable[[dict, torch.Tensor], torch.Tensor] | None = None,
-        **kwargs,
-    ) -> None:
-        super().__init__(hospitals, **kwargs)
-        if hta_c > 0 and candidate_scores is None:  # the ServerApp always gives one; bare use (tests) runs without v
-            log(WARNING, "hta: no candidate_scores callable (reference cohort): v = 1, as with hta-c = 0")
-        self.a, self.b, self.c = hta_a, hta_b, hta_c
-        self.rate, self.variance_penalty = hta_ema_rate, hta_variance_penalty
-        self.lam, self.kappa, self.clip = hta_lambda, hta_kappa, hta_clip
-        self.magnitude_tolerance = hta_magnitude_tolerance
-        if not 0.0 < hta_duplicate_cosine <= 1.0:
-            raise ValueError(f"hta-duplicate-cosine must be a cosine in (0, 1], got {hta_duplicate_cosine}")
-        self.merge_duplicates, self.duplicate_cosine = hta_merge_duplicates, hta_duplicate_cosine
-        self.trim_norms = hta_trim_norms
+    @classmethod
+    def needs(cls, options, composed) -> frozenset[str]:
+        return frozenset({"candidate_scores"}) if options.validation_exponent > 0 else frozenset()
+
+    def __init__(self, hospitals, options=None, *,
+                 candidate_scores: Callable[[dict, torch.Tensor], torch.Tensor] | None = None, **kwargs) -> None:
+        super().__init__(hospitals, options, **kwargs)
+        o = self.options
+        if o.validation_exponent > 0 and candidate_scores is None:  # the ServerApp always gives one; bare use (tests) runs without v
+            log(WARNING, "hta: no candidate_scores callable (reference cohort): v = 1, as with hta.validation-exponent = 0")
+        self.a, self.b, self.c = o.direction_exponent, o.magnitude_exponent, o.validation_exponent
+        self.rate, self.variance_penalty = o.ema_rate, o.variance_penalty
+        self.lam, self.kappa, self.clip = o.exclusion_mads, o.exclusion_fraction, o.clip_to_median_norm
+        self.magnitude_tolerance = o.magnitude_tolerance
+        self.merge_duplicates, self.duplicate_cosine = o.ablation.merge_duplicates, o.duplicate_cosine
+        self.trim_norms = o.ablation.trim_norms
         self.candidate_scores = candidate_scores
         self.ema: dict[str, float] = {}
         self.var: dict[str, float] = {}
@@ -92,7 +130,8 @@ class HTA(HospitrustStrategy):
                           direction_excuse: torch.Tensor | None = None) -> Aggregate:
         """``direction_excuse`` (n,) in [0, 1], optional: a floor under s, for hospitals whose
         different direction is explained elsewhere (EARN passes the rare-class trust a
-        hospital has earned on the reference cohort); m and v still apply."""
+        hospital has earned on the reference cohort); m and v still apply.
+        """
         assert self.global_state is not None
         names = [self._name_of(r.node_id) for r in replies]
         bacc = None

@@ -4,20 +4,32 @@ from __future__ import annotations
 
 import torch
 
+from pydantic import Field
+
 from hospitrust.aggregation import krum_scores, multi_krum_select, pairwise_sq_distances
+from hospitrust.options import NoOptions, Options
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
+
+
+class MultiKrumOptions(Options):
+    num_selected: int = Field(0, ge=0, description=(
+        "m, the updates with the lowest Krum scores that are averaged (0: n - f)."
+    ))
 
 
 class MultiKrum(HospitrustStrategy):
     """The mean of the m updates with the smallest Krum scores (sum of squared distances to
-    their n-f-2 nearest neighbours); m = n - f by default. Needs n >= 2f + 3."""
+    their n-f-2 nearest neighbours); m = n - f by default. Needs n >= 2f + 3.
+    """
 
     name = "multi-krum"
+    Options = MultiKrumOptions
+    sized_for_attackers = True
 
-    def __init__(self, hospitals, *, assumed_malicious: int = 1, multi_krum_m: int = 0, **kwargs) -> None:
-        super().__init__(hospitals, **kwargs)
+    def __init__(self, hospitals, options=None, *, assumed_malicious: int = 1, **kwargs) -> None:
+        super().__init__(hospitals, options, **kwargs)
         self.f = assumed_malicious
-        self.m = multi_krum_m  # 0: n - f
+        self.m = getattr(self.options, "num_selected", 0)  # 0: n - f
 
     def required_replies(self) -> int:
         return 2 * self.f + 3
@@ -41,6 +53,7 @@ class Krum(MultiKrum):
     """The single update with the smallest Krum score."""
 
     name = "krum"
+    Options = NoOptions
 
     def _m(self, n: int) -> int:
         return 1

@@ -13,8 +13,10 @@ class TrimmedMean(HospitrustStrategy):
 
     name = "trimmed-mean"
 
-    def __init__(self, hospitals, *, assumed_malicious: int = 1, **kwargs) -> None:
-        super().__init__(hospitals, **kwargs)
+    sized_for_attackers = True
+
+    def __init__(self, hospitals, options=None, *, assumed_malicious: int = 1, **kwargs) -> None:
+        super().__init__(hospitals, options, **kwargs)
         self.f = assumed_malicious
 
     def required_replies(self) -> int:

@@ -47,7 +47,8 @@ def shorten(text: str, limit: int = 300) -> str:
 
 def negative_running_var(name: str, t: torch.Tensor) -> bool:
     """A BatchNorm ``running_var`` below zero: not a state any training produces, and
-    sqrt(var + eps) of it turns every prediction of the model into NaN."""
+    sqrt(var + eps) of it turns every prediction of the model into NaN.
+    """
     return name.endswith("running_var") and t.is_floating_point() and bool((t < 0).any())
 
 

@@ -94,7 +94,8 @@ def san_entries(names: list[str]):
 def create_server_cert(ca_cert: Path, ca_key: Path, out_dir: Path, sans: list[str], *, days: int = 825,
                        force: bool = False) -> tuple[Path, Path]:
     """The SuperLink's certificate (``server.pem``, ``server.key`` 0600), signed by the CA, with exactly
-    the host names and IP addresses given as subject alternative names."""
+    the host names and IP addresses given as subject alternative names.
+    """
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -133,7 +134,8 @@ def create_server_cert(ca_cert: Path, ca_key: Path, out_dir: Path, sans: list[st
 
 def create_supernode_keys(out_dir: Path, name: str, *, force: bool = False) -> tuple[Path, Path]:
     """A hospital's SuperNode key pair: ``NAME.key`` (OpenSSH private key, 0600) and ``NAME.pub``
-    (``ecdsa-sha2-nistp384 ...``, sent to the operator to register)."""
+    (``ecdsa-sha2-nistp384 ...``, sent to the operator to register).
+    """
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 

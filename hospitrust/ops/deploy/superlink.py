@@ -1,5 +1,6 @@
 """The operator's side: ``flower-superlink`` with TLS and SuperNode authentication, and the
-``[superlink.NAME]`` connection in ``$FLWR_HOME/config.toml`` that ``flwr`` uses to reach it."""
+``[superlink.NAME]`` connection in ``$FLWR_HOME/config.toml`` that ``flwr`` uses to reach it.
+"""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ FLWR_DEFAULT_CONFIG = {"superlink": {"default": "local", "supergrid": {"address"
 
 def write_connection(name: str, address: str, ca: Path, *, make_default: bool = False, home: Path | None = None) -> Path:
     """Add or replace ``[superlink.NAME]`` (address, absolute root-certificates) in ``$FLWR_HOME/config.toml``,
-    keeping every other entry."""
+    keeping every other entry.
+    """
     import tomli_w
 
     if not name or not all(ch.isalnum() or ch in "-_" for ch in name) or name in ("default",):

@@ -36,7 +36,7 @@ def _as_tensor(u, name: str) -> torch.Tensor:
     return u
 
 
-def _check_stack(honest, *, min_rows: int = 1, why: str = "") -> torch.Tensor:
+def check_stack(honest, *, min_rows: int = 1, why: str = "") -> torch.Tensor:
     honest = _as_tensor(honest, "honest")
     if honest.dim() != 2:
         raise ValueError(f"honest must be an (n, d) stack of updates, got shape {tuple(honest.shape)}")
@@ -49,7 +49,7 @@ def _check_stack(honest, *, min_rows: int = 1, why: str = "") -> torch.Tensor:
     return honest
 
 
-def _check_finite_number(x, name: str, *, nonneg: bool = False, positive: bool = False) -> float:
+def check_finite_number(x, name: str, *, nonneg: bool = False, positive: bool = False) -> float:
     try:
         v = float(x)
     except (TypeError, ValueError):
@@ -63,7 +63,7 @@ def _check_finite_number(x, name: str, *, nonneg: bool = False, positive: bool =
     return v
 
 
-def _check_count(m, name: str, *, minimum: int = 1) -> int:
+def check_count(m, name: str, *, minimum: int = 1) -> int:
     if isinstance(m, bool) or int(m) != m:
         raise TypeError(f"{name} must be an integer, got {m!r}")
     m = int(m)
@@ -100,7 +100,7 @@ def scale(u: torch.Tensor, gamma: float) -> torch.Tensor:
     attacker's (e.g. backdoored) model replaces the global model after plain averaging.
     """
     u = _as_tensor(u, "u")
-    gamma = _check_finite_number(gamma, "gamma")
+    gamma = check_finite_number(gamma, "gamma")
     return u * gamma
 
 
@@ -116,7 +116,7 @@ def gaussian_noise(
     noise-disguised variant.
     """
     u = _as_tensor(u, "u")
-    sigma = _check_finite_number(sigma, "sigma", nonneg=True)
+    sigma = check_finite_number(sigma, "sigma", nonneg=True)
     noise = _randn_like(u, generator) * sigma
     return u + noise if additive else noise
 
@@ -130,7 +130,7 @@ def free_ride(u: torch.Tensor, noise: float = 0.0, generator: torch.Generator | 
     cosine divergence to anything, which FedAgain-style ``1/(E*D)`` trust rewards.
     """
     u = _as_tensor(u, "u")
-    noise = _check_finite_number(noise, "noise", nonneg=True)
+    noise = check_finite_number(noise, "noise", nonneg=True)
     if noise == 0.0:
         return torch.zeros_like(u)
     return _randn_like(u, generator) * noise
@@ -146,8 +146,8 @@ def alie(honest: torch.Tensor, z: float) -> torch.Tensor:
     update inside the honest spread, so it passes median, MAD and cosine checks. Prefer a
     fixed z sweep (0.5, 1.0, 1.5) to :func:`alie_z_from_formula` at small n.
     """
-    honest = _check_stack(honest, min_rows=2, why="ALIE needs a standard deviation with ddof=1")
-    z = _check_finite_number(z, "z")
+    honest = check_stack(honest, min_rows=2, why="ALIE needs a standard deviation with ddof=1")
+    z = check_finite_number(z, "z")
     h = honest.double()
     mal = h.mean(dim=0) - z * h.std(dim=0, unbiased=True)
     return mal.to(honest.dtype)
@@ -168,8 +168,8 @@ def alie_z_from_formula(n: int, f: int, *, form: Literal["frameworks", "paper"] 
 
     Kept to document the pitfall (anchors §4.3); use fixed z values in experiments.
     """
-    n = _check_count(n, "n", minimum=2)
-    f = _check_count(f, "f", minimum=0)
+    n = check_count(n, "n", minimum=2)
+    f = check_count(f, "f", minimum=0)
     if f >= n:
         raise ValueError(f"f must be < n, got n={n}, f={f}")
     s = math.floor(n / 2 + 1) - f
@@ -194,8 +194,8 @@ def ipm(honest: torch.Tensor, eps: float) -> torch.Tensor:
     inner product with the true gradient negative when enough attackers collude; large
     :math:`\varepsilon` (100) breaks mean-style rules outright.
     """
-    honest = _check_stack(honest, min_rows=1)
-    eps = _check_finite_number(eps, "eps", nonneg=True)
+    honest = check_stack(honest, min_rows=1)
+    eps = check_finite_number(eps, "eps", nonneg=True)
     return (-eps * honest.double().mean(dim=0)).to(honest.dtype)
 
 
@@ -208,7 +208,7 @@ def perturbation_vector(honest: torch.Tensor, perturbation: str = "std") -> torc
     """
     if perturbation not in PERTURBATIONS:
         raise ValueError(f"perturbation must be one of {', '.join(PERTURBATIONS)}, got {perturbation!r}")
-    honest = _check_stack(honest, min_rows=2, why="Min-Max/Min-Sum need at least two honest updates")
+    honest = check_stack(honest, min_rows=2, why="Min-Max/Min-Sum need at least two honest updates")
     h = honest.double()
     mean = h.mean(dim=0)
     if perturbation == "std":
@@ -221,7 +221,8 @@ def perturbation_vector(honest: torch.Tensor, perturbation: str = "std") -> torc
 
 def _sq_pairwise(h: torch.Tensor) -> torch.Tensor:
     """(n, n) squared Euclidean distances of a float64 stack (Gram identity, clamped at 0,
-    exact zeros on the diagonal)."""
+    exact zeros on the diagonal).
+    """
     sq = (h * h).sum(dim=1)
     d2 = torch.clamp(sq.unsqueeze(1) + sq.unsqueeze(0) - 2.0 * (h @ h.T), min=0.0)
     d2.fill_diagonal_(0.0)
@@ -230,7 +231,8 @@ def _sq_pairwise(h: torch.Tensor) -> torch.Tensor:
 
 def _largest_feasible_gamma(a2: torch.Tensor, b: torch.Tensor, c: float, bound: float) -> float:
     r"""Largest :math:`\gamma \ge 0` with :math:`a2 + 2\gamma b + \gamma^2 c \le bound`
-    (a convex quadratic that is feasible at :math:`\gamma=0`)."""
+    (a convex quadratic that is feasible at :math:`\gamma=0`).
+    """
     if c <= 0.0:
         return 0.0
     disc = torch.clamp(b * b - c * (a2 - bound), min=0.0)
@@ -389,9 +391,9 @@ def fang_trimmed_mean(
     rule on model parameters; on updates (parameters minus the same global model) it is
     the same rule.
     """
-    honest = _check_stack(honest, min_rows=1)
-    m = _check_count(num_malicious, "num_malicious")
-    b = _check_finite_number(b, "b")
+    honest = check_stack(honest, min_rows=1)
+    m = check_count(num_malicious, "num_malicious")
+    b = check_finite_number(b, "b")
     if b <= 1.0:
         raise ValueError(f"b must be > 1, got {b}")
     h = honest.double()
@@ -427,7 +429,7 @@ def mimic(honest: torch.Tensor, target_index: int = 0) -> torch.Tensor:
     bucketing", ICLR'22: all attackers copying one honest hospital over-weights it,
     which under heterogeneity biases the model, and is invisible to outlier filters.
     """
-    honest = _check_stack(honest, min_rows=1)
+    honest = check_stack(honest, min_rows=1)
     n = honest.shape[0]
     if isinstance(target_index, bool) or int(target_index) != target_index:
         raise TypeError(f"target_index must be an integer, got {target_index!r}")
@@ -445,7 +447,7 @@ def sybil(update: torch.Tensor, m: int) -> torch.Tensor:
     update = _as_tensor(update, "update")
     if update.dim() != 1:
         raise ValueError(f"update must be a (d,) tensor, got shape {tuple(update.shape)}")
-    m = _check_count(m, "m")
+    m = check_count(m, "m")
     return update.unsqueeze(0).repeat(m, 1)
 
 
@@ -461,7 +463,7 @@ def jittered_copies(
     :math:`r / \sqrt{m}` of ``u``. ``relative_noise`` 0 gives :func:`sybil`'s exact copies.
     """
     copies = sybil(update, m)
-    r = _check_finite_number(relative_noise, "relative_noise", nonneg=True)
+    r = check_finite_number(relative_noise, "relative_noise", nonneg=True)
     if r == 0.0:
         return copies
     noise = _randn_like(copies, generator)

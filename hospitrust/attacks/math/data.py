@@ -31,7 +31,7 @@ def _check_labels(labels) -> np.ndarray:
     return labels
 
 
-def _check_class(c, name: str, num_classes: int | None = None) -> int:
+def check_class(c, name: str, num_classes: int | None = None) -> int:
     if isinstance(c, bool) or int(c) != c:
         raise TypeError(f"{name} must be an integer class, got {c!r}")
     c = int(c)
@@ -67,7 +67,7 @@ def _check_rng(rng) -> np.random.Generator:
     return rng
 
 
-def _check_rate(x, name: str, *, low_open: bool = False) -> float:
+def check_rate(x, name: str, *, low_open: bool = False) -> float:
     x = float(x)
     if not math.isfinite(x) or x < 0.0 or x > 1.0 or (low_open and x == 0.0):
         interval = "(0, 1]" if low_open else "[0, 1]"
@@ -78,19 +78,21 @@ def _check_rate(x, name: str, *, low_open: bool = False) -> float:
 # ------------------------------------------------------------------------ label flips
 def flip_all_to_one(labels, target: int) -> np.ndarray:
     """All-to-one label flipping: every label becomes ``target`` (Biggio et al. 2012;
-    Tolpegin et al., ESORICS'20)."""
+    Tolpegin et al., ESORICS'20).
+    """
     labels = _check_labels(labels)
-    target = _check_class(target, "target")
+    target = check_class(target, "target")
     return np.full_like(labels, target)
 
 
 def flip_source_to_target(labels, source: int, target: int) -> np.ndarray:
     """Targeted label flipping: labels equal to ``source`` become ``target``, the rest are
     kept (Tolpegin et al., "Data poisoning attacks against federated learning systems",
-    ESORICS'20)."""
+    ESORICS'20).
+    """
     labels = _check_labels(labels)
-    source = _check_class(source, "source")
-    target = _check_class(target, "target")
+    source = check_class(source, "source")
+    target = check_class(target, "target")
     if source == target:
         raise ValueError(f"source and target must differ, both are {source}")
     out = labels.copy()
@@ -100,7 +102,8 @@ def flip_source_to_target(labels, source: int, target: int) -> np.ndarray:
 
 def random_derangement(num_classes: int, rng: np.random.Generator) -> np.ndarray:
     """A uniformly random permutation ``perm`` of ``range(num_classes)`` with
-    ``perm[c] != c`` for every class (rejection sampling; ~e draws on average)."""
+    ``perm[c] != c`` for every class (rejection sampling; ~e draws on average).
+    """
     num_classes = _check_num_classes(num_classes)
     rng = _check_rng(rng)
     idx = np.arange(num_classes)
@@ -112,7 +115,8 @@ def random_derangement(num_classes: int, rng: np.random.Generator) -> np.ndarray
 
 def flip_permutation(labels, num_classes: int, rng: np.random.Generator) -> np.ndarray:
     """Permutation label flipping: class c becomes ``perm[c]`` for a random derangement
-    (no class keeps its label; with 2 classes, the swap)."""
+    (no class keeps its label; with 2 classes, the swap).
+    """
     labels = _check_labels(labels)
     num_classes = _check_num_classes(num_classes)
     _check_labels_in_range(labels, num_classes)
@@ -124,10 +128,11 @@ def symmetric_label_noise(labels, num_classes: int, rate: float, rng: np.random.
     """Symmetric label noise (an honest but careless hospital): each label is replaced,
     independently with probability ``rate``, by a class drawn uniformly from the
     *other* ``num_classes - 1`` classes (never the same class). Natarajan et al.,
-    NeurIPS'13; Rolnick et al. 2017."""
+    NeurIPS'13; Rolnick et al. 2017.
+    """
     labels = _check_labels(labels)
     num_classes = _check_num_classes(num_classes)
-    rate = _check_rate(rate, "rate")
+    rate = check_rate(rate, "rate")
     rng = _check_rng(rng)
     _check_labels_in_range(labels, num_classes)
     flip = rng.random(labels.shape) < rate
@@ -178,7 +183,8 @@ def apply_trigger(
     """Stamp the backdoor trigger on every image (a copy): a ``patch_size`` square of
     value ``patch_value`` in every channel, flush with the chosen corner (or at a
     ``(row, col)`` top-left corner). Use on clean test images to measure attack success
-    (:func:`hospitrust.attacks.metrics.backdoor_success_rate`)."""
+    (:func:`hospitrust.attacks.metrics.backdoor_success_rate`).
+    """
     images = _check_images(images)
     value = _check_patch_value(patch_value)
     rows, cols = _patch_slices(images.shape[1], images.shape[2], patch_size, position)
@@ -200,13 +206,14 @@ def backdoor(
     """BadNets-style backdoor (Gu, Dolan-Gavitt & Garg 2017; in FL, Bagdasaryan et al.,
     AISTATS'20): exactly ``round(poison_fraction * N)`` samples, drawn without
     replacement, get the trigger (see :func:`apply_trigger`) and the label ``target``;
-    the other samples are untouched. Returns ``(images, labels, poisoned_mask)``."""
+    the other samples are untouched. Returns ``(images, labels, poisoned_mask)``.
+    """
     images = _check_images(images)
     labels = _check_labels(labels)
     if labels.shape[0] != images.shape[0]:
         raise ValueError(f"{images.shape[0]} images but {labels.shape[0]} labels")
-    target = _check_class(target, "target")
-    frac = _check_rate(poison_fraction, "poison_fraction")
+    target = check_class(target, "target")
+    frac = check_rate(poison_fraction, "poison_fraction")
     rng = _check_rng(rng)
     value = _check_patch_value(patch_value)
     rows, cols = _patch_slices(images.shape[1], images.shape[2], patch_size, position)

@@ -1,0 +1,62 @@
+"""The node config: what a SuperNode tells its ClientApp (``--node-config``).
+
+Simulation injects ``partition-id`` and ``num-partitions``; a hospital's real SuperNode passes
+``data-path`` (its own images) and ``hospital`` (its name), and a red team's simulated attacker
+``malicious = true``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from hospitrust.errors import ConfigError, did_you_mean
+from hospitrust.options import Options, OptionsError
+
+
+class NodeConfig(Options):
+    """A hospital's node config, validated."""
+
+    partition_id: int | None = Field(None, ge=0, description=(
+        "Simulation: this hospital's partition of the training split."
+    ))
+    num_partitions: int | None = Field(None, ge=1, description="Simulation: the number of partitions (hospitals).")
+    data_path: str | None = Field(None, description="A hospital's own images (class-per-folder).")
+    hospital: str | None = Field(None, description="The hospital's name, as the federation records it.")
+    malicious: bool | None = Field(None, description=(
+        "A red team's hospital that carries out the run's attack (deployment tests)."
+    ))
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "NodeConfig":
+        if self.data_path is None and (self.partition_id is None or self.num_partitions is None):
+            raise ValueError(
+                "node config needs either data-path (a hospital's own class-per-folder images) "
+                "or partition-id and num-partitions (simulation)"
+            )
+        if self.partition_id is not None and self.num_partitions is not None and self.partition_id >= self.num_partitions:
+            raise ValueError(f"partition-id {self.partition_id} must be < num-partitions {self.num_partitions}")
+        return self
+
+    @property
+    def hospital_name(self) -> str:
+        if self.hospital:
+            return str(self.hospital)
+        return f"hospital-{self.partition_id}"
+
+
+def parse_node_config(raw: Mapping[str, Any]) -> NodeConfig:
+    """Validate a node config; ConfigError naming each bad key (unknown keys with a "did you mean")."""
+    try:
+        return NodeConfig.from_flat(dict(raw))  # type: ignore[return-value]
+    except OptionsError as err:
+        known = list(NodeConfig.flat_fields())
+        lines = []
+        for key, value, msg in err.problems:
+            if msg == "unknown key":
+                lines.append(f"  - unknown key {key!r}{did_you_mean(key, known)} (known: {', '.join(known)})")
+            else:
+                lines.append(f"  - {key} = {value!r}: {msg}" if key else f"  - {msg}")
+        raise ConfigError("invalid node config:\n" + "\n".join(lines)) from None

@@ -1,0 +1,419 @@
+"""The run config: the top-level keys and one section per component, validated once.
+
+Flower hands the app a flat dict: ``[tool.flwr.app.config]`` with ``--run-config`` overrides,
+nested tables flattened to dotted keys (``hta.ema-rate``). ``parse_run_config`` turns it into a
+``RunConfig`` before any data is loaded: an unknown key fails with a "did you mean", a bad value
+names the key, the value and what is allowed, and a section's options are refused when its
+component is not selected (``strategy = "krum"`` with ``hta.exclusion-fraction = 0.4``).
+Old flat keys (``hta-kappa``) are translated with one deprecation line
+(:mod:`hospitrust.config.legacy`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, cast
+
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+
+from hospitrust.attacks.registry import ATTACKS, SCHEDULE_SECTION, AttackError, build_attack
+from hospitrust.attacks.schedule import ScheduleOptions
+from hospitrust.attacks.selection import parse_int_list
+from hospitrust.config import legacy
+from hospitrust.errors import ConfigError, did_you_mean
+from hospitrust.config.sections import Section, all_sections, section_of
+from hospitrust.contribution.options import ContributionScoringOptions, check_contribution_settings
+from hospitrust.datasets.federation import SimulatedFederation
+from hospitrust.datasets.partitioners import PARTITIONERS
+from hospitrust.datasets.registry import source_of
+from hospitrust.models import MODELS
+from hospitrust.models.training import TrainOptions
+from hospitrust.options import Options, OptionsError
+from hospitrust.server_app.secure import SecAggOptions
+from hospitrust.strategies.registry import STRATEGIES, StrategyError, strategy_class
+
+DATA_DIR_ENV = "HOSPITRUST_DATA_DIR"
+
+
+class CoreOptions(Options):
+    """The top-level keys of ``[tool.flwr.app.config]``: what every run has."""
+
+    # federation
+    num_server_rounds: int = Field(10, ge=1, le=100_000, description="Rounds of training.")
+    strategy: str = Field("fedavg", description=(
+        "The aggregation rule, by registry name (its options: the section of that name), or "
+        "'package.module:Class'."
+    ))
+    fraction_train: float = Field(1.0, gt=0.0, le=1.0, description="Share of hospitals asked to train each round.")
+    min_hospitals: int = Field(2, ge=1, description="Fewest valid replies a round needs to update the model.")
+    reply_timeout: float = Field(600.0, gt=0.0, description="Seconds a round waits for hospitals' replies.")
+    seed: int = Field(42, ge=0, description="Seeds partitions, model init, sampling and local training.")
+    assumed_malicious: int = Field(1, ge=0, description=(
+        "f, the attackers the robust rules are sized for (trimmed-mean, krum, multi-krum, bulyan)."
+    ))
+    max_update_norm: float = Field(1e4, gt=0.0, description=(
+        "Replies whose update (returned - global) has a larger L2 norm are rejected."
+    ))
+    max_num_examples: int = Field(10_000_000, ge=1, description="Replies claiming more training examples are rejected.")
+    # data
+    dataset: str = Field("pneumoniamnist", description=(
+        "The dataset: a MedMNIST 2D flag, or torchvision's mnist / cifar10."
+    ))
+    image_size: int = Field(28, description=(
+        "Image size: 28, 64, 128 or 224 (the MedMNIST sizes); mnist and cifar10 are resampled to it, and also"
+        " take 32."
+    ))
+    data_dir: str = Field("", description=(
+        "Folder of the dataset files; empty: $HOSPITRUST_DATA_DIR, else medmnist's default (~/.medmnist)."
+    ))
+    partitioner: str = Field("dirichlet", description=(
+        "How the training split is divided over simulated hospitals (its options: the section of that name)."
+    ))
+    val_fraction: float = Field(0.1, ge=0.0, lt=1.0, description=(
+        "Share of each hospital's data kept for local validation."
+    ))
+    train_subsample: float = Field(1.0, gt=0.0, le=1.0, description=(
+        "Share of the training split used (stratified; for quick runs)."
+    ))
+    reference_cohort_per_class: int = Field(20, ge=1, description=(
+        "The server's reference cohort: images per class, from the val split."
+    ))
+    # model and local training (the rest in the train section)
+    model: str = Field("small-cnn", description="The model architecture, by registry name.")
+    local_epochs: int = Field(2, ge=1, le=1000, description="Local epochs per round at each hospital.")
+    batch_size: int = Field(32, ge=1, le=65536, description="Local minibatch size.")
+    learning_rate: float = Field(0.01, gt=0.0, le=10.0, description="Local learning rate.")
+    # attacks (simulation ground truth)
+    attack: str = Field("none", description=(
+        "The attack, by registry name (its options: the section of that name), 'package.module:Class', or "
+        "'none'."
+    ))
+    malicious_fraction: float = Field(0.0, ge=0.0, lt=1.0, description=(
+        "Share of hospitals that are malicious (a fixed set drawn by seed; > 0 gives at least 1)."
+    ))
+    malicious_hospitals: str = Field("", description=(
+        "Comma-separated malicious hospital indices (instead of malicious-fraction)."
+    ))
+    # results
+    output_dir: str = Field("runs", description="Folder for run directories (made absolute).")
+    run_name: str = Field("", description="Run directory name; empty: <time>-<dataset>-<strategy>.")
+    checkpoint: bool = Field(True, description="Write checkpoint.pt (model, round, strategy state) after every round.")
+    resume_from: str = Field("", description=(
+        "A run directory or checkpoint.pt to continue from; the run goes on in that directory."
+    ))
+
+    @field_validator("strategy")
+    @classmethod
+    def _strategy(cls, v: str) -> str:
+        try:
+            strategy_class(v)
+        except StrategyError as err:
+            raise ValueError(str(err)) from None
+        return v
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, v: str) -> str:
+        source_of(v)  # ValueError listing the datasets
+        return v
+
+    @field_validator("partitioner")
+    @classmethod
+    def _partitioner(cls, v: str) -> str:
+        if v not in PARTITIONERS:
+            raise ValueError(f"unknown partitioner {v!r}; allowed: {', '.join(PARTITIONERS)}")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        if v not in MODELS:
+            raise ValueError(f"unknown model {v!r}; allowed: {', '.join(sorted(MODELS))}")
+        return v
+
+    @field_validator("attack")
+    @classmethod
+    def _attack(cls, v: str) -> str:
+        v = v.strip()
+        if v == "none":
+            return v
+        if ":" in v:
+            mod, _, attr = v.partition(":")
+            if not mod or not attr:
+                raise ValueError(f"a plugin attack looks like 'package.module:ClassName', got {v!r}")
+            return v
+        if v not in ATTACKS:
+            raise ValueError(f"unknown attack {v!r}; allowed: none, {', '.join(ATTACKS)}, or 'package.module:ClassName'")
+        return v
+
+    @field_validator("malicious_hospitals")
+    @classmethod
+    def _hospitals(cls, v: str) -> str:
+        parse_int_list(v, "malicious-hospitals", minimum=0)
+        return v
+
+    @model_validator(mode="after")
+    def _checks(self) -> "CoreOptions":
+        source = source_of(self.dataset)
+        sizes = source.sizes(self.dataset)
+        if self.image_size not in sizes:
+            raise ValueError(f"image-size {self.image_size}: {source.title} ships {', '.join(map(str, sizes))} only")
+        if self.malicious_fraction > 0 and parse_int_list(self.malicious_hospitals, "malicious-hospitals"):
+            raise ValueError("set either malicious-fraction or malicious-hospitals, not both")
+        return self
+
+
+class RunConfig(CoreOptions):
+    """The validated run config: the top-level keys as attributes, and one Options per section
+    (``options(name)``; typed shortcuts for the services: ``train``, ``secagg``,
+    ``contribution_scoring``, ``attack_schedule``). Frozen and hashable.
+    """
+
+    _sections: dict[str, Options] = PrivateAttr(default_factory=dict)
+
+    # ---- sections ----------------------------------------------------------------
+    def options(self, section: str) -> Options:
+        """The options of ``section`` (its defaults when the run config did not set it)."""
+        if section in self._sections:
+            return self._sections[section]
+        known = all_sections()
+        if section not in known:
+            raise KeyError(f"no run config section {section!r}")
+        return known[section].options()
+
+    @property
+    def strategy_options(self) -> Options:
+        return self.options(self.strategy) if self.strategy in all_sections() else strategy_class(self.strategy).Options()
+
+    @property
+    def train(self) -> TrainOptions:
+        return cast(TrainOptions, self.options("train"))
+
+    @property
+    def secagg(self) -> SecAggOptions:
+        return cast(SecAggOptions, self.options("secagg"))
+
+    @property
+    def contribution_scoring(self) -> ContributionScoringOptions:
+        return cast(ContributionScoringOptions, self.options("contribution-scoring"))
+
+    @property
+    def attack_schedule(self) -> ScheduleOptions:
+        return cast(ScheduleOptions, self.options(SCHEDULE_SECTION))
+
+    @property
+    def attack_enabled(self) -> bool:
+        return self.attack != "none"
+
+    def active_sections(self) -> list[str]:
+        """The sections this run uses: the services, and the selected strategy, partitioner and
+        attack with the components they compose (EARN's HTA base, Sybil's base attack).
+        """
+        return active_sections(self, self._sections)
+
+    def attack_sections(self) -> dict[str, Options]:
+        """The options of the attack sections (and the schedule), by name, for ``build_attack``."""
+        return {name: self.options(name) for name in [*ATTACKS, SCHEDULE_SECTION] if name in all_sections()}
+
+    # ---- derived -------------------------------------------------------------------
+    def resolved_data_dir(self) -> Path | None:
+        """The dataset folder: run config, else $HOSPITRUST_DATA_DIR, else None (the source's default)."""
+        raw = self.data_dir or os.environ.get(DATA_DIR_ENV, "")
+        return Path(raw).expanduser().resolve() if raw else None
+
+    @property
+    def federation(self) -> SimulatedFederation:
+        """What the data side of a simulated federation needs of this config."""
+        partitioner = PARTITIONERS[self.partitioner](self.options(self.partitioner) if self.partitioner in self._sections
+                                                     else None)
+        return SimulatedFederation(self.dataset, self.image_size, self.resolved_data_dir(), partitioner,
+                                   self.train_subsample, self.val_fraction, self.seed, self.reference_cohort_per_class)
+
+    def to_flat(self) -> dict[str, Any]:
+        """The run config as flat kebab-case keys: the top-level keys and every active section's
+        options (what config.json and checkpoints record).
+        """
+        flat = CoreOptions.to_flat(self)
+        for name in self.active_sections():
+            flat.update(self.options(name).to_flat(prefix=f"{name}."))
+        return flat
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.to_flat(), sort_keys=True, default=str))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunConfig) and self.to_flat() == other.to_flat()
+
+
+def active_sections(core: CoreOptions, sections: Mapping[str, Options]) -> list[str]:
+    known = all_sections()
+
+    def opts(name: str) -> Options:
+        return sections[name] if name in sections else known[name].options()
+
+    active = [name for name in known if known[name].kind == "service"]
+    todo = [core.strategy, core.partitioner] + ([core.attack] if core.attack != "none" else [])
+    while todo:
+        name = todo.pop(0)
+        if name not in known or name in active:
+            continue
+        active.append(name)
+        section = known[name]
+        if section.kind == "strategy":
+            todo += list(STRATEGIES[name].composes(opts(name)))
+        elif section.kind == "attack":
+            todo += list(ATTACKS[name].composes(opts(name)))
+    return active
+
+
+# ---- parsing ---------------------------------------------------------------------------
+def known_keys() -> list[str]:
+    """Every run config key: the top-level ones and every section's (dotted)."""
+    keys = list(CoreOptions.flat_fields())
+    for name, section in all_sections().items():
+        keys += [f"{name}.{k}" for k in section.options.flat_fields()]
+    return keys
+
+
+def _problem(key: str, value: Any, msg: str) -> str:
+    return f"  - {key} = {value!r}: {msg}" if key else f"  - {msg}"
+
+
+def parse_run_config(raw: Mapping[str, Any], *, explicit: Iterable[str] | None = None) -> RunConfig:
+    """Validate Flower's flat run config; raises ConfigError naming each bad key and what is allowed.
+
+    ``explicit``: the keys the user set (``hospitrust simulate -c``): a section's key there is
+    refused when its component is not selected, even at its default value. Without it (the
+    ServerApp, which sees pyproject's defaults for every section) a key of an unselected
+    component is refused when its value is not the default.
+    """
+    bad = [k for k in raw if "_" in str(k) and not str(k).startswith("_")]
+    if bad:
+        raise ConfigError(f"invalid run config: keys are kebab-case, got {bad} (write e.g. 'num-server-rounds')")
+    translated, notes = legacy.translate(raw)
+    for note in notes:
+        warnings.warn(note, FutureWarning, stacklevel=2)
+    explicit_keys = legacy.translate_keys(explicit, translated) if explicit is not None else None
+    known = all_sections()
+    core_keys = set(CoreOptions.flat_fields())
+    all_known = known_keys()
+    problems: list[str] = []
+    core_raw: dict[str, Any] = {}
+    section_raw: dict[str, dict[str, Any]] = {}
+    for key, value in translated.items():
+        section = section_of(key)
+        if section is None:
+            if key in core_keys:
+                core_raw[key] = value
+            else:
+                problems.append(f"  - unknown key {key!r}{did_you_mean(key, all_known)}")
+        elif section in known:
+            sub = key[len(section) + 1:]
+            if sub in known[section].options.flat_fields():
+                section_raw.setdefault(section, {})[sub] = value
+            else:
+                problems.append(f"  - unknown key {key!r}{did_you_mean(key, all_known)}")
+        else:
+            problems.append(f"  - unknown key {key!r} (no section {section!r}){did_you_mean(key, all_known)}")
+    core: CoreOptions | None = None
+    try:
+        core = CoreOptions.from_flat(core_raw)  # type: ignore[assignment]
+    except OptionsError as err:
+        problems += [_problem(k, v, m) for k, v, m in err.problems]
+    sections: dict[str, Options] = {}
+    for name, values in section_raw.items():
+        try:
+            sections[name] = known[name].options.from_flat(values)
+        except OptionsError as err:
+            problems += [_problem(f"{name}.{k}" if k else "", v, m) for k, v, m in err.problems]
+    if problems or core is None:
+        raise ConfigError("invalid run config:\n" + "\n".join(problems))
+    cfg = RunConfig.model_validate(core.model_dump())
+    cfg._sections.update(sections)
+    active = set(cfg.active_sections())
+    for name, values in section_raw.items():
+        if name in active:
+            continue
+        defaults = known[name].options.defaults_flat()
+        for sub, value in values.items():
+            key = f"{name}.{sub}"
+            if (explicit_keys is not None and key in explicit_keys) or (explicit_keys is None and value != defaults[sub]):
+                problems.append(_problem(key, value, unselected_message(known[name], cfg)))
+    for name, options in sections.items():
+        defaults = known[name].options.defaults_flat()
+        set_keys = ({k[len(name) + 1:] for k in explicit_keys if section_of(k) == name} if explicit_keys is not None
+                    else {k for k, v in options.to_flat().items() if v != defaults[k]})
+        try:
+            options.check_dependencies(set_keys)
+        except ValueError as err:
+            problems.append(f"  - {err}")
+    problems += [f"  - {p}" for p in cross_checks(cfg)]
+    if problems:
+        raise ConfigError("invalid run config:\n" + "\n".join(problems))
+    return cfg
+
+
+def unselected_message(section: Section, cfg: CoreOptions) -> str:
+    selected = {"strategy": cfg.strategy, "partitioner": cfg.partitioner, "attack": cfg.attack}[section.kind]
+    return (f"an option of {section.kind} {section.name}, but the selected {section.kind} is {selected!r} "
+            f"(set {section.kind} = {section.name!r} or remove the key)")
+
+
+def cross_checks(cfg: RunConfig) -> list[str]:
+    """Checks across sections, declared by the components; messages name the keys."""
+    out: list[str] = []
+    for check in (strategy_class(cfg.strategy).check_run_config, PARTITIONERS[cfg.partitioner].check_run_config):
+        try:
+            check(cfg)
+        except ValueError as err:
+            out.append(str(err))
+    attack = None
+    if cfg.attack_enabled:
+        try:
+            attack = build_attack(cfg.attack, cfg.attack_sections())
+        except (AttackError, ValueError, TypeError) as err:
+            out.append(str(err))
+    kind = getattr(getattr(attack, "attack", attack), "kind", None)
+    try:
+        check_contribution_settings(cfg.strategy, cfg.contribution_scoring, cfg.secagg.enabled, cfg.fraction_train, kind)
+    except ValueError as err:
+        out.append(str(err))
+    return out
+
+
+def restrict_to_active(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """``flat`` without the keys of sections its components do not select: a benchmark grid's
+    shared keys apply where they are relevant (``[base] earn.rare-classes`` with a strategy axis).
+    Keys that do not parse are kept, so validation reports them.
+    """
+    known = all_sections()
+    core_keys = set(CoreOptions.flat_fields())
+    try:
+        core = CoreOptions.from_flat({k: v for k, v in flat.items() if k in core_keys})
+    except OptionsError:
+        return dict(flat)
+    parsed: dict[str, Options] = {}
+    for name in known:
+        values = {k[len(name) + 1:]: v for k, v in flat.items() if section_of(k) == name}
+        try:
+            parsed[name] = known[name].options.from_flat(values)
+        except OptionsError:
+            pass
+    active = set(active_sections(core, parsed))  # type: ignore[arg-type]
+    return {k: v for k, v in flat.items() if section_of(k) not in known or section_of(k) in active}
+
+
+def run_config_defaults() -> dict[str, Any]:
+    """Every key at its default, flat (what pyproject declares)."""
+    flat = CoreOptions().to_flat()
+    for name, section in all_sections().items():
+        flat.update(section.options().to_flat(prefix=f"{name}."))
+    return flat
+
+
+__all__ = ["CoreOptions", "DATA_DIR_ENV", "RunConfig", "active_sections", "cross_checks", "known_keys", "parse_run_config",
+           "restrict_to_active", "run_config_defaults"]

@@ -1,0 +1,80 @@
+"""Every run-config section, from the components that own them.
+
+A section is named after its component's registry name (``hta``, ``dirichlet``, ``label-flip``)
+or its service (``train``, ``secagg``, ``contribution-scoring``, ``attack-schedule``); its keys
+are that component's ``Options``. Nothing here lists options: adding a rule, an attack or a
+partitioner adds its section.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+from hospitrust.attacks.registry import ATTACKS, SCHEDULE_SECTION
+from hospitrust.attacks.schedule import ScheduleOptions
+from hospitrust.config.legacy import new_names
+from hospitrust.contribution.options import ContributionScoringOptions
+from hospitrust.datasets.partitioners import PARTITIONERS
+from hospitrust.models.training import TrainOptions
+from hospitrust.options import Options
+from hospitrust.server_app.secure import SecAggOptions
+from hospitrust.strategies.registry import STRATEGIES
+
+KINDS = ("service", "strategy", "partitioner", "attack")
+
+
+@dataclass(frozen=True)
+class Section:
+    """One ``[tool.flwr.app.config.<name>]`` table: whose it is and its options."""
+
+    name: str
+    kind: str  # service | strategy | partitioner | attack
+    options: type[Options]
+    summary: str  # one line, from the component's docstring
+    doc: str  # its docs page, relative to docs/
+
+
+def _summary(obj: object) -> str:
+    doc = inspect.getdoc(obj) or ""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+#: Sections every run has, whatever its components.
+SERVICES: dict[str, tuple[type[Options], str]] = {
+    "train": (TrainOptions, "getting-started.md"),
+    "secagg": (SecAggOptions, "deployment.md"),
+    "contribution-scoring": (ContributionScoringOptions, "rules/contribution.md"),
+    SCHEDULE_SECTION: (ScheduleOptions, "attacks.md"),
+}
+
+
+def all_sections() -> dict[str, Section]:
+    """Every section with at least one option, services first, then by kind and name."""
+    out: dict[str, Section] = {}
+    for name, (options, doc) in SERVICES.items():
+        out[name] = Section(name, "service", options, _summary(options), doc)
+    for kind, registry, doc in (("strategy", STRATEGIES, "rules/{}.md"), ("partitioner", PARTITIONERS, "data.md"),
+                                ("attack", ATTACKS, "attacks.md")):
+        for name, cls in registry.items():
+            if not cls.Options.model_fields:
+                continue
+            if name in out:
+                raise RuntimeError(f"section name {name!r} is used by two components ({out[name].kind} and {kind})")
+            out[name] = Section(name, kind, cls.Options, _summary(cls), doc.format(name))
+    return out
+
+
+def section_of(key: str) -> str | None:
+    """The section of a flat key (``hta.ema-rate`` -> ``hta``); None for a top-level key."""
+    return key.split(".", 1)[0] if "." in key else None
+
+
+def is_hyperparameter(key: str) -> bool:
+    """Whether a run-config key (new or old name) is an option of an aggregation rule: the bench
+    report compares a rule's settings as variants of it, not as scenarios.
+    """
+    names = new_names(key) or [key]  # old names too: 0.1 grids and cells.csv
+    sections = all_sections()
+    return any(sections.get(section_of(name) or "", None) is not None and sections[section_of(name)].kind == "strategy"
+               for name in names)

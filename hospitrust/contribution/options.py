@@ -1,0 +1,80 @@
+"""Contribution scoring's options (the ``contribution-scoring`` section) and the checks that tie
+it to the rest of the run config.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from hospitrust.options import Options
+
+# strategies whose aggregate is a weighted mean M = M0 + sum_i w_i U_i: the counterfactual
+# models M - U_i and M0 + U_i (and Shapley's coalition models) are defined for them
+WEIGHTED_MEAN_STRATEGIES = ("fedavg", "fedprox", "contribution")
+
+
+def selfish_ids(value: str) -> list[int]:
+    """``'0,3'`` -> [0, 3]: the partition ids of simulated selfish hospitals."""
+    ids = []
+    for part in value.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit():
+            raise ValueError(f"contribution-scoring.selfish-hospitals must be partition ids like '0' or '0,3', got {value!r}")
+        ids.append(int(part))
+    return ids
+
+
+class ContributionScoringOptions(Options):
+    """Score each hospital's contribution every round (LOO, IOI, Fair-Private, Everybody-Else,
+    COS) from scalars the hospitals compute; works under secure aggregation.
+    """
+
+    enabled: bool = Field(False, description=(
+        "Score each hospital's contribution every round from scalars the hospitals compute; needs a "
+        "weighted-mean strategy (fedavg, fedprox, contribution)."
+    ))
+    utility: Literal["balanced-accuracy", "neg-loss"] = Field("balanced-accuracy", description=(
+        "The utility v on each hospital's validation set: balanced-accuracy or neg-loss (minus "
+        "cross-entropy)."
+    ))
+    selfish_hospitals: str = Field("", description=(
+        "Simulation: partition ids (e.g. '0' or '0,3') of selfish hospitals that inflate the evaluations they"
+        " report."
+    ))
+    selfish_inflation: float = Field(0.05, ge=0.0, le=1.0, description=(
+        "Simulation: how much a selfish hospital inflates its reported LOO and IOI (utility units)."
+    ))
+
+    @field_validator("selfish_hospitals")
+    @classmethod
+    def _ids(cls, v: str) -> str:
+        selfish_ids(v)
+        return v
+
+
+def check_contribution_settings(strategy: str, scoring: ContributionScoringOptions, secure: bool, fraction_train: float,
+                                attack_kind: str | None) -> None:
+    """Raises ValueError naming the keys when contribution scoring or secure aggregation cannot
+    work with the rest of the run config.
+    """
+    if scoring.enabled and strategy not in WEIGHTED_MEAN_STRATEGIES:
+        raise ValueError(
+            f"contribution-scoring.enabled needs a weighted-mean strategy ({', '.join(WEIGHTED_MEAN_STRATEGIES)}); "
+            f"strategy {strategy!r} has no leave-one-out model M - U_i"
+        )
+    if strategy == "contribution" and not scoring.enabled:
+        raise ValueError("strategy 'contribution' weights hospitals by their scores: set contribution-scoring.enabled = true")
+    if secure:
+        if strategy != "fedavg":
+            raise ValueError(
+                f"secagg.enabled hands the server only the sum of the updates: strategy must be 'fedavg', got {strategy!r}"
+            )
+        if fraction_train < 1.0:
+            raise ValueError("secagg.enabled asks every hospital each round: fraction-train must be 1.0")
+        if attack_kind == "colluding":
+            raise ValueError("a colluding attack rewrites the stacked updates on the server, which secure aggregation "
+                             "never holds: choose a data or update attack")

@@ -1,0 +1,115 @@
+"""The strategy registry, derived from the classes: every ``HospitrustStrategy`` subclass with a
+``name`` in a module of this package (a new rule is a new file here; nothing else lists it), plus
+a user's own class by ``"package.module:Name"``.
+
+``build_strategy`` makes one from its options and what it ``needs`` of the server.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import Any
+
+from hospitrust.options import Options
+from hospitrust.strategies.base import SERVICES, HospitrustStrategy
+
+
+class StrategyError(ValueError):
+    """A strategy name, plugin path or service is wrong; the message says which and what is allowed."""
+
+
+def discover(package: ModuleType) -> dict[str, type[HospitrustStrategy]]:
+    """Every named HospitrustStrategy subclass defined in the modules of ``package`` (its
+    ``__path__``, so a folder added to it is searched too), by name.
+    """
+    found: dict[str, type[HospitrustStrategy]] = {}
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if info.name.startswith("_") or info.name in ("base", "registry", "validation"):
+            continue
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, HospitrustStrategy) and cls.__module__ == module.__name__ and cls.name:
+                if cls.name in found and found[cls.name] is not cls:
+                    raise StrategyError(f"two strategies are named {cls.name!r}: {found[cls.name].__module__} and "
+                                        f"{cls.__module__}")
+                found[cls.name] = cls
+    return dict(sorted(found.items()))
+
+
+def _package() -> ModuleType:
+    return importlib.import_module("hospitrust.strategies")
+
+
+STRATEGIES: dict[str, type[HospitrustStrategy]] = discover(_package())
+
+
+def refresh() -> dict[str, type[HospitrustStrategy]]:
+    """Search the package again (after a module was added to its path); returns the registry."""
+    STRATEGIES.clear()
+    STRATEGIES.update(discover(_package()))
+    return STRATEGIES
+
+
+def load_plugin(path: str) -> type[HospitrustStrategy]:
+    """``"package.module:Name"``: a user's HospitrustStrategy subclass."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise StrategyError(f"a plugin strategy looks like 'package.module:ClassName', got {path!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise StrategyError(f"cannot import {module_name!r} for strategy {path!r}: {exc}") from exc
+    cls = getattr(module, attr, None)
+    if not (inspect.isclass(cls) and issubclass(cls, HospitrustStrategy)):
+        raise StrategyError(f"{path!r} is not a HospitrustStrategy subclass")
+    return cls
+
+
+def strategy_class(name: str) -> type[HospitrustStrategy]:
+    """The class registered as ``name`` (or a plugin path); StrategyError with the allowed names."""
+    if ":" in name:
+        return load_plugin(name)
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise StrategyError(f"unknown strategy {name!r}; allowed: {', '.join(STRATEGIES)}, "
+                            "or 'package.module:ClassName'") from None
+
+
+def build_strategy(name: str, hospitals: Mapping[int, str], *, options: Options | Mapping[str, Any] | None = None,
+                   composed: Mapping[str, Options] | None = None,
+                   services: Mapping[str, Callable[..., Any]] | None = None, **common: Any) -> HospitrustStrategy:
+    """Strategy ``name`` with ``options`` (its Options, or a mapping of its field names).
+
+    ``composed``: the options of the rules it composes (EARN's HTA base), by section name.
+    ``services``: what the server offers (keys of ``SERVICES``); the strategy gets exactly the
+    ones it ``needs`` with these options, and a missing one is an error naming it.
+    ``common``: the base's keyword arguments (train_config, fraction_train, ...), and
+    ``assumed_malicious`` for the rules sized for attackers (ignored by the others).
+    """
+    cls = strategy_class(name)
+    opts = cls.parse_options(options)
+    composed = dict(composed or {})
+    kwargs = dict(common)
+    if not cls.sized_for_attackers:
+        kwargs.pop("assumed_malicious", None)
+    for section in cls.composes(opts):
+        if section in composed:
+            kwargs[f"{section}_options"] = composed[section]
+    wanted = cls.needs(opts, composed)
+    offered = dict(services or {})
+    for need in sorted(wanted):
+        if need not in SERVICES:
+            raise StrategyError(f"strategy {name} needs an unknown service {need!r}; known: {', '.join(SERVICES)}")
+        if need in offered:
+            kwargs[need] = offered[need]
+        elif services is not None:
+            raise StrategyError(f"strategy {name} needs {SERVICES[need]} ({need}), which this server does not offer")
+    return cls(hospitals, opts, **kwargs)
+
+
+__all__ = ["STRATEGIES", "StrategyError", "build_strategy", "discover", "load_plugin", "refresh", "strategy_class"]

@@ -1,0 +1,128 @@
+"""docs/extending.md's worked examples, taken from the page as they are: a rule with one option
+(three files), an attack, a dataset source. Each is written into the package's search path, and
+nothing else is edited: the registry, the run config, pyproject's run-config tables, the config
+reference and the bench report must all pick it up."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, small_run_config
+
+DOC = REPO / "docs" / "extending.md"
+
+
+def doc_files() -> dict[str, str]:
+    """Path -> text of every code block of docs/extending.md whose first line names a file."""
+    out = {}
+    for lang, body in re.findall(r"```(python|markdown)\n(.*?)```", DOC.read_text(), re.S):
+        first, _, rest = body.partition("\n")
+        path = first.removeprefix("# ").removeprefix("<!-- ").removesuffix(" -->").strip()
+        if path.startswith(("hospitrust/", "docs/")):
+            out[path] = rest if lang == "markdown" else body
+    return out
+
+
+@pytest.fixture
+def extension(tmp_path, monkeypatch):
+    """The doc's package files in a folder on the packages' search paths; the registries searched
+    again (and once more after the test, without them)."""
+    import hospitrust.aggregation
+    import hospitrust.attacks
+    import hospitrust.datasets
+    import hospitrust.strategies
+    from hospitrust.attacks import registry as attack_registry
+    from hospitrust.strategies import registry as strategy_registry
+
+    ext = tmp_path / "ext"
+    for path, text in doc_files().items():
+        if path.startswith("hospitrust/"):
+            target = ext / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+    for package in (hospitrust.aggregation, hospitrust.strategies, hospitrust.attacks, hospitrust.datasets):
+        folder = ext / Path(*package.__name__.split("."))
+        monkeypatch.setattr(package, "__path__", [*package.__path__, str(folder)])
+    strategy_registry.refresh()
+    attack_registry.refresh()
+    yield ext
+    monkeypatch.undo()
+    strategy_registry.refresh()
+    attack_registry.refresh()
+
+
+def test_the_rule_takes_three_files():
+    rule_files = [p for p in doc_files() if "nearest" in p or "nearest-to-median" in p]
+    assert sorted(rule_files) == ["docs/rules/nearest-to-median.md", "hospitrust/aggregation/nearest_to_median.py",
+                                  "hospitrust/strategies/nearest_to_median.py"]
+
+
+def test_a_rule_with_one_option_is_picked_up_everywhere(extension, tmp_path):
+    from hospitrust.config import ConfigError, parse_run_config, reference
+    from hospitrust.config.sections import is_hyperparameter
+    from hospitrust.strategies import STRATEGIES
+
+    # the registry
+    assert "nearest-to-median" in STRATEGIES
+    # the run config: its section, refused for another rule
+    cfg = parse_run_config({"strategy": "nearest-to-median", "nearest-to-median.keep-fraction": 0.7})
+    assert cfg.strategy_options.keep_fraction == 0.7
+    with pytest.raises(ConfigError, match="nearest-to-median.keep-fraction = 0.7: an option of strategy nearest-to-median"):
+        parse_run_config({"strategy": "fedavg", "nearest-to-median.keep-fraction": 0.7})
+    with pytest.raises(ConfigError, match="nearest-to-median.keep-fraction"):
+        parse_run_config({"strategy": "nearest-to-median", "nearest-to-median.keep-fraction": 1.5})
+    # pyproject's tables, the config reference and the rule's page, generated (regenerating is not an edit)
+    root = tmp_path / "project"
+    (root / "docs" / "rules").mkdir(parents=True)
+    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+    for page in (REPO / "docs" / "rules").glob("*.md"):
+        shutil.copy(page, root / "docs" / "rules" / page.name)
+    (root / "docs" / "rules" / "nearest-to-median.md").write_text(doc_files()["docs/rules/nearest-to-median.md"])
+    reference.generate(root)
+    assert "[tool.flwr.app.config.nearest-to-median]\nkeep-fraction = 0.5" in (root / "pyproject.toml").read_text()
+    assert "`nearest-to-median.keep-fraction` | `0.5` |" in (root / "docs" / "config.md").read_text()
+    assert "| `nearest-to-median.keep-fraction` | `0.5` |" in (root / "docs" / "rules" / "nearest-to-median.md").read_text()
+    assert reference.stale(root) == []
+    # the bench report: a rule's option is a variant of the rule, not a scenario
+    assert is_hyperparameter("nearest-to-median.keep-fraction") and not is_hyperparameter("dirichlet.alpha")
+
+
+def test_the_new_rule_runs_a_federation(extension, tmp_path, data_dir):
+    from hospitrust.ops.inprocess import run_inprocess
+    from hospitrust.server_app.results import read_rounds
+
+    cfg = small_run_config(tmp_path, strategy="nearest-to-median", **{"nearest-to-median.keep-fraction": 0.5,
+                                                                      "num-server-rounds": 1})
+    run_inprocess(cfg, 4)
+    clients = read_rounds(tmp_path / "runs" / cfg["run-name"])[0]["clients"]
+    assert sum(c["selected"] for c in clients) == 2 and sum(c["weight"] for c in clients) == pytest.approx(1.0)
+
+
+def test_an_attack_is_picked_up_by_its_class(extension):
+    from hospitrust.attacks import ATTACKS
+    from hospitrust.attacks.threat_model import configured_attack
+    from hospitrust.config import parse_run_config
+
+    assert ATTACKS["halving"].kind == "update"
+    attack = configured_attack(parse_run_config({"attack": "halving", "halving.factor": 0.25,
+                                                 "attack-schedule.start-round": 1}))
+    assert attack.attack.factor == 0.25 and not attack.active(1) and attack.active(2)
+
+
+def test_a_dataset_source_serves_a_federation(extension, tmp_path, monkeypatch):
+    import importlib
+
+    from hospitrust.datasets import registry
+    from hospitrust.ops.inprocess import run_inprocess
+    from hospitrust.server_app.results import read_summary
+
+    module = importlib.import_module("hospitrust.datasets.noise_source")
+    monkeypatch.setitem(registry.SOURCES, "noise", module.NoiseSource())
+    cfg = small_run_config(tmp_path, dataset="noise", **{"num-server-rounds": 1, "train-subsample": 1.0})
+    run_inprocess(cfg, 3)
+    summary = read_summary(tmp_path / "runs" / cfg["run-name"])
+    assert summary["dataset"] == "noise" and summary["final"]["balanced_accuracy"] > 0.9  # bright vs dark is easy
