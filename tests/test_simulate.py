@@ -45,6 +45,9 @@ def test_simulate_completes_writes_every_result_file_and_survives_a_nan_hospital
     summary = read_summary(run_dir)
     assert summary["hospitals"] == 3 and 0.0 <= summary["final"]["auc"] <= 1.0
     assert "final (pneumoniamnist, fedavg, 2 rounds" in res.stdout
+    # Flower's advice on resizing the federation contradicts --hospitals: left out of the stream
+    assert "default simulated SuperNodes changed" not in res.stdout and "simulation-config" not in res.stdout
+    assert "3 simulated SuperNodes" in res.stdout
 
 
 def test_a_failing_clientapp_ends_failed_with_nonzero_exit(tmp_path, data_dir):
@@ -79,4 +82,26 @@ def test_bad_config_fails_before_starting_anything(tmp_path):
     assert "strategy = 'fedbest'" in res.stderr and "fedavg" in res.stderr
     assert "SuperLink" not in res.stdout
     res = _simulate(["--hospitals", "3", "--app", str(REPO), "-c", "num-server-round=3"], cwd=tmp_path, timeout=120)
-    assert res.returncode == 2 and "num-server-round" in res.stderr
+    assert res.returncode == 2 and "unknown key 'num-server-round'; did you mean 'num-server-rounds'?" in res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.splitlines()) <= 3
+    # an option of a rule that is not selected, given explicitly, is refused even at its default value
+    res = _simulate(["--hospitals", "3", "--app", str(REPO), "-c", "strategy=krum hta.exclusion-fraction=0.5"],
+                    cwd=tmp_path, timeout=120)
+    assert res.returncode == 2 and "selected strategy is 'krum'" in res.stderr
+    # an old flat key still works, with one line naming its new key
+    res = _simulate(["--hospitals", "3", "--app", str(REPO), "-c", "hta-kappa=0.4 strategy=krum"], cwd=tmp_path,
+                    timeout=120)
+    assert "'hta-kappa' is deprecated: it is now 'hta.exclusion-fraction'" in res.stdout + res.stderr
+
+
+def test_missing_data_stops_before_flower_with_one_paragraph(tmp_path):
+    """A newcomer without the dataset (no network here): one paragraph, no traceback, before any Flower process."""
+    env = dict(os.environ, HOSPITRUST_DATA_DIR=str(tmp_path / "empty"),
+               HTTPS_PROXY="http://127.0.0.1:9", HTTP_PROXY="http://127.0.0.1:9")  # offline, also where a network exists
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    cmd = [sys.executable, "-m", "hospitrust.ops.cli", "simulate", "--app", str(REPO), "-c", "dataset=dermamnist"]
+    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert "dermamnist.npz is not in" in res.stderr and "HOSPITRUST_DATA_DIR" in res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert "SuperLink" not in res.stdout

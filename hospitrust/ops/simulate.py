@@ -36,9 +36,17 @@ class SimulationError(FlowerProcessError):
     """The simulation could not be started or did not complete."""
 
 
+# Flower's simulation logs these for every run: they tell how to resize the federation with
+# `flwr federation simulation-config`, while here `--hospitals` sets it (and did)
+MISLEADING = ("default simulated SuperNodes changed from 10 to 2", "To change federation size, use the following command",
+              "flwr federation simulation-config")
+
+
 def copy_lines(src, dst) -> None:
-    """Copy a text stream line by line (a thread streaming a run's log)."""
+    """Copy a run's log stream line by line, leaving out Flower's lines about resizing the federation."""
     for line in iter(src.readline, ""):
+        if any(text in line for text in MISLEADING):
+            continue
         dst.write(line)
         dst.flush()
 
@@ -195,7 +203,7 @@ def simulate(
     print(
         f"hospitrust simulate: {hospitals} hospitals, {res.cpus_per_hospital:g} CPU"
         f"{f' + {res.gpus_per_hospital:g} GPU' if res.gpus_per_hospital else ''} each, up to {res.concurrency} at once; "
-        f"SuperLink on 127.0.0.1:{port}",
+        f"SuperLink on 127.0.0.1:{port} (the federation's size is --hospitals)",
         file=out,
         flush=True,
     )

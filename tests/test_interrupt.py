@@ -1,0 +1,47 @@
+"""An interrupted test run (SIGTERM, or Ctrl-C) leaves no Flower process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
+def test_an_interrupted_pytest_stops_every_flower_process(tmp_path, how):
+    probe = tmp_path / "pids.json"
+    env = dict(os.environ, HOSPITRUST_PROBE_FILE=str(probe))
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/interrupt_probe.py"],
+                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)  # its own process group, as a terminal would give it
+    try:
+        deadline = time.monotonic() + 180
+        while not probe.is_file():
+            assert child.poll() is None, child.stdout.read()
+            assert time.monotonic() < deadline, "the probe never started its SuperLink"
+            time.sleep(0.5)
+        pids = json.loads(probe.read_text())
+        time.sleep(2)  # the SuperLink starts its SuperExec (in another session)
+        tree = [pids["superlink"], pids["sleeper"]] + [p.pid for p in psutil.Process(pids["superlink"]).children(recursive=True)]
+        assert len(tree) >= 3, "the SuperLink started no SuperExec"
+        if how == "sigterm":
+            child.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(child.pid, signal.SIGINT)  # what the terminal sends the foreground group
+        child.wait(timeout=120)
+        alive = [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        assert alive == [], f"left running after {how}: {[psutil.Process(p).cmdline() for p in alive]}"
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
