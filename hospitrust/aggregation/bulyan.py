@@ -44,6 +44,17 @@ def bulyan_select(
     Krum scores on the full set (what Flower's ``Bulyan`` does by default via
     ``select_multikrum``).
 
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``, one row per client; needs ``n >= 4f + 3``.
+    f : int
+        Assumed number of Byzantine clients.
+    distances : torch.Tensor or None
+        Precomputed ``(n, n)`` squared Euclidean distances of the rows of ``x``; None computes them.
+    selection : {"krum", "multi_krum"}
+        Iterated Krum (the paper) or a single Multi-Krum pass.
+
     Returns
     -------
     torch.Tensor

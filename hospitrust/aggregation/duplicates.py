@@ -22,6 +22,16 @@ def pairwise_cosine(x: torch.Tensor) -> torch.Tensor:
     """``(n, n)`` float64 CPU cosine similarities of the rows of ``x``, from one Gram matrix
     (no copy of ``x``); a zero row has cosine 0 with every other row (it has no direction) and
     1 with itself.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``, one row per hospital.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n, n)`` float64 cosine similarities on the CPU.
     """
     check_updates(x)
     g = gram(x).cpu()
@@ -41,6 +51,18 @@ def duplicate_groups(x: torch.Tensor, threshold: float = 0.999) -> dict[str, tor
     Returns ``group`` (n,) int64 (the smallest member index of each hospital's group),
     ``size`` (n,) int64 (its group's size, 1 for a hospital alone) and ``max_cosine`` (n,)
     float64 (each hospital's largest cosine with another hospital; -1 when n = 1).
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``, one row per hospital.
+    threshold : float
+        Cosine in ``(0, 1]`` at or above which two updates are linked as near-duplicates.
+
+    Returns
+    -------
+    dict[str, torch.Tensor]
+        ``group``, ``size`` and ``max_cosine``, each ``(n,)``, as above.
     """
     n, _ = check_updates(x)
     if not 0.0 < threshold <= 1.0:
@@ -71,6 +93,18 @@ def duplicate_groups(x: torch.Tensor, threshold: float = 0.999) -> dict[str, tor
 def group_representatives(x: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     """One row per group, the mean of its members, in order of first member: ``(g, d)`` on
     ``x``'s device and dtype. With every hospital alone it is ``x`` itself.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``, one row per hospital.
+    group : torch.Tensor
+        ``(n,)`` group id of each row (``duplicate_groups(x)["group"]``).
+
+    Returns
+    -------
+    torch.Tensor
+        ``(g, d)`` group means, or ``x`` itself when every group has one member.
     """
     check_updates(x)
     group = torch.as_tensor(group, dtype=torch.int64).flatten().cpu()

@@ -31,7 +31,18 @@ __all__ = [
 
 
 def average_ranks(x: torch.Tensor) -> torch.Tensor:
-    """Ranks 1..n of a 1-D tensor, ties given their average rank (as scipy.stats.rankdata)."""
+    """Ranks 1..n of a 1-D tensor, ties given their average rank (as scipy.stats.rankdata).
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Values to rank (flattened).
+
+    Returns
+    -------
+    torch.Tensor
+        float64 ranks, same length as ``x``.
+    """
     x = torch.as_tensor(x, dtype=torch.float64).flatten()
     order = torch.argsort(x, stable=True)
     ranks = torch.empty_like(x)
@@ -48,7 +59,20 @@ def average_ranks(x: torch.Tensor) -> torch.Tensor:
 
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Spearman rank correlation (Pearson of average ranks); NaN when either side is constant."""
+    """Spearman rank correlation (Pearson of average ranks); NaN when either side is constant.
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        First sample (flattened).
+    b : torch.Tensor
+        Second sample, same length as ``a``.
+
+    Returns
+    -------
+    float
+        The rank correlation in [-1, 1], or NaN.
+    """
     ra, rb = average_ranks(a), average_ranks(b)
     if ra.numel() != rb.numel():
         raise ValueError(f"spearman needs equal lengths, got {ra.numel()} and {rb.numel()}")
@@ -60,6 +84,18 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
 def mean_class_spearman(evidence: torch.Tensor, counts: torch.Tensor) -> float:
     """Per class, Spearman across hospitals of evidence vs true counts; the mean over classes
     where both are non-constant (NaN if none).
+
+    Parameters
+    ----------
+    evidence : torch.Tensor
+        ``(n, C)`` per-hospital class evidence.
+    counts : torch.Tensor
+        ``(n, C)`` the hospitals' true (reported) class counts.
+
+    Returns
+    -------
+    float
+        The mean per-class Spearman correlation, or NaN.
     """
     e = torch.as_tensor(evidence, dtype=torch.float64)
     k = torch.as_tensor(counts, dtype=torch.float64)
@@ -77,6 +113,16 @@ def update_evidence(bias_updates: torch.Tensor) -> torch.Tensor:
     more of c than the global model expects, down when it holds none. The sign separates
     holders from non-holders; the positive part ranks holders by how much of c they hold.
     Magnitudes of whole rows (which also carry the body's drift) do not.
+
+    Parameters
+    ----------
+    bias_updates : torch.Tensor
+        ``(n, C)`` the hospitals' updates of the classifier bias.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n, C)`` float64 evidence, >= 0.
     """
     return torch.as_tensor(bias_updates, dtype=torch.float64).clamp_min(0.0)
 
@@ -102,6 +148,26 @@ def update_count_evidence(
     hospitals' class shares at Spearman 0.84-0.96 per round, and :math:`\hat n` their counts
     at 0.93, where :math:`\max(0, \Delta b)` reached 0.18-0.31. ``num_examples`` is what each
     reply reports (the same number FedAvg weighs by).
+
+    Parameters
+    ----------
+    bias_updates : torch.Tensor
+        ``(n, C)`` the hospitals' updates of the classifier bias, :math:`\Delta b`.
+    num_examples : torch.Tensor
+        ``(n,)`` each hospital's reported number of training examples, :math:`n_k`.
+    global_bias : torch.Tensor
+        ``(C,)`` the global model's classifier bias :math:`b`.
+    learning_rate : float
+        The local learning rate :math:`\eta`.
+    batch_size : int
+        The local minibatch size ``B``.
+    local_epochs : int
+        The local epochs ``E``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n, C)`` float64 estimated class counts :math:`\hat n_{kc}`.
     """
     db = torch.as_tensor(bias_updates, dtype=torch.float64)
     n = torch.as_tensor(num_examples, dtype=torch.float64).reshape(-1, 1)
@@ -112,12 +178,34 @@ def update_count_evidence(
 
 
 def holder_mask(evidence: torch.Tensor) -> torch.Tensor:
-    """Hospital k holds class c when its evidence for c is positive: ``(n, C)`` bool."""
+    """Hospital k holds class c when its evidence for c is positive: ``(n, C)`` bool.
+
+    Parameters
+    ----------
+    evidence : torch.Tensor
+        ``(n, C)`` per-hospital class evidence.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n, C)`` bool.
+    """
     return torch.as_tensor(evidence, dtype=torch.float64) > 0
 
 
 def peer_reliability(num_holders: torch.Tensor | int) -> torch.Tensor:
-    r""":math:`p(c) = \mathrm{clip}((n(c) - 1) / 4, 0, 1)`: one holder, no peers to check with; five or more, full trust in the peer check."""
+    r""":math:`p(c) = \mathrm{clip}((n(c) - 1) / 4, 0, 1)`: one holder, no peers to check with; five or more, full trust in the peer check.
+
+    Parameters
+    ----------
+    num_holders : torch.Tensor or int
+        :math:`n(c)`, the number of hospitals holding the class (one per class if a tensor).
+
+    Returns
+    -------
+    torch.Tensor
+        float64 :math:`p(c)` in [0, 1], ``num_holders``' shape.
+    """
     n = torch.as_tensor(num_holders, dtype=torch.float64)
     return ((n - 1.0) / 4.0).clamp(0.0, 1.0)
 
@@ -131,6 +219,20 @@ def nonholder_factor(num_holders: int, weight: float = 1.0, *, by_peers: bool = 
     the class push its logit down unchecked in a row with many holders (where the holders can
     check each other). With one holder the row is as specified; with five or more it is
     learned from its holders alone.
+
+    Parameters
+    ----------
+    num_holders : int
+        The number of hospitals holding the class.
+    weight : float
+        The non-holders' factor in [0, 1] (``earn.nonholder-weight``).
+    by_peers : bool
+        Also multiply by :math:`1 - p(c)`.
+
+    Returns
+    -------
+    float
+        The factor on a non-holder's base weight.
     """
     if not 0.0 <= weight <= 1.0:
         raise ValueError(f"weight must be in [0, 1], got {weight}")
@@ -222,6 +324,24 @@ def row_audit(weight_rows: torch.Tensor, features: torch.Tensor, labels: torch.T
     RetinaMNIST the grade-4 images have the smaller features: the honest grade-4 specialist,
     which raises grade 4 everywhere, scored negative and the non-holders, which lower it,
     positive.
+
+    Parameters
+    ----------
+    weight_rows : torch.Tensor
+        ``(n, H)`` the hospitals' updates of class c's weight row :math:`\Delta w_{kc}`.
+    features : torch.Tensor
+        ``(m, H)`` the global model's last-layer inputs :math:`h(x)` on the reference cohort.
+    labels : torch.Tensor
+        ``(m,)`` the cohort's labels.
+    c : int
+        The class audited.
+    shift_free : bool
+        Remove each row update's component along the mean feature first.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n,)`` float64 audit scores (NaN as above).
     """
     w = weight_rows.double()
     h = features.double()
@@ -252,6 +372,22 @@ def model_audit(candidate_logits: torch.Tensor, global_logits: torch.Tensor, lab
     the hospital trained it on. A faker that relabels other images as c raises :math:`z_c` on
     those images too, so its margin does not grow. ``candidate_logits`` ``(n, m, C)``,
     ``global_logits`` ``(m, C)``; NaN for all when the cohort lacks class c or has only class c.
+
+    Parameters
+    ----------
+    candidate_logits : torch.Tensor
+        ``(n, m, C)`` logits of each candidate model :math:`\theta + u_k` on the reference cohort.
+    global_logits : torch.Tensor
+        ``(m, C)`` logits of the global model :math:`\theta` on the cohort.
+    labels : torch.Tensor
+        ``(m,)`` the cohort's labels.
+    c : int
+        The class audited.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n,)`` float64 margin gains (NaN as above).
     """
     z = torch.as_tensor(candidate_logits, dtype=torch.float64)[..., c]
     g = torch.as_tensor(global_logits, dtype=torch.float64)[..., c]
@@ -264,7 +400,24 @@ def model_audit(candidate_logits: torch.Tensor, global_logits: torch.Tensor, lab
 
 
 def trust_step(trust: torch.Tensor, agrees: torch.Tensor, *, gain: float = 0.1, decay: float = 0.5) -> torch.Tensor:
-    r"""Slow to earn, quick to lose: :math:`T \leftarrow \min(1, T + g)` when it agrees, :math:`T \leftarrow d\,T` when not."""
+    r"""Slow to earn, quick to lose: :math:`T \leftarrow \min(1, T + g)` when it agrees, :math:`T \leftarrow d\,T` when not.
+
+    Parameters
+    ----------
+    trust : torch.Tensor
+        ``(n,)`` current trust :math:`T` in [0, 1].
+    agrees : torch.Tensor
+        ``(n,)`` bool: the hospital's row agreed this round.
+    gain : float
+        ``g``, added on agreement.
+    decay : float
+        ``d``, the factor on disagreement.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n,)`` float64 new trust.
+    """
     t = torch.as_tensor(trust, dtype=torch.float64)
     ok = torch.as_tensor(agrees, dtype=torch.bool)
     return torch.where(ok, (t + gain).clamp_max(1.0), t * decay)
@@ -274,6 +427,18 @@ def capped_weights(w: torch.Tensor, cap: float = 0.5) -> torch.Tensor:
     r"""Normalize ``w`` to sum 1 with no entry above ``cap`` (water filling: capped entries sit
     at the cap, the rest share what is left in proportion to ``w``). ``cap >= 1`` only
     normalizes; a cap below 1/n is raised to 1/n (the only feasible cap).
+
+    Parameters
+    ----------
+    w : torch.Tensor
+        ``(n,)`` non-negative raw weights (negatives count as 0; all 0: uniform).
+    cap : float
+        The largest share any entry may hold.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n,)`` float64 weights summing to 1.
     """
     w = torch.as_tensor(w, dtype=torch.float64).clamp_min(0.0)
     n = w.numel()
@@ -306,6 +471,20 @@ def rare_row_clip(rows: torch.Tensor, holders: torch.Tensor, update_clip: torch.
     class's holders (over everyone if none). A row is shrunk only when both its whole update and
     the row itself are larger than is typical, so a specialist whose whole update is large because
     it trains on the rare class keeps its row, while a scaled update is clipped. ``(n,)`` float64.
+
+    Parameters
+    ----------
+    rows : torch.Tensor
+        ``(n, R)`` the hospitals' updates of one rare-class row (weight row and bias).
+    holders : torch.Tensor
+        ``(n,)`` bool: the hospitals holding the class.
+    update_clip : torch.Tensor
+        ``(n,)`` each hospital's whole-update clip factor (:func:`median_norm_clip`).
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n,)`` float64 scale factors in ``(0, 1]``.
     """
     h = torch.as_tensor(holders, dtype=torch.bool).flatten()
     row = median_norm_clip(torch.as_tensor(rows, dtype=torch.float64), h if bool(h.any()) else None)
@@ -317,6 +496,22 @@ def rare_row_weights(
 ) -> torch.Tensor:
     r"""Weights of a rare-class row: :math:`w_k \propto n_k / \sum n + T_k\, e_k / \sum e`, capped
     (:func:`capped_weights`). With every trust at 0 this is FedAvg with the cap.
+
+    Parameters
+    ----------
+    fedavg : torch.Tensor
+        ``(n,)`` the base weights :math:`n_k` (normalized here).
+    trust : torch.Tensor
+        ``(n,)`` the hospitals' trust :math:`T_k` for the class.
+    evidence : torch.Tensor
+        ``(n,)`` their evidence :math:`e_k` for the class (negatives count as 0).
+    cap : float
+        The largest share one hospital may hold (:func:`capped_weights`).
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n,)`` float64 row weights summing to 1.
     """
     f = torch.as_tensor(fedavg, dtype=torch.float64)
     f = f / f.sum()

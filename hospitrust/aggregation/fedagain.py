@@ -21,6 +21,20 @@ def fedagain_divergence(x: torch.Tensor, global_vector: torch.Tensor | None = No
     median it is about twice as far.
 
     Returns ``(n,)`` float64 on CPU.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)`` (returned minus global weights, :math:`u_k`).
+    global_vector : torch.Tensor or None
+        ``(d,)`` the global weights :math:`w`; needed by ``cosine`` only.
+    kind : {"l2", "cosine", "median"}
+        Which divergence.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n,)`` float64 divergences on the CPU.
     """
     n, d = check_updates(x)
     if kind == "l2":

@@ -26,6 +26,13 @@ def fltrust_trust(x: torch.Tensor, server_update: torch.Tensor) -> torch.Tensor:
 
     A zero update (or a zero server update) gets trust 0.
 
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked client updates ``(n, d)``.
+    server_update : torch.Tensor
+        ``(d,)`` server (root-dataset) update :math:`g_0`.
+
     Returns
     -------
     torch.Tensor

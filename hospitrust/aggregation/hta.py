@@ -45,6 +45,25 @@ def hta_signals(
     one update move them as one hospital would.
 
     Returns ``{"s", "m", "v", "norm"}``, each ``(n,)`` float64 on CPU.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``, :math:`u_h`.
+    validation : torch.Tensor or None
+        ``(n,)`` balanced accuracy :math:`\beta_h` of each candidate model on the reference cohort;
+        None: no validation signal.
+    magnitude_tolerance : float
+        ``t`` (>= 1): norms within this factor of the median are fully plausible.
+    group : torch.Tensor or None
+        ``(n,)`` near-duplicate group of each update; None: every update alone.
+    trim_norms : bool
+        Take the median norm over the norms at most ``t`` times the median.
+
+    Returns
+    -------
+    dict[str, torch.Tensor]
+        ``s``, ``m``, ``v`` and ``norm`` (the update norms), each ``(n,)``.
     """
     n, d = check_updates(x)
     if magnitude_tolerance < 1.0:
@@ -87,6 +106,18 @@ def excused_direction(s: torch.Tensor, excuse: torch.Tensor) -> torch.Tensor:
     disagreement is not evidence against it, so at full excuse it counts as a typical
     hospital of the round, no more. The magnitude and validation signals still apply, so
     an excused update that hurts the reference cohort still loses reputation.
+
+    Parameters
+    ----------
+    s : torch.Tensor
+        ``(n,)`` the direction signals :math:`s_h`.
+    excuse : torch.Tensor
+        ``(n,)`` the excuses :math:`e_h` in [0, 1].
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n,)`` float64 CPU :math:`s'_h`.
     """
     s = s.double().cpu()
     e = torch.as_tensor(excuse, dtype=torch.float64).flatten().cpu()
@@ -98,7 +129,28 @@ def excused_direction(s: torch.Tensor, excuse: torch.Tensor) -> torch.Tensor:
 
 
 def hta_fusion(s: torch.Tensor, m: torch.Tensor, v: torch.Tensor, a: float = 0.5, b: float = 1.0, c: float = 1.0) -> torch.Tensor:
-    r""":math:`\tau_h = s_h^a\, m_h^b\, v_h^c` (with :math:`0^0 = 1`: an exponent 0 drops that signal)."""
+    r""":math:`\tau_h = s_h^a\, m_h^b\, v_h^c` (with :math:`0^0 = 1`: an exponent 0 drops that signal).
+
+    Parameters
+    ----------
+    s : torch.Tensor
+        ``(n,)`` direction signals.
+    m : torch.Tensor
+        ``(n,)`` magnitude signals.
+    v : torch.Tensor
+        ``(n,)`` validation signals.
+    a : float
+        Exponent of ``s`` (>= 0).
+    b : float
+        Exponent of ``m`` (>= 0).
+    c : float
+        Exponent of ``v`` (>= 0).
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n,)`` float64 round trust :math:`\tau_h`.
+    """
     for name, e in (("a", a), ("b", b), ("c", c)):
         if e < 0:
             raise ValueError(f"exponent {name} must be >= 0, got {e}")
@@ -123,6 +175,24 @@ def reputation_update(
     (on-off) ends below one that is steadily mediocre.
 
     Returns ``(ema, var, reputation)``.
+
+    Parameters
+    ----------
+    tau : float
+        This round's trust :math:`\tau_t`.
+    ema : float or None
+        The hospital's running mean :math:`r_{t-1}`; None for its first observation.
+    var : float
+        Its running variance :math:`\sigma^2_{t-1}`.
+    rate : float
+        :math:`\rho`, in (0, 1].
+    variance_penalty : float
+        :math:`\gamma`, the factor on the standard deviation.
+
+    Returns
+    -------
+    tuple[float, float, float]
+        The new :math:`r_t`, :math:`\sigma^2_t` and :math:`R_t`.
     """
     if not 0.0 < rate <= 1.0:
         raise ValueError(f"rate must be in (0, 1], got {rate}")
@@ -145,6 +215,20 @@ def mad_exclusion(reputation: torch.Tensor, *, lam: float = 2.0, kappa: float = 
     low. The median itself is never excluded, so at least half the hospitals are kept.
 
     Returns ``{"excluded", "below_mad", "below_kappa"}`` (bool) and ``mu``, ``mad`` (0-d).
+
+    Parameters
+    ----------
+    reputation : torch.Tensor
+        ``(n,)`` reputations :math:`R_h`.
+    lam : float
+        :math:`\lambda`, the MADs below the median that the first test allows.
+    kappa : float
+        :math:`\kappa`, the share of the median that the second test allows.
+
+    Returns
+    -------
+    dict[str, torch.Tensor]
+        ``excluded``, ``below_mad``, ``below_kappa`` (``(n,)`` bool), ``mu`` and ``mad``.
     """
     r = torch.as_tensor(reputation, dtype=torch.float64).flatten()
     mu = torch.quantile(r, 0.5)
@@ -173,6 +257,28 @@ def hta_weights(
     median of those at most t times it, :func:`plausible_median_norm`), else :math:`u_h`.
 
     Returns ``(update (d,), weights (n,) float64 CPU)``.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``.
+    reputation : torch.Tensor
+        ``(n,)`` reputations :math:`R_h`.
+    num_examples : torch.Tensor
+        ``(n,)`` the reported example counts :math:`n_h`.
+    keep : torch.Tensor
+        ``(n,)`` bool: the hospitals not excluded (at least one).
+    clip_to_median_norm : bool
+        Clip each update to the kept updates' median norm.
+    group_size : torch.Tensor or None
+        ``(n,)`` size :math:`k_h` of each hospital's near-duplicate group; None: all 1.
+    trim_tolerance : float or None
+        ``t`` for the median norm (:func:`plausible_median_norm`); None: the plain median.
+
+    Returns
+    -------
+    tuple[torch.Tensor, torch.Tensor]
+        The ``(d,)`` aggregate (``x``'s dtype and device) and the ``(n,)`` float64 CPU weights.
     """
     n, d = check_updates(x)
     keep = torch.as_tensor(keep, dtype=torch.bool).flatten().cpu()

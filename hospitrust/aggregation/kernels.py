@@ -26,6 +26,16 @@ def gram(x: torch.Tensor) -> torch.Tensor:
     machine, a loop of per-block ``addmm_`` 2.4-3x (one thread does the work
     with a 20 x 20 output), the batched product 1.6x (it splits the batch over
     the threads), and summing per-block partials is also more accurate.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n, n)`` float64 on ``x.device``.
     """
     check_updates(x)
     work = x if x.dtype in (torch.float32, torch.float64) else x.float()
@@ -78,6 +88,18 @@ GRAM_BLOCK = 65_536  # columns per block of the CPU Gram product (see gram)
 def nearest_neighbour_scores(dist: torch.Tensor, k: int) -> torch.Tensor:
     """Sum of the ``k`` smallest off-diagonal entries of every row of a distance matrix
     (Krum's score with k = n - f - 2 neighbours).
+
+    Parameters
+    ----------
+    dist : torch.Tensor
+        ``(n, n)`` distance matrix (its diagonal is ignored).
+    k : int
+        Neighbours summed per row, clamped to ``[1, n - 1]``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n,)`` scores in ``dist``'s dtype and device (0 for a single row).
     """
     n = dist.shape[0]
     if n == 1:
@@ -89,7 +111,21 @@ def nearest_neighbour_scores(dist: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def checked_distances(x: torch.Tensor, distances: torch.Tensor | None) -> torch.Tensor:
-    """``distances`` as float64 after a shape check, or computed from ``x`` when None."""
+    """``distances`` as float64 after a shape check, or computed from ``x`` when None.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``.
+    distances : torch.Tensor or None
+        Precomputed ``(n, n)`` squared distances of the rows of ``x``; None computes them with
+        :func:`pairwise_sq_distances`.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n, n)`` float64 squared distances.
+    """
     n = x.shape[0]
     if distances is None:
         return pairwise_sq_distances(x)
@@ -112,6 +148,19 @@ def plausible_median_norm(norms: torch.Tensor, tolerance: float | None) -> float
     magnitude tolerance drops the scaled ones before the median is taken. Only the top is
     trimmed: a short update cannot raise the threshold, and trimming the bottom as well would
     move the median up again. Never empty: the lower middle norm is at most the median.
+
+    Parameters
+    ----------
+    norms : torch.Tensor
+        The update norms :math:`\nu`, any shape (flattened).
+    tolerance : float or None
+        Norms above ``tolerance`` times the median are left out of the median (>= 1); None: the plain
+        median.
+
+    Returns
+    -------
+    float
+        The trimmed median norm.
     """
     if tolerance is not None and tolerance < 1.0:
         raise ValueError(f"tolerance must be >= 1, got {tolerance}")
@@ -126,6 +175,20 @@ def median_norm_clip(x: torch.Tensor, keep: torch.Tensor | None = None, trim_tol
     r"""Per-update factor :math:`\min(1, \tilde\nu / \lVert u_h\rVert)` that clips each update to the
     median norm :math:`\tilde\nu` of the ``keep`` ones (all if None; with ``trim_tolerance``, of
     those at most that factor times their median, :func:`plausible_median_norm`). ``(n,)`` float64 CPU.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``.
+    keep : torch.Tensor or None
+        ``(n,)`` bool: the updates whose norms set the median; None: all.
+    trim_tolerance : float or None
+        Passed to :func:`plausible_median_norm` as its ``tolerance``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n,)`` float64 CPU clip factors in ``(0, 1]``.
     """
     norms = torch.linalg.vector_norm(x.double(), dim=1).cpu()
     kept = norms if keep is None else norms[torch.as_tensor(keep, dtype=torch.bool).flatten().cpu()]

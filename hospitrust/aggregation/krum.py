@@ -56,7 +56,22 @@ def krum_scores(
 
 
 def krum_select(x: torch.Tensor, f: int, distances: torch.Tensor | None = None) -> int:
-    """Index of the Krum-selected update (lowest score; ties -> lowest index)."""
+    """Index of the Krum-selected update (lowest score; ties -> lowest index).
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``.
+    f : int
+        Assumed number of Byzantine clients, ``n >= 2f + 3``.
+    distances : torch.Tensor or None
+        Precomputed ``(n, n)`` squared distances of the rows of ``x``; None computes them.
+
+    Returns
+    -------
+    int
+        The row index of the selected update.
+    """
     scores = krum_scores(x, f, distances)
     return int(torch.sort(scores, stable=True).indices[0])
 
@@ -96,6 +111,22 @@ def multi_krum_select(
     """Indices of the ``m`` updates with the lowest Krum scores (best first).
 
     Ties are broken by the lower index. ``m`` defaults to ``n - f``.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``.
+    f : int
+        Assumed number of Byzantine clients, ``n >= 2f + 3``.
+    m : int or None
+        Updates selected, ``1 <= m <= n``; None: ``n - f``.
+    distances : torch.Tensor or None
+        Precomputed ``(n, n)`` squared distances of the rows of ``x``; None computes them.
+
+    Returns
+    -------
+    torch.Tensor
+        int64 indices of shape ``(m,)``.
     """
     n, _ = check_updates(x)
     f = check_f(f)

@@ -17,7 +17,20 @@ def _check_max_norm(max_norm: float) -> None:
 
 
 def clip_factors(x: torch.Tensor, max_norm: float) -> torch.Tensor:
-    r"""``(n,)`` float64 factors :math:`\min(1, C / \lVert x_i\rVert_2)`: one pass over ``x``."""
+    r"""``(n,)`` float64 factors :math:`\min(1, C / \lVert x_i\rVert_2)`: one pass over ``x``.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``.
+    max_norm : float
+        Clipping bound ``C > 0``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n,)`` float64 factors in ``(0, 1]`` on ``x.device``.
+    """
     check_updates(x)
     _check_max_norm(max_norm)
     norms = torch.linalg.vector_norm(x, dim=1).double()  # dtype=float64 here would copy x to float64 first
@@ -65,6 +78,20 @@ def clip_rows(x: torch.Tensor, max_norm: float, out: torch.Tensor | None = None)
     r"""The clipped updates :math:`\tilde x_i` themselves, ``(n, d)``: a new tensor unless
     ``out`` is given (``out=x`` clips in place). Writing a fresh ``(n, d)`` tensor is
     dominated by page-faulting new memory for large models: pass a reusable ``out``.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``.
+    max_norm : float
+        Clipping bound ``C > 0``.
+    out : torch.Tensor or None
+        Where to write the result (same shape, dtype and device as ``x``); None: a new tensor.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n, d)`` clipped updates (``out`` when given).
     """
     factor = clip_factors(x, max_norm).to(dtype=x.dtype, device=x.device)[:, None]
     if out is None:

@@ -106,6 +106,16 @@ def sorting_network(n: int) -> list[tuple[int, int]]:
     hold ``+inf``, so those comparators are no-ops). After applying
     ``(v[i], v[j]) <- (min, max)`` for each comparator in order, ``v`` is
     sorted ascending.
+
+    Parameters
+    ----------
+    n : int
+        Number of wires (values to sort), >= 0.
+
+    Returns
+    -------
+    list[tuple[int, int]]
+        The comparators in the order they apply.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0; got {n}")
@@ -129,7 +139,20 @@ def sorting_network(n: int) -> list[tuple[int, int]]:
 def prune_network(
     comps: Sequence[tuple[int, int]], needed: Iterable[int]
 ) -> list[tuple[int, int]]:
-    """Drop the comparators that cannot influence the wires in ``needed``."""
+    """Drop the comparators that cannot influence the wires in ``needed``.
+
+    Parameters
+    ----------
+    comps : Sequence[tuple[int, int]]
+        Comparators of a network (:func:`sorting_network`), in order.
+    needed : Iterable[int]
+        Output wires whose final values are wanted.
+
+    Returns
+    -------
+    list[tuple[int, int]]
+        The comparators that remain, in their original order.
+    """
     need = set(needed)
     out: list[tuple[int, int]] = []
     for a, b in reversed(comps):
@@ -310,7 +333,18 @@ def _run(kind: str, n: int, param: int, x: torch.Tensor, extra: tuple = ()) -> t
 # Kernels (no argument checks: the public rules validate first)
 # --------------------------------------------------------------------------
 def median_kernel(x: torch.Tensor) -> torch.Tensor:
-    """Coordinate-wise median of ``x`` (n, d); even n: mean of the middle two."""
+    """Coordinate-wise median of ``x`` (n, d); even n: mean of the middle two.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(d,)``.
+    """
     n = x.shape[0]
     if n == 1:
         return x[0].clone()
@@ -318,7 +352,20 @@ def median_kernel(x: torch.Tensor) -> torch.Tensor:
 
 
 def trimmed_mean_kernel(x: torch.Tensor, f: int) -> torch.Tensor:
-    """Mean of the ranks ``f .. n-f-1`` of every column of ``x`` (n, d)."""
+    """Mean of the ranks ``f .. n-f-1`` of every column of ``x`` (n, d).
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``.
+    f : int
+        Values dropped at each end of every column, ``2f < n``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(d,)``.
+    """
     n = x.shape[0]
     if f == 0:
         return x.sum(0) / n
@@ -330,6 +377,20 @@ def bulyan_coordinate_kernel(x: torch.Tensor, idx: torch.Tensor, f: int) -> torc
 
     For every column: the mean of the ``beta = theta - 2f`` values closest to
     the column median (ties in distance prefer the smaller value).
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``.
+    idx : torch.Tensor
+        int64 indices of the ``theta`` selected rows (:func:`~hospitrust.aggregation.bulyan_select`).
+    f : int
+        Assumed number of Byzantine clients.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(d,)``.
     """
     theta = int(idx.numel())
     idx = idx.to(device=x.device, dtype=torch.long)

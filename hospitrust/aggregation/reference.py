@@ -18,7 +18,18 @@ __all__ = [
 
 
 def reference_coordinate_median(x: torch.Tensor) -> torch.Tensor:
-    """Median per column; even ``n``: mean of the two middle values."""
+    """Median per column; even ``n``: mean of the two middle values.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(d,)``.
+    """
     s = torch.sort(x, dim=0).values
     n = x.shape[0]
     k = n // 2
@@ -26,7 +37,20 @@ def reference_coordinate_median(x: torch.Tensor) -> torch.Tensor:
 
 
 def reference_trimmed_mean(x: torch.Tensor, f: int) -> torch.Tensor:
-    """Mean per column after dropping the ``f`` smallest and ``f`` largest."""
+    """Mean per column after dropping the ``f`` smallest and ``f`` largest.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``.
+    f : int
+        Values dropped at each end of every column.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(d,)``.
+    """
     s = torch.sort(x, dim=0).values
     n = x.shape[0]
     return s[f : n - f].mean(0)
@@ -38,6 +62,18 @@ def reference_bulyan_coordinate(x: torch.Tensor, f: int) -> torch.Tensor:
     Per column: sort, take the median ``m`` (even: mean of the middle two),
     order the sorted values by ``|s - m|`` with a *stable* sort (ties prefer
     the smaller value) and average the first ``beta = theta - 2f``.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        The ``theta`` selected rows ``(theta, d)``.
+    f : int
+        Assumed number of Byzantine clients.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(d,)``.
     """
     theta = x.shape[0]
     beta = theta - 2 * f

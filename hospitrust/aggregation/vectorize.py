@@ -20,13 +20,18 @@ __all__ = ["FlatSpec", "flatten_state", "unflatten_state", "stack_updates"]
 class FlatSpec:
     """Layout of the float tensors inside a flat vector.
 
-    Attributes
+    Parameters
     ----------
-    keys, shapes, dtypes : tuple
-        Key, original shape and original dtype of every float tensor, in the
-        order they appear in the vector.
+    keys : tuple of str
+        Key of every float tensor, in the order they appear in the vector.
+    shapes : tuple of torch.Size
+        Original shape of every float tensor, in the same order.
+    dtypes : tuple of torch.dtype
+        Original dtype of every float tensor, in the same order.
     offsets : tuple of int
-        Start of every tensor in the vector; ``numel`` is the total length.
+        Start of every tensor in the vector.
+    numel : int
+        The total length of the vector.
     """
 
     keys: tuple[str, ...]
@@ -88,6 +93,20 @@ def unflatten_state(
     Float tensors come from ``vector`` (original shapes and dtypes, on the
     device of ``vector``); every other entry (integer buffers) is a copy of
     the one in ``template``. Keys follow the order of ``template``.
+
+    Parameters
+    ----------
+    vector : torch.Tensor
+        ``(d,)`` flat vector laid out as ``spec``.
+    spec : FlatSpec
+        The layout, from :func:`flatten_state`.
+    template : Mapping[str, torch.Tensor]
+        A state dict with every key of ``spec``: gives the key order and the non-float entries.
+
+    Returns
+    -------
+    dict[str, torch.Tensor]
+        The rebuilt state dict.
     """
     if vector.dim() != 1 or vector.numel() != spec.numel:
         raise ValueError(

@@ -5,6 +5,7 @@ hospital's state dict (its ClientApp).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import cast
 
 import torch
 
@@ -33,6 +34,24 @@ def attack_update_stack(
     * inactive attack (``not attack.active(server_round)``), or no malicious rows: the
       stack is returned unchanged (a copy), so inactive colluders send their own
       honest updates.
+
+    Parameters
+    ----------
+    attack : UpdateAttack or ColludingAttack
+        The attack (possibly in a schedule).
+    updates : torch.Tensor
+        ``(n, d)`` stack of all replies' updates.
+    malicious_rows : Iterable[int]
+        Rows of ``updates`` sent by malicious hospitals.
+    server_round : int
+        The 1-based Flower round (schedules gate on it).
+    generator : torch.Generator or None
+        Randomness for attacks that draw (noise, Fang's draws).
+
+    Returns
+    -------
+    torch.Tensor
+        A new ``(n, d)`` stack.
     """
     updates = U.check_stack(updates)
     n = updates.shape[0]
@@ -45,14 +64,14 @@ def attack_update_stack(
     kind = attack_kind(attack)
     if kind == "update":
         for r in rows:
-            out[r] = attack.apply(updates[r], server_round=server_round, generator=generator)
+            out[r] = cast(UpdateAttack, attack).apply(updates[r], server_round=server_round, generator=generator)
         return out
     if kind != "colluding":
         raise TypeError(f"attack_update_stack needs an UpdateAttack or ColludingAttack, got a {kind} attack")
     honest_rows = [i for i in range(n) if i not in set(rows)]
     if not honest_rows:
         raise ValueError("every reply is malicious: a colluding attack needs at least one honest update")
-    crafted = attack.craft(updates[honest_rows], len(rows), server_round=server_round, generator=generator)
+    crafted = cast(ColludingAttack, attack).craft(updates[honest_rows], len(rows), server_round=server_round, generator=generator)
     if tuple(crafted.shape) != (len(rows), updates.shape[1]):
         raise ValueError(f"{attack!r} crafted shape {tuple(crafted.shape)}, expected {(len(rows), updates.shape[1])}")
     out[rows] = crafted.to(dtype=updates.dtype, device=updates.device)
@@ -71,6 +90,24 @@ def attack_state_dict(
     entries of two state dicts (same keys, same shapes), flattened in key order.
     Non-float entries (e.g. BatchNorm's ``num_batches_tracked``) keep their local values.
     Returns the state dict to send; inactive attacks return the local weights.
+
+    Parameters
+    ----------
+    attack : UpdateAttack
+        The attack applied to the hospital's flattened update.
+    global_state : Mapping[str, torch.Tensor]
+        The global model the hospital received.
+    local_state : Mapping[str, torch.Tensor]
+        Its model after local training.
+    server_round : int
+        The 1-based Flower round (schedules gate on it).
+    generator : torch.Generator or None
+        Randomness for attacks that draw.
+
+    Returns
+    -------
+    dict[str, torch.Tensor]
+        The state dict to send.
     """
     if set(global_state) != set(local_state):
         raise ValueError("global and local state dicts have different keys")

@@ -27,18 +27,24 @@ COPY_NOISE = ("Each attacker adds its own random noise of this norm (relative to
 
 
 class ALIEOptions(Options):
+    """ALIE's options: z and the copy noise."""
+
     z: float = Field(1.0, description="z in mean - z x std (sweep 0.5, 1.0, 1.5).")
     copy_noise: float = Field(0.0, ge=0.0, description=COPY_NOISE)
     _finite = field_validator("z", "copy_noise")(_finite)
 
 
 class IPMOptions(Options):
+    """IPM's options: epsilon and the copy noise."""
+
     eps: float = Field(0.5, ge=0.0, description="epsilon in -epsilon x the honest mean.")
     copy_noise: float = Field(0.0, ge=0.0, description=COPY_NOISE)
     _finite = field_validator("eps", "copy_noise")(_finite)
 
 
 class MinMaxOptions(Options):
+    """Min-Max's and Min-Sum's options: the perturbation direction and the copy noise."""
+
     perturbation: Literal["std", "unit", "sign"] = Field("std", description=(
         "The perturbation direction: std, unit or sign."
     ))
@@ -47,10 +53,14 @@ class MinMaxOptions(Options):
 
 
 class MimicOptions(Options):
+    """Mimic's options: the honest row copied."""
+
     index: int = Field(0, ge=0, description="The row of the honest stack every attacker copies.")
 
 
 class SybilOptions(Options):
+    """Sybil's options: what the identical copies send."""
+
     base: str = Field("mean", description=(
         "What the identical copies send: 'mean' (the honest mean) or the name of an update or colluding "
         "attack (with that attack's own options)."
@@ -78,7 +88,13 @@ class SameForAll(ColludingAttack):
 
 
 class ALIE(SameForAll):
-    """A Little Is Enough: ``mean - z * std`` (:func:`~hospitrust.attacks.math.update.alie`)."""
+    """A Little Is Enough: ``mean - z * std`` (:func:`~hospitrust.attacks.math.update.alie`).
+
+    Parameters
+    ----------
+    z : float
+        The standard deviations below the honest mean, per coordinate (finite).
+    """
 
     name = "alie"
     Options = ALIEOptions
@@ -95,7 +111,13 @@ class ALIE(SameForAll):
 
 
 class IPM(SameForAll):
-    """Inner product manipulation: ``-eps * mean``."""
+    """Inner product manipulation: ``-eps * mean``.
+
+    Parameters
+    ----------
+    eps : float
+        The factor on the negated honest mean (>= 0).
+    """
 
     name = "ipm"
     Options = IPMOptions
@@ -112,7 +134,14 @@ class IPM(SameForAll):
 
 
 class MinMax(SameForAll):
-    """Min-Max (NDSS'21) with perturbation ``std``, ``unit`` or ``sign``."""
+    """Min-Max (NDSS'21) with perturbation ``std``, ``unit`` or ``sign``.
+
+    Parameters
+    ----------
+    perturbation : {"std", "unit", "sign"}
+        The direction added to the honest mean
+        (:func:`~hospitrust.attacks.math.update.perturbation_vector`).
+    """
 
     name = "min-max"
     Options = MinMaxOptions
@@ -131,7 +160,14 @@ class MinMax(SameForAll):
 
 
 class MinSum(MinMax):
-    """Min-Sum (NDSS'21) with perturbation ``std``, ``unit`` or ``sign``."""
+    """Min-Sum (NDSS'21) with perturbation ``std``, ``unit`` or ``sign``.
+
+    Parameters
+    ----------
+    perturbation : {"std", "unit", "sign"}
+        The direction added to the honest mean
+        (:func:`~hospitrust.attacks.math.update.perturbation_vector`).
+    """
 
     name = "min-sum"
     Options = MinMaxOptions
@@ -141,7 +177,13 @@ class MinSum(MinMax):
 
 
 class FangTrimmedMean(ColludingAttack):
-    """Fang et al. (USENIX'20) full-knowledge attack on trimmed mean; attackers differ."""
+    """Fang et al. (USENIX'20) full-knowledge attack on trimmed mean; attackers differ.
+
+    Parameters
+    ----------
+    b : float
+        How far beyond the honest extremes the attackers draw (> 1; the paper's 2).
+    """
 
     name = "fang-trimmed-mean"
 
@@ -159,7 +201,13 @@ class FangTrimmedMean(ColludingAttack):
 
 
 class FangMedian(FangTrimmedMean):
-    """Fang et al. (USENIX'20) full-knowledge attack on coordinate-wise median."""
+    """Fang et al. (USENIX'20) full-knowledge attack on coordinate-wise median.
+
+    Parameters
+    ----------
+    b : float
+        How far beyond the honest extremes the attackers draw (> 1; the paper's 2).
+    """
 
     name = "fang-median"
 
@@ -168,7 +216,13 @@ class FangMedian(FangTrimmedMean):
 
 
 class Mimic(SameForAll):
-    """All attackers copy honest row ``target_index`` of the honest stack (ICLR'22)."""
+    """All attackers copy honest row ``target_index`` of the honest stack (ICLR'22).
+
+    Parameters
+    ----------
+    target_index : int
+        The row of the honest stack every attacker copies (>= 0).
+    """
 
     name = "mimic"
     Options = MimicOptions
@@ -191,6 +245,11 @@ class Sybil(ColludingAttack):
     (harmless on its own, but captures agreement-based trust and medians); an
     :class:`UpdateAttack` (applied to the honest mean) or a :class:`ColludingAttack`
     (its first crafted row) makes the identical copies malicious.
+
+    Parameters
+    ----------
+    base : str or UpdateAttack or ColludingAttack
+        ``"mean"``, or the attack whose output the copies send.
     """
 
     name = "sybil"

@@ -16,6 +16,8 @@ LABEL_FLIP_MODES = ("all-to-one", "source-to-target", "permutation")
 
 
 class LabelFlipOptions(Options):
+    """Label flipping's options: the mode and its classes."""
+
     mode: Literal["all-to-one", "source-to-target", "permutation"] = Field("all-to-one", description=(
         "all-to-one (every label -> target), source-to-target (source -> target) or permutation (a random "
         "derangement of the classes)."
@@ -31,6 +33,8 @@ class LabelFlipOptions(Options):
 
 
 class BackdoorOptions(Options):
+    """The backdoor's options: the target class, the poisoned share and the trigger size."""
+
     target: int = Field(0, ge=0, description="The class the trigger makes the model predict.")
     poison_fraction: float = Field(0.5, ge=0.0, le=1.0, description=(
         "Share of the attacker's samples that carry the trigger."
@@ -39,6 +43,8 @@ class BackdoorOptions(Options):
 
 
 class CorruptionOptions(Options):
+    """The corruption's options: which corruption, and how severe."""
+
     kind: Literal["gaussian_noise", "blur", "contrast", "occlusion"] = Field("gaussian_noise", description=(
         "The corruption (kebab-case accepted)."
     ))
@@ -51,6 +57,8 @@ class CorruptionOptions(Options):
 
 
 class LabelNoiseOptions(Options):
+    """Label noise's options: the share of labels redrawn."""
+
     rate: float = Field(0.2, ge=0.0, le=1.0, description=(
         "Share of labels redrawn uniformly from the other classes (a careless hospital)."
     ))
@@ -60,6 +68,15 @@ class LabelFlip(DataAttack):
     """Label flipping: ``all-to-one`` (every label -> target), ``source-to-target``
     (source -> target) or ``permutation`` (a random derangement of the classes, drawn
     from ``rng`` at each call: pass the same seed for a consistent flip).
+
+    Parameters
+    ----------
+    mode : {"all-to-one", "source-to-target", "permutation"}
+        Which flip.
+    source : int
+        The class relabelled (``source-to-target``).
+    target : int
+        The class the labels become (``all-to-one``, ``source-to-target``); differs from ``source``.
     """
 
     name = "label-flip"
@@ -90,6 +107,20 @@ class Backdoor(DataAttack):
     :func:`~hospitrust.attacks.math.data.apply_trigger` on test images and
     :func:`~hospitrust.attacks.metrics.backdoor_success_rate`; the trigger parameters
     are exposed as :meth:`trigger`.
+
+    Parameters
+    ----------
+    target : int
+        The class the trigger makes the model predict.
+    poison_fraction : float
+        Share in [0, 1] of the attacker's samples that carry the trigger (relabelled ``target``).
+    patch_size : int
+        Side of the square trigger, in pixels.
+    patch_value : int
+        The trigger's pixel value (0..255) in every channel.
+    position : str or tuple[int, int]
+        The corner the trigger sits flush with (``"bottom-right"`` etc.), or its ``(row, col)``
+        top-left corner.
     """
 
     name = "backdoor"
@@ -123,6 +154,13 @@ class Backdoor(DataAttack):
 class Corruption(DataAttack):
     """A hospital with persistently corrupted images (FedAgain's faulty clients):
     :func:`hospitrust.attacks.math.data.corrupt`; labels unchanged.
+
+    Parameters
+    ----------
+    kind : {"gaussian_noise", "blur", "contrast", "occlusion"}
+        The corruption (kebab-case accepted).
+    severity : int
+        Severity 1..5.
     """
 
     name = "corruption"
@@ -145,7 +183,13 @@ class Corruption(DataAttack):
 
 
 class LabelNoise(DataAttack):
-    """An honest but careless hospital: symmetric label noise at ``rate``."""
+    """An honest but careless hospital: symmetric label noise at ``rate``.
+
+    Parameters
+    ----------
+    rate : float
+        Share in [0, 1] of the labels redrawn uniformly from the other classes.
+    """
 
     name = "label-noise"
     Options = LabelNoiseOptions

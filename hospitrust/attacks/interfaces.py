@@ -32,7 +32,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from hospitrust.options import NoOptions, Options
+from hospitrust.options import NoOptions
+from hospitrust.options import Options as OptionsModel
 
 
 class Attack(abc.ABC):
@@ -43,17 +44,17 @@ class Attack(abc.ABC):
 
     kind: ClassVar[str] = ""
     name: ClassVar[str] = ""
-    Options: ClassVar[type[Options]] = NoOptions
+    Options: ClassVar[type[OptionsModel]] = NoOptions
 
     @classmethod
-    def from_options(cls, options: Options, build: Callable[[str], "Attack"]) -> "Attack":
+    def from_options(cls, options: OptionsModel, build: Callable[[str], "Attack"]) -> "Attack":
         """The attack with these options; ``build(name)`` makes another registered attack
         (with its own section's options), for attacks that wrap one (Sybil).
         """
         return cls(**options.model_dump())
 
     @classmethod
-    def composes(cls, options: Options) -> tuple[str, ...]:
+    def composes(cls, options: OptionsModel) -> tuple[str, ...]:
         """Other attacks whose options this one uses (Sybil's base)."""
         return ()
 
@@ -129,7 +130,18 @@ INTERFACES: tuple[type[Attack], ...] = (DataAttack, UpdateAttack, ColludingAttac
 
 
 def attack_kind(attack: Any) -> str:
-    """``"data"``, ``"update"`` or ``"colluding"``; TypeError for anything else."""
+    """``"data"``, ``"update"`` or ``"colluding"``; TypeError for anything else.
+
+    Parameters
+    ----------
+    attack : Any
+        An attack (a schedule counts as the kind of the attack it wraps).
+
+    Returns
+    -------
+    str
+        The interface's ``kind``.
+    """
     for iface in INTERFACES:
         if isinstance(attack, iface):
             return iface.kind

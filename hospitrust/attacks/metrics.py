@@ -7,8 +7,12 @@ or no honest hospitals, nothing flagged), never a division error.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
 
 import numpy as np
+
+#: A hospital's key in the flag maps (a name, a node id): Mapping is invariant in its keys.
+H = TypeVar("H", bound=Hashable)
 
 
 def _flat_ints(x, name: str) -> np.ndarray:
@@ -30,6 +34,20 @@ def backdoor_success_rate(pred_on_triggered, true_labels, target: int) -> float:
     """Attack success rate (ASR) of a backdoor: among test images whose true class is
     not ``target``, the share predicted as ``target`` once the trigger is stamped on
     them. NaN if every test image is of the target class.
+
+    Parameters
+    ----------
+    pred_on_triggered : array-like of int
+        The model's predicted classes on the triggered test images.
+    true_labels : array-like of int
+        The test images' true classes, same length.
+    target : int
+        The backdoor's target class.
+
+    Returns
+    -------
+    float
+        The attack success rate in [0, 1], or NaN.
     """
     p, t = _pair(pred_on_triggered, true_labels)
     eligible = t != int(target)
@@ -41,6 +59,22 @@ def backdoor_success_rate(pred_on_triggered, true_labels, target: int) -> float:
 def targeted_flip_success(pred, true_labels, source: int, target: int) -> float:
     """Targeted label-flip success: the share of ``source``-class test images predicted
     as ``target``. NaN if there are no source-class images.
+
+    Parameters
+    ----------
+    pred : array-like of int
+        The model's predicted classes on the clean test images.
+    true_labels : array-like of int
+        The test images' true classes, same length.
+    source : int
+        The flipped class.
+    target : int
+        The class it was flipped to.
+
+    Returns
+    -------
+    float
+        The success rate in [0, 1], or NaN.
     """
     p, t = _pair(pred, true_labels)
     eligible = t == int(source)
@@ -54,7 +88,7 @@ def _ratio(num: int, den: int) -> float:
 
 
 def detection_rates(
-    flagged: Mapping[Hashable, bool], malicious: Mapping[Hashable, bool]
+    flagged: Mapping[H, bool], malicious: Mapping[H, bool]
 ) -> dict[str, float | int]:
     """Confusion counts and rates of a detector over hospitals.
 
@@ -63,6 +97,18 @@ def detection_rates(
     not flagged; a hospital absent from ``malicious`` is an error). Returns ``tp``,
     ``fp``, ``fn``, ``tn``, ``tpr`` (recall), ``fpr``, ``precision`` and ``f1``; a rate
     with an empty denominator is NaN.
+
+    Parameters
+    ----------
+    flagged : Mapping[H, bool]
+        Hospital -> whether the defence flagged it.
+    malicious : Mapping[H, bool]
+        Hospital -> whether it is malicious (the population).
+
+    Returns
+    -------
+    dict[str, float or int]
+        The counts and rates named above.
     """
     unknown = set(flagged) - set(malicious)
     if unknown:
@@ -90,16 +136,30 @@ def detection_rates(
 
 
 def rounds_to_detection(
-    flags_per_round: Sequence[Mapping[Hashable, bool]],
-    malicious: Mapping[Hashable, bool],
+    flags_per_round: Sequence[Mapping[H, bool]],
+    malicious: Mapping[H, bool],
     *,
     first_round: int = 1,
-) -> dict[Hashable, int | None]:
+) -> dict[H, int | None]:
     """For each malicious hospital, the first round in which it was flagged, or None if
     never. ``flags_per_round[i]`` holds the flags of round ``first_round + i`` (Flower
     rounds are 1-based); a hospital missing from a round's map was not flagged.
+
+    Parameters
+    ----------
+    flags_per_round : Sequence[Mapping[H, bool]]
+        Per round, hospital -> flagged.
+    malicious : Mapping[H, bool]
+        Hospital -> whether it is malicious.
+    first_round : int
+        The round number of ``flags_per_round[0]``.
+
+    Returns
+    -------
+    dict[H, int or None]
+        Malicious hospital -> its first flagged round, or None.
     """
-    out: dict[Hashable, int | None] = {}
+    out: dict[H, int | None] = {}
     for h, is_bad in malicious.items():
         if not is_bad:
             continue

@@ -12,7 +12,7 @@ import inspect
 import pkgutil
 from collections.abc import Callable, Mapping
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from hospitrust.attacks.interfaces import INTERFACES, Attack
 from hospitrust.attacks.schedule import ScheduleOptions, with_schedule
@@ -65,6 +65,18 @@ def load_plugin(path: str, options: Options | None = None) -> Attack:
     (``hospitrust.attacks.interfaces``), built with ``Name.from_options(Name.Options(), ...)``
     (its options' defaults; a plugin has no run-config section), or a function ``Name()``
     returning such an attack.
+
+    Parameters
+    ----------
+    path : str
+        ``"package.module:Name"`` (a dotted ``Name`` reaches a nested attribute).
+    options : Options or None
+        Options to build a plugin class with; None: the class's ``Options()`` defaults.
+
+    Returns
+    -------
+    Attack
+        The plugin's attack (AttackError when it cannot be loaded or built).
     """
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
@@ -89,7 +101,7 @@ def load_plugin(path: str, options: Options | None = None) -> Attack:
             missing = ", ".join(sorted(getattr(obj, "__abstractmethods__", ())))
             raise AttackError(f"plugin {path!r} is abstract: it does not implement {missing}")
         try:
-            attack = obj.from_options(options or obj.Options(), lambda name: build_attack(name))
+            attack = obj.from_options(options or obj.Options(), lambda name: cast(Attack, build_attack(name)))
         except Exception as exc:
             raise AttackError(f"cannot instantiate attack plugin {path!r}: {exc}") from exc
     elif callable(obj):
@@ -105,6 +117,18 @@ def load_plugin(path: str, options: Options | None = None) -> Attack:
 
 
 def attack_class(name: str) -> type[Attack]:
+    """The registered attack class named ``name``; AttackError listing the names when unknown.
+
+    Parameters
+    ----------
+    name : str
+        A registry name (``"label-flip"``).
+
+    Returns
+    -------
+    type[Attack]
+        Its class.
+    """
     try:
         return ATTACKS[name]
     except KeyError:
@@ -117,6 +141,21 @@ def build_attack(name: str, sections: Mapping[str, Options] | None = None, *, sc
     """Attack ``name`` (registry name or ``"package.module:Name"`` plugin) with its options
     (``sections[name]``, else its defaults), wrapped in the schedule of
     ``sections["attack-schedule"]`` (when ``schedule``). None for ``"none"``.
+
+    Parameters
+    ----------
+    name : str
+        Registry name, ``"package.module:Name"`` plugin, or ``"none"``.
+    sections : Mapping[str, Options] or None
+        Run-config section name -> its options (``RunConfig.attack_sections()``); a missing section
+        gives the defaults.
+    schedule : bool
+        Wrap the attack in the ``attack-schedule`` section's schedule.
+
+    Returns
+    -------
+    Attack or None
+        The attack, or None for ``"none"``.
     """
     sections = dict(sections or {})
     name = str(name).strip()

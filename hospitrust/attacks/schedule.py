@@ -27,6 +27,11 @@ class Schedule(Attack):
     """Wraps any attack and gates it by round. An instance is also an instance of the
     wrapped attack's interface (``OnOff(SignFlip())`` is an ``UpdateAttack``), so
     schedules nest: ``DelayedStart(OnOff(a, period=3), start_round=5)``.
+
+    Parameters
+    ----------
+    attack : Attack
+        The attack gated (a DataAttack, UpdateAttack or ColludingAttack, or another schedule).
     """
 
     _variants: ClassVar[dict[tuple[type, type], type]] = {}
@@ -100,6 +105,17 @@ class OnOff(Schedule):
     iff ``(server_round - 1) % period >= period - on_for`` (period=3, on_for=1: rounds
     3, 6, 9, ...). Give exactly one of ``rounds`` and ``period``. The threat to
     EMA/reputation trust: honest rounds rebuild trust spent in attack rounds.
+
+    Parameters
+    ----------
+    attack : Attack
+        The attack gated.
+    rounds : Iterable[int] or None
+        The 1-based rounds it acts in (non-empty); None: use ``period``.
+    period : int or None
+        The on-off period in rounds (>= 1); None: use ``rounds``.
+    on_for : int
+        Attacking rounds at the end of each period, in [1, period].
     """
 
     def __init__(
@@ -121,6 +137,7 @@ class OnOff(Schedule):
             self.rounds: frozenset[int] | None = rs
             self.period: int | None = None
         else:
+            assert period is not None  # exactly one of rounds and period, checked above
             if int(period) != period or int(period) < 1:
                 raise ValueError(f"period must be an integer >= 1, got {period!r}")
             self.rounds = None
@@ -132,6 +149,7 @@ class OnOff(Schedule):
     def _scheduled(self, server_round: int) -> bool:
         if self.rounds is not None:
             return server_round in self.rounds
+        assert self.period is not None  # set whenever rounds is None
         return (server_round - 1) % self.period >= self.period - self.on_for
 
     def _ctor_args(self) -> tuple:
@@ -142,6 +160,13 @@ class OnOff(Schedule):
 class DelayedStart(Schedule):
     """Builds trust, then attacks: honest for the first ``start_round`` rounds, active
     iff ``server_round > start_round`` (start_round=0: from round 1).
+
+    Parameters
+    ----------
+    attack : Attack
+        The attack gated.
+    start_round : int
+        Honest rounds first (>= 0).
     """
 
     def __init__(self, attack: Attack, start_round: int = 0) -> None:
@@ -187,6 +212,18 @@ class ScheduleOptions(Options):
 def with_schedule(attack: Attack, schedule: ScheduleOptions) -> Attack:
     """Wrap ``attack`` in the schedule asked for: OnOff (on-rounds or period / on-for), then
     DelayedStart (start-round > 0).
+
+    Parameters
+    ----------
+    attack : Attack
+        The configured attack.
+    schedule : ScheduleOptions
+        The ``attack-schedule`` section.
+
+    Returns
+    -------
+    Attack
+        ``attack`` itself when no schedule is asked for, else the wrapping schedule.
     """
     if schedule.rounds:
         attack = OnOff(attack, rounds=schedule.rounds)

@@ -6,7 +6,22 @@ import numpy as np
 
 
 def parse_int_list(raw: str, what: str, *, minimum: int = 0) -> tuple[int, ...]:
-    """``"1, 3,5"`` -> ``(1, 3, 5)``; ``""`` -> ``()``; ValueError names the bad item."""
+    """``"1, 3,5"`` -> ``(1, 3, 5)``; ``""`` -> ``()``; ValueError names the bad item.
+
+    Parameters
+    ----------
+    raw : str
+        Comma-separated integers (blank items are skipped).
+    what : str
+        The key named in error messages (``"malicious-hospitals"``).
+    minimum : int
+        The smallest value allowed.
+
+    Returns
+    -------
+    tuple[int, ...]
+        The integers in the given order (no repeats allowed).
+    """
     out: list[int] = []
     for part in str(raw).split(","):
         part = part.strip()
@@ -34,6 +49,23 @@ def malicious_set(num_hospitals: int, *, malicious_fraction: float = 0.0, malici
     * else the empty set.
 
     The set is fixed for the whole run (not resampled per round).
+
+    Parameters
+    ----------
+    num_hospitals : int
+        The number of hospitals n (>= 1).
+    malicious_fraction : float
+        Share f of hospitals drawn malicious (run config ``malicious-fraction``).
+    malicious_hospitals : str
+        Comma-separated partition ids (run config ``malicious-hospitals``); excludes
+        ``malicious_fraction``.
+    seed : int
+        Seeds the draw.
+
+    Returns
+    -------
+    frozenset[int]
+        The malicious partition ids.
     """
     if isinstance(num_hospitals, bool) or int(num_hospitals) != num_hospitals or num_hospitals < 1:
         raise ValueError(f"num_hospitals must be an integer >= 1, got {num_hospitals!r}")

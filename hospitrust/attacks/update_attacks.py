@@ -13,13 +13,26 @@ from hospitrust.options import Options
 
 
 def finite(v: float) -> float:
-    """A pydantic check: the value is a finite number."""
+    """A pydantic check: the value is a finite number.
+
+    Parameters
+    ----------
+    v : float
+        The option's value.
+
+    Returns
+    -------
+    float
+        ``v``, when finite (else ValueError).
+    """
     if not math.isfinite(v):
         raise ValueError(f"must be finite, got {v}")
     return v
 
 
 class ScalingOptions(Options):
+    """Scaling's options: the factor."""
+
     gamma: float = Field(10.0, gt=0.0, description=(
         "The factor the update is multiplied by (boosting / model replacement; about n / server learning "
         "rate)."
@@ -28,11 +41,15 @@ class ScalingOptions(Options):
 
 
 class GaussianNoiseOptions(Options):
+    """The Gaussian attack's options: the noise's standard deviation."""
+
     sigma: float = Field(1.0, ge=0.0, description="Standard deviation of the Gaussian update sent instead.")
     _finite = field_validator("sigma")(finite)
 
 
 class FreeRiderOptions(Options):
+    """The free-rider's options: the disguising noise."""
+
     noise: float = Field(0.0, ge=0.0, description=(
         "Standard deviation of the noise that disguises the zero update (0: an exact zero update)."
     ))
@@ -49,7 +66,13 @@ class SignFlip(UpdateAttack):
 
 
 class Scaling(UpdateAttack):
-    """Sends ``gamma * update``: boosting / model replacement (Bagdasaryan et al.)."""
+    """Sends ``gamma * update``: boosting / model replacement (Bagdasaryan et al.).
+
+    Parameters
+    ----------
+    gamma : float
+        The factor the update is multiplied by (finite).
+    """
 
     name = "scaling"
     Options = ScalingOptions
@@ -62,7 +85,15 @@ class Scaling(UpdateAttack):
 
 
 class GaussianNoise(UpdateAttack):
-    """Sends N(0, sigma^2 I) (``additive=False``) or ``update + N(0, sigma^2 I)``."""
+    """Sends N(0, sigma^2 I) (``additive=False``) or ``update + N(0, sigma^2 I)``.
+
+    Parameters
+    ----------
+    sigma : float
+        Standard deviation of the noise (>= 0).
+    additive : bool
+        Add the noise to the update instead of sending the noise alone.
+    """
 
     name = "gaussian-noise"
     Options = GaussianNoiseOptions
@@ -80,7 +111,13 @@ class GaussianNoise(UpdateAttack):
 
 
 class FreeRider(UpdateAttack):
-    """Sends a zero update (the global model back), or N(0, noise^2 I) to disguise it."""
+    """Sends a zero update (the global model back), or N(0, noise^2 I) to disguise it.
+
+    Parameters
+    ----------
+    noise : float
+        Standard deviation of the noise sent instead of a zero update (>= 0; 0: exactly zero).
+    """
 
     name = "free-rider"
     Options = FreeRiderOptions

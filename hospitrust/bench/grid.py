@@ -180,11 +180,11 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
         if any(isinstance(v, dict) for v in values) and not all(isinstance(v, dict) for v in values):
             raise GridError(f"[axes] {key}: mix of tables and plain values; use one or the other")
         if all(isinstance(v, dict) for v in values):
-            labels = [v.get("label") for v in values]
-            if any(not isinstance(lbl, str) or not lbl for lbl in labels):
+            table_labels = [v.get("label") for v in values]
+            if any(not isinstance(lbl, str) or not lbl for lbl in table_labels):
                 raise GridError(f"[axes] {key}: every table needs a `label` (a short name for the cell names)")
-            if len(set(labels)) != len(labels):
-                raise GridError(f"[axes] {key}: labels repeat: {labels}")
+            if len(set(table_labels)) != len(table_labels):
+                raise GridError(f"[axes] {key}: labels repeat: {table_labels}")
         elif key not in defaults and key not in AXIS_ONLY_KEYS and not legacy.new_names(key):
             raise GridError(_unknown_key_message(f"[axes] {key}", key, defaults))
     for key in base:

@@ -233,6 +233,7 @@ def worst_case(data: ReportData, frame: pd.DataFrame) -> pd.DataFrame:
             worst = v.loc[v["mean"].idxmin()]
             if best is None or worst["mean"] > best[1]["mean"]:
                 best = (variant, worst)
+        assert best is not None  # every strategy group has at least one variant
         variant, worst = best
         rows.append({"strategy": strategy, "chosen setting": variant, "worst attack": worst["attack_label"],
                      "worst case": worst["mean"], "worst case std": worst["std"],

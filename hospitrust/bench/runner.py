@@ -224,7 +224,8 @@ def _run_locked(grid: Grid, out: Path, *, workers, retry_failed, ray_address, li
 
     # earlier sessions' cell times seed the estimate of time left
     durations = _earlier_durations(out)
-    pending, inflight = deque(todo), {}
+    pending = deque(todo)
+    inflight: dict[str, tuple[Any, float]] = {}  # cell name -> (its AsyncResult, start time)
     failed_now, done_now = 0, 0
     ctx = mp.get_context("spawn")
     pool = ctx.Pool(workers, initializer=_worker_init, initargs=(threads, grid.backend, time.time(), grid.aggregation_backend),
@@ -300,6 +301,7 @@ def _run_locked(grid: Grid, out: Path, *, workers, retry_failed, ray_address, li
         if superlink_proc is not None:
             from hospitrust.bench.backends import SharedSuperLink
 
+            assert superlink is not None  # started with the process
             SharedSuperLink.stop(superlink_proc, superlink["flwr_home"])
 
     outcome.ran = done_now + failed_now

@@ -29,7 +29,7 @@ from hospitrust.config import legacy
 
 ALWAYS = ("strategy", "attack", "malicious-fraction", "seed", "dataset", "partitioner", "dirichlet.alpha",
           "num-server-rounds")
-NOT_CONFIG = {"run-name", "output-dir", "data-dir", "data-dir-resolved", "resume-from", "server-device", "class-names",
+NOT_CONFIG = {"run-name", "output-dir", "data-dir", "data-dir-resolved", "resume-from", "server-device", "class-names", "ground-truth",
               "hospitals", "reference-cohort-size"}
 CENTRAL = ("balanced_accuracy", "accuracy", "auc", "macro_f1", "worst_class_recall", "rare_class_macro_f1", "loss",
            "attack_success_rate")
@@ -58,7 +58,8 @@ def _grid_meta(grid_dir: Path) -> dict[str, Any]:
 
 def _cell_events(grid_dir: Path) -> tuple[dict[str, dict], dict[str, dict]]:
     """Last 'done' and last 'failed' event per cell from bench.jsonl."""
-    done, failed = {}, {}
+    done: dict[str, dict] = {}
+    failed: dict[str, dict] = {}
     for ev in read_events(grid_dir):
         if ev.get("event") == "cell":
             (done if ev.get("status") == "done" else failed)[ev["cell"]] = ev
@@ -73,8 +74,8 @@ def collect(grid_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
     done_events, failed_events = _cell_events(grid_dir)
     configs: dict[str, dict[str, Any]] = {}
     dirs = {p.name: p for p in cell_dirs(grid_dir)}
-    for name, path in dirs.items():
-        cfg, _ = legacy.translate(json.loads((path / "config.json").read_text()))  # a 0.1 run: old flat keys
+    for name, cell_dir in dirs.items():
+        cfg, _ = legacy.translate(json.loads((cell_dir / "config.json").read_text()))  # a 0.1 run: old flat keys
         configs[name] = cfg
     # cells named in grid.json that never started (or failed before writing config.json)
     names = list(dict.fromkeys([*axes_by_cell, *dirs]))
@@ -130,6 +131,7 @@ def collect(grid_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
                                     "hospital_accuracy": _num((rec.get("hospital_accuracy") or {}).get(c.get("hospital")))})
         cell = dict(cols, status=status)
         if status == "done":
+            assert summary_path is not None  # status done: the file is there
             summary = json.loads(summary_path.read_text())
             final, sec, fair = summary.get("final", {}), summary.get("security") or {}, summary.get("fairness") or {}
             train = sum(_num(r.get("round_seconds")) for r in rounds if r.get("round_seconds") is not None)
@@ -146,10 +148,10 @@ def collect(grid_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
                         timing_source="bench" if ev else "summary", worker_cell_index=ev.get("worker_cell_index"),
                         worker_setup_seconds=_num(ev.get("worker_setup_seconds")), error="")
         elif status == "failed":
-            ev = failed_events.get(name)
-            if ev is None and (grid_dir / "failed" / f"{name}.json").is_file():
-                ev = json.loads((grid_dir / "failed" / f"{name}.json").read_text())
-            cell.update(error=(ev or {}).get("error", ""), cell_seconds=_num((ev or {}).get("seconds")))
+            failed_ev = failed_events.get(name)
+            if failed_ev is None and (grid_dir / "failed" / f"{name}.json").is_file():
+                failed_ev = json.loads((grid_dir / "failed" / f"{name}.json").read_text())
+            cell.update(error=(failed_ev or {}).get("error", ""), cell_seconds=_num((failed_ev or {}).get("seconds")))
         cell_rows.append(cell)
     return pd.DataFrame(round_rows), pd.DataFrame(cell_rows), pd.DataFrame(client_rows)
 

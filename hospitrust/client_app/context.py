@@ -5,10 +5,11 @@ from __future__ import annotations
 import functools
 import zlib
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
-from flwr.app import Context, Message
+from flwr.app import ArrayRecord, Context, Message
 
 from hospitrust import metrics
 from hospitrust.config import NodeConfig, RunConfig, parse_node_config, parse_run_config
@@ -33,7 +34,7 @@ class HospitalContext:
     def model_from(self, msg: Message) -> torch.nn.Module:
         """The model architecture of the run, loaded with the message's arrays."""
         model = build_model(self.cfg.model, self.info.in_channels, self.info.num_classes, self.cfg.image_size)
-        model.load_state_dict(msg.content["arrays"].to_torch_state_dict(), strict=True)
+        model.load_state_dict(cast(ArrayRecord, msg.content["arrays"]).to_torch_state_dict(), strict=True)
         return model
 
     def new_model(self) -> torch.nn.Module:
@@ -42,7 +43,7 @@ class HospitalContext:
 
 @functools.lru_cache(maxsize=4)
 def load_hospital(cfg: RunConfig, node: NodeConfig) -> HospitalData:
-    """This node's local data: its own image folders (``data-path``) or its simulated share."""
+    """The local data of this node: its own image folders (``data-path``) or its simulated share."""
     if node.data_path:
         info = dataset_info(cfg.dataset)
         images, labels = load_image_folder(node.data_path, info, cfg.image_size)
@@ -54,7 +55,8 @@ def load_hospital(cfg: RunConfig, node: NodeConfig) -> HospitalData:
             LabelledImages(images[train_idx], labels[train_idx]),
             LabelledImages(images[val_idx], labels[val_idx]),
         )
-    data = simulated_hospital(cfg.federation, int(node.partition_id), int(node.num_partitions))
+    # no data-path: NodeConfig's validator requires partition-id and num-partitions
+    data = simulated_hospital(cfg.federation, int(cast(int, node.partition_id)), int(cast(int, node.num_partitions)))
     if node.hospital:
         data = HospitalData(node.hospital_name, data.train, data.val)
     return data

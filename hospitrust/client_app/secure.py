@@ -13,7 +13,7 @@ from logging import WARNING
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
-from flwr.common import log
+from flwr.common import Scalar, log
 
 from hospitrust.client_app.context import hospital_context
 
@@ -46,7 +46,8 @@ def legacy_train_step(msg: Message, context: Context, call_next) -> Message:
     state = OrderedDict(
         (k, torch.from_numpy(np.ascontiguousarray(a)).to(t.dtype).reshape(t.shape)) for (k, t), a in zip(template.items(), arrays)
     )
-    inner = Message(RecordDict({"arrays": ArrayRecord(state), "config": ConfigRecord(dict(fitins.config))}),
+    # metadata= is Flower's own internal form (flwr.app.message.make_message), left out of its overloads
+    inner = Message(RecordDict({"arrays": ArrayRecord(state), "config": ConfigRecord(dict(fitins.config))}),  # type: ignore[call-overload]
                     metadata=msg.metadata)
     out = call_next(inner, context)
     if out.has_error():
@@ -56,7 +57,8 @@ def legacy_train_step(msg: Message, context: Context, call_next) -> Message:
     largest = max(float(v.abs().max()) for v in sent.values() if v.is_floating_point() and v.numel())
     if clip and largest > clip:
         log(WARNING, "SecAgg+: a model value of magnitude %.3g exceeds the clipping range %.3g and is clipped", largest, clip)
-    metrics = {k: v for k, v in dict(out.content["metrics"]).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    metrics: dict[str, Scalar] = {k: v for k, v in dict(out.content["metrics"]).items()
+                                  if isinstance(v, (int, float)) and not isinstance(v, bool)}
     fitres = FitRes(
         status=Status(Code.OK, "ok"),
         parameters=ndarrays_to_parameters([sent[k].detach().cpu().numpy() for k in template]),

@@ -4,6 +4,8 @@ rewrite its update if it is one, and report what the server needs.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
@@ -24,7 +26,7 @@ def loss_class_weights(options: TrainOptions, server_cfg: ConfigRecord, train_la
     totals = server_cfg.get("federation-class-counts")
     if totals is None:
         return balanced_class_weights(train_labels, num_classes)
-    return class_weights_from_counts(list(totals), num_classes)
+    return class_weights_from_counts(list(cast(list[int], totals)), num_classes)
 
 
 def local_training_step(msg: Message, context: Context, hospital: HospitalContext) -> Message:
@@ -32,11 +34,12 @@ def local_training_step(msg: Message, context: Context, hospital: HospitalContex
     model and its metrics (num-examples, train loss, FedAgain's benchmark error, class counts).
     """
     cfg, node, info, data = hospital.cfg, hospital.node, hospital.info, hospital.data
-    server_cfg = msg.content["config"]
-    server_round = int(server_cfg.get("server-round", 0))
+    # the server's train config (strategies.base.configure_train): numbers where read as numbers
+    server_cfg = cast(ConfigRecord, msg.content["config"])
+    server_round = int(cast(int, server_cfg.get("server-round", 0)))
     device = pick_device()
     seed_everything(cfg.seed, node.partition_id if node.partition_id is not None else 0, server_round)
-    global_state = msg.content["arrays"].to_torch_state_dict()
+    global_state = cast(ArrayRecord, msg.content["arrays"]).to_torch_state_dict()
     model = hospital.model_from(msg).to(device)
     attack = hospital_attack(cfg, node)  # None unless this hospital is one of the run's attackers
     train_images, train_labels = data.train.images, data.train.labels
@@ -54,18 +57,19 @@ def local_training_step(msg: Message, context: Context, hospital: HospitalContex
         model,
         train_images,
         train_labels,
-        epochs=int(server_cfg.get("local-epochs", cfg.local_epochs)),
-        batch_size=int(server_cfg.get("batch-size", cfg.batch_size)),
-        learning_rate=float(server_cfg.get("learning-rate", cfg.learning_rate)),
+        epochs=int(cast(int, server_cfg.get("local-epochs", cfg.local_epochs))),
+        batch_size=int(cast(int, server_cfg.get("batch-size", cfg.batch_size))),
+        learning_rate=float(cast(float, server_cfg.get("learning-rate", cfg.learning_rate))),
         optimizer=cfg.train.optimizer,
         momentum=cfg.train.momentum,
         weight_decay=cfg.train.weight_decay,
-        proximal_mu=float(server_cfg.get("proximal-mu", 0.0)),  # only fedprox sends it
+        proximal_mu=float(cast(float, server_cfg.get("proximal-mu", 0.0))),  # only fedprox sends it
         device=device,
         class_weights=loss_class_weights(cfg.train, server_cfg, train_labels, info.num_classes),
         missing_class_scale=cfg.train.fedrs_alpha,
     )
-    rounds_trained = int(context.state["hospital"]["rounds-trained"]) + 1 if "hospital" in context.state else 1
+    rounds_trained = (int(cast(int, cast(MetricRecord, context.state["hospital"])["rounds-trained"])) + 1
+                      if "hospital" in context.state else 1)
     context.state["hospital"] = MetricRecord({"rounds-trained": rounds_trained})
 
     reply_metrics = MetricRecord(

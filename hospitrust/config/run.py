@@ -233,13 +233,14 @@ class RunConfig(CoreOptions):
         return SimulatedFederation(self.dataset, self.image_size, self.resolved_data_dir(), partitioner,
                                    self.train_subsample, self.val_fraction, self.seed, self.reference_cohort_per_class)
 
-    def to_flat(self) -> dict[str, Any]:
+    def to_flat(self, prefix: str = "") -> dict[str, Any]:
         """The run config as flat kebab-case keys: the top-level keys and every active section's
-        options (what config.json and checkpoints record).
+        options (what config.json and checkpoints record); ``prefix`` goes before every key, as in
+        ``Options.to_flat`` (the run config is the top level: "" in practice).
         """
-        flat = CoreOptions.to_flat(self)
+        flat = CoreOptions.to_flat(self, prefix=prefix)
         for name in self.active_sections():
-            flat.update(self.options(name).to_flat(prefix=f"{name}."))
+            flat.update(self.options(name).to_flat(prefix=f"{prefix}{name}."))
         return flat
 
     def __hash__(self) -> int:

@@ -76,5 +76,5 @@ def is_hyperparameter(key: str) -> bool:
     """
     names = new_names(key) or [key]  # old names too: 0.1 grids and cells.csv
     sections = all_sections()
-    return any(sections.get(section_of(name) or "", None) is not None and sections[section_of(name)].kind == "strategy"
+    return any(sections.get(section_of(name) or "", None) is not None and sections[section_of(name) or ""].kind == "strategy"
                for name in names)

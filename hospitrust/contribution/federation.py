@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Mapping
 from logging import INFO, WARNING
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common import log
@@ -29,7 +29,18 @@ from hospitrust.contribution.interface import (
 
 
 def round_weights(clients: Iterable[Mapping[str, Any]]) -> dict[int, float]:
-    """Node id -> aggregation weight of the hospitals whose update is in this round's aggregate."""
+    """Node id -> aggregation weight of the hospitals whose update is in this round's aggregate.
+
+    Parameters
+    ----------
+    clients : Iterable[Mapping[str, Any]]
+        The round's client entries (``RoundRecord.clients``).
+
+    Returns
+    -------
+    dict[int, float]
+        Node id -> weight, for the hospitals with a positive weight.
+    """
     return {
         int(c["node_id"]): float(c["weight"])
         for c in clients
@@ -38,21 +49,50 @@ def round_weights(clients: Iterable[Mapping[str, Any]]) -> dict[int, float]:
 
 
 def with_weights(messages: Iterable[Message], weights: Mapping[int, float]) -> list[Message]:
-    """The evaluate messages, each hospital in the aggregate also told its own weight."""
+    """The evaluate messages, each hospital in the aggregate also told its own weight.
+
+    Parameters
+    ----------
+    messages : Iterable[Message]
+        The strategy's evaluate messages.
+    weights : Mapping[int, float]
+        Node id -> aggregation weight (:func:`round_weights`).
+
+    Returns
+    -------
+    list[Message]
+        The messages, those to a weighted hospital rebuilt with ``contribution-weight`` in their config.
+    """
     out = []
     for m in messages:
         nid = int(m.metadata.dst_node_id)
         if nid not in weights:
             out.append(m)
             continue
-        config = ConfigRecord({**dict(m.content["config"]), WEIGHT_KEY: float(weights[nid])})
+        # an evaluate message (strategies.base.configure_evaluate): its "config" is a ConfigRecord
+        config = ConfigRecord({**dict(cast(ConfigRecord, m.content["config"])), WEIGHT_KEY: float(weights[nid])})
         content = RecordDict({"arrays": m.content["arrays"], "config": config})
         out.append(Message(content, dst_node_id=nid, message_type=m.metadata.message_type))
     return out
 
 
 def parse_report(hospital: str, metrics: Mapping[str, Any], expected_weight: float) -> HospitalReport:
-    """A hospital's reported scalars; raises ValueError with the reason when unusable."""
+    """A hospital's reported scalars; raises ValueError with the reason when unusable.
+
+    Parameters
+    ----------
+    hospital : str
+        The hospital's name.
+    metrics : Mapping[str, Any]
+        Its evaluate reply's metrics.
+    expected_weight : float
+        The weight the server sent it (its report must repeat it).
+
+    Returns
+    -------
+    HospitalReport
+        The checked report.
+    """
     missing = [k for k in REPORT_KEYS.values() if k not in metrics]
     if missing:
         raise ValueError(f"missing {', '.join(missing)}")
@@ -64,7 +104,13 @@ def parse_report(hospital: str, metrics: Mapping[str, Any], expected_weight: flo
 
 
 class ContributionTracker:
-    """Collects the reports round by round, scores them and keeps the ledger."""
+    """Collects the reports round by round, scores them and keeps the ledger.
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name.
+    """
 
     def __init__(self, hospitals: Mapping[int, str]) -> None:
         self.hospitals = dict(hospitals)
@@ -110,7 +156,7 @@ class ContributionTracker:
             name = self.hospitals.get(nid, f"unknown-node-{nid}")
             try:
                 if reply.has_error():
-                    raise ValueError(f"error reply: {reply.error.reason.strip()[:200]}")
+                    raise ValueError(f"error reply: {(reply.error.reason or '').strip()[:200]}")
                 metrics = reply.content.metric_records.get("metrics")
                 if metrics is None:
                     raise ValueError("no metrics record")

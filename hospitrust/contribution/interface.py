@@ -63,6 +63,23 @@ class HospitalReport:
     v_self_only     v_i(M0 + U_i): the round's start plus i's own update only.
     cosine          cos(U_i, M - M0), the COS baseline.
     weight          i's aggregation weight (as the server told it).
+
+    Parameters
+    ----------
+    hospital : str
+        The hospital's name.
+    v_new : float
+        v_i(M).
+    v_previous : float
+        v_i(M0).
+    v_without_self : float
+        v_i(M - U_i).
+    v_self_only : float
+        v_i(M0 + U_i).
+    cosine : float
+        cos(U_i, M - M0), in [-1, 1].
+    weight : float
+        i's aggregation weight, in (0, 1].
     """
 
     hospital: str
@@ -85,7 +102,21 @@ class HospitalReport:
 
 @dataclass(frozen=True)
 class SecureRoundView:
-    """All scoring may read about a round (aggregates and reported scalars, no updates)."""
+    """All scoring may read about a round (aggregates and reported scalars, no updates).
+
+    Parameters
+    ----------
+    round : int
+        The 1-based server round.
+    total_weight : float
+        Total aggregation weight of the hospitals in the sum.
+    reports : tuple[HospitalReport, ...]
+        One report per hospital in the sum (each hospital once).
+    server_v_new : float
+        The server's own v(M) on its reference cohort; NaN if it has none.
+    server_v_previous : float
+        The server's own v(M0); NaN if it has none.
+    """
 
     round: int
     total_weight: float
@@ -116,6 +147,20 @@ class SecureRoundView:
 
 @dataclass
 class RoundScores:
+    """One round's scores: LOO, IOI, FP, EE and COS of every hospital scored, and the round's gain.
+
+    Parameters
+    ----------
+    round : int
+        The 1-based server round.
+    hospitals : list[str]
+        The hospitals scored, in report order.
+    scores : dict[str, list[float]]
+        Score name (``SCORES``) -> one value per hospital, in the same order.
+    total_gain : float
+        The round's gain v(M) - v(M0), averaged over the evaluating hospitals.
+    """
+
     round: int
     hospitals: list[str]
     scores: dict[str, list[float]]  # score name -> per hospital (same order)
@@ -129,7 +174,18 @@ class RoundScores:
 
 
 def score_round(view: SecureRoundView) -> RoundScores:
-    """LOO, IOI, FP, EE and COS of every hospital in the round, from the view only."""
+    """LOO, IOI, FP, EE and COS of every hospital in the round, from the view only.
+
+    Parameters
+    ----------
+    view : SecureRoundView
+        The round as scoring may see it.
+
+    Returns
+    -------
+    RoundScores
+        The round's scores.
+    """
     if not isinstance(view, SecureRoundView):
         raise TypeError(f"score_round takes a SecureRoundView, got {type(view).__name__}")
     reps = view.reports
@@ -150,7 +206,13 @@ def score_round(view: SecureRoundView) -> RoundScores:
 
 @dataclass
 class ContributionLedger:
-    """Scores accumulated over the run, per hospital: what a consortium could pay out on."""
+    """Scores accumulated over the run, per hospital: what a consortium could pay out on.
+
+    Parameters
+    ----------
+    rounds : list[RoundScores]
+        The rounds scored so far, in order.
+    """
 
     rounds: list[RoundScores] = field(default_factory=list)
 

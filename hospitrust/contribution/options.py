@@ -16,7 +16,18 @@ WEIGHTED_MEAN_STRATEGIES = ("fedavg", "fedprox", "contribution")
 
 
 def selfish_ids(value: str) -> list[int]:
-    """``'0,3'`` -> [0, 3]: the partition ids of simulated selfish hospitals."""
+    """``'0,3'`` -> [0, 3]: the partition ids of simulated selfish hospitals.
+
+    Parameters
+    ----------
+    value : str
+        ``contribution-scoring.selfish-hospitals``: comma-separated partition ids.
+
+    Returns
+    -------
+    list[int]
+        The ids, in the given order.
+    """
     ids = []
     for part in value.split(","):
         part = part.strip()
@@ -60,6 +71,19 @@ def check_contribution_settings(strategy: str, scoring: ContributionScoringOptio
                                 attack_kind: str | None) -> None:
     """Raises ValueError naming the keys when contribution scoring or secure aggregation cannot
     work with the rest of the run config.
+
+    Parameters
+    ----------
+    strategy : str
+        The run's strategy (registry name).
+    scoring : ContributionScoringOptions
+        The ``contribution-scoring`` section.
+    secure : bool
+        Whether secure aggregation is on (``secagg.enabled``).
+    fraction_train : float
+        The run's ``fraction-train``.
+    attack_kind : str or None
+        The configured attack's kind (``"data"``, ``"update"``, ``"colluding"``), or None without one.
     """
     if scoring.enabled and strategy not in WEIGHTED_MEAN_STRATEGIES:
         raise ValueError(

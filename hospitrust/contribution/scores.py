@@ -1,4 +1,4 @@
-"""Contribution scores: pure math on scalars (no Flower, no model tensors).
+r"""Contribution scores: pure math on scalars (no Flower, no model tensors).
 
 Notation, for one round with players ``N = {0..n-1}`` (the hospitals whose updates were
 aggregated): ``M0`` is the model the round started from, ``U_i`` hospital i's update and
@@ -6,12 +6,12 @@ aggregated): ``M0`` is the model the round started from, ``U_i`` hospital i's up
 of a coalition ``S`` is the same weighted mean over ``S`` only,
 ``M_S = M0 + sum_{i in S} w_i U_i / sum_{i in S} w_i`` (``M_{} = M0``), and ``v(S)`` is the
 utility of ``M_S`` on a validation set (balanced accuracy or negative loss). So
-``v(N) = v(M)``, ``v(N \\ {i}) = v(M - U_i)`` (i's update left out and the rest re-weighted)
+``v(N) = v(M)``, ``v(N \ {i}) = v(M - U_i)`` (i's update left out and the rest re-weighted)
 and ``v({i}) = v(M0 + U_i)``. ``Delta = v(N) - v({})`` is the round's total gain.
 
 Leave-one-out and include-one-in::
 
-    LOO_i = v(N) - v(N \\ {i})            IOI_i = v({i}) - v({})
+    LOO_i = v(N) - v(N \ {i})            IOI_i = v({i}) - v({})
 
 Both need one model only hospital i can build (it alone holds ``U_i``), so i evaluates
 them itself; under secure aggregation the server receives the two scalars.
@@ -48,14 +48,40 @@ def _vector(name: str, values, n: int | None = None) -> np.ndarray:
 
 
 def leave_one_out(v_full, v_without) -> np.ndarray:
-    """``LOO_i = v(N) - v(N \\ {i})``. ``v_full`` may be one scalar or one per evaluator."""
+    r"""``LOO_i = v(N) - v(N \ {i})``. ``v_full`` may be one scalar or one per evaluator.
+
+    Parameters
+    ----------
+    v_full : float or array-like of float
+        ``v(N)``: one value, or one per evaluating hospital.
+    v_without : array-like of float
+        ``v(N \ {i})`` per hospital.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(n,)`` float64 LOO scores.
+    """
     v_without = _vector("v_without", v_without)
     v_full = np.broadcast_to(np.asarray(v_full, dtype=np.float64), v_without.shape)
     return _vector("v_full", v_full, v_without.shape[0]) - v_without
 
 
 def include_one_in(v_alone, v_empty) -> np.ndarray:
-    """``IOI_i = v({i}) - v({})``. ``v_empty`` may be one scalar or one per evaluator."""
+    """``IOI_i = v({i}) - v({})``. ``v_empty`` may be one scalar or one per evaluator.
+
+    Parameters
+    ----------
+    v_alone : array-like of float
+        ``v({i})`` per hospital.
+    v_empty : float or array-like of float
+        ``v({})``: one value, or one per evaluating hospital.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(n,)`` float64 IOI scores.
+    """
     v_alone = _vector("v_alone", v_alone)
     v_empty = np.broadcast_to(np.asarray(v_empty, dtype=np.float64), v_alone.shape)
     return v_alone - _vector("v_empty", v_empty, v_alone.shape[0])
@@ -81,6 +107,20 @@ def fair_private(loo, ioi, total_gain: float) -> np.ndarray:
     ``Delta`` is split equally: efficiency is kept, and null player holds only when some
     hospital has a nonzero midpoint (it fails e.g. for a 3-of-4 majority game, where every
     LOO and IOI is 0 but ``Delta`` = 1).
+
+    Parameters
+    ----------
+    loo : array-like of float
+        ``LOO_i`` per hospital.
+    ioi : array-like of float
+        ``IOI_i`` per hospital, same length.
+    total_gain : float
+        ``Delta``, the round's total gain (finite).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(n,)`` float64 FP scores summing to ``Delta``.
     """
     loo = _vector("loo", loo)
     ioi = _vector("ioi", ioi, loo.shape[0])
@@ -99,9 +139,9 @@ def fair_private(loo, ioi, total_gain: float) -> np.ndarray:
 
 
 def everybody_else(loo_reported, ioi_reported, gain_reported) -> np.ndarray:
-    """Everybody-Else: hospital i's score from the other hospitals' reports only.
+    r"""Everybody-Else: hospital i's score from the other hospitals' reports only.
 
-    Hospital j reports its own ``LOO_j = v_j(N) - v_j(N \\ {j})``, ``IOI_j = v_j({j}) -
+    Hospital j reports its own ``LOO_j = v_j(N) - v_j(N \ {j})``, ``IOI_j = v_j({j}) -
     v_j({})`` and the round's gain on its validation set ``Delta_j = v_j(N) - v_j({})``: all
     evaluations of models j can build itself. With ``m_j = (LOO_j + IOI_j) / 2``, j's own
     two-point Shapley estimate (the Fair-Private midpoint)::
@@ -122,6 +162,20 @@ def everybody_else(loo_reported, ioi_reported, gain_reported) -> np.ndarray:
     common evaluator ``Delta - sum_{j != i} LOO_j`` is LOO plus a per-round constant, so it
     ranks hospitals exactly as LOO does and inherits LOO's blindness to substitutes
     (measured in benchmarks/contribution.py). Needs n >= 2.
+
+    Parameters
+    ----------
+    loo_reported : array-like of float
+        ``LOO_j`` as each hospital reports it.
+    ioi_reported : array-like of float
+        ``IOI_j`` as each hospital reports it, same length.
+    gain_reported : array-like of float
+        ``Delta_j``, the round's gain on each hospital's validation set, same length.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(n,)`` float64 EE scores.
     """
     loo = _vector("loo_reported", loo_reported)
     ioi = _vector("ioi_reported", ioi_reported, loo.shape[0])
@@ -139,6 +193,18 @@ def cosine_to_aggregate(update, aggregate) -> float:
     """COS baseline: cosine similarity of one update with the aggregate update ``M - M0``.
 
     Hospital i computes it itself (it holds ``U_i`` and ``M - M0``); 0 for a zero vector.
+
+    Parameters
+    ----------
+    update : array-like of float
+        The hospital's update ``U_i`` (flattened).
+    aggregate : array-like of float
+        The aggregate update ``M - M0``, same size.
+
+    Returns
+    -------
+    float
+        The cosine in [-1, 1].
     """
     u = np.asarray(update, dtype=np.float64).reshape(-1)
     g = np.asarray(aggregate, dtype=np.float64).reshape(-1)
@@ -152,7 +218,21 @@ def cosine_to_aggregate(update, aggregate) -> float:
 
 # ---- ground truth: exact Shapley over all 2^n coalition models -----------------------------
 def coalition_weights(weights, mask: int) -> np.ndarray:
-    """Aggregation weights of coalition ``mask`` (bit i = hospital i), renormalized to sum 1."""
+    """Aggregation weights of coalition ``mask`` (bit i = hospital i), renormalized to sum 1.
+
+    Parameters
+    ----------
+    weights : array-like of float
+        Every hospital's aggregation weight ``w_i``.
+    mask : int
+        The coalition ``S`` as a bitmask.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(n,)`` float64: the members' weights over their sum, 0 for the others (all 0 for the
+        empty coalition).
+    """
     w = _vector("weights", weights)
     members = np.array([(mask >> i) & 1 for i in range(w.shape[0])], dtype=bool)
     out = np.where(members, w, 0.0)
@@ -165,7 +245,20 @@ def coalition_weights(weights, mask: int) -> np.ndarray:
 
 
 def coalition_values(n: int, value_of: Callable[[int], float]) -> np.ndarray:
-    """``v(S)`` for every coalition, indexed by bitmask (bit i = hospital i); ``value_of(0)`` is v({})."""
+    """``v(S)`` for every coalition, indexed by bitmask (bit i = hospital i); ``value_of(0)`` is v({}).
+
+    Parameters
+    ----------
+    n : int
+        The number of hospitals, ``1 <= n <= MAX_EXACT_SHAPLEY_PLAYERS``.
+    value_of : Callable[[int], float]
+        ``v(S)`` of a coalition bitmask.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(2^n,)`` float64 values, indexed by bitmask.
+    """
     if not 1 <= n <= MAX_EXACT_SHAPLEY_PLAYERS:
         raise ValueError(f"exact Shapley needs 1 <= n <= {MAX_EXACT_SHAPLEY_PLAYERS} hospitals (2^n models), got {n}")
     values = np.array([float(value_of(mask)) for mask in range(1 << n)], dtype=np.float64)
@@ -186,6 +279,16 @@ def shapley_exact(values) -> np.ndarray:
     """Exact Shapley value from the ``2^n`` table of ``v(S)`` (bitmask-indexed)::
 
     phi_i = sum_{S not containing i} |S|! (n - |S| - 1)! / n! * (v(S + i) - v(S))
+
+    Parameters
+    ----------
+    values : array-like of float
+        The ``2^n`` coalition values ``v(S)``, indexed by bitmask (:func:`coalition_values`).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(n,)`` float64 Shapley values.
     """
     values = np.asarray(values, dtype=np.float64).reshape(-1)
     n = _n_from_table(values)
@@ -203,7 +306,18 @@ def shapley_exact(values) -> np.ndarray:
 
 
 def marginals_from_table(values) -> tuple[np.ndarray, np.ndarray, float]:
-    """(LOO, IOI, Delta) of every player from a coalition value table (one common evaluator)."""
+    """(LOO, IOI, Delta) of every player from a coalition value table (one common evaluator).
+
+    Parameters
+    ----------
+    values : array-like of float
+        The ``2^n`` coalition values ``v(S)``, indexed by bitmask.
+
+    Returns
+    -------
+    tuple[numpy.ndarray, numpy.ndarray, float]
+        ``(n,)`` LOO, ``(n,)`` IOI and ``Delta = v(N) - v({})``.
+    """
     values = np.asarray(values, dtype=np.float64).reshape(-1)
     n = _n_from_table(values)
     full = (1 << n) - 1
@@ -217,6 +331,18 @@ def multi_round_shapley(per_round: Sequence[Sequence[float]], round_weights: Seq
     Shapley value (the per-round reconstruction of Song et al., "Profit allocation for
     federated learning", IEEE BigData 2019). Rows are rounds, columns hospitals (a hospital
     absent from a round scores 0 there).
+
+    Parameters
+    ----------
+    per_round : Sequence[Sequence[float]]
+        ``(rounds, hospitals)`` table of each round's Shapley values.
+    round_weights : Sequence[float] or None
+        One weight per round; None: a plain sum.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(hospitals,)`` float64 totals.
     """
     table = np.asarray(per_round, dtype=np.float64)
     if table.ndim != 2:
@@ -228,7 +354,20 @@ def multi_round_shapley(per_round: Sequence[Sequence[float]], round_weights: Seq
 
 
 def spearman(a, b) -> float:
-    """Spearman rank correlation (average ranks for ties); nan when either side is constant."""
+    """Spearman rank correlation (average ranks for ties); nan when either side is constant.
+
+    Parameters
+    ----------
+    a : array-like of float
+        1-D sample.
+    b : array-like of float
+        1-D sample, same length.
+
+    Returns
+    -------
+    float
+        The rank correlation in [-1, 1], or NaN.
+    """
     from scipy.stats import spearmanr
 
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)

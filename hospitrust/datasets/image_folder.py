@@ -15,7 +15,7 @@ class ClassMismatchError(ValueError):
     """A hospital's class folders do not match the federation's classes."""
 
 
-def folder_class_index(root: Path, info: DatasetInfo) -> dict[str, int]:
+def folder_class_index(root: str | Path, info: DatasetInfo) -> dict[str, int]:
     """Map each class folder to the federation's class index.
 
     A folder may be named by the class name (``pneumonia``) or by its index (``1``);
@@ -48,7 +48,7 @@ def folder_class_index(root: Path, info: DatasetInfo) -> dict[str, int]:
     return mapping
 
 
-def load_image_folder(root: Path, info: DatasetInfo, image_size: int) -> tuple[np.ndarray, np.ndarray]:
+def load_image_folder(root: str | Path, info: DatasetInfo, image_size: int) -> tuple[np.ndarray, np.ndarray]:
     """All images under ``root`` as uint8 (N, S, S, C) with int64 labels, resized to the federation's size."""
     from PIL import Image
 
@@ -60,7 +60,7 @@ def load_image_folder(root: Path, info: DatasetInfo, image_size: int) -> tuple[n
             if path.suffix.lower() not in IMAGE_SUFFIXES:
                 continue
             with Image.open(path) as img:
-                arr = np.asarray(img.convert(mode).resize((image_size, image_size), Image.BILINEAR), dtype=np.uint8)
+                arr = np.asarray(img.convert(mode).resize((image_size, image_size), Image.Resampling.BILINEAR), dtype=np.uint8)
             images.append(arr if arr.ndim == 3 else arr[..., None])
             labels.append(cls)
     if not images:

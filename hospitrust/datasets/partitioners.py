@@ -47,7 +47,8 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import Field, field_validator
 
-from hospitrust.options import NoOptions, Options
+from hospitrust.options import NoOptions
+from hospitrust.options import Options as OptionsModel
 
 __all__ = [
     "PARTITIONERS",
@@ -476,9 +477,8 @@ def specialist(
             raise ValueError(
                 f"specialist class {cl_i} does not occur in labels (classes present: {sorted(present)})"
             )
-        if isinstance(holders, (int, np.integer)):
-            holders = [holders]
-        hl = [_check_int(x, f"hospital id for class {cl_i}", 0) for x in holders]
+        holder_ids: Sequence[Any] = [holders] if isinstance(holders, (int, np.integer)) else holders
+        hl = [_check_int(x, f"hospital id for class {cl_i}", 0) for x in holder_ids]
         if not hl:
             raise ValueError(f"specialist class {cl_i} has no holder hospitals")
         if len(set(hl)) != len(hl):
@@ -565,9 +565,9 @@ class Partitioner:
     """
 
     name: ClassVar[str] = ""
-    Options: ClassVar[type[Options]] = NoOptions
+    Options: ClassVar[type[OptionsModel]] = NoOptions
 
-    def __init__(self, options: Options | None = None) -> None:
+    def __init__(self, options: OptionsModel | None = None) -> None:
         self.options = options if options is not None else self.Options()
 
     @classmethod
@@ -587,7 +587,7 @@ class IIDPartitioner(Partitioner):
         return iid(labels, num_hospitals, seed=seed, min_size=min_size)
 
 
-class AlphaOptions(Options):
+class AlphaOptions(OptionsModel):
     alpha: float = Field(0.5, gt=0.0, description=(
         "Dirichlet concentration of each class over the hospitals (smaller: more skewed)."
     ))
@@ -598,12 +598,13 @@ class DirichletPartitioner(Partitioner):
 
     name = "dirichlet"
     Options = AlphaOptions
+    options: AlphaOptions
 
     def split(self, labels, num_hospitals, *, seed, min_size=1):
         return dirichlet(labels, num_hospitals, seed=seed, alpha=self.options.alpha, min_size=min_size)
 
 
-class QuantitySkewOptions(Options):
+class QuantitySkewOptions(OptionsModel):
     alpha: float = Field(1.0, gt=0.0, description=(
         "Dirichlet concentration of the hospitals' sizes (labels IID within each)."
     ))
@@ -614,12 +615,13 @@ class QuantitySkewPartitioner(Partitioner):
 
     name = "quantity-skew"
     Options = QuantitySkewOptions
+    options: QuantitySkewOptions
 
     def split(self, labels, num_hospitals, *, seed, min_size=1):
         return quantity_skew(labels, num_hospitals, seed=seed, alpha=self.options.alpha, min_size=min_size)
 
 
-class PathologicalOptions(Options):
+class PathologicalOptions(OptionsModel):
     classes_per_hospital: int = Field(1, ge=1, description="The number of classes each hospital holds.")
 
 
@@ -628,13 +630,14 @@ class PathologicalPartitioner(Partitioner):
 
     name = "pathological"
     Options = PathologicalOptions
+    options: PathologicalOptions
 
     def split(self, labels, num_hospitals, *, seed, min_size=1):
         return pathological(labels, num_hospitals, seed=seed, classes_per_hospital=self.options.classes_per_hospital,
                             min_size=min_size)
 
 
-class SpecialistOptions(Options):
+class SpecialistOptions(OptionsModel):
     classes: str = Field("", description=(
         "'class:hospital[,hospital];...': each class held only by those hospitals, e.g. '4:0' (class 4 only "
         "at hospital 0)."
@@ -654,6 +657,7 @@ class SpecialistPartitioner(Partitioner):
 
     name = "specialist"
     Options = SpecialistOptions
+    options: SpecialistOptions
 
     @classmethod
     def check_run_config(cls, cfg: Any) -> None:

@@ -26,7 +26,18 @@ MODEL_BLOCKS: dict[str, dict[str, tuple[str, ...]]] = {"resnet18": RESNET_BLOCKS
 
 
 def blocks_for(model_name: str) -> dict[str, tuple[str, ...]]:
-    """The block cut of a registered model; a model without one fails with the allowed names."""
+    """The block cut of a registered model; a model without one fails with the allowed names.
+
+    Parameters
+    ----------
+    model_name : str
+        A model registry name (``"resnet18"``, ``"small-cnn"``).
+
+    Returns
+    -------
+    dict[str, tuple[str, ...]]
+        Block name -> its module-name prefixes.
+    """
     try:
         return MODEL_BLOCKS[model_name]
     except KeyError:
@@ -42,6 +53,18 @@ def _matches(key: str, prefix: str) -> bool:
 def block_of_keys(keys, blocks: Mapping[str, tuple[str, ...]]) -> dict[str, list[str]]:
     """Block name -> its state-dict keys (in the given order). Raises ValueError when a key is
     in no block or in two.
+
+    Parameters
+    ----------
+    keys : Iterable[str]
+        State-dict keys.
+    blocks : Mapping[str, tuple[str, ...]]
+        Block name -> its module-name prefixes (:func:`blocks_for`).
+
+    Returns
+    -------
+    dict[str, list[str]]
+        Block name -> its keys.
     """
     out: dict[str, list[str]] = {b: [] for b in blocks}
     for key in keys:
@@ -57,5 +80,18 @@ def block_of_keys(keys, blocks: Mapping[str, tuple[str, ...]]) -> dict[str, list
 
 
 def split_state(state: Mapping[str, torch.Tensor], blocks: Mapping[str, tuple[str, ...]]) -> dict[str, dict[str, torch.Tensor]]:
-    """A full state dict -> {block: {key: tensor}}."""
+    """A full state dict -> {block: {key: tensor}}.
+
+    Parameters
+    ----------
+    state : Mapping[str, torch.Tensor]
+        A model's full state dict.
+    blocks : Mapping[str, tuple[str, ...]]
+        Block name -> its module-name prefixes.
+
+    Returns
+    -------
+    dict[str, dict[str, torch.Tensor]]
+        Block name -> its entries (the same tensors, not copies).
+    """
     return {b: {k: state[k] for k in ks} for b, ks in block_of_keys(list(state), blocks).items()}

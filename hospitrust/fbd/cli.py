@@ -20,6 +20,13 @@ from hospitrust.server_app.results import jsonable
 
 
 def add_unlearn_parser(sub) -> None:
+    """Add the ``unlearn`` subcommand to the CLI's subparsers.
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+        The ``hospitrust`` parser's subparsers (``add_subparsers()``).
+    """
     p = sub.add_parser(
         "unlearn",
         help="remove a hospital from a block-ownership (fbd) run",
@@ -47,6 +54,25 @@ def _run_config(run_dir: Path):
 def evaluate_unlearning(cfg, saved: dict[str, Any], hospital: str, before, after) -> dict[str, Any]:
     """Routed ensemble on the test split before/after, and the membership-inference AUROC of
     the hospital's training images (members) against the test images (non-members).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run's validated config.
+    saved : dict[str, Any]
+        The run's ``config.json`` (its ``partitions`` and ``num-partitions``).
+    hospital : str
+        The hospital unlearned.
+    before : Warehouse
+        The warehouse before unlearning.
+    after : Warehouse
+        The warehouse after.
+
+    Returns
+    -------
+    dict[str, Any]
+        ``before`` and ``after`` metrics (accuracy, balanced accuracy, AUC, membership-inference
+        AUROCs), ``accuracy_drop``, ``auc_drop`` and the routing mode.
     """
     from hospitrust import metrics
     from hospitrust.datasets.registry import dataset_info
@@ -93,7 +119,26 @@ def evaluate_unlearning(cfg, saved: dict[str, Any], hospital: str, before, after
 
 def unlearn_run(run_dir: str | Path, hospital: str, *, recalibrate_bn: bool = False, evaluate: bool = True,
                 out: str | Path | None = None) -> dict[str, Any]:
-    """The whole command; returns the unlearning record (also written to disk)."""
+    """The whole command; returns the unlearning record (also written to disk).
+
+    Parameters
+    ----------
+    run_dir : str or Path
+        The directory of a strategy=fbd run.
+    hospital : str
+        The hospital to remove, by name.
+    recalibrate_bn : bool
+        Re-estimate the replaced blocks' BatchNorm statistics on the reference cohort.
+    evaluate : bool
+        Evaluate before and after (utility and membership inference).
+    out : str or Path or None
+        The output folder; None: ``RUN_DIR/unlearned-<hospital>``.
+
+    Returns
+    -------
+    dict[str, Any]
+        The unlearning record.
+    """
     from hospitrust.datasets.federation import reference_set
     from hospitrust.fbd.plan import ShippingPlan
     from hospitrust.fbd.server import PLAN_FILE, WAREHOUSE_FILE
@@ -129,6 +174,18 @@ def unlearn_run(run_dir: str | Path, hospital: str, *, recalibrate_bn: bool = Fa
 
 
 def unlearn_command(args: argparse.Namespace) -> int:
+    """``hospitrust unlearn``: run :func:`unlearn_run` and print the outcome.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed command line.
+
+    Returns
+    -------
+    int
+        The exit status (0, or 2 with the reason on stderr).
+    """
     from hospitrust.fbd.plan import PlanError
     from hospitrust.fbd.unlearn import UnlearningError
 

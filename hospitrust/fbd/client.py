@@ -9,8 +9,10 @@ update attack is applied here, as in the plain ClientApp.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from hospitrust.attacks.apply import attack_state_dict
 from hospitrust.attacks.interfaces import DataAttack, UpdateAttack
@@ -19,6 +21,9 @@ from hospitrust.fbd.training import train_with_sibling
 from hospitrust.fbd.warehouse import color_key, parse_color_key
 from hospitrust.attacks.threat_model import data_rng, hospital_attack
 from hospitrust.models.training import pick_device, seed_everything
+
+if TYPE_CHECKING:  # the server's strategy module: not imported on the hospital side
+    from hospitrust.strategies.fbd import FBDOptions
 
 FBD_ACTION = "fbd"
 
@@ -35,17 +40,33 @@ def _color_state(arrays: ArrayRecord, color: int) -> dict[str, torch.Tensor]:
 
 
 def fbd_train(msg: Message, context: Context) -> Message:
+    """The ``train.fbd`` handler: train the color this hospital writes (distilling from its sibling) and reply
+    with that color's blocks.
+
+    Parameters
+    ----------
+    msg : Message
+        The server's ``train.fbd`` message (the colors' arrays and the round's config).
+    context : Context
+        The hospital's context (run and node config).
+
+    Returns
+    -------
+    Message
+        The reply: ``arrays`` with every block of the written color, and ``metrics``.
+    """
     hospital = hospital_context(context)
     cfg, node, info, data = hospital.cfg, hospital.node, hospital.info, hospital.data
-    server_cfg = msg.content["config"]
-    server_round = int(server_cfg.get("server-round", 0))
-    color = int(server_cfg["fbd-color"])
-    sibling = int(server_cfg.get("fbd-sibling", -1))
-    lam = float(server_cfg.get("fbd-lambda", cfg.options("fbd").distill_weight))
+    # the server's train.fbd config (strategies.fbd.FBD.configure_train): numbers where read as numbers
+    server_cfg = cast(ConfigRecord, msg.content["config"])
+    server_round = int(cast(int, server_cfg.get("server-round", 0)))
+    color = int(cast(int, server_cfg["fbd-color"]))
+    sibling = int(cast(int, server_cfg.get("fbd-sibling", -1)))
+    lam = float(cast(float, server_cfg.get("fbd-lambda", cast("FBDOptions", cfg.options("fbd")).distill_weight)))
     device = pick_device()
     seed_everything(cfg.seed, node.partition_id if node.partition_id is not None else 0, server_round)
 
-    arrays = msg.content["arrays"]
+    arrays = cast(ArrayRecord, msg.content["arrays"])
     received = _color_state(arrays, color)
     student = hospital.new_model()
     student.load_state_dict(received, strict=True)
@@ -61,9 +82,9 @@ def fbd_train(msg: Message, context: Context) -> Message:
                                                  num_classes=info.num_classes)
     result = train_with_sibling(
         student, teacher, images, labels, lam=lam,
-        epochs=int(server_cfg.get("local-epochs", cfg.local_epochs)),
-        batch_size=int(server_cfg.get("batch-size", cfg.batch_size)),
-        learning_rate=float(server_cfg.get("learning-rate", cfg.learning_rate)),
+        epochs=int(cast(int, server_cfg.get("local-epochs", cfg.local_epochs))),
+        batch_size=int(cast(int, server_cfg.get("batch-size", cfg.batch_size))),
+        learning_rate=float(cast(float, server_cfg.get("learning-rate", cfg.learning_rate))),
         optimizer=cfg.train.optimizer, momentum=cfg.train.momentum, weight_decay=cfg.train.weight_decay, device=device,
     )
     state = {k: v.detach().cpu() for k, v in student.state_dict().items()}

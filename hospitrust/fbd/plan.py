@@ -32,6 +32,22 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class ShippingPlan:
+    """Which hospitals may write which colors, and the round schedule (see the module docstring).
+
+    Parameters
+    ----------
+    num_colors : int
+        The colors in the warehouse (>= 1).
+    colors_of : dict[str, tuple[int, ...]]
+        Hospital -> the colors it may write, in order.
+    redundancy : int
+        The fewest writers every color must have.
+    seed : int
+        The seed the plan was made with (recorded in its JSON).
+    hospitals : tuple[str, ...]
+        The schedule's hospital order; empty: the order of ``colors_of``.
+    """
+
     num_colors: int
     colors_of: dict[str, tuple[int, ...]]  # hospital -> colors it may write (ordered)
     redundancy: int = 1
@@ -63,7 +79,7 @@ class ShippingPlan:
         taken: set[int] = set()
         out: dict[str, int] = {}
         for j in range(n):
-            h = order[(t + j) % n] if n else None
+            h = order[(t + j) % n]  # n > 0 inside the loop
             own = list(self.colors_of.get(h, ()))
             if not own:
                 continue
@@ -154,7 +170,24 @@ class ShippingPlan:
 
 
 def make_plan(hospitals: list[str], num_colors: int, redundancy: int, seed: int = 0) -> ShippingPlan:
-    """The FED-FBD plan: permuted colors, cyclic intervals of k = N*r/C colors per hospital."""
+    """The FED-FBD plan: permuted colors, cyclic intervals of k = N*r/C colors per hospital.
+
+    Parameters
+    ----------
+    hospitals : list[str]
+        The hospitals, in schedule order.
+    num_colors : int
+        C, the colors; ``C x r`` must be a multiple of the hospitals.
+    redundancy : int
+        r, the writers per color (between 1 and the hospitals).
+    seed : int
+        Seeds the color permutation.
+
+    Returns
+    -------
+    ShippingPlan
+        The validated plan.
+    """
     n_h = len(hospitals)
     if n_h < 1:
         raise PlanError("a plan needs at least one hospital")
@@ -178,6 +211,24 @@ def parse_plan(text: str, hospitals: list[str], num_colors: int, redundancy: int
     """A plan from the run config: ``'hospital-0:0,1,2; hospital-1:3,4,5'`` (a bare index ``0``
     means ``hospital-0``), or the path of a plan JSON file. Hospitals are checked against
     the ones that answered the query round.
+
+    Parameters
+    ----------
+    text : str
+        ``fbd.plan``: the entries, or a ``.json`` path.
+    hospitals : list[str]
+        The hospitals in the federation, in schedule order.
+    num_colors : int
+        ``fbd.colors`` (the plan must have as many).
+    redundancy : int
+        ``fbd.redundancy``.
+    seed : int
+        The run's seed (recorded in the plan).
+
+    Returns
+    -------
+    ShippingPlan
+        The validated plan (PlanError naming the entry otherwise).
     """
     text = text.strip()
     if text.endswith(".json"):

@@ -26,13 +26,45 @@ ROUTING_MODES = ("max-confidence", "ensemble")
 
 def color_probabilities(warehouse, images: np.ndarray, colors: Iterable[int] | None = None,
                         device: torch.device | None = None) -> np.ndarray:
-    """(colors, n, classes) float64 probabilities of every color (or the listed ones)."""
+    """(colors, n, classes) float64 probabilities of every color (or the listed ones).
+
+    Parameters
+    ----------
+    warehouse : Warehouse
+        The warehouse (its colors' models).
+    images : numpy.ndarray
+        uint8 ``(n, H, W, C)`` images.
+    colors : Iterable[int] or None
+        The colors to evaluate; None: all.
+    device : torch.device or None
+        Where the models run; None: ``predict_proba``'s default.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(colors, n, classes)`` float64.
+    """
     colors = list(range(warehouse.num_colors)) if colors is None else list(colors)
     return np.stack([predict_proba(warehouse.model(m), images, device=device) for m in colors])
 
 
 def route(probs: np.ndarray, mode: str = "ensemble", exclude: Iterable[int] = ()) -> np.ndarray:
-    """(n, classes) probabilities from ``(colors, n, classes)``; ``exclude`` names colors to leave out."""
+    """(n, classes) probabilities from ``(colors, n, classes)``; ``exclude`` names colors to leave out.
+
+    Parameters
+    ----------
+    probs : numpy.ndarray
+        ``(colors, n, classes)`` probabilities (:func:`color_probabilities`).
+    mode : {"ensemble", "max-confidence"}
+        The routing mode.
+    exclude : Iterable[int]
+        Colors left out (at least one must remain).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(n, classes)`` float64 probabilities.
+    """
     probs = np.asarray(probs, dtype=np.float64)
     if probs.ndim != 3:
         raise ValueError(f"expected (colors, n, classes) probabilities, got shape {probs.shape}")
@@ -53,25 +85,76 @@ def route(probs: np.ndarray, mode: str = "ensemble", exclude: Iterable[int] = ()
 
 
 def color_losses(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """(colors,) mean cross-entropy of each color."""
+    """(colors,) mean cross-entropy of each color.
+
+    Parameters
+    ----------
+    probs : numpy.ndarray
+        ``(colors, n, classes)`` probabilities on the reference cohort.
+    labels : numpy.ndarray
+        ``(n,)`` its labels.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(colors,)`` float64 losses.
+    """
     labels = np.asarray(labels).reshape(-1).astype(np.int64)
     p_true = np.asarray(probs)[:, np.arange(labels.size), labels]
     return -np.log(np.clip(p_true, 1e-12, 1.0)).mean(axis=1)
 
 
 def loss_zscores(losses: np.ndarray) -> np.ndarray:
-    """(loss - mean) / std over colors; zeros when all colors have the same loss."""
+    """(loss - mean) / std over colors; zeros when all colors have the same loss.
+
+    Parameters
+    ----------
+    losses : numpy.ndarray
+        ``(colors,)`` losses (:func:`color_losses`).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(colors,)`` float64 z-scores.
+    """
     losses = np.asarray(losses, dtype=np.float64)
     std = losses.std()
     return np.zeros_like(losses) if std == 0 or not np.isfinite(std) else (losses - losses.mean()) / std
 
 
 def flagged_colors(zscores: np.ndarray, threshold: float) -> list[int]:
+    """The colors whose z-score exceeds ``threshold`` (``fbd.detect-z``).
+
+    Parameters
+    ----------
+    zscores : numpy.ndarray
+        ``(colors,)`` z-scores (:func:`loss_zscores`).
+    threshold : float
+        The z above which a color is flagged.
+
+    Returns
+    -------
+    list[int]
+        The flagged colors, ascending.
+    """
     return [int(m) for m in np.flatnonzero(np.asarray(zscores) > threshold)]
 
 
 def parse_color_list(text: str, num_colors: int | None = None) -> tuple[int, ...]:
-    """``'1, 3'`` -> ``(1, 3)``; ValueError names a bad item."""
+    """``'1, 3'`` -> ``(1, 3)``; ValueError names a bad item.
+
+    Parameters
+    ----------
+    text : str
+        Comma-separated color indices (``fbd.exclude-colors``).
+    num_colors : int or None
+        The colors there are (every index must be below it); None: not checked.
+
+    Returns
+    -------
+    tuple[int, ...]
+        The colors in the given order (no repeats allowed).
+    """
     out: list[int] = []
     for part in str(text).split(","):
         part = part.strip()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from logging import INFO
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -37,7 +37,7 @@ from hospitrust.fbd.warehouse import Warehouse
 from hospitrust.server_app.discovery import discover_hospitals, format_class_counts, offline_hospitals
 from hospitrust.server_app.records import fail_if_every_hospital_crashed, round_detection, summary_head
 from hospitrust.server_app.results import RunDirectory, default_run_name
-from hospitrust.strategies.fbd import FBD
+from hospitrust.strategies.fbd import FBD, FBDOptions
 from hospitrust.strategies.validation import ReplyLimits
 from hospitrust.attacks.threat_model import configured_attack, ground_truth
 from hospitrust.models.training import pick_device, seed_everything
@@ -46,20 +46,50 @@ PLAN_FILE = "fbd_plan.json"
 WAREHOUSE_FILE = "warehouse.pt"
 
 
+def _fbd_options(cfg: RunConfig) -> FBDOptions:
+    """The run's ``fbd`` section (its model is FBD.Options)."""
+    return cast(FBDOptions, cfg.options("fbd"))
+
+
 def plan_from_config(cfg: RunConfig, hospitals: list[str]) -> ShippingPlan:
-    fbd = cfg.options("fbd")
+    """The run's shipping plan: ``fbd.plan`` when given, else a generated one (:func:`make_plan`).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The validated run config (its ``fbd`` section and seed).
+    hospitals : list[str]
+        The hospitals that answered the query round, in schedule order.
+
+    Returns
+    -------
+    ShippingPlan
+        The validated plan.
+    """
+    fbd = _fbd_options(cfg)
     if fbd.plan.strip():
         return parse_plan(fbd.plan, hospitals, fbd.colors, fbd.redundancy, cfg.seed)
     return make_plan(hospitals, fbd.colors, fbd.redundancy, cfg.seed)
 
 
 class WarehouseEvaluator:
-    """Every color on the test split and the reference cohort; routing; detection."""
+    """Every color on the test split and the reference cohort; routing; detection.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The validated run config (the federation's test split and reference cohort, ``fbd``'s routing
+        and detection).
+    info : DatasetInfo
+        The dataset's description (its classes).
+    device : torch.device
+        Where the colors' models run.
+    """
 
     def __init__(self, cfg: RunConfig, info: DatasetInfo, device) -> None:
         self.cfg, self.info, self.device = cfg, info, device
         self.test, self.cohort = test_set(cfg.federation), reference_set(cfg.federation)
-        self.named_exclusions = parse_color_list(cfg.options("fbd").exclude_colors, cfg.options("fbd").colors)
+        self.named_exclusions = parse_color_list(_fbd_options(cfg).exclude_colors, _fbd_options(cfg).colors)
 
     def __call__(self, warehouse: Warehouse) -> tuple[dict[str, Any], dict[str, Any]]:
         k = self.info.num_classes
@@ -77,8 +107,8 @@ class WarehouseEvaluator:
         z = np.full_like(losses, np.inf)
         z[finite] = loss_zscores(losses[finite])
         finite_idx = np.flatnonzero(finite)
-        flagged = sorted({int(finite_idx[i]) for i in flagged_colors(z[finite], self.cfg.options("fbd").detect_z)} | set(broken))
-        exclude = sorted(set(self.named_exclusions) | (set(flagged) if self.cfg.options("fbd").exclude_flagged else set()))
+        flagged = sorted({int(finite_idx[i]) for i in flagged_colors(z[finite], _fbd_options(self.cfg).detect_z)} | set(broken))
+        exclude = sorted(set(self.named_exclusions) | (set(flagged) if _fbd_options(self.cfg).exclude_flagged else set()))
         if len(exclude) >= warehouse.num_colors:
             exclude = sorted(self.named_exclusions)  # never exclude everything: fall back to the named ones
         exclude = sorted(set(exclude) | set(broken)) if len(broken) < warehouse.num_colors else exclude
@@ -95,13 +125,26 @@ class WarehouseEvaluator:
                     continue
                 rep = metrics.classification_report(self.test.labels, route(probs, mode, ex), k)
                 routing[label] = {"accuracy": rep["accuracy"], "balanced_accuracy": rep["balanced_accuracy"], "auc": rep["auc"]}
-        central = metrics.classification_report(self.test.labels, route(probs, self.cfg.options("fbd").routing, exclude), k)
+        central = metrics.classification_report(self.test.labels, route(probs, _fbd_options(self.cfg).routing, exclude), k)
         return central, {"colors": colors, "flagged_colors": flagged, "excluded_colors": exclude, "broken_colors": broken,
-                         "routing_mode": self.cfg.options("fbd").routing, "routing": routing}
+                         "routing_mode": _fbd_options(self.cfg).routing, "routing": routing}
 
 
 def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
-    """A whole FED-FBD run; returns its directory."""
+    """A whole FED-FBD run; returns its directory.
+
+    Parameters
+    ----------
+    grid : Grid
+        Flower's grid (the hospitals' SuperNodes).
+    context : Context
+        The ServerApp's context (the run config).
+
+    Returns
+    -------
+    RunDirectory
+        The run directory written.
+    """
     started = time.time()
     cfg = parse_run_config(context.run_config)
     info = dataset_info(cfg.dataset)
@@ -121,6 +164,7 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
         **cfg.to_flat(),
         "data-dir-resolved": str(cfg.resolved_data_dir() or ""),
         "hospitals": {str(nid): name for nid, name in hospitals.items()},
+        "ground-truth": all(r["partition_id"] >= 0 for r in rows),
         "partitions": {r["hospital"]: r["partition_id"] for r in rows},
         "num-partitions": max([r.get("num_partitions", -1) for r in rows] + [len(rows)]),
         "class-names": list(info.class_names),
@@ -136,11 +180,11 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
     if attack is not None:
         log(INFO, "hospitrust: attack %s by %s", attack, malicious or "nobody")
 
-    warehouse = Warehouse.create(cfg.model, info.in_channels, info.num_classes, cfg.image_size, cfg.options("fbd").colors, cfg.seed)
+    warehouse = Warehouse.create(cfg.model, info.in_channels, info.num_classes, cfg.image_size, _fbd_options(cfg).colors, cfg.seed)
     stamps = StampLog(run_dir.path / STAMP_LOG)
     stamps.extend({"event": "init", **s} for s in warehouse.init_stamps())
     strategy = FBD(
-        hospitals, cfg.options("fbd"), plan=plan, warehouse=warehouse, stamp_log=stamps,
+        hospitals, _fbd_options(cfg), plan=plan, warehouse=warehouse, stamp_log=stamps,
         train_config={"local-epochs": cfg.local_epochs, "batch-size": cfg.batch_size, "learning-rate": cfg.learning_rate},
         fraction_train=1.0, min_hospitals=cfg.min_hospitals,
         limits=ReplyLimits(max_update_norm=cfg.max_update_norm, max_num_examples=cfg.max_num_examples),
@@ -185,7 +229,7 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
         run_dir.append_round(round_record)
         history.append(round_record)
         log(INFO, "round %3d/%d  %s auc %.4f  bal-acc %.4f  writes %d  rejected writes %d  flagged colors %s  %.1fs",
-            rnd, cfg.num_server_rounds, cfg.options("fbd").routing, central["auc"], central["balanced_accuracy"],
+            rnd, cfg.num_server_rounds, _fbd_options(cfg).routing, central["auc"], central["balanced_accuracy"],
             sum(len(c["accepted_blocks"]) for c in record.clients), fbd["rejected_writes"], fbd["flagged_colors"],
             round_record["round_seconds"])
 
@@ -207,6 +251,6 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
     }
     run_dir.write_summary(summary)
     log(INFO, "hospitrust: fbd finished %d rounds in %.1f s; routed (%s) auc %.4f bal-acc %.4f; clean colors %s\nresults: %s",
-        len(history), summary["wall_seconds"], cfg.options("fbd").routing, summary["final"]["auc"],
+        len(history), summary["wall_seconds"], _fbd_options(cfg).routing, summary["final"]["auc"],
         summary["final"]["balanced_accuracy"], clean, run_dir.path)
     return run_dir

@@ -28,7 +28,18 @@ STAMP_LOG = "fbd_stamps.jsonl"
 
 
 def block_hash(tensors: Mapping[str, torch.Tensor]) -> str:
-    """sha256 of a block's tensors: each key, dtype, shape and the raw bytes, in key order."""
+    """sha256 of a block's tensors: each key, dtype, shape and the raw bytes, in key order.
+
+    Parameters
+    ----------
+    tensors : Mapping[str, torch.Tensor]
+        The block's entries, key -> tensor.
+
+    Returns
+    -------
+    str
+        The hex digest.
+    """
     h = hashlib.sha256()
     for key in sorted(tensors):
         t = tensors[key].detach().cpu().contiguous()
@@ -37,12 +48,19 @@ def block_hash(tensors: Mapping[str, torch.Tensor]) -> str:
         h.update(str(tuple(t.shape)).encode())
         # view as bytes: works for every dtype numpy lacks (e.g. bfloat16)
         if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy())  # the buffer itself, no copy
+            # the buffer itself, no copy (the ignore: numpy's stub declares ndarray.__buffer__ for Python >= 3.12 only)
+            h.update(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
     return h.hexdigest()
 
 
 class StampLog:
-    """Append-only JSON-lines log of block versions."""
+    """Append-only JSON-lines log of block versions.
+
+    Parameters
+    ----------
+    path : str or Path
+        The log file (``fbd_stamps.jsonl``); created on the first append.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

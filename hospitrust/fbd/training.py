@@ -21,6 +21,22 @@ from hospitrust.models.training import make_optimizer, pick_device, to_batch
 
 @dataclass
 class SiblingTrainResult:
+    """What a hospital's FED-FBD local step reports (losses averaged over the samples seen).
+
+    Parameters
+    ----------
+    loss : float
+        Mean total loss (CE + lambda x KL); NaN with no data.
+    cross_entropy : float
+        Mean cross-entropy.
+    kl : float
+        Mean KL to the sibling color (0 without one, or with lambda = 0).
+    num_examples : int
+        The training examples.
+    steps : int
+        Optimizer steps taken.
+    """
+
     loss: float
     cross_entropy: float
     kl: float
@@ -30,7 +46,24 @@ class SiblingTrainResult:
 
 def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor | None, labels: torch.Tensor,
                       lam: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(total, ce, kl) for one batch; kl is KL(teacher || student), averaged over the batch."""
+    """(total, ce, kl) for one batch; kl is KL(teacher || student), averaged over the batch.
+
+    Parameters
+    ----------
+    student_logits : torch.Tensor
+        ``(B, C)`` logits of the color being trained.
+    teacher_logits : torch.Tensor or None
+        ``(B, C)`` logits of the frozen sibling color; None: no KL term.
+    labels : torch.Tensor
+        ``(B,)`` int64 labels.
+    lam : float
+        lambda, the weight of the KL term.
+
+    Returns
+    -------
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+        Scalar total loss, cross-entropy and KL (0 without a teacher or with lambda = 0).
+    """
     ce = F.cross_entropy(student_logits, labels)
     if teacher_logits is None or lam == 0.0:
         zero = ce.new_zeros(())
@@ -55,6 +88,40 @@ def train_with_sibling(
     weight_decay: float = 0.0,
     device: torch.device | None = None,
 ) -> SiblingTrainResult:
+    """Train ``student`` on the hospital's data with cross-entropy plus lambda x KL to ``teacher``.
+
+    Parameters
+    ----------
+    student : torch.nn.Module
+        The color the hospital writes this round (trained in place).
+    teacher : torch.nn.Module or None
+        Its sibling color (frozen, eval mode); None: plain local training.
+    images : numpy.ndarray
+        uint8 ``(N, H, W, C)`` training images.
+    labels : numpy.ndarray
+        ``(N,)`` their labels.
+    lam : float
+        lambda >= 0, the weight of the KL term.
+    epochs : int
+        Local epochs.
+    batch_size : int
+        Minibatch size.
+    learning_rate : float
+        The optimizer's learning rate.
+    optimizer : str
+        The optimizer's name (``make_optimizer``: ``"sgd"`` or ``"adam"``).
+    momentum : float
+        SGD momentum.
+    weight_decay : float
+        Weight decay.
+    device : torch.device or None
+        Where to train; None: :func:`pick_device`.
+
+    Returns
+    -------
+    SiblingTrainResult
+        The mean losses, the example count and the steps.
+    """
     if lam < 0:
         raise ValueError(f"lambda must be >= 0, got {lam}")
     device = device or pick_device()

@@ -36,6 +36,32 @@ class UnlearningError(ValueError):
 
 @dataclass
 class UnlearningRecord:
+    """What unlearning a hospital did (``unlearning.json``).
+
+    Parameters
+    ----------
+    hospital : str
+        The hospital unlearned.
+    method : str
+        How (``"aggregate"``: the donor colors' average).
+    donor_colors : list[int]
+        The colors the hospital never reached.
+    replaced : list[dict[str, Any]]
+        One entry per replaced block version: color, block, reason, old and new hash, donors.
+    untouched_blocks : int
+        Block versions left as they were.
+    exact : bool
+        Whether no block version carries the hospital afterwards.
+    seconds : float
+        Time the replacement took.
+    bn_recalibrated : list[str]
+        The ``'color/block'`` names whose BatchNorm statistics were re-estimated.
+    recalibration_seconds : float
+        Time the recalibration took.
+    stamps : list[dict[str, Any]]
+        The new block versions, for the stamp log.
+    """
+
     hospital: str
     method: str
     donor_colors: list[int]
@@ -68,7 +94,26 @@ def _mean_block(warehouse: Warehouse, block: str, donors: list[int]) -> dict[str
 def unlearn_hospital(warehouse: Warehouse, hospital: str, plan: ShippingPlan | None = None, *,
                      reference_images: np.ndarray | None = None, device: torch.device | None = None
                      ) -> tuple[Warehouse, UnlearningRecord]:
-    """A new warehouse without ``hospital``; the input warehouse is left as it was."""
+    """A new warehouse without ``hospital``; the input warehouse is left as it was.
+
+    Parameters
+    ----------
+    warehouse : Warehouse
+        The run's warehouse.
+    hospital : str
+        The hospital to remove.
+    plan : ShippingPlan or None
+        The run's plan: checks that the hospital wrote no color it was not allowed to; None: no check.
+    reference_images : numpy.ndarray or None
+        Images to recalibrate the replaced blocks' BatchNorm statistics on; None: no recalibration.
+    device : torch.device or None
+        Where the recalibration runs; None: :func:`pick_device`.
+
+    Returns
+    -------
+    tuple[Warehouse, UnlearningRecord]
+        The new warehouse and the record (UnlearningError when it cannot be done).
+    """
     started = time.perf_counter()
     reached = warehouse.reached_by(hospital)
     written = warehouse.written_by(hospital)
@@ -135,6 +180,24 @@ def recalibrate_batchnorm(warehouse: Warehouse, blocks: list[tuple[int, str]], i
     """Re-estimate BatchNorm running mean/var of the listed (color, block)s from ``images``
     (cumulative average over one pass); other blocks, and the counters, keep their values.
     Returns the recalibrated ``'color/block'`` names (none for a model without BatchNorm).
+
+    Parameters
+    ----------
+    warehouse : Warehouse
+        The warehouse, updated in place.
+    blocks : list[tuple[int, str]]
+        The (color, block) pairs to recalibrate.
+    images : numpy.ndarray
+        uint8 ``(N, H, W, C)`` images (non-empty).
+    batch_size : int
+        Images per forward pass.
+    device : torch.device or None
+        Where the models run; None: :func:`pick_device`.
+
+    Returns
+    -------
+    list[str]
+        The recalibrated ``'color/block'`` names.
     """
     if len(images) == 0:
         raise ValueError("BatchNorm recalibration needs reference images, got none")

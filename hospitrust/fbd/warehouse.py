@@ -24,12 +24,36 @@ INIT_WRITER = "init"
 
 
 def color_key(color: int, key: str) -> str:
-    """The ArrayRecord key of one tensor of one color: ``color-3/layer1.0.conv1.weight``."""
+    """The ArrayRecord key of one tensor of one color: ``color-3/layer1.0.conv1.weight``.
+
+    Parameters
+    ----------
+    color : int
+        The color.
+    key : str
+        The tensor's state-dict key.
+
+    Returns
+    -------
+    str
+        ``color-<color>/<key>``.
+    """
     return f"color-{int(color)}/{key}"
 
 
 def parse_color_key(name: str) -> tuple[int, str] | None:
-    """``'color-3/fc.weight'`` -> ``(3, 'fc.weight')``; anything else -> None."""
+    """``'color-3/fc.weight'`` -> ``(3, 'fc.weight')``; anything else -> None.
+
+    Parameters
+    ----------
+    name : str
+        An ArrayRecord key.
+
+    Returns
+    -------
+    tuple[int, str] or None
+        ``(color, state-dict key)``, or None when ``name`` is not a color key.
+    """
     head, sep, key = str(name).partition("/")
     if not sep or not head.startswith("color-") or not head[6:].isdigit() or not key:
         return None
@@ -38,6 +62,22 @@ def parse_color_key(name: str) -> tuple[int, str] | None:
 
 @dataclass
 class BlockVersion:
+    """The stamp of one block version in one color: its hash and provenance.
+
+    Parameters
+    ----------
+    hash : str
+        sha256 of the block's tensors (:func:`~hospitrust.fbd.stamps.block_hash`).
+    trail : list[str]
+        Hospitals that wrote this block position in this color, oldest first.
+    influences : list[str]
+        Hospitals whose data reached this version (writes and distillation).
+    round : int
+        The server round it was written in (0: the initial model).
+    writer : str
+        Who wrote it: a hospital, ``"init"``, or ``"unlearn:<hospital>"``.
+    """
+
     hash: str
     trail: list[str]  # hospitals that wrote this block position in this color, oldest first
     influences: list[str]  # hospitals whose data reached this version (writes and distillation)
@@ -46,7 +86,23 @@ class BlockVersion:
 
 
 class Warehouse:
-    """``num_colors`` complete models of one architecture, cut into the same blocks."""
+    """``num_colors`` complete models of one architecture, cut into the same blocks.
+
+    Parameters
+    ----------
+    model_name : str
+        The architecture's registry name (it must have a block cut).
+    in_channels : int
+        Image channels.
+    num_classes : int
+        Classes.
+    image_size : int
+        Image side in pixels.
+    states : list[dict[str, torch.Tensor]]
+        One full state dict per color (same keys; copied to the CPU).
+    meta : dict[tuple[int, str], BlockVersion] or None
+        (color, block) -> its stamp; a missing one is stamped as the initial version.
+    """
 
     def __init__(self, model_name: str, in_channels: int, num_classes: int, image_size: int,
                  states: list[dict[str, torch.Tensor]], meta: dict[tuple[int, str], BlockVersion] | None = None) -> None:

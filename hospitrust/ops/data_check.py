@@ -149,12 +149,13 @@ def check_folder(root: Path, dataset: str = "pneumoniamnist", image_size: int = 
     for i, name in enumerate(info.class_names):
         if not any(c.index == i for c in known):
             problems.append(f"missing class {i}={name}: no folder '{name}' or '{i}'")
-    for i in sorted({c.index for c in known}):
+    for i in sorted({c.index for c in known if c.index is not None}):  # known: every index is set
         same = [c.folder for c in known if c.index == i]
         if len(same) > 1:
             problems.append(f"class {i}={info.class_names[i]} has several folders: {same}")
     for c in known:
         if c.images == 0:
+            assert c.index is not None  # known: the folders with a class index
             problems.append(f"empty class: folder '{c.folder}' ({info.class_names[c.index]}) has no readable images")
     for c in report.classes:
         if c.unreadable:

@@ -38,7 +38,8 @@ class InProcessGrid(Grid):
             for nid, nc in zip(self.node_ids, node_configs)
         }
         self.reply_filter = reply_filter  # (node index, incoming message, reply) -> reply to deliver, or None to drop it
-        self._ids, self._pending = itertools.count(1), {}
+        self._ids = itertools.count(1)
+        self._pending: dict[str, Message] = {}  # message id -> pushed, not yet pulled
 
     def set_run(self, run):
         self._run = run
@@ -90,8 +91,9 @@ def run_inprocess(run_config: dict, num_hospitals: int, reply_filter=None, node_
     """
     from flwr.app import Context, RecordDict
 
-    from hospitrust.client_app import app as client_app
-    from hospitrust.server_app import app as server_app
+    # the apps themselves (the packages' ``app`` attributes), not the submodules of that name
+    from hospitrust.client_app.app import app as client_app
+    from hospitrust.server_app.app import app as server_app
 
     grid = InProcessGrid(client_app, num_hospitals, run_config, node_configs=node_configs, reply_filter=reply_filter)
     server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=dict(run_config)))

@@ -251,10 +251,10 @@ def simulate(
             details = f"timed out after {timeout:.0f} s (status was {status}); the run was stopped"
             status = "timeout"
         if values.get("resume-from"):  # a resumed run goes on in the checkpoint's directory
-            resumed = Path(values["resume-from"])
+            resumed = Path(str(values["resume-from"]))  # made a resolved path string above
             run_dir = resumed if resumed.is_dir() else resumed.parent
         else:
-            candidates = sorted(Path(values["output-dir"]).glob(f"{values['run-name']}*"))
+            candidates = sorted(Path(str(values["output-dir"])).glob(f"{values['run-name']}*"))
             run_dir = candidates[-1] if candidates else None
     finally:
         superlink.stop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from logging import WARNING
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import Message, MessageType, RecordDict
@@ -35,7 +35,7 @@ def discover_hospitals(grid: Grid, cfg: RunConfig) -> tuple[dict[int, str], list
     for reply in grid.send_and_receive(queries, timeout=cfg.reply_timeout):
         nid = int(reply.metadata.src_node_id)
         if reply.has_error():
-            log(WARNING, "Node %d could not describe itself and is left out: %s", nid, reply.error.reason.strip()[-500:])
+            log(WARNING, "Node %d could not describe itself and is left out: %s", nid, (reply.error.reason or "").strip()[-500:])
             continue
         info = reply.content.config_records.get("info")
         name = str(info["hospital"]) if info is not None and "hospital" in info else None
@@ -46,14 +46,16 @@ def discover_hospitals(grid: Grid, cfg: RunConfig) -> tuple[dict[int, str], list
             log(WARNING, "Node %d claims hospital name %r, already taken by another node: left out", nid, name)
             continue
         hospitals[nid] = name
+        assert info is not None  # the name came from it
+        # the ClientApp's query reply (client_app.context): ints and lists of ints
         rows.append(
             {
                 "hospital": name,
                 "node_id": nid,
-                "partition_id": int(info.get("partition-id", -1)),
-                "num_partitions": int(info.get("num-partitions", -1)),
-                "train": [int(c) for c in info.get("train-class-counts", [])],
-                "val": [int(c) for c in info.get("val-class-counts", [])],
+                "partition_id": int(cast(int, info.get("partition-id", -1))),
+                "num_partitions": int(cast(int, info.get("num-partitions", -1))),
+                "train": [int(c) for c in cast(list[int], info.get("train-class-counts", []))],
+                "val": [int(c) for c in cast(list[int], info.get("val-class-counts", []))],
                 "device": str(info.get("device", "")),
             }
         )

@@ -52,6 +52,7 @@ class CentralEvaluator:
             report["rare_class_macro_f1"] = metrics.rare_class_macro_f1(self.test.labels, probs.argmax(axis=1),
                                                                         self.rare_classes)
         if self.backdoor is not None:
+            assert self.triggered is not None  # made with the backdoor
             pred = predict_proba(self.model, self.triggered, device=self.device).argmax(axis=1)
             report["attack_success_rate"] = backdoor_success_rate(pred, self.test.labels, self.backdoor.target)
         elif self.targeted_flip is not None:

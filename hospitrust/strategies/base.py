@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -27,7 +27,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from hospitrust.aggregation.vectorize import flatten_state, unflatten_state
-from hospitrust.options import NoOptions, Options, kebab
+from hospitrust.options import NoOptions, kebab
+from hospitrust.options import Options as OptionsModel
 from hospitrust.strategies.validation import CheckedReply, RejectedReply, ReplyLimits, check_train_reply
 
 #: What a rule can ask the server for (``HospitrustStrategy.needs``): the keyword argument the
@@ -42,7 +43,19 @@ SERVICES = {
 
 @dataclass
 class Aggregate:
-    """What a rule returns: the aggregated update and, per accepted reply, its weight and selection."""
+    """What a rule returns: the aggregated update and, per accepted reply, its weight and selection.
+
+    Parameters
+    ----------
+    update : torch.Tensor
+        ``(d,)`` the aggregated update.
+    weights : torch.Tensor
+        ``(n,)`` each accepted reply's share in the aggregate (sums to 1 for averaging rules).
+    selected : torch.Tensor
+        ``(n,)`` bool: whether the reply took part.
+    extra : dict[str, list[Any]]
+        Per-client signals by name (one value per reply), recorded as-is in its client entry.
+    """
 
     update: torch.Tensor  # (d,)
     weights: torch.Tensor  # (n,) share of each accepted reply in the aggregate (sums to 1 for averaging rules)
@@ -52,7 +65,21 @@ class Aggregate:
 
 @dataclass
 class RoundRecord:
-    """Per-round bookkeeping that ends up in rounds.jsonl."""
+    """Per-round bookkeeping that ends up in rounds.jsonl.
+
+    Parameters
+    ----------
+    clients : list[dict[str, Any]]
+        One entry per reply (accepted or rejected): hospital, weight, selected, reason, signals.
+    aggregation_seconds : float
+        Time spent aggregating.
+    kept_previous_model : bool
+        Whether too few valid replies kept the previous model.
+    note : str
+        Why the previous model was kept ('' otherwise).
+    evaluation : dict[str, Any]
+        Hospital name -> its evaluation of the global model (accuracy, num_examples, balanced_accuracy).
+    """
 
     clients: list[dict[str, Any]] = field(default_factory=list)
     aggregation_seconds: float = 0.0
@@ -90,17 +117,17 @@ class HospitrustStrategy(Strategy):
     """
 
     name: ClassVar[str] = ""
-    Options: ClassVar[type[Options]] = NoOptions
+    Options: ClassVar[type[OptionsModel]] = NoOptions
     #: True for the rules sized for f attackers: they get run config ``assumed-malicious``
     sized_for_attackers: ClassVar[bool] = False
 
     @classmethod
-    def composes(cls, options: Options) -> tuple[str, ...]:
+    def composes(cls, options: OptionsModel) -> tuple[str, ...]:
         """Other rules whose options (run-config sections) this rule uses with ``options``."""
         return ()
 
     @classmethod
-    def needs(cls, options: Options, composed: Mapping[str, Options]) -> frozenset[str]:
+    def needs(cls, options: OptionsModel, composed: Mapping[str, OptionsModel]) -> frozenset[str]:
         """The server services (keys of ``SERVICES``) this rule needs with these options."""
         return frozenset()
 
@@ -111,12 +138,12 @@ class HospitrustStrategy(Strategy):
         """
 
     @classmethod
-    def parse_options(cls, options: Options | Mapping[str, Any] | None) -> Options:
+    def parse_options(cls, options: OptionsModel | Mapping[str, Any] | None) -> OptionsModel:
         if options is None:
             return cls.Options()
         if isinstance(options, cls.Options):
             return options
-        if isinstance(options, Options):
+        if isinstance(options, OptionsModel):
             raise TypeError(f"{cls.name}: options must be {cls.Options.__name__}, got {type(options).__name__}")
         try:
             parsed = cls.Options.model_validate(dict(options))
@@ -130,7 +157,7 @@ class HospitrustStrategy(Strategy):
     def __init__(
         self,
         hospitals: Mapping[int, str],
-        options: Options | Mapping[str, Any] | None = None,
+        options: OptionsModel | Mapping[str, Any] | None = None,
         *,
         train_config: Mapping[str, Any] | None = None,
         fraction_train: float = 1.0,
@@ -212,7 +239,7 @@ class HospitrustStrategy(Strategy):
             if node_id not in self.hospitals and reply.has_error():
                 # the SuperLink answers for a node that is gone ("node unavailable"): that
                 # hospital is missing this round, not a hospital that sent something bad
-                log(WARNING, "Round %d: no reply from a hospital: %s", server_round, reply.error.reason.strip()[:200])
+                log(WARNING, "Round %d: no reply from a hospital: %s", server_round, (reply.error.reason or "").strip()[:200])
                 continue
             try:
                 if self.global_state is None:
@@ -238,7 +265,7 @@ class HospitrustStrategy(Strategy):
             record.aggregation_seconds = time.perf_counter() - started
             return None, MetricRecord({"valid-replies": len(accepted)})
 
-        updates = torch.stack([r.update for r in accepted])
+        updates = torch.stack([cast(torch.Tensor, r.update) for r in accepted])  # set by check_train_reply
         for r in accepted:
             r.update = None  # the stacked copy is the only one kept
         if self.adversary is not None:
@@ -259,7 +286,7 @@ class HospitrustStrategy(Strategy):
             )
         losses = [float(r.metrics.get("train-loss", float("nan"))) for r in accepted]
         total = float(num_examples.sum())
-        train_loss = float(sum(l * n for l, n in zip(losses, num_examples.tolist())) / total) if total else math.nan
+        train_loss = float(sum(loss * n for loss, n in zip(losses, num_examples.tolist())) / total) if total else math.nan
         return ArrayRecord(new_state), MetricRecord(
             {"valid-replies": len(accepted), "train-loss": train_loss}
         )
@@ -284,15 +311,16 @@ class HospitrustStrategy(Strategy):
                 continue
             m = reply.content.metric_records["metrics"]
             try:
-                acc = float(m["accuracy"])
-                n = int(m["num-examples"])
+                # a list value raises TypeError: left out below
+                acc = float(cast(float, m["accuracy"]))
+                n = int(cast(int, m["num-examples"]))
             except (KeyError, TypeError, ValueError):
                 continue
             if math.isfinite(acc) and 0.0 <= acc <= 1.0 and n > 0:
                 per_hospital[self._name_of(int(reply.metadata.src_node_id))] = {
                     "accuracy": acc,
                     "num_examples": n,
-                    "balanced_accuracy": float(m.get("balanced-accuracy", float("nan"))),
+                    "balanced_accuracy": float(cast(float, m.get("balanced-accuracy", float("nan")))),
                 }
         record = self.records.setdefault(server_round, RoundRecord())
         record.evaluation = per_hospital

@@ -14,6 +14,19 @@ class Bulyan(HospitrustStrategy):
 
     Selected hospitals are recorded with the nominal weight 1/theta (the coordinate phase
     trims per coordinate, so a hospital's real share varies by coordinate).
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options (an instance of its ``Options``, or a mapping of field names); its
+        defaults when None.
+    assumed_malicious : int
+        f, the attackers the rule is sized for (run config ``assumed-malicious``).
+    **kwargs
+        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
+        train_config, fraction_train, min_hospitals, limits, seed, device).
     """
 
     name = "bulyan"

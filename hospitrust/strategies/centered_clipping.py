@@ -12,6 +12,8 @@ from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 
 
 class CenteredClippingOptions(Options):
+    """Centered clipping's options: the radius and the iterations."""
+
     radius: float = Field(0.0, ge=0.0, description=(
         "Clipping radius tau around the previous aggregate (0: the median distance to the center, each "
         "round)."
@@ -25,10 +27,22 @@ class CenteredClipping(HospitrustStrategy):
 
     ``tau`` <= 0 picks the radius each round as the median distance of the updates to the
     center, so half the hospitals are clipped whatever the model's scale.
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options (an instance of its ``Options``, or a mapping of field names); its
+        defaults when None.
+    **kwargs
+        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
+        train_config, fraction_train, min_hospitals, limits, seed, device).
     """
 
     name = "centered-clipping"
     Options = CenteredClippingOptions
+    options: CenteredClippingOptions
     state_attrs = ("center",)
 
     def __init__(self, hospitals, options=None, **kwargs) -> None:

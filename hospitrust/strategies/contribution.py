@@ -24,6 +24,8 @@ from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 
 
 class ContributionOptions(Options):
+    """The contribution-weighted rule's options: which score the weights come from."""
+
     score: Literal["fp", "ee"] = Field("fp", description=(
         "The contribution score the weights come from: fp (Fair-Private) or ee (Everybody-Else), accumulated "
         "over the rounds, clipped at 0. Needs contribution-scoring.enabled."
@@ -31,10 +33,23 @@ class ContributionOptions(Options):
 
 
 class ContributionWeighted(HospitrustStrategy):
-    """Each hospital weighs in with its accumulated contribution score, clipped at 0 (FedAvg until every hospital has one)."""
+    """Each hospital weighs in with its accumulated contribution score, clipped at 0 (FedAvg until every hospital has one).
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options (an instance of its ``Options``, or a mapping of field names); its
+        defaults when None.
+    **common
+        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
+        train_config, fraction_train, min_hospitals, limits, seed, device).
+    """
 
     name = "contribution"
     Options = ContributionOptions
+    options: ContributionOptions
     state_attrs = ("scores",)  # checkpointed: the accumulated scores the weights come from
 
     def __init__(self, hospitals, options=None, **common) -> None:

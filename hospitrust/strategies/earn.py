@@ -37,6 +37,16 @@ def classifier_head(global_state: dict[str, torch.Tensor]) -> tuple[int, int, in
     """Where the last layer sits in the flat vector: ``(weight offset, C, H, bias offset)``.
 
     The last float 1-D tensor (bias, shape (C,)) right after a float 2-D tensor of shape (C, H).
+
+    Parameters
+    ----------
+    global_state : dict[str, torch.Tensor]
+        The global model's state dict.
+
+    Returns
+    -------
+    tuple[int, int, int, int]
+        ``(weight offset, C, H, bias offset)`` (ValueError when the model has no such layer).
     """
     spec = flatten_state(global_state)[1]
     for i in range(len(spec.keys) - 1, 0, -1):
@@ -47,7 +57,20 @@ def classifier_head(global_state: dict[str, torch.Tensor]) -> tuple[int, int, in
 
 
 def reported_counts(replies, num_classes: int) -> torch.Tensor | None:
-    """``class-counts`` of every reply as (n, C) float64, or None if any reply lacks a valid one."""
+    """``class-counts`` of every reply as (n, C) float64, or None if any reply lacks a valid one.
+
+    Parameters
+    ----------
+    replies : Sequence[CheckedReply]
+        The round's accepted replies.
+    num_classes : int
+        C, the number of classes.
+
+    Returns
+    -------
+    torch.Tensor or None
+        ``(n, C)`` float64 counts, or None.
+    """
     rows = []
     for r in replies:
         raw = r.metrics.get("class-counts")
@@ -64,7 +87,18 @@ def reported_counts(replies, num_classes: int) -> torch.Tensor | None:
 
 
 def parse_class_list(text: str) -> tuple[int, ...]:
-    """'3,4' -> (3, 4); '' -> () (automatic)."""
+    """'3,4' -> (3, 4); '' -> () (automatic).
+
+    Parameters
+    ----------
+    text : str
+        ``earn.rare-classes``: comma-separated class indices (>= 0).
+
+    Returns
+    -------
+    tuple[int, ...]
+        The classes, sorted, without repeats.
+    """
     text = str(text).strip()
     if not text:
         return ()
@@ -96,6 +130,8 @@ class EARNAblation(Options):
 
 
 class EARNOptions(Options):
+    """EARN's options: the evidence, agreement, audit, trust and row weights."""
+
     evidence: Literal["update", "update-count", "reported"] = Field("update", description=(
         "Evidence of who holds a class: update = the positive part of the class row's bias update; "
         "update-count = class counts estimated from the bias update per local step and num-examples; reported"
@@ -207,10 +243,32 @@ class EARN(HospitrustStrategy):
 
     State (plain dicts by hospital name): ``trust`` {name: {class: T}}, ``history_sum``
     {name: (C, H + 1) tensor}, ``history_rounds`` {name: int}.
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options (an instance of its ``Options``, or a mapping of field names); its
+        defaults when None.
+    hta_options : HTAOptions or dict or None
+        The ``hta`` section's options for the HTA base (``earn.base = "hta"``); its defaults when None.
+    head_features : Callable[[dict], tuple[torch.Tensor, torch.Tensor]] or None
+        Global state -> (``(m, H)`` last-layer inputs, ``(m,)`` labels) on the reference cohort; the
+        audit (``earn.audit-by`` row, row-shift-free) is off without it.
+    candidate_logits : Callable[[dict, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] or None
+        (global state, (n, d) updates) -> (``(m, C)`` global logits, ``(n, m, C)`` candidate logits,
+        ``(m,)`` labels) on the reference cohort; the audit (``earn.audit-by`` model) is off without it.
+    candidate_scores : Callable[[dict, torch.Tensor], torch.Tensor] or None
+        Passed to the HTA base (its v signal).
+    **kwargs
+        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
+        train_config, fraction_train, min_hospitals, limits, seed, device).
     """
 
     name = "earn"
     Options = EARNOptions
+    options: EARNOptions
     state_attrs = ("trust", "history_sum", "history_rounds", "evidence_spearman", "base_state")
     gain, decay = 0.1, 0.5  # trust on agreement: + gain; otherwise x decay
 
@@ -302,6 +360,7 @@ class EARN(HospitrustStrategy):
             return fedavg.to(updates.dtype).to(updates.device) @ updates, fedavg, None
         if self.base == "median":
             return coordinate_median(updates), fedavg, None
+        assert self.base_rule is not None  # earn.base hta
         self.base_rule.global_state = self.global_state
         agg = self.base_rule.aggregate_updates(server_round, updates, num_examples, replies, direction_excuse=excuse)
         return agg.update.clone(), agg.weights.double().cpu(), agg
@@ -351,9 +410,12 @@ class EARN(HospitrustStrategy):
         update, base_w, base_agg = self._base(server_round, updates, num_examples, replies, excuse)
         feats = labels = logits = None
         if self.audit and rare:
+            # self.audit is on only with the judging callable (__init__)
             if self.audit_by != "model":
+                assert self.head_features is not None
                 feats, labels = self.head_features(self.global_state)
             else:
+                assert self.candidate_logits is not None
                 logits = self.candidate_logits(self.global_state, updates)
 
         known = torch.tensor([self.history_rounds.get(nm, 0) > 0 for nm in names])
@@ -364,7 +426,8 @@ class EARN(HospitrustStrategy):
         agreement, audit_scores, row_weight, trust_now = ({} for _ in range(4))
         # each hospital's rare rows scaled as its whole update is clipped to the median norm (the base's kept ones)
         update_clip = (median_norm_clip(updates, None if base_agg is None else base_agg.selected,
-                                        None if base_agg is None else self.base_rule.norm_trim_tolerance)
+                                        None if base_agg is None or self.base_rule is None
+                                        else self.base_rule.norm_trim_tolerance)
                        if self.clip_rows != "off" else torch.ones(n, dtype=torch.float64))
         row_clip = {}
         # near-duplicate updates (HTA's groups) share one hospital's trust term, as they share its base weight
@@ -376,9 +439,12 @@ class EARN(HospitrustStrategy):
             a = ag["agreement"]
             agrees = torch.nan_to_num(a, nan=-1.0) >= self.agree_threshold
             if feats is not None or logits is not None:
-                au = (row_audit(W[:, c, :], feats, labels, c, shift_free=self.audit_by == "row-shift-free")
-                      if feats is not None
-                      else model_audit(logits[1], logits[0], logits[2], c))
+                if feats is not None:
+                    assert labels is not None  # set with feats
+                    au = row_audit(W[:, c, :], feats, labels, c, shift_free=self.audit_by == "row-shift-free")
+                else:
+                    assert logits is not None
+                    au = model_audit(logits[1], logits[0], logits[2], c)
                 agrees &= torch.isnan(au) | (au > 0)
                 audit_scores[c] = au
             judged = holders[:, c] & ~torch.isnan(a)

@@ -17,7 +17,6 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from logging import INFO, WARNING
-from types import SimpleNamespace
 from typing import Any, Literal
 
 import torch
@@ -34,10 +33,12 @@ from hospitrust.options import Options
 from hospitrust.fbd.stamps import StampLog
 from hospitrust.fbd.warehouse import Warehouse, parse_color_key
 from hospitrust.strategies.base import HospitrustStrategy, RoundRecord
-from hospitrust.strategies.validation import RejectedReply, shorten, negative_running_var
+from hospitrust.strategies.validation import CheckedReply, RejectedReply, shorten, negative_running_var
 
 
 class FBDOptions(Options):
+    """FED-FBD's options: the warehouse, the plan, distillation, routing and detection."""
+
     colors: int = Field(6, ge=1, le=64, description=(
         "Colors in the warehouse (complete models, each from one version of every block)."
     ))
@@ -71,10 +72,30 @@ class FBDOptions(Options):
 
 
 class FBD(HospitrustStrategy):
-    """Block ownership: per-hospital shipping, permission-checked direct replacement."""
+    """Block ownership: per-hospital shipping, permission-checked direct replacement.
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options (an instance of its ``Options``, or a mapping of field names); its
+        defaults when None.
+    plan : ShippingPlan
+        Which hospital may write which colors (required; its colors match the warehouse's).
+    warehouse : Warehouse
+        The colors' current blocks (required).
+    stamp_log : StampLog or None
+        Where every write and rejected write is logged; None: not logged.
+    **common
+        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
+        train_config, fraction_train, min_hospitals, limits, seed, device); ``seed`` also seeds
+        the sibling draw.
+    """
 
     name = "fbd"
     Options = FBDOptions
+    options: FBDOptions
 
     @classmethod
     def check_run_config(cls, cfg: Any) -> None:
@@ -233,10 +254,10 @@ class FBD(HospitrustStrategy):
         for reply in self._in_hospital_order(replies):  # stamps and writes in a fixed order
             nid = int(reply.metadata.src_node_id)
             if nid not in self.hospitals and reply.has_error():
-                log(WARNING, "Round %d: no reply from a hospital: %s", server_round, reply.error.reason.strip()[:200])
+                log(WARNING, "Round %d: no reply from a hospital: %s", server_round, (reply.error.reason or "").strip()[:200])
                 continue
             shipped = self._shipped.get(nid)
-            entry_extra = {"color": -1, "sibling": -1, "accepted_blocks": [], "rejected_writes": []}
+            entry_extra: dict[str, Any] = {"color": -1, "sibling": -1, "accepted_blocks": [], "rejected_writes": []}
             try:
                 if shipped is None:
                     raise RejectedReply("this hospital was not asked to train this round")
@@ -263,7 +284,8 @@ class FBD(HospitrustStrategy):
             for bad in rejected:
                 stamps.append({"event": "rejected", "round": server_round, "writer": hospital, **bad})
                 log(WARNING, "Round %d: rejected write by %s: %s", server_round, hospital, bad["reason"])
-            checked = SimpleNamespace(num_examples=n, metrics=metrics)
+            # what the entry records of a reply: its example count and metrics
+            checked = CheckedReply(node_id=nid, state={}, update=None, num_examples=n, metrics=metrics)
             record.clients.append(self._client_entry(
                 nid, reply=checked, weight=1.0 if accepted else 0.0, selected=bool(accepted),
                 rejected=not accepted, reason="" if accepted else "no block write accepted (see rejected_writes)",

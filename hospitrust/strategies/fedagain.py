@@ -17,6 +17,8 @@ from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 
 
 class FedAgainOptions(Options):
+    """FedAgain's options: how E and D are measured and floored."""
+
     benchmark: Literal["client", "server"] = Field("client", description=(
         "E: client = the hospital's reported error of the incoming global model on its validation set (the "
         "paper); server = 1 - reference-cohort balanced accuracy of the hospital's returned model (a variant;"
@@ -36,7 +38,18 @@ class FedAgainOptions(Options):
 
 
 def reported_errors(replies) -> tuple[torch.Tensor, list[str]]:
-    """Each reply's ``benchmark-error``; a missing or invalid one counts as 1.0 (the worst), with a note."""
+    """Each reply's ``benchmark-error``; a missing or invalid one counts as 1.0 (the worst), with a note.
+
+    Parameters
+    ----------
+    replies : Sequence[CheckedReply]
+        The round's accepted replies.
+
+    Returns
+    -------
+    tuple[torch.Tensor, list[str]]
+        ``(n,)`` float64 errors in [0, 1] and one note per reply ('' when valid).
+    """
     errors, notes = [], []
     for r in replies:
         raw = r.metrics.get("benchmark-error")
@@ -69,10 +82,25 @@ class FedAgain(HospitrustStrategy):
     ``candidate_scores``: callable (global state, (n, d) updates) -> (n,) balanced
     accuracies on the reference cohort (built by the ServerApp); needed for ``server``.
     A hospital is ``flagged`` when its trust is below half the round's median trust.
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options (an instance of its ``Options``, or a mapping of field names); its
+        defaults when None.
+    candidate_scores : Callable[[dict, torch.Tensor], torch.Tensor] or None
+        (global state, (n, d) updates) -> (n,) reference-cohort balanced accuracies; needed for
+        ``fedagain.benchmark = "server"``.
+    **kwargs
+        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
+        train_config, fraction_train, min_hospitals, limits, seed, device).
     """
 
     name = "fedagain"
     Options = FedAgainOptions
+    options: FedAgainOptions
 
     @classmethod
     def needs(cls, options, composed) -> frozenset[str]:
@@ -103,6 +131,7 @@ class FedAgain(HospitrustStrategy):
         if self.benchmark == "client":
             errors, notes = reported_errors(replies)
         else:
+            assert self.candidate_scores is not None  # __init__ refuses benchmark 'server' without it
             errors = 1.0 - torch.as_tensor(self.candidate_scores(self.global_state, updates), dtype=torch.float64).cpu()
             notes = [""] * len(replies)
         divergence = fedagain_divergence(updates, global_vec, self.divergence)

@@ -13,16 +13,31 @@ from hospitrust.strategies.fedavg import FedAvg
 
 
 class FedProxOptions(Options):
+    """FedProx's options: the weight of the proximal term."""
+
     proximal_mu: float = Field(0.01, gt=0.0, description=(
         "Weight mu of the proximal term (mu/2)||w - w_global||^2 in each hospital's loss."
     ))
 
 
 class FedProx(FedAvg):
-    """FedAvg's aggregate; each hospital trains with FedProx's proximal term (weight ``fedprox.proximal-mu``)."""
+    """FedAvg's aggregate; each hospital trains with FedProx's proximal term (weight ``fedprox.proximal-mu``).
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options (an instance of its ``Options``, or a mapping of field names); its
+        defaults when None.
+    **kwargs
+        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
+        train_config, fraction_train, min_hospitals, limits, seed, device).
+    """
 
     name = "fedprox"
     Options = FedProxOptions
+    options: FedProxOptions
 
     def __init__(self, hospitals, options=None, **kwargs) -> None:
         super().__init__(hospitals, options, **kwargs)

@@ -17,6 +17,19 @@ class FLTrust(HospitrustStrategy):
 
     ``server_update`` is a callable global state -> (d,) root update (built by the
     ServerApp, which holds the model and the reference cohort).
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options (an instance of its ``Options``, or a mapping of field names); its
+        defaults when None.
+    server_update : Callable[[dict, int], torch.Tensor]
+        (global state, server round) -> the ``(d,)`` root update (required).
+    **kwargs
+        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
+        train_config, fraction_train, min_hospitals, limits, seed, device).
     """
 
     name = "fltrust"

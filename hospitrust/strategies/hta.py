@@ -34,6 +34,8 @@ class HTAAblation(Options):
 
 
 class HTAOptions(Options):
+    """HTA's options: the signals' exponents, the reputation, the exclusion, the clip."""
+
     direction_exponent: float = Field(0.5, ge=0.0, le=10.0, description=(
         "a, the exponent of s (direction agreement with the coordinate median); 0 drops the signal."
     ))
@@ -86,10 +88,24 @@ class HTA(HospitrustStrategy):
     through can do). That median norm, and m's, leaves out the norms above the tolerance
     x the plain median first (default on; ``hta.ablation.trim-norms``), so scalers cannot raise the
     threshold every honest update is clipped to.
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options (an instance of its ``Options``, or a mapping of field names); its
+        defaults when None.
+    candidate_scores : Callable[[dict, torch.Tensor], torch.Tensor] or None
+        (global state, (n, d) updates) -> (n,) reference-cohort balanced accuracies; None: v = 1.
+    **kwargs
+        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
+        train_config, fraction_train, min_hospitals, limits, seed, device).
     """
 
     name = "hta"
     Options = HTAOptions
+    options: HTAOptions
     state_attrs = ("ema", "var", "reputation")
 
     @classmethod
@@ -148,10 +164,10 @@ class HTA(HospitrustStrategy):
         tau = hta_fusion(sig["s"], sig["m"], sig["v"], self.a, self.b, self.c)
         reps = []
         for name, t in zip(names, tau.tolist()):
-            ema, var, rep = reputation_update(t, self.ema.get(name), self.var.get(name, 0.0), rate=self.rate,
-                                              variance_penalty=self.variance_penalty)
-            self.ema[name], self.var[name], self.reputation[name] = ema, var, rep
-            reps.append(rep)
+            ema, var, rep_i = reputation_update(t, self.ema.get(name), self.var.get(name, 0.0), rate=self.rate,
+                                                variance_penalty=self.variance_penalty)
+            self.ema[name], self.var[name], self.reputation[name] = ema, var, rep_i
+            reps.append(rep_i)
         rep = torch.tensor(reps, dtype=torch.float64)
         ex = mad_exclusion(rep, lam=self.lam, kappa=self.kappa)
         excluded = ex["excluded"]

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from pydantic import Field
 
 from hospitrust.aggregation import krum_scores, multi_krum_select, pairwise_sq_distances
-from hospitrust.options import NoOptions, Options
+from hospitrust.options import NoOptions
+from hospitrust.options import Options as OptionsModel
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 
 
-class MultiKrumOptions(Options):
+class MultiKrumOptions(OptionsModel):
+    """Multi-Krum's options: how many updates are averaged."""
+
     num_selected: int = Field(0, ge=0, description=(
         "m, the updates with the lowest Krum scores that are averaged (0: n - f)."
     ))
@@ -20,10 +25,24 @@ class MultiKrumOptions(Options):
 class MultiKrum(HospitrustStrategy):
     """The mean of the m updates with the smallest Krum scores (sum of squared distances to
     their n-f-2 nearest neighbours); m = n - f by default. Needs n >= 2f + 3.
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options (an instance of its ``Options``, or a mapping of field names); its
+        defaults when None.
+    assumed_malicious : int
+        f, the attackers the rule is sized for (run config ``assumed-malicious``).
+    **kwargs
+        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
+        train_config, fraction_train, min_hospitals, limits, seed, device).
     """
 
     name = "multi-krum"
-    Options = MultiKrumOptions
+    Options: ClassVar[type[OptionsModel]] = MultiKrumOptions  # Krum below: NoOptions
+    options: OptionsModel  # MultiKrumOptions here, NoOptions in Krum: hence getattr below
     sized_for_attackers = True
 
     def __init__(self, hospitals, options=None, *, assumed_malicious: int = 1, **kwargs) -> None:
@@ -50,10 +69,25 @@ class MultiKrum(HospitrustStrategy):
 
 
 class Krum(MultiKrum):
-    """The single update with the smallest Krum score."""
+    """The single update with the smallest Krum score.
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options (an instance of its ``Options``, or a mapping of field names); its
+        defaults when None.
+    assumed_malicious : int
+        f, the attackers the rule is sized for (run config ``assumed-malicious``).
+    **kwargs
+        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
+        train_config, fraction_train, min_hospitals, limits, seed, device).
+    """
 
     name = "krum"
     Options = NoOptions
+    options: NoOptions
 
     def _m(self, n: int) -> int:
         return 1

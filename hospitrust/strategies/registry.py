@@ -25,6 +25,16 @@ class StrategyError(ValueError):
 def discover(package: ModuleType) -> dict[str, type[HospitrustStrategy]]:
     """Every named HospitrustStrategy subclass defined in the modules of ``package`` (its
     ``__path__``, so a folder added to it is searched too), by name.
+
+    Parameters
+    ----------
+    package : ModuleType
+        A package of strategy modules (``hospitrust.strategies``).
+
+    Returns
+    -------
+    dict[str, type[HospitrustStrategy]]
+        Registry name -> class, sorted by name.
     """
     found: dict[str, type[HospitrustStrategy]] = {}
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
@@ -55,7 +65,18 @@ def refresh() -> dict[str, type[HospitrustStrategy]]:
 
 
 def load_plugin(path: str) -> type[HospitrustStrategy]:
-    """``"package.module:Name"``: a user's HospitrustStrategy subclass."""
+    """``"package.module:Name"``: a user's HospitrustStrategy subclass.
+
+    Parameters
+    ----------
+    path : str
+        ``"package.module:Name"``.
+
+    Returns
+    -------
+    type[HospitrustStrategy]
+        The class (StrategyError when it cannot be imported or is not a strategy).
+    """
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise StrategyError(f"a plugin strategy looks like 'package.module:ClassName', got {path!r}")
@@ -70,7 +91,18 @@ def load_plugin(path: str) -> type[HospitrustStrategy]:
 
 
 def strategy_class(name: str) -> type[HospitrustStrategy]:
-    """The class registered as ``name`` (or a plugin path); StrategyError with the allowed names."""
+    """The class registered as ``name`` (or a plugin path); StrategyError with the allowed names.
+
+    Parameters
+    ----------
+    name : str
+        A registry name or ``"package.module:Name"``.
+
+    Returns
+    -------
+    type[HospitrustStrategy]
+        Its class.
+    """
     if ":" in name:
         return load_plugin(name)
     try:
@@ -90,6 +122,26 @@ def build_strategy(name: str, hospitals: Mapping[int, str], *, options: Options 
     ones it ``needs`` with these options, and a missing one is an error naming it.
     ``common``: the base's keyword arguments (train_config, fraction_train, ...), and
     ``assumed_malicious`` for the rules sized for attackers (ignored by the others).
+
+    Parameters
+    ----------
+    name : str
+        A registry name or ``"package.module:Name"``.
+    hospitals : Mapping[int, str]
+        Node id -> hospital name.
+    options : Options or Mapping or None
+        The rule's options; its defaults when None.
+    composed : Mapping[str, Options] or None
+        Options of the composed rules, by section name.
+    services : Mapping[str, Callable] or None
+        The server's services by ``SERVICES`` key; None: none offered, and none checked.
+    **common
+        The base's keyword arguments and ``assumed_malicious``.
+
+    Returns
+    -------
+    HospitrustStrategy
+        The strategy.
     """
     cls = strategy_class(name)
     opts = cls.parse_options(options)

@@ -9,7 +9,21 @@ from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 
 
 class TrimmedMean(HospitrustStrategy):
-    """Per coordinate, drop the f largest and f smallest values and average the rest (2f < n)."""
+    """Per coordinate, drop the f largest and f smallest values and average the rest (2f < n).
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options (an instance of its ``Options``, or a mapping of field names); its
+        defaults when None.
+    assumed_malicious : int
+        f, the attackers the rule is sized for (run config ``assumed-malicious``).
+    **kwargs
+        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
+        train_config, fraction_train, min_hospitals, limits, seed, device).
+    """
 
     name = "trimmed-mean"
 

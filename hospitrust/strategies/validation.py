@@ -17,7 +17,13 @@ from hospitrust.aggregation.vectorize import flatten_state
 
 
 class RejectedReply(Exception):
-    """A hospital's reply cannot be used this round; ``reason`` says why."""
+    """A hospital's reply cannot be used this round; ``reason`` says why.
+
+    Parameters
+    ----------
+    reason : str
+        Why the reply is rejected (one line).
+    """
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -26,21 +32,60 @@ class RejectedReply(Exception):
 
 @dataclass(frozen=True)
 class ReplyLimits:
+    """Bounds every train reply is checked against (run config ``max-update-norm``, ``max-num-examples``).
+
+    Parameters
+    ----------
+    max_update_norm : float
+        Largest L2 norm of the update (returned - global) over the float tensors.
+    max_num_examples : int
+        Largest number of training examples a reply may claim.
+    """
+
     max_update_norm: float = 1e4  # L2 norm of (returned - global) over float tensors
     max_num_examples: int = 10_000_000
 
 
 @dataclass
 class CheckedReply:
+    """A train reply that passed every check (:func:`check_train_reply`).
+
+    Parameters
+    ----------
+    node_id : int
+        The node that sent it.
+    state : dict[str, torch.Tensor]
+        Its decoded state dict.
+    update : torch.Tensor or None
+        ``(d,)`` float32: returned minus global, over the float tensors; None once stacked.
+    num_examples : int
+        The examples it trained on (> 0).
+    metrics : dict
+        Its MetricRecord ``metrics``, as a dict.
+    """
+
     node_id: int
     state: dict[str, torch.Tensor]
-    update: torch.Tensor  # (d,) float32: returned minus global, over the float tensors
+    update: torch.Tensor | None  # (d,) float32: returned minus global, over the float tensors; None once stacked
     num_examples: int
     metrics: dict
 
 
-def shorten(text: str, limit: int = 300) -> str:
-    """One line of at most ``limit`` characters: a reason that fits a log line and rounds.jsonl."""
+def shorten(text: object, limit: int = 300) -> str:
+    """One line of at most ``limit`` characters: a reason that fits a log line and rounds.jsonl.
+
+    Parameters
+    ----------
+    text : object
+        The reason (any object: ``str`` of it is taken).
+    limit : int
+        The most characters kept.
+
+    Returns
+    -------
+    str
+        The shortened single line.
+    """
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[:limit] + "..."
 
@@ -48,6 +93,18 @@ def shorten(text: str, limit: int = 300) -> str:
 def negative_running_var(name: str, t: torch.Tensor) -> bool:
     """A BatchNorm ``running_var`` below zero: not a state any training produces, and
     sqrt(var + eps) of it turns every prediction of the model into NaN.
+
+    Parameters
+    ----------
+    name : str
+        The state dict key.
+    t : torch.Tensor
+        Its tensor.
+
+    Returns
+    -------
+    bool
+        True for a ``running_var`` with a negative entry.
     """
     return name.endswith("running_var") and t.is_floating_point() and bool((t < 0).any())
 
@@ -60,6 +117,28 @@ def check_train_reply(
     arrays_key: str = "arrays",
     metrics_key: str = "metrics",
 ) -> CheckedReply:
+    """Check one train reply against the global model; RejectedReply with the reason when it is unusable.
+
+    Parameters
+    ----------
+    reply : Message
+        The hospital's train reply.
+    global_state : Mapping[str, torch.Tensor]
+        The global model sent this round (keys, shapes and dtypes the reply must match).
+    global_vector : torch.Tensor
+        ``(d,)`` the global model's float tensors, flattened (:func:`flatten_state`).
+    limits : ReplyLimits
+        The bounds on the update norm and the example count.
+    arrays_key : str
+        The name of the reply's one ArrayRecord.
+    metrics_key : str
+        The name of its MetricRecord.
+
+    Returns
+    -------
+    CheckedReply
+        The decoded reply, its update and example count.
+    """
     node_id = int(reply.metadata.src_node_id)
     if reply.has_error():
         raise RejectedReply(f"error reply: {shorten(reply.error.reason)}")

@@ -275,9 +275,9 @@ def corrupt(
     ``kind`` also accepts kebab-case (``gaussian-noise``).
     """
     images = _check_images(images)
-    kind = str(kind).replace("-", "_")
-    if kind not in CORRUPTIONS:
-        raise ValueError(f"kind must be one of {', '.join(CORRUPTIONS)}, got {kind!r}")
+    name = str(kind).replace("-", "_")
+    if name not in CORRUPTIONS:
+        raise ValueError(f"kind must be one of {', '.join(CORRUPTIONS)}, got {name!r}")
     if isinstance(severity, bool) or int(severity) != severity or not 1 <= int(severity) <= 5:
         raise ValueError(f"severity must be an integer in 1..5, got {severity!r}")
     s = int(severity) - 1
@@ -286,11 +286,11 @@ def corrupt(
     if n == 0:
         return images.copy()
     x = images.astype(np.float64) / 255.0
-    if kind == "gaussian_noise":
+    if name == "gaussian_noise":
         x = x + rng.normal(0.0, _NOISE_STD[s], size=x.shape)
-    elif kind == "blur":
+    elif name == "blur":
         x = _blur(x, _BLUR_SIGMA_28[s] * h / 28.0)
-    elif kind == "contrast":
+    elif name == "contrast":
         mean = x.mean(axis=(1, 2, 3), keepdims=True)
         x = (x - mean) * _CONTRAST_C[s] + mean
     else:  # occlusion

@@ -10,8 +10,13 @@ import datetime as dt
 import ipaddress
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from hospitrust.ops.deploy.errors import DeployError
+
+if TYPE_CHECKING:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 
 
 def write_private(path: Path, data: bytes, force: bool) -> None:
@@ -72,10 +77,11 @@ def create_ca(out_dir: Path, *, name: str = "hospitrust federation CA", days: in
     return cert_path, key_path
 
 
-def san_entries(names: list[str]):
+def san_entries(names: list[str]) -> list[x509.GeneralName]:
     from cryptography import x509
 
-    entries, seen = [], set()
+    entries: list[x509.GeneralName] = []
+    seen: set[str] = set()
     for raw in names:
         for item in str(raw).split(","):
             item = item.strip()
@@ -106,7 +112,9 @@ def create_server_cert(ca_cert: Path, ca_key: Path, out_dir: Path, sans: list[st
         if not p.is_file():
             raise DeployError(f"{p} not found (create the CA first: hospitrust deploy ca --out DIR)")
     ca = x509.load_pem_x509_certificate(ca_cert.read_bytes())
-    ca_private = serialization.load_pem_private_key(ca_key.read_bytes(), password=None)
+    # the CA's key: create_ca writes an EC key, which can sign certificates
+    ca_private = cast("CertificateIssuerPrivateKeyTypes", serialization.load_pem_private_key(ca_key.read_bytes(),
+                                                                                             password=None))
     entries = san_entries(sans)
     key = ec.generate_private_key(ec.SECP384R1())
     common = next((str(e.value) for e in entries if isinstance(e, x509.DNSName)), str(entries[0].value))
