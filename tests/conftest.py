@@ -44,8 +44,11 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if "_medmnist_problem" in getattr(item, "fixturenames", ()):  # data_dir, or a fixture built on it
+        fixtures = getattr(item, "fixturenames", ())
+        if "_medmnist_problem" in fixtures:  # data_dir, or a fixture built on it
             item.add_marker(pytest.mark.data)
+        if "browser" in fixtures:  # headless Chromium (tests/browser.py)
+            item.add_marker(pytest.mark.browser)
 
 
 @pytest.fixture(scope="session")

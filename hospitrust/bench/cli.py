@@ -59,14 +59,15 @@ def _report(args: argparse.Namespace) -> int:
     if not grid_dir.is_dir():
         print(f"hospitrust report: {grid_dir} is not a folder (give the --out folder of `hospitrust bench`)", file=sys.stderr)
         return 2
-    if (grid_dir / "rounds.jsonl").is_file():  # one run directory: its trust picture
-        from hospitrust.server_app.plots import plot_trust
+    if (grid_dir / "rounds.jsonl").is_file():  # one run directory: the console's page as a file, and its figures
+        from hospitrust.ops.console.report import write_report
 
         try:
-            print(f"trust plot: {plot_trust(grid_dir)}")
+            written = write_report(grid_dir, args.out)
         except ValueError as exc:
             print(f"hospitrust report: {exc}", file=sys.stderr)
             return 2
+        print("report: " + "\n        ".join(str(p) for p in written))
         return 0
     if args.store:
         from hospitrust.bench.store import build_store
@@ -96,10 +97,11 @@ def add_bench_parsers(sub) -> None:
     bench.add_argument("--dry-run", action="store_true", help="validate the grid and list its cells and their state")
     bench.set_defaults(func=_bench)
 
-    report = sub.add_parser("report", help="HTML + Markdown report of a grid folder",
-                            description="Figures and tables of a grid folder (or any folder of run directories).")
-    report.add_argument("grid_dir", help="the grid folder (`hospitrust bench --out`), or one run directory "
-                                         "(draws its trust.png: each hospital's trust over rounds)")
+    report = sub.add_parser("report", help="the report of one run (the console's page as one file) or of a grid folder",
+                            description="One run directory: report/report.html (the console's page, self-contained), "
+                                        "metrics.png and trust.png. A grid folder (or any folder of run directories): "
+                                        "figures and tables over its cells.")
+    report.add_argument("grid_dir", help="one run directory, or a grid folder (`hospitrust bench --out`)")
     report.add_argument("--metric", choices=list(METRICS),
                         help="headline metric (default: the grid's, else balanced_accuracy)")
     report.add_argument("--baseline", help="strategy for paired differences (default: the grid's, else fedavg)")

@@ -43,6 +43,24 @@ def _config(args: argparse.Namespace) -> int:
     return 1 if stale else 0
 
 
+def _console(args: argparse.Namespace) -> int:
+    from hospitrust.ops.console.app import serve
+
+    path = Path(args.path)
+    if not path.is_dir():
+        print(f"hospitrust console: {path} is not a folder (give a run directory or an output directory of runs)",
+              file=sys.stderr)
+        return 2
+    if bool(args.certfile) != bool(args.keyfile):
+        print("hospitrust console: give both --certfile and --keyfile for TLS, or neither", file=sys.stderr)
+        return 2
+    try:
+        serve(path, host=args.host, port=args.port, token=args.token, certfile=args.certfile, keyfile=args.keyfile)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hospitrust", description="Trust-aware federated learning across hospitals.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -60,6 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--app", help="Flower app folder (default: found from the current folder)")
     sim.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is stopped (default 3600)")
     sim.set_defaults(func=_simulate)
+
+    con = sub.add_parser("console", help="a live web page of runs: hospitals, trust decisions and why, round by round",
+                         description="Serve a read-only page that follows a run directory (or an output directory of "
+                                     "runs) from its files, live. Loopback by default; on another address every "
+                                     "request needs the token printed at start.")
+    con.add_argument("path", help="a run directory, or an output directory holding runs")
+    con.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    con.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    con.add_argument("--token", help="the access token off loopback (default: a new one, printed)")
+    con.add_argument("--certfile", help="TLS certificate (e.g. the deployment's server.pem)")
+    con.add_argument("--keyfile", help="TLS private key (e.g. the deployment's server.key)")
+    con.set_defaults(func=_console)
 
     cfg = sub.add_parser("config", help="generate or check pyproject's run config and the config reference",
                          description="The run config's tables in pyproject.toml, docs/config.md and the rules' option "

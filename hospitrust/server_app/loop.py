@@ -85,7 +85,12 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
     # one ServerApp writes a run directory at a time: a stopped run's ServerApp may still be
     # finishing its round when the resumed one starts
     with run_dir.exclusive(timeout=RUN_DIR_LOCK_TIMEOUT):
-        return _federate(grid, cfg, info, device, run_dir, resume, started)
+        run_dir.clear_failure()  # a resumed run is no longer the failed one
+        try:
+            return _federate(grid, cfg, info, device, run_dir, resume, started)
+        except Exception as exc:  # on the record for the operator (the console shows it), then Flower's
+            run_dir.write_failure(exc)
+            raise
 
 
 def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.device, run_dir: RunDirectory,
@@ -99,6 +104,9 @@ def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.devic
             **cfg.to_flat(),
             "data-dir-resolved": str(cfg.resolved_data_dir() or ""),
             "hospitals": {str(nid): name for nid, name in hospitals.items()},
+            # simulated hospitals (partition ids): the run knows which are attackers, so the console
+            # can tell an honest hospital flagged from a caught one
+            "ground-truth": all(r["partition_id"] >= 0 for r in rows),
             "class-names": list(info.class_names),
             "server-device": str(device),
             "reference-cohort-size": len(reference_set(cfg.federation)),
@@ -174,7 +182,7 @@ def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.devic
             c["malicious"] = truth.get(c["hospital"], False)
         flags = flagged_hospitals(record.clients)
         flags_per_round.append(flags)
-        round_record = {
+        round_record: dict[str, Any] = {
             "round": rnd,
             "central": central,
             "clients": record.clients,

@@ -1,9 +1,12 @@
-"""Each hospital's trust over the rounds of one run, malicious hospitals marked: the picture
-a consortium looks at to see whose update counted (saved as ``trust.png`` in the run directory).
+"""The pictures of one run, drawn from its rounds.jsonl: each hospital's trust over the rounds
+(``trust.png``, drawn at the end of every run whose rule weighs hospitals) and the metrics per
+round (``metrics.png``, by ``hospitrust report``).
 
-The signal plotted is the rule's own: HTA's ``reputation``, FedAgain's ``trust``, EARN's
+Trust is the rule's own signal: HTA's ``reputation``, FedAgain's and FLTrust's ``trust``, EARN's
 ``earn_trust`` (mean over the rare classes), and the aggregation ``weight`` for every other
-rule. Rounds where a hospital was rejected, left out or flagged get an x.
+rule. Each hospital has its own colour, the legend sits outside the axes, rounds are whole
+numbers; attackers (simulation ground truth) are drawn dashed and thick, and rounds where a
+hospital was rejected, left out or flagged get an x.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 SIGNALS = ("reputation", "trust", "earn_trust", "weight")
+METRICS = (("balanced_accuracy", "balanced accuracy"), ("auc", "AUC"), ("accuracy", "accuracy"),
+           ("worst_class_recall", "worst-class recall"), ("rare_class_macro_f1", "rare-class macro-F1"),
+           ("attack_success_rate", "attack success rate"))
 
 
 def client_signal(client: Mapping[str, Any]) -> tuple[str, float] | None:
@@ -49,15 +55,53 @@ def trust_series(rounds: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str, li
     return signal, series, malicious
 
 
-def plot_trust(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Draw ``trust.png`` (or ``out``) from the run's rounds.jsonl; returns its path."""
+def _natural(name: str) -> tuple:
+    head = name.rstrip("0123456789")
+    tail = name[len(head):]
+    return (head, int(tail) if tail else -1, name)
+
+
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hospitrust.server_app.results import read_rounds, read_summary
+    return plt
 
+
+def _colours(n: int) -> list:
+    """N distinct colours: tab10, tab20, then evenly spaced hues."""
+    import matplotlib
+
+    if n <= 10:
+        return [matplotlib.colormaps["tab10"](i) for i in range(n)]
+    if n <= 20:
+        return [matplotlib.colormaps["tab20"](i) for i in range(n)]
+    return [matplotlib.colormaps["hsv"](i / n) for i in range(n)]
+
+
+def _whole_rounds(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _title(run_dir: Path) -> str:
+    from hospitrust.server_app.results import read_summary
+
+    try:
+        summary = read_summary(run_dir)
+        return f"{summary.get('strategy', '')} on {summary.get('dataset', '')}, attack {summary.get('attack', 'none')}"
+    except FileNotFoundError:  # a run still going, or stopped
+        return run_dir.name
+
+
+def plot_trust(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Draw ``trust.png`` (or ``out``) from the run's rounds.jsonl; returns its path."""
+    from hospitrust.server_app.results import read_rounds
+
+    plt = _pyplot()
     run_dir = Path(run_dir)
     rounds = read_rounds(run_dir)
     if not rounds:
@@ -65,30 +109,67 @@ def plot_trust(run_dir: str | Path, out: str | Path | None = None) -> Path:
     signal, series, malicious = trust_series(rounds)
     if not series:
         raise ValueError(f"{run_dir}: no per-hospital trust, reputation or weight recorded")
-    try:
-        summary = read_summary(run_dir)
-        title = f"{summary.get('strategy', '')} on {summary.get('dataset', '')}, attack {summary.get('attack', 'none')}"
-    except FileNotFoundError:  # a run still going, or stopped
-        title = run_dir.name
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
-    for hospital in sorted(series):
+    hospitals = sorted(series, key=_natural)
+    fig, ax = plt.subplots(figsize=(9, 4.6), dpi=110)
+    for hospital, colour in zip(hospitals, _colours(len(hospitals))):
         pts = series[hospital]
         bad = hospital in malicious
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-        ax.plot(xs, ys, color="tab:red" if bad else "tab:blue", linestyle="--" if bad else "-",
-                alpha=0.9 if bad else 0.6, marker="o", markersize=3, label=f"{hospital}{' (malicious)' if bad else ''}")
+        ax.plot(xs, ys, color=colour, linestyle="--" if bad else "-", linewidth=2.4 if bad else 1.4, marker="o",
+                markersize=3, label=f"{hospital} (attacker)" if bad else hospital)
         flagged = [(x, y) for x, y, f in pts if f]
         if flagged:
-            ax.scatter(*zip(*flagged), marker="x", s=40, color="black", zorder=3)
+            ax.scatter([p[0] for p in flagged], [p[1] for p in flagged], marker="x", s=45, color="black", zorder=3)
+    ax.scatter([], [], marker="x", color="black", label="rejected, left out or flagged")
     ax.set_xlabel("round")
     ax.set_ylabel(signal.replace("_", " "))
-    ax.set_title(f"{title}\n{signal} per hospital (red dashed: malicious; x: rejected, left out or flagged)",
-                 fontsize=9)
+    _whole_rounds(ax)
+    ax.set_title(f"{_title(run_dir)}: {signal.replace('_', ' ')} per hospital", fontsize=10)
     ax.grid(alpha=0.3)
-    if len(series) <= 12:
-        ax.legend(fontsize=7, ncol=2, loc="best")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=1 if len(hospitals) <= 22 else 2,
+              frameon=False)
     fig.tight_layout()
     target = Path(out) if out is not None else run_dir / "trust.png"
-    fig.savefig(target)
+    fig.savefig(target, bbox_inches="tight")
+    plt.close(fig)
+    return target
+
+
+def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Draw ``metrics.png`` (or ``out``): the central metrics per round, and the hospitals' mean
+    accuracy on their own validation sets (federated evaluation); returns its path.
+    """
+    from hospitrust.server_app.results import read_rounds
+
+    plt = _pyplot()
+    run_dir = Path(run_dir)
+    rounds = read_rounds(run_dir)
+    if not rounds:
+        raise ValueError(f"{run_dir}: rounds.jsonl has no rounds to plot")
+    xs = [int(r["round"]) for r in rounds]
+    fig, ax = plt.subplots(figsize=(9, 4.2), dpi=110)
+    for (key, label), colour in zip(METRICS, _colours(len(METRICS))):
+        ys = [(r.get("central") or {}).get(key) for r in rounds]
+        if any(isinstance(y, (int, float)) for y in ys):
+            ax.plot(xs, [y if isinstance(y, (int, float)) else float("nan") for y in ys], marker="o", markersize=3,
+                    color=colour, label=label)
+    fed = [(r.get("fairness") or {}).get("mean") for r in rounds]
+    if any(isinstance(y, (int, float)) for y in fed):
+        ax.plot(xs, [y if isinstance(y, (int, float)) else float("nan") for y in fed], linestyle=":", color="grey",
+                label="hospitals' mean accuracy (own val)")
+    kept = [x for x, r in zip(xs, rounds) if r.get("kept_previous_model")]
+    for x in kept:
+        ax.axvline(x, color="red", alpha=0.2)
+    if kept:
+        ax.plot([], [], color="red", alpha=0.4, label="kept the previous model")
+    ax.set_xlabel("round")
+    ax.set_ylim(0, 1)
+    _whole_rounds(ax)
+    ax.set_title(f"{_title(run_dir)}: metrics per round (test split)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    target = Path(out) if out is not None else run_dir / "metrics.png"
+    fig.savefig(target, bbox_inches="tight")
     plt.close(fig)
     return target

@@ -7,6 +7,7 @@
   - ``summary.json``       SUMMARY_FIELDS
   - ``model.pt``           the final global model (torch state_dict)
   - ``checkpoint.pt``      server state after the last finished round (hospitrust.server_app.checkpoint)
+  - ``failed.json``        only when the run stopped on an error: the error and its traceback
 
 Later features add fields; none is ever renamed. NaN and infinities are written as null
 (JSON has no NaN).
@@ -127,6 +128,19 @@ class RunDirectory:
         if missing:
             raise ValueError(f"summary lacks {missing}")
         return self._write_atomic("summary.json", json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n")
+
+    def write_failure(self, exc: BaseException) -> Path:
+        """``failed.json``: the run stopped on an error (the ServerApp then fails as Flower reports it)."""
+        import traceback
+
+        return self._write_atomic("failed.json", json.dumps({
+            "error": f"{type(exc).__name__}: {exc}"[:2000],
+            "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "traceback": "".join(traceback.format_exception(exc))[-8000:],
+        }, indent=2) + "\n")
+
+    def clear_failure(self) -> None:
+        (self.path / "failed.json").unlink(missing_ok=True)
 
     def save_model(self, state_dict: Mapping[str, torch.Tensor]) -> Path:
         target = self.path / "model.pt"

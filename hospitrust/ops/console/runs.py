@@ -1,0 +1,234 @@
+"""Reading run directories as they grow, for the console and the static report.
+
+A run directory is written by the ServerApp (``hospitrust.server_app.results``); the console
+only reads it: ``rounds.jsonl`` incrementally (the bytes appended since the last read, whole
+lines only), ``config.json``, ``summary.json``, ``class_counts.csv`` and ``failed.json``. It
+never writes there and never takes the ServerApp's lock for longer than a non-blocking probe.
+"""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from hospitrust.config import legacy
+
+RUNNING_GRACE = 900.0  # seconds without a new round after which an unlocked, unfinished run counts as stopped
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / "config.json").is_file() or (path / "rounds.jsonl").is_file()
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class RunReader:
+    """One run directory, read incrementally: ``refresh`` parses the rounds appended since."""
+
+    def __init__(self, path: Path, run_id: str) -> None:
+        self.path, self.id = Path(path), run_id
+        self.rounds: list[dict[str, Any]] = []
+        self._names: set[str] = set()  # every hospital the rounds mention
+        self._offset = 0
+        self._head = b""  # the file's first bytes: a rewritten rounds.jsonl (a resume) starts over
+        self.config: dict[str, Any] = {}
+        self.summary: dict[str, Any] | None = None
+        self.failure: dict[str, Any] | None = None
+        self.class_counts: dict[str, list[int]] = {}
+        self.class_names: list[str] = []
+
+    # ---- reading ---------------------------------------------------------------------
+    def refresh(self) -> int:
+        """Read what changed; returns the number of new rounds."""
+        if not self.config:
+            raw = _read_json(self.path / "config.json")
+            if raw:
+                self.config, _ = legacy.translate(raw)
+                self.class_names = [str(n) for n in self.config.get("class-names", [])]
+        if not self.class_counts:
+            self.class_counts = self._read_class_counts()
+        if self.summary is None:
+            self.summary = _read_json(self.path / "summary.json")
+        self.failure = _read_json(self.path / "failed.json")
+        return self._read_rounds()
+
+    def _read_rounds(self) -> int:
+        path = self.path / "rounds.jsonl"
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return 0
+        with open(path, "rb") as fh:
+            head = fh.read(64)
+            if size < self._offset or (self._head and not head.startswith(self._head[: len(head)])):
+                self.rounds, self._offset, self._names = [], 0, set()  # rewritten (a resume drops rounds after its checkpoint)
+            self._head = head
+            fh.seek(self._offset)
+            chunk = fh.read()
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return 0
+        new = 0
+        for line in chunk[: end + 1].splitlines():
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut short by a crash: the next whole line still counts
+                self.rounds.append(record)
+                self._names |= {c["hospital"] for c in record.get("clients", [])}
+                self._names |= set(record.get("missing", [])) | set(record.get("offline", []))
+                new += 1
+        self._offset += end + 1
+        return new
+
+    def _read_class_counts(self) -> dict[str, list[int]]:
+        path = self.path / "class_counts.csv"
+        out: dict[str, list[int]] = {}
+        try:
+            with open(path, newline="") as fh:
+                rows = list(csv.reader(fh))
+        except OSError:
+            return out
+        for row in rows[1:]:
+            if len(row) >= 3 and row[1] == "train":
+                try:
+                    out[row[0]] = [int(v) for v in row[2:-1]]
+                except ValueError:
+                    continue
+        return out
+
+    # ---- what it says ------------------------------------------------------------------
+    def lock_held(self) -> bool:
+        """Whether a ServerApp holds the run directory's lock (a non-blocking probe, released at once)."""
+        lock = self.path / ".lock"
+        if not lock.exists():
+            return False
+        try:
+            with open(lock, "a+") as fh:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return True
+                fcntl.flock(fh, fcntl.LOCK_UN)
+        except OSError:
+            return False
+        return False
+
+    @property
+    def status(self) -> str:
+        """running, completed, failed, or stopped (no summary and no ServerApp at work)."""
+        if self.summary is not None:
+            return "completed"
+        if self.failure is not None:
+            return "failed"
+        if self.lock_held():
+            return "running"
+        path = self.path / "rounds.jsonl" if (self.path / "rounds.jsonl").exists() else self.path / "config.json"
+        try:
+            recent = time.time() - path.stat().st_mtime < RUNNING_GRACE
+        except OSError:
+            recent = False
+        return "running" if recent else "stopped"
+
+    @property
+    def resumed_at(self) -> list[int]:
+        if self.summary:
+            return [int(r) for r in self.summary.get("resumed_at", [])]
+        return []
+
+    @property
+    def hospitals(self) -> list[str]:
+        known = self.config.get("hospitals")
+        names = set(known.values()) if isinstance(known, dict) else set()
+        return sorted(names | self._names, key=_natural)
+
+    @property
+    def ground_truth(self) -> bool:
+        """Whether the run recorded its malicious set (a simulation): only then can the console
+        tell an honest hospital from an attacker.
+        """
+        return bool(self.config.get("ground-truth", False))
+
+    def row(self) -> dict[str, Any]:
+        """The run list's row."""
+        last = self.rounds[-1] if self.rounds else {}
+        central = last.get("central") or {}
+        status = self.status
+        return {
+            "id": self.id,
+            "name": self.path.name,
+            "status": status,
+            "resumed_at": self.resumed_at,
+            "strategy": self.config.get("strategy", (self.summary or {}).get("strategy", "")),
+            "dataset": self.config.get("dataset", (self.summary or {}).get("dataset", "")),
+            "attack": self.config.get("attack", "none"),
+            "hospitals": len(self.hospitals),
+            "rounds_done": len(self.rounds),
+            "rounds_total": self.config.get("num-server-rounds"),
+            "balanced_accuracy": central.get("balanced_accuracy"),
+            "failure": (self.failure or {}).get("error", ""),
+            "updated": _mtime(self.path / "rounds.jsonl") or _mtime(self.path / "config.json"),
+        }
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def _natural(name: str) -> tuple:
+    """hospital-2 before hospital-10."""
+    head = name.rstrip("0123456789")
+    tail = name[len(head):]
+    return (head, int(tail) if tail else -1, name)
+
+
+class RunIndex:
+    """Every run directory under a path (the path itself, when it is one), kept up to date."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).expanduser().resolve()
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"{self.root} is not a folder (give a run directory or an output directory of runs)")
+        self.readers: dict[str, RunReader] = {}
+
+    def scan(self) -> None:
+        if is_run_dir(self.root):
+            found = {self.root.name: self.root}
+        else:
+            found = {}
+            for config in sorted(self.root.glob("*/config.json")) + sorted(self.root.glob("*/*/config.json")):
+                run = config.parent
+                found[str(run.relative_to(self.root))] = run
+        for run_id, path in found.items():
+            if run_id not in self.readers:
+                self.readers[run_id] = RunReader(path, run_id)
+        for reader in self.readers.values():
+            reader.refresh()
+
+    def get(self, run_id: str) -> RunReader:
+        if run_id not in self.readers:
+            self.scan()
+        try:
+            reader = self.readers[run_id]
+        except KeyError:
+            raise KeyError(f"no run {run_id!r} under {self.root}") from None
+        reader.refresh()
+        return reader
+
+    def rows(self) -> list[dict[str, Any]]:
+        self.scan()
+        return sorted((r.row() for r in self.readers.values()), key=lambda row: -(row["updated"] or 0))

@@ -1,0 +1,166 @@
+"""What the console and the report show, computed from a run's records (pure functions of the
+dicts in ``rounds.jsonl``): the metrics per round, one row per hospital and round, each
+hospital's trust over the rounds, and the alerts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from hospitrust.server_app.plots import client_signal
+
+METRICS = ("balanced_accuracy", "auc", "accuracy", "worst_class_recall", "macro_f1", "rare_class_macro_f1",
+           "attack_success_rate")
+# a rule's signals: (rounds.jsonl field, the label shown); the first present ones are shown
+SIGNALS = (
+    ("s", "s"), ("m", "m"), ("v", "v"), ("reputation", "reputation"),       # HTA (and EARN's HTA base)
+    ("earn_trust", "EARN trust"), ("evidence", "evidence"),                  # EARN: per rare class
+    ("benchmark_error_used", "E"), ("divergence", "D"), ("trust", "trust"),  # FedAgain (trust also FLTrust)
+    ("krum_score", "Krum score"), ("clip_factor", "clip"),                   # Multi-Krum, centered clipping
+    ("accumulated_score", "score"),                                          # contribution-weighted
+)
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+
+
+def metric_series(rounds: Sequence[Mapping[str, Any]]) -> dict[str, list[float | None]]:
+    """Per metric, its value in each round (central evaluation; the hospitals' mean accuracy too)."""
+    out: dict[str, list[float | None]] = {"round": [float(r["round"]) for r in rounds]}
+    for metric in METRICS:
+        values = [_num((r.get("central") or {}).get(metric)) for r in rounds]
+        if any(v is not None for v in values):
+            out[metric] = values
+    fed = [_num((r.get("fairness") or {}).get("mean")) for r in rounds]
+    if any(v is not None for v in fed):
+        out["hospital_mean_accuracy"] = fed
+    return out
+
+
+def trust_series(rounds: Sequence[Mapping[str, Any]], hospitals: Sequence[str]) -> dict[str, Any]:
+    """Each hospital's trust (the rule's own signal: reputation, trust, EARN trust, else weight) per round."""
+    signal_names: list[str] = []
+    values: dict[str, list[float | None]] = {h: [] for h in hospitals}
+    marks: dict[str, list[int]] = {h: [] for h in hospitals}  # rounds where it was rejected, left out or flagged
+    for r in rounds:
+        seen = {}
+        for c in r.get("clients", []):
+            got = client_signal(c)
+            if got is not None:
+                signal_names.append(got[0])
+                seen[c["hospital"]] = got[1]
+            if c.get("rejected") or c.get("flagged") or c.get("selected") is False:
+                marks.setdefault(c["hospital"], []).append(int(r["round"]))
+        for h in hospitals:
+            values.setdefault(h, []).append(seen.get(h))
+    signal = max(set(signal_names), key=signal_names.count) if signal_names else "weight"
+    return {"signal": signal, "values": values, "marks": marks}
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, Mapping):
+        parts = [f"{k}: {_fmt(v)}" for k, v in value.items()]
+        return "{" + ", ".join(parts) + "}" if parts else ""
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_fmt(v) for v in value[:10]) + (", ..." if len(value) > 10 else "") + "]"
+    if isinstance(value, float):
+        return f"{value:.3g}" if math.isfinite(value) else "nan"
+    return str(value)
+
+
+def signals_of(client: Mapping[str, Any]) -> list[list[str]]:
+    """[label, value] of the rule's signals recorded for this hospital in this round."""
+    return [[label, _fmt(client[key])] for key, label in SIGNALS if key in client and client[key] is not None]
+
+
+def hospital_rows(record: Mapping[str, Any], hospitals: Sequence[str], ground_truth: bool) -> list[dict[str, Any]]:
+    """One row per hospital of the federation for one round: what happened to it and why."""
+    by_name = {c["hospital"]: c for c in record.get("clients", [])}
+    missing, offline = set(record.get("missing", [])), set(record.get("offline", []))
+    accuracy = record.get("hospital_accuracy") or {}
+    contribution = ((record.get("contribution") or {}).get("hospitals")) or {}
+    rows = []
+    for name in hospitals:
+        c = by_name.get(name)
+        if c is not None:
+            status = "rejected" if c.get("rejected") else ("excluded" if c.get("selected") is False else "replied")
+            reason = c.get("reason") or c.get("exclusion_reason") or ""
+        elif name in missing:
+            status, reason = "missing", "asked, no reply within reply-timeout"
+        elif name in offline:
+            status, reason = "offline", "offline at the SuperLink: not asked"
+        else:
+            status, reason = "not asked", ""
+        c = c or {}
+        duplicates = c.get("duplicates_of") or []
+        rows.append({
+            "hospital": name,
+            "status": status,
+            "reason": reason,
+            "online": status not in ("offline",),
+            "weight": _num(c.get("weight")),
+            "num_examples": c.get("num_examples"),
+            "flagged": bool(c.get("flagged", False)),
+            "malicious": bool(c.get("malicious")) if ground_truth else None,
+            "signals": signals_of(c),
+            "duplicates_of": list(duplicates),
+            "accuracy": _num(accuracy.get(name)),
+            "contribution": {k: _num(v) for k, v in (contribution.get(name) or {}).items()
+                             if k in ("fp", "ee", "loo", "ioi", "cos")},
+        })
+    return rows
+
+
+def rare_holders(class_counts: Mapping[str, Sequence[int]]) -> set[str]:
+    """The hospitals holding at least a fair share of the federation's rarest class."""
+    if not class_counts:
+        return set()
+    rows = [list(v) for v in class_counts.values()]
+    totals = [sum(col) for col in zip(*rows)]
+    present = [i for i, t in enumerate(totals) if t > 0]
+    if not present:
+        return set()
+    rare = min(present, key=lambda i: totals[i])
+    fair = totals[rare] / len(rows)
+    return {h for h, counts in class_counts.items() if counts[rare] > 0 and counts[rare] >= fair}
+
+
+def round_alerts(record: Mapping[str, Any], *, offline_before: set[str], ground_truth: bool,
+                 rare: set[str]) -> list[dict[str, Any]]:
+    """What an operator should see at once about one round."""
+    rnd = int(record["round"])
+    out: list[dict[str, Any]] = []
+    for c in record.get("clients", []):
+        name = c["hospital"]
+        reason = str(c.get("reason", ""))
+        if c.get("rejected") and ("NaN" in reason or "Inf" in reason or "overflows" in reason):
+            out.append({"round": rnd, "kind": "non-finite", "hospital": name,
+                        "text": f"round {rnd}: {name}'s update was rejected: {reason}"})
+        elif c.get("rejected"):
+            out.append({"round": rnd, "kind": "rejected", "hospital": name, "text": f"round {rnd}: {name} rejected: {reason}"})
+        if c.get("excluded") or (c.get("selected") is False and not c.get("rejected")):
+            why = c.get("exclusion_reason") or "left out of the aggregate"
+            out.append({"round": rnd, "kind": "excluded", "hospital": name, "text": f"round {rnd}: {name} excluded: {why}"})
+        if ground_truth and name in rare and c.get("flagged") and not c.get("malicious"):
+            out.append({"round": rnd, "kind": "rare-holder-flagged", "hospital": name,
+                        "text": f"round {rnd}: {name}, an honest holder of the rarest class, was flagged"})
+    for name in sorted(set(record.get("offline", [])) - offline_before):
+        out.append({"round": rnd, "kind": "offline", "hospital": name,
+                    "text": f"round {rnd}: {name} went offline at the SuperLink (not asked)"})
+    for name in record.get("missing", []):
+        out.append({"round": rnd, "kind": "missing", "hospital": name, "text": f"round {rnd}: {name} did not reply"})
+    if record.get("kept_previous_model"):
+        out.append({"round": rnd, "kind": "kept-model", "hospital": "", "text": f"round {rnd}: {record.get('note', '')}"})
+    return out
+
+
+def all_alerts(rounds: Iterable[Mapping[str, Any]], *, ground_truth: bool, rare: set[str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    offline: set[str] = set()
+    for record in rounds:
+        out += round_alerts(record, offline_before=offline, ground_truth=ground_truth, rare=rare)
+        offline = set(record.get("offline", []))
+    return out

@@ -1,0 +1,212 @@
+"""The operator's console: its views by hand, its token gate, the static report, and the live page
+in a real headless Chromium while an in-process run writes the run directory it serves."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from browser import ARTIFACTS, browser, wait_for  # noqa: F401  (browser is a fixture)
+from conftest import REPO, small_run_config
+from hospitrust.ops.console import views
+from hospitrust.ops.console.runs import RunReader
+
+# ------------------------------------------------------------------ views, by hand
+ROUND = {
+    "round": 3,
+    "central": {"balanced_accuracy": 0.8, "auc": 0.9},
+    "clients": [
+        {"hospital": "h0", "weight": 0.6, "selected": True, "rejected": False, "reason": "", "reputation": 0.9,
+         "s": 0.95, "malicious": False},
+        {"hospital": "h1", "weight": 0.0, "selected": False, "rejected": True,
+         "reason": "arrays contain NaN or Inf: ['w']", "malicious": True},
+        {"hospital": "h2", "weight": 0.0, "selected": False, "rejected": False, "excluded": True,
+         "exclusion_reason": "reputation 0.1 < mu - lambda MAD", "reputation": 0.1, "flagged": True, "malicious": False},
+    ],
+    "missing": ["h3"],
+    "offline": ["h4"],
+    "hospital_accuracy": {"h0": 0.75},
+    "fairness": {"mean": 0.75},
+}
+
+
+def test_hospital_rows_say_what_happened_to_every_hospital_and_why():
+    rows = {r["hospital"]: r for r in views.hospital_rows(ROUND, ["h0", "h1", "h2", "h3", "h4", "h5"], ground_truth=True)}
+    assert [rows[h]["status"] for h in ("h0", "h1", "h2", "h3", "h4", "h5")] == [
+        "replied", "rejected", "excluded", "missing", "offline", "not asked"]
+    assert rows["h1"]["reason"].startswith("arrays contain NaN") and rows["h1"]["malicious"]
+    assert rows["h2"]["reason"].startswith("reputation 0.1") and rows["h2"]["flagged"]
+    assert ["reputation", "0.9"] in rows["h0"]["signals"] and rows["h0"]["accuracy"] == 0.75
+    assert not rows["h4"]["online"] and rows["h3"]["online"]
+    assert views.hospital_rows(ROUND, ["h1"], ground_truth=False)[0]["malicious"] is None  # no truth, no claim
+
+
+def test_alerts_name_the_exclusions_the_non_finite_update_and_who_went_offline():
+    alerts = views.round_alerts(ROUND, offline_before=set(), ground_truth=True, rare={"h2"})
+    kinds = {(a["kind"], a["hospital"]) for a in alerts}
+    assert {("non-finite", "h1"), ("excluded", "h2"), ("rare-holder-flagged", "h2"), ("offline", "h4"),
+            ("missing", "h3")} <= kinds
+    # an honest rare-class holder's flag is an alert only where the run knows who is honest
+    assert not any(a["kind"] == "rare-holder-flagged" for a in
+                   views.round_alerts(ROUND, offline_before=set(), ground_truth=False, rare={"h2"}))
+    assert not any(a["kind"] == "offline" for a in views.round_alerts(ROUND, offline_before={"h4"}, ground_truth=True,
+                                                                        rare=set()))  # once, when it goes offline
+
+
+def test_rare_holders_are_those_with_a_fair_share_of_the_rarest_class():
+    assert views.rare_holders({"a": [10, 6], "b": [10, 0], "c": [10, 1]}) == {"a"}  # class 1: 7 in all, fair 2.33
+
+
+def test_the_reader_follows_a_growing_rounds_file_and_a_rewritten_one(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"strategy": "hta", "hospitals": {"1": "h0"}, "num-server-rounds": 3}))
+    lines = [json.dumps({"round": r, "clients": [{"hospital": "h0"}]}) for r in (1, 2, 3)]
+    (run / "rounds.jsonl").write_text(lines[0] + "\n" + lines[1][:10])  # round 2 half written
+    reader = RunReader(run, "run")
+    assert reader.refresh() == 1 and [r["round"] for r in reader.rounds] == [1]
+    with open(run / "rounds.jsonl", "a") as fh:
+        fh.write(lines[1][10:] + "\n" + lines[2] + "\n")
+    assert reader.refresh() == 2 and [r["round"] for r in reader.rounds] == [1, 2, 3]
+    (run / "rounds.jsonl").write_text(lines[0] + "\n")  # a resume rewrote it: rounds after the checkpoint dropped
+    reader.refresh()
+    assert [r["round"] for r in reader.rounds] == [1]
+    assert reader.status == "running"  # unfinished, written a moment ago
+    (run / "failed.json").write_text(json.dumps({"error": "RuntimeError: boom"}))
+    reader.refresh()
+    assert reader.status == "failed" and reader.row()["failure"] == "RuntimeError: boom"
+
+
+# ------------------------------------------------------------------ a real run, the report, the token
+@pytest.fixture(scope="module")
+def hta_run(tmp_path_factory, _medmnist_problem):
+    """A short HTA run with a hospital that sends NaN (rejected with its reason)."""
+    if _medmnist_problem:
+        pytest.fail(_medmnist_problem, pytrace=False)
+    from hospitrust.ops.inprocess import run_inprocess
+
+    tmp = tmp_path_factory.mktemp("console")
+    cfg = small_run_config(tmp, strategy="hta", attack="nan-update", **{"malicious-hospitals": "1",
+                                                                        "num-server-rounds": 3, "run-name": "hta"})
+    run_inprocess(cfg, 4)
+    return tmp / "runs" / "hta"
+
+
+def test_the_static_report_is_one_file_with_the_figures(hta_run, browser, tmp_path):
+    from hospitrust.ops.console.report import write_report
+
+    written = write_report(hta_run, tmp_path / "report")
+    assert [p.name for p in written] == ["report.html", "metrics.png", "trust.png"]
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert "window.HOSPITRUST_REPORT" in html and 'src="static/' not in html and "<link" not in html  # self-contained
+    browser.get((tmp_path / "report" / "report.html").as_uri())
+    wait_for(browser, lambda d: len(d.find_elements("css selector", "#hospitals tr[data-hospital]")) == 4, what="4 rows")
+    row = browser.find_element("css selector", '#hospitals tr[data-hospital="hospital-1"]')
+    assert "rejected" in row.text and "NaN" in row.text
+    assert "round 3 of 3" in browser.find_element("id", "round-label").text
+
+
+def _get(url: str, token: str | None = None) -> int:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except urllib.error.URLError:  # not listening yet
+        return 0
+
+
+@pytest.mark.slow
+def test_off_loopback_every_route_needs_the_token(hta_run):
+    from hospitrust.ops import flwr
+
+    port = flwr.free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "hospitrust.ops.cli", "console", str(hta_run.parent), "--host",
+                             "0.0.0.0", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
+    try:
+        line = ""
+        deadline = time.monotonic() + 60
+        while "token=" not in line:
+            assert time.monotonic() < deadline and proc.poll() is None, line
+            line = proc.stdout.readline()
+        token = re.search(r"token=([\w-]+)", line).group(1)
+        base = f"http://127.0.0.1:{port}"
+        routes = ["/", "/api/runs", "/api/state?run=hta", "/api/round?run=hta&round=1", "/static/console.js",
+                  "/static/vendor/uplot/uPlot.iife.min.js", "/no-such-page"]
+        deadline = time.monotonic() + 30
+        while _get(base + "/api/runs", token) != 200:
+            assert time.monotonic() < deadline, "the console did not answer"
+            time.sleep(0.3)
+        assert [_get(base + r) for r in routes] == [401] * len(routes)
+        assert [_get(base + r, "wrong") for r in routes] == [401] * len(routes)
+        assert [_get(base + r, token) for r in routes[:-1]] == [200] * (len(routes) - 1)
+        assert _get(f"{base}/api/runs?token={token}") == 200
+    finally:
+        flwr.stop_tree(proc.pid)
+
+
+# ------------------------------------------------------------------ the live page in Chromium
+@pytest.mark.slow
+def test_the_live_page_shows_hospitals_new_rounds_and_a_rejected_hospitals_reason(browser, tmp_path, data_dir):
+    import uvicorn
+
+    from hospitrust.ops import flwr
+    from hospitrust.ops.console.app import create_app
+    from hospitrust.ops.inprocess import run_inprocess
+
+    out = tmp_path / "runs"
+    out.mkdir()
+    port = flwr.free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(out), host="127.0.0.1", port=port, log_level="warning"))
+    serving = threading.Thread(target=server.run, daemon=True)
+    serving.start()
+    cfg = small_run_config(tmp_path, strategy="hta", attack="nan-update", **{"malicious-hospitals": "1",
+                                                                             "num-server-rounds": 4, "run-name": "live"})
+
+    def slow(index, incoming, reply):  # a round of about 1.5 s, so rounds arrive while the page is open
+        time.sleep(0.4)
+        return reply
+
+    run_thread = threading.Thread(target=run_inprocess, args=(cfg, 4), kwargs={"reply_filter": slow}, daemon=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline, "the console did not start"
+            time.sleep(0.1)
+        run_thread.start()
+        browser.get(f"http://127.0.0.1:{port}/")
+        browser.execute_script("window.__first_load = performance.timeOrigin;")
+        # the run appears in the list, then its page (the only run: opened at once)
+        wait_for(browser, lambda d: d.find_elements("css selector", "#hospitals tr[data-hospital]"), timeout=120,
+                 what="the hospitals' rows")
+        rows = browser.find_elements("css selector", "#hospitals tr[data-hospital]")
+        assert {r.get_attribute("data-hospital") for r in rows} == {"hospital-0", "hospital-1", "hospital-2", "hospital-3"}
+        shown = int(browser.find_element("id", "hospitals").get_attribute("data-round"))
+        # a new round appears without a reload
+        wait_for(browser, lambda d: int(d.find_element("id", "hospitals").get_attribute("data-round")) > shown,
+                 timeout=120, what="a new round")
+        assert browser.execute_script("return window.__first_load === performance.timeOrigin;"), "the page reloaded"
+        row = browser.find_element("css selector", '#hospitals tr[data-hospital="hospital-1"]')
+        assert "rejected" in row.text and "arrays contain NaN or Inf" in row.text
+        alerts = browser.find_element("id", "alerts").text
+        assert "hospital-1's update was rejected" in alerts
+        run_thread.join(timeout=120)
+        wait_for(browser, lambda d: "completed" in d.find_element("id", "run-head").text, timeout=30, what="completed")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(ARTIFACTS / "console-live.png"))
+    finally:
+        server.should_exit = True
+        serving.join(timeout=10)
