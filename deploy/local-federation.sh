@@ -2,15 +2,20 @@
 # deploy/local-federation.sh [N_HOSPITALS] [RUN_CONFIG]
 #
 # The whole deployment guide (docs/deployment.md) on 127.0.0.1, as an operator and N hospitals
-# would do it: CA, SuperLink certificate, hospitals' key pairs, SuperLink with TLS + SuperNode
-# authentication, registration, N SuperNodes (simulated hospitals: partition-id/num-partitions),
-# one `flwr run`, then the run's per-round seconds. Exit 0 only if the run ended finished:completed.
-# Everything lives in a fresh folder (printed); every process started here is stopped on exit.
+# would do it: a federation exported from PneumoniaMNIST (`hospitrust task export`: each hospital's
+# own files, PNG folders / CSV manifest / DICOM in turn, the server's test set and cohort, a task
+# file), CA, SuperLink certificate, hospitals' key pairs, SuperLink with TLS + SuperNode
+# authentication, registration, N SuperNodes (`hospitrust deploy supernode`: data check, then
+# flower-supernode), one `flwr run` with the task file and the server's sets, then the run's
+# per-round seconds. Exit 0 only if the run ended finished:completed. Everything lives in a fresh
+# folder (printed); every process started here is stopped on exit.
 #
-#   HOSPITRUST_DATA_DIR=/path/to/medmnist deploy/local-federation.sh 3 'num-server-rounds=2 train-subsample=0.05'
+#   HOSPITRUST_DATA_DIR=/path/to/medmnist deploy/local-federation.sh 3 'num-server-rounds=2'
+#   EXPORT='--train-subsample 0.1 --partitioner iid' deploy/local-federation.sh 3
 set -euo pipefail
 N=${1:-3}
-RUNCFG=${2:-"num-server-rounds=2 train-subsample=0.05"}
+RUNCFG=${2:-"num-server-rounds=2"}
+EXPORT=${EXPORT:-"--train-subsample 0.05 --partitioner iid --test-subsample 0.3"}
 APP=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/hospitrust-federation.XXXXXX")
 PORT=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
@@ -21,6 +26,11 @@ cleanup() { for p in "${PIDS[@]}"; do kill -- "-$p" 2>/dev/null || kill "$p" 2>/
 trap cleanup EXIT
 echo "work folder: $WORK   SuperLink: 127.0.0.1:$PORT"
 cd "$WORK"
+
+# the hospitals' own data (and the operator's test set, cohort and task file), from PneumoniaMNIST
+# shellcheck disable=SC2086
+hospitrust task export pneumoniamnist --out "$WORK/export" --hospitals "$N" --format png,csv,dicom $EXPORT
+data_path() { case $(( $1 % 3 )) in 1) echo "$WORK/export/hospital-$1/manifest.csv";; *) echo "$WORK/export/hospital-$1";; esac; }
 
 # operator: CA and the SuperLink's certificate
 hospitrust deploy ca --out certs
@@ -34,11 +44,11 @@ export FLWR_HOME=$WORK/operator
 hospitrust deploy connection local-tls --address "127.0.0.1:$PORT" --ca certs/ca.crt --default
 for _ in $(seq 1 100); do curl -sf --cacert certs/ca.crt "https://127.0.0.1:$PORT/health" >/dev/null && break; sleep 0.5; done
 hospitrust deploy register hospital-*/hospital-*.pub --connection local-tls
-# hospitals: SuperNodes (simulated hospitals; a real one uses `hospitrust deploy supernode --data-path ...`)
+# hospitals: each checks its data against the task, then starts its SuperNode
 for i in $(seq 0 $((N-1))); do
-  FLWR_HOME=$WORK/hospital-$i/flwr setsid flower-supernode --root-certificates certs/ca.crt \
-    --superlink "127.0.0.1:$PORT" --auth-supernode-private-key "hospital-$i/hospital-$i.key" \
-    --node-config "partition-id=$i num-partitions=$N" --port $((PORT + 1 + i)) > "hospital-$i.log" 2>&1 & PIDS+=($!)
+  FLWR_HOME=$WORK/hospital-$i/flwr setsid hospitrust deploy supernode --superlink "127.0.0.1:$PORT" --ca certs/ca.crt \
+    --key "hospital-$i/hospital-$i.key" --data-path "$(data_path "$i")" --task "$WORK/export/task.toml" \
+    --hospital "hospital-$i" --cache-dir "$WORK/cache/hospital-$i" --port $((PORT + 1 + i)) > "hospital-$i.log" 2>&1 & PIDS+=($!)
 done
 for _ in $(seq 1 120); do
   n=$(flwr supernode list local-tls --format json 2>/dev/null | python3 -c 'import json,sys; print(sum(1 for x in json.load(sys.stdin).get("nodes", []) if x.get("status") == "online"))' 2>/dev/null || echo 0)
@@ -48,7 +58,7 @@ echo "$n SuperNodes online"
 # researcher: one run (absolute paths: the ServerApp's cwd is not this shell's)
 START=$(date +%s)
 RID=$(flwr run "$APP" local-tls --format json \
-  --run-config "$RUNCFG output-dir=\"$WORK/runs\" data-dir=\"$HOSPITRUST_DATA_DIR\" run-name=\"local-federation\"" \
+  --run-config "$RUNCFG output-dir=\"$WORK/runs\" run-name=\"local-federation\" task.file=\"$WORK/export/task.toml\" server-data.test-path=\"$WORK/export/server/test\" server-data.cohort-path=\"$WORK/export/server/cohort\"" \
   | python3 -c 'import json,sys; print(json.load(sys.stdin)["run-id"])')
 echo "run $RID submitted"
 set +e

@@ -23,7 +23,7 @@ Conventions
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -391,3 +391,124 @@ def fairness(per_hospital_accuracy: Mapping[str, float]) -> dict[str, float]:
         "std": float(arr.std()),
         "spread": float(arr.max() - arr.min()),
     }
+
+
+# --------------------------------------------------------------------------- #
+# federated evaluation: counts a hospital sends, pooled by the server
+# --------------------------------------------------------------------------- #
+#: The evaluate config key by which the server asks hospitals for pooled-evaluation counts.
+POOLED_KEY = "pooled-metrics"
+#: Score histograms are uniform in logit(p) over [-LOGIT_RANGE, LOGIT_RANGE]: a confident model's
+#: scores crowd near 0 and 1, where uniform bins in p would tie most pairs.
+LOGIT_RANGE, SCORE_BINS = 12.0, 480
+
+
+def _score_bins(scores: np.ndarray) -> np.ndarray:
+    p = np.clip(np.asarray(scores, dtype=np.float64), 1e-12, 1 - 1e-12)
+    z = np.clip(np.log(p) - np.log1p(-p), -LOGIT_RANGE, LOGIT_RANGE)
+    return np.minimum(((z + LOGIT_RANGE) / (2 * LOGIT_RANGE) * SCORE_BINS).astype(np.int64), SCORE_BINS - 1)
+
+
+def evaluation_counts(y_true: Any, probs: Any, num_classes: int) -> dict[str, Any]:
+    """What a hospital sends for federated evaluation: counts, never a score or a label per image.
+
+    Parameters
+    ----------
+    y_true : array-like of int, shape (n,)
+    probs : array-like of float, shape (n, num_classes)
+    num_classes : int
+
+    Returns
+    -------
+    dict
+        ``confusion`` (num_classes x num_classes, row = true class, flattened), ``score-histogram``
+        (per class, the histogram of its score over the images of that class and over the others:
+        num_classes x 2 x SCORE_BINS, flattened) and ``loss-sum`` (summed cross-entropy).
+    """
+    num_classes = _check_num_classes(num_classes)
+    t, p = _probs(y_true, probs)
+    n = int(t.shape[0])
+    confusion = np.zeros((num_classes, num_classes), dtype=np.int64)
+    hist = np.zeros((num_classes, 2, SCORE_BINS), dtype=np.int64)
+    loss = 0.0
+    if n:
+        pred = np.argmax(p, axis=1)
+        np.add.at(confusion, (t, pred), 1)
+        for c in range(num_classes):
+            bins = _score_bins(p[:, c])
+            np.add.at(hist[c, 0], bins[t == c], 1)
+            np.add.at(hist[c, 1], bins[t != c], 1)
+        loss = float(-np.log(np.clip(p[np.arange(n), t], LOSS_EPS, 1.0)).sum())
+    return {"confusion": [int(v) for v in confusion.ravel()], "score-histogram": [int(v) for v in hist.ravel()],
+            "loss-sum": loss}
+
+
+def _binned_auc(pos: np.ndarray, neg: np.ndarray) -> float:
+    """P(score of a positive > score of a negative), ties within a bin counted half."""
+    n_pos, n_neg = pos.sum(), neg.sum()
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    below = np.concatenate([[0], np.cumsum(neg)[:-1]])
+    return float((pos * (below + 0.5 * neg)).sum() / (n_pos * n_neg))
+
+
+def pooled_report(counts: Sequence[Mapping[str, Any]], num_classes: int, rare: Any = ()) -> dict[str, Any]:
+    """The classification report of the hospitals' held-out images pooled, from their counts.
+
+    Accuracy, balanced accuracy, macro F1, per-class and worst-class recall and the loss are exact
+    (what ``classification_report`` gives on the pooled images); the AUC is computed from the
+    score histograms (ties within a bin of width 0.05 in logit count half).
+
+    Parameters
+    ----------
+    counts : list of Mapping
+        Each hospital's :func:`evaluation_counts`.
+    num_classes : int
+    rare : sequence of int
+        Rare classes: adds ``rare_class_macro_f1`` when given.
+
+    Returns
+    -------
+    dict
+        The keys of :func:`classification_report`.
+    """
+    num_classes = _check_num_classes(num_classes)
+    confusion = np.zeros((num_classes, num_classes), dtype=np.int64)
+    hist = np.zeros((num_classes, 2, SCORE_BINS), dtype=np.int64)
+    loss = 0.0
+    for c in counts:
+        conf_c = np.asarray(c["confusion"], dtype=np.int64).reshape(num_classes, num_classes)
+        hist_c = np.asarray(c["score-histogram"], dtype=np.int64).reshape(num_classes, 2, SCORE_BINS)
+        loss_c = float(c["loss-sum"])
+        if (conf_c < 0).any() or (hist_c < 0).any() or not (math.isfinite(loss_c) and loss_c >= 0):
+            raise ValueError("evaluation counts must be non-negative and the loss sum finite")
+        confusion, hist, loss = confusion + conf_c, hist + hist_c, loss + loss_c
+    n = int(confusion.sum())
+    if n == 0:
+        return classification_report(np.zeros(0, dtype=np.int64), np.zeros((0, num_classes)), num_classes)
+    support, predicted, hits = confusion.sum(axis=1), confusion.sum(axis=0), np.diag(confusion)
+    present = support > 0
+    recall = np.full(num_classes, np.nan)
+    recall[present] = hits[present] / support[present]
+    seen = present | (predicted > 0)  # sklearn's macro F1 over labels in y_true or y_pred
+    f1 = np.where(support + predicted > 0, 2 * hits / np.maximum(support + predicted, 1), 0.0)
+    if int(present.sum()) < 2:
+        auc_value = float("nan")
+    elif num_classes == 2:
+        auc_value = _binned_auc(hist[1, 0], hist[1, 1])
+    else:
+        auc_value = float(np.mean([_binned_auc(hist[c, 0], hist[c, 1]) for c in np.flatnonzero(present)]))
+    report = {
+        "accuracy": float(hits.sum() / n),
+        "balanced_accuracy": float(np.nanmean(recall)),
+        "macro_f1": float(f1[seen].mean()),
+        "auc": auc_value,
+        "worst_class_recall": float(np.nanmin(recall)),
+        "per_class_recall": [float(v) for v in recall],
+        "loss": loss / n,
+        "num_examples": n,
+    }
+    rare = [int(c) for c in rare]
+    if rare:
+        report["rare_class_macro_f1"] = float(np.mean(f1[rare]))
+    return report

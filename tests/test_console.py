@@ -210,3 +210,13 @@ def test_the_live_page_shows_hospitals_new_rounds_and_a_rejected_hospitals_reaso
     finally:
         server.should_exit = True
         serving.join(timeout=10)
+
+
+def test_a_hospital_that_could_not_join_is_the_first_alert():
+    from hospitrust.ops.console import views
+
+    rounds = [{"round": 1, "clients": [], "offline": [], "missing": ["h2"]}]
+    alerts = views.all_alerts(rounds, ground_truth=False, rare=set(), left_out=[
+        {"node_id": 7, "hospital": "st-broken", "reason": "manifest /srv/m.csv: 1 file(s) not found: row 4: img/2.png"}])
+    assert [a["kind"] for a in alerts] == ["left-out", "missing"]
+    assert alerts[0]["text"] == "st-broken could not join: manifest /srv/m.csv: 1 file(s) not found: row 4: img/2.png"

@@ -11,7 +11,7 @@ from hospitrust.config import parse_node_config, parse_run_config
 from hospitrust.client_app.context import load_hospital
 from hospitrust.datasets.federation import partitions, reference_set, simulated_hospital
 from hospitrust.datasets.federation import test_set as central_test_set
-from hospitrust.datasets.image_folder import ClassMismatchError, load_image_folder
+from hospitrust.datasets.local import HospitalDataError, load_local
 from hospitrust.datasets.medmnist_source import dataset_path, load_medmnist
 from hospitrust.datasets.base import DataMissingError, DatasetInfo
 from hospitrust.datasets.registry import dataset_info
@@ -76,34 +76,42 @@ def _write_folder(root, classes, per_class=3, size=(40, 30), mode="L"):
                 .save(root / c / f"img{i}.png")
 
 
+def _task(flag: str):
+    from hospitrust.tasks.task import resolve_task
+
+    return resolve_task(parse_run_config({"dataset": flag}))
+
+
 def test_hospital_image_folders_load_resized_and_mapped(tmp_path, data_dir):
     root = tmp_path / "stmarys"
     _write_folder(root, ["normal", "pneumonia"], per_class=4, mode="RGB")
-    images, labels = load_image_folder(root, dataset_info("pneumoniamnist"), 28)
-    assert images.shape == (8, 28, 28, 1) and images.dtype == np.uint8
-    assert sorted(labels.tolist()) == [0] * 4 + [1] * 4
+    data = load_local(root, "auto", _task("pneumoniamnist"), tmp_path / "cache")
+    assert data.images.shape == (8, 28, 28, 1) and data.images.dtype == np.uint8
+    assert sorted(data.labels.tolist()) == [0] * 4 + [1] * 4
     cfg = parse_run_config(small_run_config(tmp_path))
-    node = parse_node_config({"data-path": str(root), "hospital": "st-marys"})
-    data = load_hospital(cfg, node)
-    assert data.name == "st-marys" and len(data.train) + len(data.val) == 8
+    node = parse_node_config({"data-path": str(root), "hospital": "st-marys", "cache-dir": str(tmp_path / "cache")})
+    hospital, card = load_hospital(cfg, node, _task("pneumoniamnist"))
+    assert hospital.name == "st-marys" and len(hospital.train) + len(hospital.val) == 8
+    assert card["format"] == "folder (png)" and card["images"] == 8
 
 
 def test_folders_may_be_named_by_index(tmp_path):
     root = tmp_path / "h"
     _write_folder(root, ["0", "1", "2", "3", "4"], per_class=1, mode="RGB")
-    images, labels = load_image_folder(root, dataset_info("retinamnist"), 28)
-    assert images.shape == (5, 28, 28, 3) and sorted(labels.tolist()) == [0, 1, 2, 3, 4]
+    data = load_local(root, "folder", _task("retinamnist"), tmp_path / "cache")
+    assert data.images.shape == (5, 28, 28, 3) and sorted(data.labels.tolist()) == [0, 1, 2, 3, 4]
 
 
 def test_class_folders_must_match_the_federation(tmp_path):
     root = tmp_path / "h"
     _write_folder(root, ["normal", "covid"], per_class=1)
-    with pytest.raises(ClassMismatchError) as err:
-        load_image_folder(root, dataset_info("pneumoniamnist"), 28)
+    with pytest.raises(HospitalDataError) as err:
+        load_local(root, "auto", _task("pneumoniamnist"), tmp_path / "cache")
     msg = str(err.value)
-    assert "unknown ['covid']" in msg and "missing classes ['pneumonia']" in msg and "0=normal" in msg
+    assert "unknown class folder(s) ['covid']" in msg and "no folder for class(es) ['pneumonia']" in msg
+    assert "0=normal" in msg
 
 
 def test_missing_data_path_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="is not a folder"):
-        load_image_folder(tmp_path / "nope", dataset_info("pneumoniamnist"), 28)
+    with pytest.raises(HospitalDataError, match="does not exist"):
+        load_local(tmp_path / "nope", "auto", _task("pneumoniamnist"), tmp_path / "cache")

@@ -1,5 +1,7 @@
 """A real deployment on 127.0.0.1: SuperLink with TLS and SuperNode authentication, three
-SuperNodes (one hospital with its own image folder, two simulated hospitals), `flwr run`.
+hospitals' SuperNodes with their own images in three formats (PNG class folders, a CSV manifest,
+DICOM), exported from PneumoniaMNIST with `hospitrust task export`; a task file and the
+operator's own test set and reference cohort; `flwr run` with no dataset flag.
 
 One federation (module fixture) serves every test; the test that kills a SuperNode runs
 last. Every process is started in its own session and killed (with its children) at the end.
@@ -18,17 +20,22 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from conftest import DATA_DIR, REPO
 from hospitrust.ops import deploy, flwr
+from hospitrust.tasks.export import export
 
 pytestmark = [pytest.mark.slow, pytest.mark.data]
 
 RUN_TIMEOUT = float(os.environ.get("HOSPITRUST_TEST_RUN_TIMEOUT", "900"))
 REPLY_TIMEOUT = float(os.environ.get("HOSPITRUST_TEST_REPLY_TIMEOUT", "300"))
-QUICK = "num-server-rounds=2 train-subsample=0.05 batch-size=64"
+# the task and the server's sets come from the export (task.file, server-data.*): no dataset flag
+QUICK = "batch-size=32 local-epochs=2 train.class-weighted-loss=true"
+EXPORT = dict(formats=["png", "csv", "dicom"], hospitals=3, test_fraction=0.3,
+              overrides={"partitioner": "iid", "seed": 42, "train-subsample": 0.1})
+# the run the real federation is compared with (hospital-1 sends NaN: a red team's node, malicious = true)
+HTA_RUN = 'strategy="hta" attack="nan-update"'
 
 
 def _env(home: Path) -> dict[str, str]:
@@ -36,20 +43,6 @@ def _env(home: Path) -> dict[str, str]:
                HOSPITRUST_DATA_DIR=str(DATA_DIR), PYTHONUNBUFFERED="1")
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     return env
-
-
-def write_image_folder(root: Path, per_class: int = 40, seed: int = 0) -> Path:
-    """A hospital's class-per-folder PNGs, taken from PneumoniaMNIST's training split."""
-    from PIL import Image
-
-    data = np.load(DATA_DIR / "pneumoniamnist.npz")
-    images, labels = data["train_images"], data["train_labels"].ravel()
-    rng = np.random.default_rng(seed)
-    for cls, name in enumerate(("normal", "pneumonia")):
-        (root / name).mkdir(parents=True, exist_ok=True)
-        for i in rng.choice(np.flatnonzero(labels == cls), per_class, replace=False):
-            Image.fromarray(images[i]).save(root / name / f"{i}.png")
-    return root
 
 
 # what a SuperNode logs once it is done with a message it pulled (sent, or dropped for a run no longer running)
@@ -203,50 +196,103 @@ def federation(tmp_path_factory, _medmnist_problem):
             assert res.returncode == 0 and "registered successfully" in res.stdout, res.stdout + res.stderr
             fed.node_ids[name] = re.search(r"SuperNode (\d+) registered", res.stdout).group(1)
 
-        # the hospital with its own images starts through `hospitrust deploy supernode` (data check first)
-        data = write_image_folder(work / "st-mary-images")
-        fed.start("st-mary", [sys.executable, "-m", "hospitrust.ops.cli", "deploy", "supernode", "--superlink", fed.address,
-                              "--ca", str(certs / "ca.crt"), "--key", str(keys / "st-mary.key"), "--data-path", str(data),
-                              "--hospital", "st-mary", "--port", str(_free_port())], work / "sn-st-mary")
-        for pid in (1, 2):
-            cmd = deploy.supernode_command(superlink=fed.address, ca=certs / "ca.crt", key=keys / f"hospital-{pid}.key",
-                                           node_config={"partition-id": pid, "num-partitions": 3}, port=_free_port())
-            fed.start(f"hospital-{pid}", cmd, work / f"sn-hospital-{pid}")
+        # three hospitals' own images, in three formats, and the operator's test set and cohort
+        os.environ.setdefault("HOSPITRUST_DATA_DIR", str(DATA_DIR))
+        fed.export = export("pneumoniamnist", work / "export", **EXPORT)
+        fed.arrays = export("pneumoniamnist", work / "export-npz", **{**EXPORT, "formats": ["npz"]})  # the same images
+        # every hospital starts through `hospitrust deploy supernode`: its data checked against the task file, then
+        # its SuperNode with the warm ClientApp launcher and the watchdog. st-mary: PNG folders; hospital-1: a CSV
+        # manifest (and a red team's node: it attacks in runs with an attack configured); hospital-2: DICOM
+        for name, key in (("st-mary", 0), ("hospital-1", 1), ("hospital-2", 2)):
+            fed.start(name, supernode_cli(fed, name, fed.export[f"hospital-{key}"], *(["--malicious"] if key == 1 else [])),
+                      work / f"sn-{name}")
         fed.wait_online(list(HOSPITALS))
         yield fed
     finally:
         fed.stop_all()
 
 
+def supernode_cli(fed: Federation, name: str, data: Path, *extra: str) -> list[str]:
+    """``hospitrust deploy supernode`` for hospital ``name`` (key ``name.key``), as a hospital starts it."""
+    return [sys.executable, "-m", "hospitrust.ops.cli", "deploy", "supernode", "--superlink", fed.address,
+            "--ca", str(fed.certs / "ca.crt"), "--key", str(fed.keys / f"{name}.key"), "--data-path", str(data),
+            "--task", str(fed.export["task"]), "--hospital", name, "--cache-dir", str(fed.work / "cache" / name),
+            "--port", str(_free_port()), *extra]
+
+
 def _free_port() -> int:
     return flwr.free_port()
 
 
-def _run_config(fed: Federation, name: str, extra: str = "", reply_timeout: float = REPLY_TIMEOUT) -> str:
-    return (f'{QUICK} reply-timeout={reply_timeout} output-dir="{fed.work / "runs"}" data-dir="{DATA_DIR}" '
+def _task(fed: Federation, cohort: bool = True, test: bool = True) -> str:
+    """The run config keys of the consortium's own task: its task file and the server's own sets."""
+    out = f'task.file="{fed.export["task"]}"'
+    if test:
+        out += f' server-data.test-path="{fed.export["test"]}"'
+    if cohort:
+        out += f' server-data.cohort-path="{fed.export["cohort"]}"'
+    return out + f' server-data.cache-dir="{fed.work / "cache" / "server"}"'
+
+
+def _run_config(fed: Federation, name: str, extra: str = "", reply_timeout: float = REPLY_TIMEOUT, rounds: int = 3) -> str:
+    return (f'num-server-rounds={rounds} {QUICK} reply-timeout={reply_timeout} output-dir="{fed.work / "runs"}" '
             f'run-name="{name}" {extra}').strip()
 
 
-def test_tls_and_auth_run_completes_and_a_nan_hospital_is_rejected(federation):
+def test_own_task_in_three_formats_matches_the_inprocess_run_and_a_nan_hospital_is_rejected(federation):
+    from hospitrust.ops.inprocess import run_inprocess
+    from hospitrust.ops.simulate import parse_overrides
+
     fed = federation
-    run_id = fed.submit(_run_config(fed, "nan", 'attack="nan-update" malicious-hospitals="1"'))
+    extra = f"{HTA_RUN} {_task(fed)}"
+    run_id = fed.submit(_run_config(fed, "nan", extra))
     status, details = fed.wait(run_id)
     assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}\n{fed.tail('st-mary')}"
     run_dir = fed.work / "runs" / "nan"
     for name in ("summary.json", "rounds.jsonl", "config.json", "model.pt", "class_counts.csv"):
         assert (run_dir / name).is_file(), name
     rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rounds] == [1, 2]
+    assert [r["round"] for r in rounds] == [1, 2, 3]
     for r in rounds:
         by = {c["hospital"]: c for c in r["clients"]}
         assert set(by) == {"st-mary", "hospital-1", "hospital-2"}, by.keys()
         assert by["hospital-1"]["rejected"] and "NaN" in by["hospital-1"]["reason"]
         assert not by["st-mary"]["rejected"] and not by["hospital-2"]["rejected"]
-        assert r["missing"] == []
+        assert r["missing"] == [] and r["evaluation"] == "central"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["hospitals"] == 3 and summary["rounds"] == 2
-    # the data check ran before the hospital's SuperNode started
+    assert summary["hospitals"] == 3 and summary["rounds"] == 3 and summary["task"] == "pneumoniamnist-export"
+    config = json.loads((run_dir / "config.json").read_text())
+    assert {h: d["format"] for h, d in config["hospital-data"].items()} == {
+        "st-mary": "folder (png)", "hospital-1": "csv (png)", "hospital-2": "folder (dicom)"}
+    assert config["test-set"].startswith(str(fed.export["test"])) and config["reference-cohort-size"] == 40
+    log = fed.run_log(run_id)
+    assert "task pneumoniamnist-export" in log and "partitioner" not in log, log
+    # the data check ran, against the task file, before the hospital's SuperNode started
     assert "OK: ready to join the federation" in fed.logs["st-mary"].read_text()
+
+    # the same run in process, each hospital's same images from a .npz archive
+    values = parse_overrides([_run_config(fed, "nan-inprocess", extra)])
+    run_inprocess({**values, "output-dir": str(fed.work / "runs-inprocess")}, 3, node_configs=[
+        {"data-path": str(fed.arrays["hospital-0"]), "hospital": "st-mary", "cache-dir": str(fed.work / "cache" / "ip")},
+        {"data-path": str(fed.arrays["hospital-1"]), "hospital": "hospital-1", "malicious": True,
+         "cache-dir": str(fed.work / "cache" / "ip")},
+        {"data-path": str(fed.arrays["hospital-2"]), "hospital": "hospital-2", "cache-dir": str(fed.work / "cache" / "ip")},
+    ])
+    inprocess = json.loads((fed.work / "runs-inprocess" / "nan-inprocess" / "summary.json").read_text())
+    deployed, local = summary["final"]["balanced_accuracy"], inprocess["final"]["balanced_accuracy"]
+    assert abs(deployed - local) <= 0.01, (deployed, local)
+    assert deployed > 0.6, deployed  # it learned something: the comparison is not of two untrained models
+
+
+def test_a_rule_that_needs_a_cohort_refuses_a_run_without_one(federation):
+    fed = federation
+    run_id = fed.submit(_run_config(fed, "no-cohort", f'strategy="hta" {_task(fed, cohort=False)}'))
+    status, details = fed.wait(run_id)
+    log = fed.run_log(run_id)
+    assert status == "finished:failed", f"{status}: {details}\n{log}"
+    assert "needs the server's reference cohort" in log and "server-data.cohort-path" in log, log
+    assert "hta.validation-exponent = 0" in log, log
+    assert not (fed.work / "runs" / "no-cohort" / "rounds.jsonl").exists()  # refused before any round
 
 
 def _model_hash(path: Path) -> str:
@@ -265,7 +311,7 @@ def test_a_stopped_run_resumes_and_ends_with_the_unbroken_runs_model(federation)
     from hospitrust.server_app.checkpoint import load_checkpoint
 
     fed = federation
-    extra = 'attack="nan-update" malicious-hospitals="1"'  # the TLS test's run: its model is the unbroken one
+    extra = f"{HTA_RUN} {_task(fed)}"  # the first test's run: its model is the unbroken one
     reference = fed.work / "runs" / "nan" / "model.pt"
     if not reference.is_file():  # that test was deselected: run it unbroken here
         assert fed.wait(fed.submit(_run_config(fed, "nan", extra)))[0] == deploy.COMPLETED
@@ -290,7 +336,7 @@ def test_a_stopped_run_resumes_and_ends_with_the_unbroken_runs_model(federation)
         "--- the unbroken run's rounds.jsonl ---\n" + (reference.parent / "rounds.jsonl").read_text()[-4000:] + "\n"
         + fed.diagnostics(run_dir))
     rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rounds] == [1, 2]
+    assert [r["round"] for r in rounds] == [1, 2, 3]
     assert json.loads((run_dir / "summary.json").read_text())["resumed_at"] == [1]
 
 
@@ -333,9 +379,10 @@ def test_a_client_without_the_federation_ca_cannot_connect(federation):
     assert "CERTIFICATE_VERIFY_FAILED" in fed.logs["wrong-ca"].read_text() or "certificate" in fed.logs["wrong-ca"].read_text().lower()
 
 
-def test_a_supernode_killed_mid_run_is_recorded_and_the_run_completes(federation):
+def test_a_supernode_killed_mid_run_is_recorded_and_the_run_completes_with_federated_evaluation(federation):
     fed = federation
-    run_id = fed.submit(_run_config(fed, "killed", "min-hospitals=2"))
+    # no test set and no cohort: FedAvg, evaluated on the hospitals' held-out images
+    run_id = fed.submit(_run_config(fed, "killed", f"min-hospitals=2 {_task(fed, cohort=False, test=False)}", rounds=2))
     config = fed.work / "runs" / "killed" / "config.json"  # written right after the query round
     deadline = time.monotonic() + RUN_TIMEOUT
     while not config.is_file():
@@ -359,3 +406,7 @@ def test_a_supernode_killed_mid_run_is_recorded_and_the_run_completes(federation
         valid = {c["hospital"] for c in r["clients"] if not c.get("rejected")}
         assert valid == {"st-mary", "hospital-1"}, fed.diagnostics(fed.work / "runs" / "killed")
         assert not r["kept_previous_model"]
+        assert r["evaluation"] == "federated" and 0.0 <= r["central"]["balanced_accuracy"] <= 1.0
+        # pooled over the hospitals that answered: st-mary's and hospital-1's held-out images
+        assert set(r["hospital_accuracy"]) == {"st-mary", "hospital-1"} and r["central"]["num_examples"] > 0
+    assert json.loads((fed.work / "runs" / "killed" / "summary.json").read_text())["evaluation"] == "federated"

@@ -100,10 +100,10 @@ def test_supernode_refuses_to_start_on_bad_data(tmp_path):
     rc, out, _ = _cli(*args, "--skip-data-check")
     assert rc == 0 and "flower-supernode --root-certificates" in out
     (data / "pneumonia").mkdir()
-    Image.fromarray(np.zeros((28, 28), np.uint8)).save(data / "pneumonia" / "b.png")
+    Image.fromarray(np.full((28, 28), 255, np.uint8)).save(data / "pneumonia" / "b.png")
     rc, out, _ = _cli(*args)
     assert rc == 0 and "OK: ready to join" in out
-    assert f"data-path=\"{data.resolve()}\" hospital=\"h\"" in out
+    assert f"data-path=\"{data.resolve()}\" data-format=\"auto\" hospital=\"h\"" in out
 
 
 def test_superlink_dry_run_and_missing_certificates(tmp_path):

@@ -486,13 +486,15 @@ def test_evaluator_leaves_a_broken_color_out_instead_of_failing(tmp_path, data_d
     """A color predicting NaN is reported broken, flagged and left out of routing; the round's
     metrics stay finite (the ResNet-18 noise run once died here in round 1)."""
     from hospitrust.config import parse_run_config
-    from hospitrust.datasets.registry import dataset_info
     from hospitrust.fbd.server import WarehouseEvaluator
+    from hospitrust.server_app.server_data import server_sets
+    from hospitrust.tasks.task import resolve_task
 
     cfg = parse_run_config(small_run_config(tmp_path, **{"strategy": "fbd", "fbd.colors": 3, "fbd.redundancy": 1}))
     wh = _warehouse(colors=3)
     wh.states[1]["classifier.4.weight"] = torch.full_like(wh.states[1]["classifier.4.weight"], float("nan"))
-    central, fbd = WarehouseEvaluator(cfg, dataset_info(cfg.dataset), torch.device("cpu"))(wh)
+    task = resolve_task(cfg)
+    central, fbd = WarehouseEvaluator(cfg, task, torch.device("cpu"), server_sets(cfg, task))(wh)
     assert fbd["broken_colors"] == [1] and 1 in fbd["flagged_colors"] and 1 in fbd["excluded_colors"]
     assert fbd["colors"]["1"]["broken"] and fbd["colors"]["1"]["z"] is None
     assert np.isfinite(central["auc"]) and np.isfinite(central["balanced_accuracy"])

@@ -51,4 +51,4 @@ def test_hospitrust_report_on_a_run_directory_draws_its_trust(tmp_path):
 
     (tmp_path / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rounds()))
     assert main(["report", str(tmp_path)]) == 0
-    assert (tmp_path / "trust.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "report" / "trust.png").read_bytes()[:4] == b"\x89PNG"  # beside report.html

@@ -6,6 +6,8 @@ message); the module-level caches only avoid reloading data inside one process.
 
 from __future__ import annotations
 
+from typing import Any
+
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -14,24 +16,33 @@ from hospitrust.client_app.secure import secure_train_mod
 from hospitrust.client_app.training import local_training_step
 from hospitrust.contribution.client import contribution_evaluate_mod, remember_round_mod
 from hospitrust.fbd.client import FBD_ACTION, fbd_train
-from hospitrust.models.training import pick_device
+from hospitrust.metrics import POOLED_KEY, classification_report, evaluation_counts
+from hospitrust.models.training import pick_device, predict_proba
 
 app = ClientApp()
 
 
 @app.query()
 def describe(msg: Message, context: Context) -> Message:
-    """Who this node is and what it holds: the server maps node ids to hospitals with it."""
-    hospital = hospital_context(context)
-    node, info, data = hospital.node, hospital.info, hospital.data
+    """Who this node is and what it holds: the server maps node ids to hospitals with it. The data
+    card is counts and pixel statistics only: never an image, a path or a patient id.
+    """
+    hospital = hospital_context(context, msg)
+    node, task, data, card = hospital.node, hospital.task, hospital.data, hospital.card
     record = ConfigRecord(
         {
             "hospital": data.name,
             "partition-id": -1 if node.partition_id is None else int(node.partition_id),
             "num-partitions": -1 if node.num_partitions is None else int(node.num_partitions),
-            "train-class-counts": data.train.class_counts(info.num_classes),
-            "val-class-counts": data.val.class_counts(info.num_classes),
+            "train-class-counts": data.train.class_counts(task.num_classes),
+            "val-class-counts": data.val.class_counts(task.num_classes),
             "device": str(pick_device()),
+            "task-fingerprint": task.fingerprint(),
+            "data-format": str(card.get("format", "")),
+            "images": int(card.get("images", len(data.train) + len(data.val))),
+            "patients": int(card.get("patients", 0)),
+            "pixel-mean": [float(v) for v in card.get("pixel-mean", [])],
+            "pixel-std": [float(v) for v in card.get("pixel-std", [])],
         }
     )
     return Message(RecordDict({"info": record}), reply_to=msg)
@@ -41,23 +52,37 @@ def describe(msg: Message, context: Context) -> Message:
 # contribution-scoring.enabled the hospital keeps M0 and its sent model to evaluate counterfactuals later
 @app.train(mods=[secure_train_mod, remember_round_mod])
 def train_handler(msg: Message, context: Context) -> Message:
-    return local_training_step(msg, context, hospital_context(context))
+    return local_training_step(msg, context, hospital_context(context, msg))
 
 
 @app.evaluate(mods=[contribution_evaluate_mod])
 def evaluate_handler(msg: Message, context: Context) -> Message:
-    """Federated evaluation: the global model on this hospital's local validation set."""
-    hospital = hospital_context(context)
+    """Federated evaluation: the global model on this hospital's local validation set. Asked for
+    pooled metrics (a run without a server test set), it adds its confusion matrix and per-class
+    score histograms: counts only.
+    """
+    hospital = hospital_context(context, msg)
     model = hospital.model_from(msg)
     val = hospital.data.val if len(hospital.data.val) else hospital.data.train
-    report = local_report(model, val.images, val.labels, hospital.info.num_classes, pick_device())
-    metrics = MetricRecord({
+    num_classes = hospital.task.num_classes
+    config = msg.content.config_records.get("config")
+    pooled = config is not None and bool(config.get(POOLED_KEY, False))
+    device = pick_device()
+    if pooled and len(val):
+        probs = predict_proba(model, val.images, device=device)
+        report = classification_report(val.labels, probs, num_classes)
+    else:
+        probs = None
+        report = local_report(model, val.images, val.labels, num_classes, device)
+    values: dict[str, Any] = {
         "num-examples": int(len(val)),
         "loss": float(report["loss"]),
         "accuracy": float(report["accuracy"]),
         "balanced-accuracy": float(report["balanced_accuracy"]),
-    })
-    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+    }
+    if pooled:
+        values.update(evaluation_counts(val.labels, probs, num_classes))
+    return Message(RecordDict({"metrics": MetricRecord(values)}), reply_to=msg)
 
 
 # FED-FBD (strategy fbd): "train.fbd" messages carry only this hospital's colors' blocks

@@ -4,70 +4,100 @@ from __future__ import annotations
 
 import functools
 import zlib
-from dataclasses import dataclass
-from typing import cast
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
 from hospitrust import metrics
 from hospitrust.config import NodeConfig, RunConfig, parse_node_config, parse_run_config
-from hospitrust.datasets.base import DatasetInfo
 from hospitrust.datasets.federation import HospitalData, LabelledImages, simulated_hospital
-from hospitrust.datasets.image_folder import load_image_folder
-from hospitrust.datasets.partitioners import split_train_val
-from hospitrust.datasets.registry import dataset_info
-from hospitrust.models import build_model
+from hospitrust.datasets.local import HospitalDataError, RowView, data_card, load_local, split_local
 from hospitrust.models.training import predict_proba
+from hospitrust.tasks.model import task_model
+from hospitrust.tasks.task import TASK_KEY, Task, resolve_task
+
+#: Where a hospital keeps the task the server sent with the query round (``context.state``).
+TASK_STATE = "hospitrust-task"
 
 
 @dataclass(frozen=True)
 class HospitalContext:
-    """What every handler needs: the run config, this node's config, the dataset's shape, its data."""
+    """What every handler needs: the run config, this node's config, the task, its data and data card."""
 
     cfg: RunConfig
     node: NodeConfig
-    info: DatasetInfo
+    task: Task
     data: HospitalData
+    card: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def info(self) -> Task:
+        """The task (classes, channels), under the name the handlers used for the dataset's description."""
+        return self.task
 
     def model_from(self, msg: Message) -> torch.nn.Module:
-        """The model architecture of the run, loaded with the message's arrays."""
-        model = build_model(self.cfg.model, self.info.in_channels, self.info.num_classes, self.cfg.image_size)
+        """The task's model, loaded with the message's arrays."""
+        model = task_model(self.task)
         model.load_state_dict(cast(ArrayRecord, msg.content["arrays"]).to_torch_state_dict(), strict=True)
         return model
 
     def new_model(self) -> torch.nn.Module:
-        return build_model(self.cfg.model, self.info.in_channels, self.info.num_classes, self.cfg.image_size)
+        return task_model(self.task)
 
 
 @functools.lru_cache(maxsize=4)
-def load_hospital(cfg: RunConfig, node: NodeConfig) -> HospitalData:
-    """The local data of this node: its own image folders (``data-path``) or its simulated share."""
+def load_hospital(cfg: RunConfig, node: NodeConfig, task: Task) -> tuple[HospitalData, dict[str, Any]]:
+    """The local data of this node, and its data card: its own images (``data-path``: decoded once
+    into the cache) or its simulated share.
+    """
     if node.data_path:
-        info = dataset_info(cfg.dataset)
-        images, labels = load_image_folder(node.data_path, info, cfg.image_size)
-        # the local split is seeded by the hospital's name, so it is stable across messages
-        name_seed = zlib.crc32(node.hospital_name.encode())
-        train_idx, val_idx = split_train_val(np.arange(labels.size), cfg.val_fraction, seed=cfg.seed * 1000 + name_seed)
-        return HospitalData(
+        try:
+            data = load_local(node.data_path, node.data_format, task, node.cache_dir)
+            # the local split is seeded by the hospital's name, so it is stable across messages
+            name_seed = zlib.crc32(node.hospital_name.encode())
+            train_idx, val_idx = split_local(data, cfg.val_fraction, seed=cfg.seed * 1000 + name_seed)
+        except HospitalDataError as exc:  # the server records the reason; the round goes on without it
+            raise HospitalDataError(f"hospital '{node.hospital_name}' cannot join: {exc}") from None
+        card = data_card(data, train_idx, val_idx, task.num_classes)
+        hospital = HospitalData(
             node.hospital_name,
-            LabelledImages(images[train_idx], labels[train_idx]),
-            LabelledImages(images[val_idx], labels[val_idx]),
+            LabelledImages(cast(np.ndarray, RowView(data.images, train_idx)), data.labels[train_idx]),
+            LabelledImages(cast(np.ndarray, RowView(data.images, val_idx)), data.labels[val_idx]),
         )
+        return hospital, card
     # no data-path: NodeConfig's validator requires partition-id and num-partitions
-    data = simulated_hospital(cfg.federation, int(cast(int, node.partition_id)), int(cast(int, node.num_partitions)))
+    if not task.dataset:
+        raise HospitalDataError(f"hospital '{node.hospital_name}' cannot join: task {task.name} is the consortium's own "
+                                "(no dataset to simulate hospitals from); set data-path in the node config")
+    sim = simulated_hospital(cfg.federation, int(cast(int, node.partition_id)), int(cast(int, node.num_partitions)))
     if node.hospital:
-        data = HospitalData(node.hospital_name, data.train, data.val)
-    return data
+        sim = HospitalData(node.hospital_name, sim.train, sim.val)
+    card = {"images": len(sim.train) + len(sim.val), "format": "simulated"}
+    return sim, card
 
 
-def hospital_context(context: Context) -> HospitalContext:
+def message_task(context: Context, msg: Message | None, cfg: RunConfig) -> Task:
+    """The task the server sent (with the message, or earlier in this run), else resolved here from the run config."""
+    text = None
+    config = msg.content.config_records.get("config") if msg is not None and msg.has_content() else None
+    if config is not None and TASK_KEY in config:
+        text = str(config[TASK_KEY])
+        context.state[TASK_STATE] = ConfigRecord({"json": text})
+    elif TASK_STATE in context.state:
+        text = str(cast(ConfigRecord, context.state[TASK_STATE])["json"])
+    return Task.from_json(text) if text is not None else resolve_task(cfg)
+
+
+def hospital_context(context: Context, msg: Message | None = None) -> HospitalContext:
     """Parse the configs (a bad value fails here, naming it) and load this hospital's data."""
     cfg = parse_run_config(context.run_config)
     node = parse_node_config(context.node_config)
-    info = dataset_info(cfg.dataset)
-    return HospitalContext(cfg, node, info, load_hospital(cfg, node))
+    task = message_task(context, msg, cfg)
+    data, card = load_hospital(cfg, node, task)
+    return HospitalContext(cfg, node, task, data, card)
 
 
 def local_report(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, num_classes: int,

@@ -14,6 +14,7 @@ from hospitrust.attacks.interfaces import DataAttack, UpdateAttack
 from hospitrust.attacks.threat_model import data_rng, hospital_attack
 from hospitrust.client_app.context import HospitalContext, local_report
 from hospitrust.datasets.federation import LabelledImages
+from hospitrust.tasks.augment import task_augmentation
 from hospitrust.models.training import TrainOptions, balanced_class_weights, class_weights_from_counts, pick_device, seed_everything, train
 
 
@@ -67,6 +68,7 @@ def local_training_step(msg: Message, context: Context, hospital: HospitalContex
         device=device,
         class_weights=loss_class_weights(cfg.train, server_cfg, train_labels, info.num_classes),
         missing_class_scale=cfg.train.fedrs_alpha,
+        augment=task_augmentation(hospital.task.augmentation, hospital.task.image_size),
     )
     rounds_trained = (int(cast(int, cast(MetricRecord, context.state["hospital"])["rounds-trained"])) + 1
                       if "hospital" in context.state else 1)

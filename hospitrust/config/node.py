@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from hospitrust.errors import ConfigError, did_you_mean
 from hospitrust.options import Options, OptionsError
@@ -23,17 +23,32 @@ class NodeConfig(Options):
         "Simulation: this hospital's partition of the training split."
     ))
     num_partitions: int | None = Field(None, ge=1, description="Simulation: the number of partitions (hospitals).")
-    data_path: str | None = Field(None, description="A hospital's own images (class-per-folder).")
+    data_path: str | None = Field(None, description=(
+        "A hospital's own images: a folder of class folders (images or DICOM), a CSV manifest or a .npz archive."
+    ))
+    data_format: str = Field("auto", description="How data-path is laid out: auto (detected), folder, csv or npz.")
+    cache_dir: str | None = Field(None, description=(
+        "Where decoded images are cached (default $HOSPITRUST_CACHE_DIR, else ~/.cache/hospitrust/images)."
+    ))
     hospital: str | None = Field(None, description="The hospital's name, as the federation records it.")
     malicious: bool | None = Field(None, description=(
         "A red team's hospital that carries out the run's attack (deployment tests)."
     ))
 
+    @field_validator("data_format")
+    @classmethod
+    def _format(cls, v: str) -> str:
+        from hospitrust.datasets.local import FORMATS
+
+        if v not in FORMATS:
+            raise ValueError(f"data-format {v!r}; allowed: {', '.join(FORMATS)}")
+        return v
+
     @model_validator(mode="after")
     def _one_source(self) -> "NodeConfig":
         if self.data_path is None and (self.partition_id is None or self.num_partitions is None):
             raise ValueError(
-                "node config needs either data-path (a hospital's own class-per-folder images) "
+                "node config needs either data-path (a hospital's own images: class folders, a CSV manifest or a .npz) "
                 "or partition-id and num-partitions (simulation)"
             )
         if self.partition_id is not None and self.num_partitions is not None and self.partition_id >= self.num_partitions:

@@ -34,6 +34,8 @@ from hospitrust.models import MODELS
 from hospitrust.models.training import TrainOptions
 from hospitrust.options import Options, OptionsError
 from hospitrust.server_app.secure import SecAggOptions
+from hospitrust.server_app.server_data import ServerDataOptions, check_server_data
+from hospitrust.tasks.task import TaskOptions
 from hospitrust.strategies.registry import STRATEGIES, StrategyError, strategy_class
 
 DATA_DIR_ENV = "HOSPITRUST_DATA_DIR"
@@ -158,10 +160,8 @@ class CoreOptions(Options):
 
     @model_validator(mode="after")
     def _checks(self) -> "CoreOptions":
-        source = source_of(self.dataset)
-        sizes = source.sizes(self.dataset)
-        if self.image_size not in sizes:
-            raise ValueError(f"image-size {self.image_size}: {source.title} ships {', '.join(map(str, sizes))} only")
+        if not 8 <= self.image_size <= 1024:
+            raise ValueError(f"image-size {self.image_size}: expected 8 to 1024 pixels")
         if self.malicious_fraction > 0 and parse_int_list(self.malicious_hospitals, "malicious-hospitals"):
             raise ValueError("set either malicious-fraction or malicious-hospitals, not both")
         return self
@@ -192,6 +192,14 @@ class RunConfig(CoreOptions):
     @property
     def train(self) -> TrainOptions:
         return cast(TrainOptions, self.options("train"))
+
+    @property
+    def task(self) -> TaskOptions:
+        return cast(TaskOptions, self.options("task"))
+
+    @property
+    def server_data(self) -> ServerDataOptions:
+        return cast(ServerDataOptions, self.options("server-data"))
 
     @property
     def secagg(self) -> SecAggOptions:
@@ -367,6 +375,15 @@ def unselected_message(section: Section, cfg: CoreOptions) -> str:
 def cross_checks(cfg: RunConfig) -> list[str]:
     """Checks across sections, declared by the components; messages name the keys."""
     out: list[str] = []
+    sd = cfg.server_data
+    if not cfg.task.custom and not (sd.test_path.strip() and sd.cohort_path.strip()):
+        # the dataset file serves the server's sets (and simulated hospitals): only at the sizes it ships
+        source = source_of(cfg.dataset)
+        sizes = source.sizes(cfg.dataset)
+        if cfg.image_size not in sizes:
+            out.append(f"image-size {cfg.image_size}: {source.title} ships {', '.join(map(str, sizes))} only (a task "
+                       "of your own, or server-data paths for both the test set and the cohort, take any size)")
+    out += check_server_data(cfg)
     for check in (strategy_class(cfg.strategy).check_run_config, PARTITIONERS[cfg.partitioner].check_run_config):
         try:
             check(cfg)

@@ -19,6 +19,8 @@ from hospitrust.datasets.partitioners import PARTITIONERS
 from hospitrust.models.training import TrainOptions
 from hospitrust.options import Options
 from hospitrust.server_app.secure import SecAggOptions
+from hospitrust.server_app.server_data import ServerDataOptions
+from hospitrust.tasks.task import TaskOptions
 from hospitrust.strategies.registry import STRATEGIES
 
 KINDS = ("service", "strategy", "partitioner", "attack")
@@ -42,6 +44,8 @@ def _summary(obj: object) -> str:
 
 #: Sections every run has, whatever its components.
 SERVICES: dict[str, tuple[type[Options], str]] = {
+    "task": (TaskOptions, "tasks.md"),
+    "server-data": (ServerDataOptions, "operators.md"),
     "train": (TrainOptions, "getting-started.md"),
     "secagg": (SecAggOptions, "deployment.md"),
     "contribution-scoring": (ContributionScoringOptions, "rules/contribution.md"),

@@ -224,7 +224,7 @@ def contribution_evaluate_mod(msg: Message, context: Context, call_next) -> Mess
     config = msg.content.config_records.get("config")
     if reply.has_error() or config is None or WEIGHT_KEY not in config:
         return reply
-    hospital = hospital_context(context)
+    hospital = hospital_context(context, msg)
     cfg, node, info, data = hospital.cfg, hospital.node, hospital.info, hospital.data
     if STATE_GLOBAL not in context.state or STATE_SENT not in context.state:
         log(WARNING, "contribution: asked for round %s scores but no trained model is remembered", config.get("server-round"))

@@ -55,7 +55,7 @@ def fbd_train(msg: Message, context: Context) -> Message:
     Message
         The reply: ``arrays`` with every block of the written color, and ``metrics``.
     """
-    hospital = hospital_context(context)
+    hospital = hospital_context(context, msg)
     cfg, node, info, data = hospital.cfg, hospital.node, hospital.info, hospital.data
     # the server's train.fbd config (strategies.fbd.FBD.configure_train): numbers where read as numbers
     server_cfg = cast(ConfigRecord, msg.content["config"])

@@ -25,22 +25,23 @@ from flwr.serverapp import Grid
 
 from hospitrust import metrics
 from hospitrust.config import RunConfig, parse_run_config
-from hospitrust.datasets.federation import load_arrays, reference_set, test_set
-from hospitrust.datasets.base import DatasetInfo
-from hospitrust.datasets.registry import dataset_info
+from hospitrust.errors import ConfigError
+from hospitrust.server_app.server_data import ServerSets, server_sets
+from hospitrust.tasks.task import TASK_KEY, Task, resolve_task
 from hospitrust.fbd.plan import ShippingPlan, make_plan, parse_plan
 from hospitrust.fbd.routing import (
     ROUTING_MODES, color_losses, color_probabilities, flagged_colors, loss_zscores, parse_color_list, route,
 )
 from hospitrust.fbd.stamps import STAMP_LOG, StampLog
 from hospitrust.fbd.warehouse import Warehouse
-from hospitrust.server_app.discovery import discover_hospitals, format_class_counts, offline_hospitals
-from hospitrust.server_app.records import fail_if_every_hospital_crashed, round_detection, summary_head
+from hospitrust.server_app.discovery import discover_hospitals, offline_hospitals
+from hospitrust.server_app.records import fail_if_every_hospital_crashed, log_hospitals, round_detection, run_record, summary_head
 from hospitrust.server_app.results import RunDirectory, default_run_name
 from hospitrust.strategies.fbd import FBD, FBDOptions
 from hospitrust.strategies.validation import ReplyLimits
 from hospitrust.attacks.threat_model import configured_attack, ground_truth
 from hospitrust.models.training import pick_device, seed_everything
+from hospitrust.server_app.transport import exchange
 
 PLAN_FILE = "fbd_plan.json"
 WAREHOUSE_FILE = "warehouse.pt"
@@ -80,15 +81,18 @@ class WarehouseEvaluator:
     cfg : RunConfig
         The validated run config (the federation's test split and reference cohort, ``fbd``'s routing
         and detection).
-    info : DatasetInfo
-        The dataset's description (its classes).
+    info : Task
+        The task (its classes).
     device : torch.device
         Where the colors' models run.
+    sets : ServerSets
+        The server's test set and reference cohort.
     """
 
-    def __init__(self, cfg: RunConfig, info: DatasetInfo, device) -> None:
+    def __init__(self, cfg: RunConfig, info: Task, device, sets: ServerSets) -> None:
         self.cfg, self.info, self.device = cfg, info, device
-        self.test, self.cohort = test_set(cfg.federation), reference_set(cfg.federation)
+        assert sets.test is not None and sets.cohort is not None  # FBD.check_run_config requires both
+        self.test, self.cohort = sets.test, sets.cohort
         self.named_exclusions = parse_color_list(_fbd_options(cfg).exclude_colors, _fbd_options(cfg).colors)
 
     def __call__(self, warehouse: Warehouse) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -147,29 +151,28 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
     """
     started = time.time()
     cfg = parse_run_config(context.run_config)
-    info = dataset_info(cfg.dataset)
-    load_arrays(cfg.federation)
+    task = info = resolve_task(cfg)
+    if not task.default_normalization or task.augmentation:
+        raise ConfigError(f"strategy fbd trains with the default normalization and no augmentation; task {task.name} "
+                          "sets mean/std or augmentation")
+    log(INFO, "hospitrust: %s", task.describe())
+    sets = server_sets(cfg, task)
+    log(INFO, "hospitrust: test set: %s; reference cohort: %s", sets.test_source, sets.cohort_source)
     seed_everything(cfg.seed)
     device = pick_device()
-    run_dir = RunDirectory.create(cfg.output_dir, cfg.run_name or default_run_name(cfg.dataset, cfg.strategy))
+    run_dir = RunDirectory.create(cfg.output_dir, cfg.run_name or default_run_name(task.name, cfg.strategy))
     log(INFO, "hospitrust: run directory %s", run_dir.path)
 
-    hospitals, rows = discover_hospitals(grid, cfg)
-    log(INFO, "hospitrust: %d hospitals, %s, partitioner %s\n%s", len(hospitals), cfg.dataset, cfg.partitioner,
-        format_class_counts(rows, info.class_names))
+    failed: list[dict[str, Any]] = []
+    hospitals, rows = discover_hospitals(grid, cfg, task, failed)
+    log_hospitals(hospitals, rows, failed, cfg, task)
     run_dir.write_class_counts(info.class_names, rows)
     plan = plan_from_config(cfg, [r["hospital"] for r in rows])
     plan.save(run_dir.path / PLAN_FILE)
     run_dir.write_config({
-        **cfg.to_flat(),
-        "data-dir-resolved": str(cfg.resolved_data_dir() or ""),
-        "hospitals": {str(nid): name for nid, name in hospitals.items()},
-        "ground-truth": all(r["partition_id"] >= 0 for r in rows),
+        **run_record(cfg, task, sets, hospitals, rows, failed, device),
         "partitions": {r["hospital"]: r["partition_id"] for r in rows},
         "num-partitions": max([r.get("num_partitions", -1) for r in rows] + [len(rows)]),
-        "class-names": list(info.class_names),
-        "server-device": str(device),
-        "reference-cohort-size": len(reference_set(cfg.federation)),
     })
 
     attack = configured_attack(cfg)
@@ -180,25 +183,26 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
     if attack is not None:
         log(INFO, "hospitrust: attack %s by %s", attack, malicious or "nobody")
 
-    warehouse = Warehouse.create(cfg.model, info.in_channels, info.num_classes, cfg.image_size, _fbd_options(cfg).colors, cfg.seed)
+    warehouse = Warehouse.create(task.model, task.channels, task.num_classes, task.image_size, _fbd_options(cfg).colors, cfg.seed)
     stamps = StampLog(run_dir.path / STAMP_LOG)
     stamps.extend({"event": "init", **s} for s in warehouse.init_stamps())
     strategy = FBD(
         hospitals, _fbd_options(cfg), plan=plan, warehouse=warehouse, stamp_log=stamps,
-        train_config={"local-epochs": cfg.local_epochs, "batch-size": cfg.batch_size, "learning-rate": cfg.learning_rate},
+        train_config={"local-epochs": cfg.local_epochs, "batch-size": cfg.batch_size, "learning-rate": cfg.learning_rate,
+                      TASK_KEY: task.to_json()},
         fraction_train=1.0, min_hospitals=cfg.min_hospitals,
         limits=ReplyLimits(max_update_norm=cfg.max_update_norm, max_num_examples=cfg.max_num_examples),
         seed=cfg.seed, device=device,
     )
     strategy.summary()
-    evaluator = WarehouseEvaluator(cfg, info, device)  # every color on the test split: once per round, not before
+    evaluator = WarehouseEvaluator(cfg, info, device, sets)  # every color on the test split: once per round, not before
 
     history: list[dict[str, Any]] = []
     for rnd in range(1, cfg.num_server_rounds + 1):
         round_start = time.perf_counter()
         offline = offline_hospitals(rnd, grid, strategy.hospitals)
         messages = list(strategy.configure_train(rnd, None, ConfigRecord(), grid))
-        replies = list(grid.send_and_receive(messages, timeout=cfg.reply_timeout))
+        replies = exchange(grid, messages, cfg.reply_timeout)
         strategy.aggregate_train(rnd, replies)
         record = strategy.records[rnd]
         fail_if_every_hospital_crashed(rnd, record.clients, len(messages))

@@ -63,6 +63,43 @@ def to_batch(images: np.ndarray, device: torch.device) -> torch.Tensor:
     return x.permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
 
 
+def _scale(x: torch.Tensor) -> torch.Tensor:
+    """uint8 (N, C, H, W) on its device -> float in [-1, 1] (the same arithmetic as ``to_batch``)."""
+    return x.float().div_(127.5).sub_(1.0)
+
+
+#: DataLoader workers that gather batches for a GPU (pinned memory); on the CPU batches are
+#: gathered inline: the images are decoded uint8 arrays already (a hospital's cache), not files.
+GPU_LOADER_WORKERS = 2
+
+
+class _IndexedBatches(torch.utils.data.Dataset):
+    """Batch i of a fixed order: uint8 (B, H, W, C) gathered from (possibly memory-mapped) images."""
+
+    def __init__(self, images: np.ndarray, batches: list[np.ndarray]) -> None:
+        self.images, self.batches = images, batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(self.images[self.batches[i]]))
+
+
+def _uint8_batches(images: np.ndarray, batches: list[np.ndarray], device: torch.device):
+    """Yield each batch as uint8 (B, C, H, W) on ``device``: inline on the CPU, through a
+    DataLoader with workers and pinned memory on a GPU, so gathering overlaps the GPU's work.
+    """
+    if device.type != "cuda" or len(batches) < 4:
+        for idx in batches:
+            yield torch.from_numpy(np.ascontiguousarray(images[idx])).to(device).permute(0, 3, 1, 2)
+        return
+    loader = torch.utils.data.DataLoader(_IndexedBatches(images, batches), batch_size=None, shuffle=False,
+                                         num_workers=GPU_LOADER_WORKERS, pin_memory=True)
+    for batch in loader:
+        yield batch.to(device, non_blocking=True).permute(0, 3, 1, 2)
+
+
 @dataclass
 class TrainResult:
     loss: float
@@ -96,13 +133,15 @@ def train(
     generator: torch.Generator | None = None,
     class_weights: torch.Tensor | None = None,
     missing_class_scale: float = 1.0,
+    augment=None,
 ) -> TrainResult:
     """Minibatch training; with ``proximal_mu > 0`` adds FedProx's (mu/2)||w - w_global||^2;
     ``class_weights`` (one per class) weigh each sample's cross-entropy by its label's weight
     (PyTorch's weighted mean: sum w_y l / sum w_y). ``missing_class_scale`` < 1 is FedRS's
     restricted softmax: the logits of the classes absent from ``labels`` are multiplied by it
     in the loss (0: left out of the softmax), so a hospital that holds none of a class does
-    not push that class's logit down everywhere.
+    not push that class's logit down everywhere. ``augment``: a per-image transform of uint8
+    (C, H, W) tensors (``hospitrust.tasks.augment``), applied to every training batch.
     """
     if not 0.0 <= missing_class_scale <= 1.0:
         raise ValueError(f"missing_class_scale (train.fedrs-alpha) must be in [0, 1], got {missing_class_scale}")
@@ -124,9 +163,13 @@ def train(
     total, seen, steps = 0.0, 0, 0
     for _ in range(epochs):
         order = torch.randperm(n, generator=generator)
-        for start in range(0, n, batch_size):
-            idx = order[start : start + batch_size]
-            x = to_batch(images[idx.numpy()], device)
+        batches = [order[start : start + batch_size] for start in range(0, n, batch_size)]
+        for idx, raw in zip(batches, _uint8_batches(images, [b.numpy() for b in batches], device)):
+            if augment is not None:
+                from hospitrust.tasks.augment import augment_batch
+
+                raw = augment_batch(raw, augment)
+            x = _scale(raw)
             y = y_all[idx.to(device)]
             logits = model(x)
             if logit_scale is not None:

@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_deploy_parser(sub)
     add_data_parser(sub)
 
+    from hospitrust.tasks.export import add_task_parser
+
+    add_task_parser(sub)
+
     from hospitrust.fbd.cli import add_unlearn_parser
 
     add_unlearn_parser(sub)

@@ -24,6 +24,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from hospitrust.tasks.task import resolve_task
 from hospitrust.config import DATA_DIR_ENV, ConfigError, legacy, parse_run_config
 from hospitrust.datasets.registry import ensure_dataset
 from hospitrust.ops import flwr
@@ -187,13 +188,25 @@ def simulate(
         values["data-dir"] = str(Path(os.environ[DATA_DIR_ENV]).expanduser().resolve())
     if merged.get("resume-from"):
         values["resume-from"] = str(Path(str(merged["resume-from"])).expanduser().resolve())
+    for key in ("server-data.test-path", "server-data.cohort-path", "server-data.cache-dir", "task.pretrained"):
+        if merged.get(key):
+            values[key] = str(Path(str(merged[key])).expanduser().resolve())
     if not merged.get("run-name"):
         values["run-name"] = time.strftime("%Y%m%d-%H%M%S") + f"-{merged['dataset']}-{merged['strategy']}-{secrets.token_hex(2)}"
     # every config error surfaces here, before anything starts (unknown keys with a "did you mean")
     cfg = parse_run_config({**defaults, **values}, explicit=explicit)
     if cfg.min_hospitals > hospitals:
         raise ConfigError(f"min-hospitals = {cfg.min_hospitals} but only --hospitals {hospitals} are simulated")
+    if cfg.task.custom:
+        raise ConfigError("hospitrust simulate makes its hospitals from a dataset (dataset = FLAG), and this run config "
+                          "defines a task of its own (task.file / task.classes): run it on real hospitals (their SuperNodes"
+                          " with data-path, see docs/operators.md), or try it on one machine with `hospitrust task export`")
     ensure_dataset(cfg.dataset, cfg.image_size, cfg.resolved_data_dir())  # a missing file stops us before Flower or Ray
+    resolve_task(cfg)  # a task file or a bad task key stops us here too
+    for key, path in (("server-data.test-path", cfg.server_data.test_path), ("server-data.cohort-path",
+                      cfg.server_data.cohort_path), ("task.pretrained", cfg.task.pretrained)):
+        if path and not Path(path).exists():  # read by the ServerApp, on this machine
+            raise ConfigError(f"{key} {path!r} does not exist")
 
     res = size_resources(hospitals, gpus=gpus)
     work = Path(tempfile.mkdtemp(prefix="hospitrust-sim-"))

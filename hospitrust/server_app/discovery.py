@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import re
 import time
 from logging import WARNING
 from typing import Any, cast
 
 import numpy as np
-from flwr.app import Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
 from hospitrust.config import RunConfig
+from hospitrust.server_app.transport import exchange
 
 
 def wait_for_nodes(grid: Grid, minimum: int, timeout: float, poll: float = 1.0) -> list[int]:
@@ -26,16 +28,53 @@ def wait_for_nodes(grid: Grid, minimum: int, timeout: float, poll: float = 1.0) 
         time.sleep(poll)
 
 
-def discover_hospitals(grid: Grid, cfg: RunConfig) -> tuple[dict[int, str], list[dict[str, Any]]]:
-    """Query round: node id -> hospital name (node ids are random each run), plus class counts."""
+#: What the ClientApp raises for data that does not fit the task (client_app.context.load_hospital),
+#: inside Flower's "<class '...'>:<'message'>" error reason.
+_CANNOT_JOIN = re.compile(r"hospital '(?P<name>[^']+)' cannot join: (?P<why>.*?)'?>?\s*$", re.S)
+
+
+def failure_reason(reason: str) -> tuple[str | None, str]:
+    """A query error reply's reason -> (hospital name if the ClientApp named it, the readable reason).
+
+    Parameters
+    ----------
+    reason : str
+        The error reply's reason (Flower wraps the exception as ``<class '...'>:<'message'>``).
+
+    Returns
+    -------
+    tuple[str | None, str]
+        The hospital's name (None when it did not get that far) and the reason without Flower's wrapping.
+    """
+    text = (reason or "").strip()
+    match = _CANNOT_JOIN.search(text)
+    if match:
+        return match.group("name"), match.group("why").strip().split("\n")[0].rstrip("'>")  # not the traceback
+    inner = re.search(r":<'(.*)'>\s*$", text, re.S)
+    return None, (inner.group(1) if inner else text)[-500:].strip()
+
+
+def discover_hospitals(grid: Grid, cfg: RunConfig, task: Any = None,
+                       failed: list[dict[str, Any]] | None = None) -> tuple[dict[int, str], list[dict[str, Any]]]:
+    """Query round: node id -> hospital name (node ids are random each run), plus class counts and
+    data cards. The query carries the task (``task``: the resolved Task), so no hospital needs a
+    file of its own. A hospital that cannot join (its data does not fit the task) is left out and
+    appended to ``failed`` with its reason; the run goes on with the others.
+    """
+    from hospitrust.tasks.task import TASK_KEY
+
     nodes = wait_for_nodes(grid, cfg.min_hospitals, cfg.reply_timeout)
-    queries = [Message(RecordDict(), dst_node_id=nid, message_type=MessageType.QUERY) for nid in nodes]
+    content = RecordDict({"config": ConfigRecord({TASK_KEY: task.to_json()})}) if task is not None else RecordDict()
+    queries = [Message(content, dst_node_id=nid, message_type=MessageType.QUERY) for nid in nodes]
     hospitals: dict[int, str] = {}
     rows: list[dict[str, Any]] = []
-    for reply in grid.send_and_receive(queries, timeout=cfg.reply_timeout):
+    for reply in exchange(grid, queries, cfg.reply_timeout):
         nid = int(reply.metadata.src_node_id)
         if reply.has_error():
-            log(WARNING, "Node %d could not describe itself and is left out: %s", nid, (reply.error.reason or "").strip()[-500:])
+            name, why = failure_reason(reply.error.reason or "")
+            log(WARNING, "hospitrust: %s could not join and is left out: %s", name or f"node {nid}", why)
+            if failed is not None:
+                failed.append({"node_id": nid, "hospital": name or f"node {nid}", "reason": why})
             continue
         info = reply.content.config_records.get("info")
         name = str(info["hospital"]) if info is not None and "hospital" in info else None
@@ -57,21 +96,27 @@ def discover_hospitals(grid: Grid, cfg: RunConfig) -> tuple[dict[int, str], list
                 "train": [int(c) for c in cast(list[int], info.get("train-class-counts", []))],
                 "val": [int(c) for c in cast(list[int], info.get("val-class-counts", []))],
                 "device": str(info.get("device", "")),
+                "format": str(info.get("data-format", "")),
+                "card": {k: info[k] for k in ("images", "patients", "pixel-mean", "pixel-std") if k in info},
             }
         )
     if len(hospitals) < cfg.min_hospitals:
-        raise RuntimeError(f"only {len(hospitals)} hospital(s) answered the query round; min-hospitals is {cfg.min_hospitals}")
+        left_out = "".join(f"\n  {f['hospital']}: {f['reason']}" for f in (failed or []))
+        raise RuntimeError(f"only {len(hospitals)} hospital(s) answered the query round; min-hospitals is "
+                           f"{cfg.min_hospitals}" + (f"; left out:{left_out}" if left_out else ""))
     rows.sort(key=lambda r: (r["partition_id"], r["hospital"]))
     return hospitals, rows
 
 
 def format_class_counts(rows: list[dict[str, Any]], class_names: tuple[str, ...]) -> str:
+    """The hospitals' training images per class, their totals and each one's data format."""
     width = max([len("hospital")] + [len(r["hospital"]) for r in rows])
-    head = f"{'hospital':<{width}} " + " ".join(f"{n[:10]:>10}" for n in class_names) + f" {'train':>7} {'val':>6}"
+    head = (f"{'hospital':<{width}} " + " ".join(f"{n[:10]:>10}" for n in class_names) + f" {'train':>7} {'val':>6}"
+            + "  format")
     lines = [head, "-" * len(head)]
     for r in rows:
         cells = " ".join(f"{c:>10}" for c in r["train"])
-        lines.append(f"{r['hospital']:<{width}} {cells} {sum(r['train']):>7} {sum(r['val']):>6}")
+        lines.append(f"{r['hospital']:<{width}} {cells} {sum(r['train']):>7} {sum(r['val']):>6}  {r.get('format', '')}")
     totals = np.sum([r["train"] for r in rows], axis=0) if rows else []
     lines.append(f"{'total':<{width}} " + " ".join(f"{int(c):>10}" for c in totals)
                  + f" {sum(sum(r['train']) for r in rows):>7} {sum(sum(r['val']) for r in rows):>6}")

@@ -8,7 +8,7 @@ what a consortium needs on the record: per-round progress, the run directory
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from logging import INFO, WARNING
 from typing import Any
 
@@ -23,22 +23,24 @@ from hospitrust.attacks.interfaces import ColludingAttack
 from hospitrust.attacks.threat_model import ColludingAdversary, configured_attack, ground_truth
 from hospitrust.config import RunConfig, parse_run_config
 from hospitrust.contribution.federation import ContributionTracker
-from hospitrust.datasets.federation import load_arrays, reference_set
-from hospitrust.datasets.base import DatasetInfo
-from hospitrust.datasets.registry import dataset_info
 from hospitrust.fbd.server import run_fbd_federation
-from hospitrust.models import build_model
+from hospitrust.metrics import POOLED_KEY, pooled_report
 from hospitrust.models.training import pick_device, seed_everything
 from hospitrust.server_app.checkpoint import check_compatible, load_checkpoint, restore_rng_states, save_checkpoint
-from hospitrust.server_app.discovery import discover_hospitals, format_class_counts, offline_hospitals
+from hospitrust.server_app.discovery import discover_hospitals, offline_hospitals
 from hospitrust.server_app.plots import plot_trust
 from hospitrust.server_app.records import (
+    log_hospitals, run_record,
     absences, fail_if_every_hospital_crashed, flagged_hospitals, rare_class_holders, round_detection, run_security, summary_head,
 )
 from hospitrust.server_app.results import RunDirectory, default_run_name
 from hospitrust.server_app.secure import SecureTrainRound
+from hospitrust.server_app.server_data import ServerSets, server_sets
 from hospitrust.server_app.services import CentralEvaluator, strategy_from_config
 from hospitrust.strategies.base import RoundRecord
+from hospitrust.tasks.model import load_pretrained, task_model
+from hospitrust.tasks.task import TASK_KEY, Task, resolve_task
+from hospitrust.server_app.transport import exchange
 
 RUN_DIR_LOCK_TIMEOUT = 300.0  # seconds a resumed run waits for the stopped run's ServerApp to exit
 
@@ -63,14 +65,37 @@ def format_summary_table(history: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def federated_report(replies: Iterable[Any], num_classes: int, rare: list[int]) -> dict[str, Any]:
+    """The round's metrics from the hospitals' evaluation counts (no server test set); a hospital
+    whose counts are missing or malformed is left out of the pool, not the round.
+    """
+    counts = []
+    for reply in replies:
+        if reply.has_error() or not reply.has_content() or "metrics" not in reply.content.metric_records:
+            continue
+        m = reply.content.metric_records["metrics"]
+        try:
+            c: dict[str, Any] = {"confusion": list(m["confusion"]), "score-histogram": list(m["score-histogram"]),
+                 "loss-sum": float(m["loss-sum"])}
+            pooled_report([c], num_classes)  # shape and values check, on its own
+        except (KeyError, TypeError, ValueError) as exc:
+            log(WARNING, "hospitrust: node %s sent no usable evaluation counts (%s): left out of the pooled metrics",
+                reply.metadata.src_node_id, exc)
+            continue
+        counts.append(c)
+    return pooled_report(counts, num_classes, rare)
+
+
 def run_federation(grid: Grid, context: Context) -> RunDirectory:
     """The whole run; returns its directory. Raises on bad config or missing data before any round."""
     started = time.time()
     cfg = parse_run_config(context.run_config)
     if cfg.strategy == "fbd":  # block ownership keeps a warehouse of colors, not one global model
         return run_fbd_federation(grid, context)
-    info = dataset_info(cfg.dataset)
-    load_arrays(cfg.federation)  # a missing dataset fails here, before any hospital is contacted
+    task = resolve_task(cfg)
+    log(INFO, "hospitrust: %s", task.describe())
+    sets = server_sets(cfg, task)  # a missing file fails here, before any hospital is contacted
+    log(INFO, "hospitrust: test set: %s; reference cohort: %s", sets.test_source, sets.cohort_source)
     seed_everything(cfg.seed)
     device = pick_device()
 
@@ -80,38 +105,27 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
         run_dir = RunDirectory(resume["path"].parent)
         log(INFO, "hospitrust: resuming %s after round %d", run_dir.path, resume["round"])
     else:
-        run_dir = RunDirectory.create(cfg.output_dir, cfg.run_name or default_run_name(cfg.dataset, cfg.strategy))
+        run_dir = RunDirectory.create(cfg.output_dir, cfg.run_name or default_run_name(task.name, cfg.strategy))
         log(INFO, "hospitrust: run directory %s", run_dir.path)
     # one ServerApp writes a run directory at a time: a stopped run's ServerApp may still be
     # finishing its round when the resumed one starts
     with run_dir.exclusive(timeout=RUN_DIR_LOCK_TIMEOUT):
         run_dir.clear_failure()  # a resumed run is no longer the failed one
         try:
-            return _federate(grid, cfg, info, device, run_dir, resume, started)
+            return _federate(grid, cfg, task, sets, device, run_dir, resume, started)
         except Exception as exc:  # on the record for the operator (the console shows it), then Flower's
             run_dir.write_failure(exc)
             raise
 
 
-def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.device, run_dir: RunDirectory,
+def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: torch.device, run_dir: RunDirectory,
               resume: dict[str, Any] | None, started: float) -> RunDirectory:
-    hospitals, rows = discover_hospitals(grid, cfg)
-    log(INFO, "hospitrust: %d hospitals, %s, partitioner %s\n%s", len(hospitals), cfg.dataset, cfg.partitioner,
-        format_class_counts(rows, info.class_names))
+    info = task
+    failed: list[dict[str, Any]] = []
+    hospitals, rows = discover_hospitals(grid, cfg, task, failed)
+    log_hospitals(hospitals, rows, failed, cfg, task)
     run_dir.write_class_counts(info.class_names, rows)
-    run_dir.write_config(
-        {
-            **cfg.to_flat(),
-            "data-dir-resolved": str(cfg.resolved_data_dir() or ""),
-            "hospitals": {str(nid): name for nid, name in hospitals.items()},
-            # simulated hospitals (partition ids): the run knows which are attackers, so the console
-            # can tell an honest hospital flagged from a caught one
-            "ground-truth": all(r["partition_id"] >= 0 for r in rows),
-            "class-names": list(info.class_names),
-            "server-device": str(device),
-            "reference-cohort-size": len(reference_set(cfg.federation)),
-        }
-    )
+    run_dir.write_config(run_record(cfg, task, sets, hospitals, rows, failed, device))
 
     # the threat model (simulation ground truth; all honest when no attack is configured)
     attack = configured_attack(cfg)
@@ -122,24 +136,32 @@ def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.devic
     if attack is not None:
         log(INFO, "hospitrust: attack %s by %s", attack, sorted(h for h, bad in truth.items() if bad) or "nobody")
 
-    model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
+    model = task_model(task)
+    if task.pretrained and resume is None:  # read here only, on the SuperLink machine: round 1's global model
+        load_pretrained(model, task.pretrained)
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
-    strategy = strategy_from_config(cfg, hospitals, device)
+    strategy = strategy_from_config(cfg, hospitals, device, task, sets)
+    strategy.train_config[TASK_KEY] = task.to_json()  # every train message carries the task
     if cfg.train.class_weighted_loss and cfg.train.class_weights_from == "federation":
         # every hospital weighs its classes by the federation's totals from the query round
         strategy.train_config["federation-class-counts"] = [float(c) for c in np.sum([r["train"] for r in rows], axis=0)]
     if isinstance(attack, ColludingAttack):
         strategy.adversary = ColludingAdversary(attack, {h for h, bad in truth.items() if bad}, cfg.seed)
     strategy.summary()
-    evaluator = CentralEvaluator(cfg, info, device, attack)
-    evaluator.rare_classes = metrics.rare_classes(np.sum([r["train"] for r in rows], axis=0))
+    evaluator = CentralEvaluator(cfg, info, device, sets.test, attack) if sets.test is not None else None
+    rare = list(task.rare_classes) or metrics.rare_classes(np.sum([r["train"] for r in rows], axis=0))
+    if evaluator is not None:
+        evaluator.rare_classes = rare
+    else:
+        log(INFO, "hospitrust: no server test set: federated evaluation (the hospitals' held-out images, pooled)")
 
     history: list[dict[str, Any]] = []
     flags_per_round: list[dict[str, bool]] = []
     resumed_at: list[int] = []
     if resume is None:
-        initial = evaluator(arrays)
-        log(INFO, "round   0 (initial model)  bal-acc %.4f  auc %.4f", initial["balanced_accuracy"], initial["auc"])
+        if evaluator is not None:
+            initial = evaluator(arrays)
+            log(INFO, "round   0 (initial model)  bal-acc %.4f  auc %.4f", initial["balanced_accuracy"], initial["auc"])
     else:
         arrays = ArrayRecord(resume["model"])
         strategy.load_state_dict(resume["strategy_state"])
@@ -147,7 +169,8 @@ def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.devic
         resumed_at = [*resume.get("resumed_at", []), resume["round"]]
         run_dir.rewrite_rounds(history)  # rounds after the checkpoint (a crash mid-round) are dropped
         restore_rng_states(resume["rng"])
-    train_config, evaluate_config = ConfigRecord(), ConfigRecord()
+    train_config = ConfigRecord()
+    evaluate_config = ConfigRecord({TASK_KEY: task.to_json(), **({POOLED_KEY: True} if evaluator is None else {})})
     # contribution scores from hospitals' reported scalars; SecAgg+ hands the server the sum only
     contribution = ContributionTracker(hospitals) if cfg.contribution_scoring.enabled else None
     if contribution is not None:
@@ -160,7 +183,7 @@ def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.devic
         offline = offline_hospitals(rnd, grid, strategy.hospitals)
         if secure is None:
             messages = list(strategy.configure_train(rnd, arrays, train_config, grid))
-            replies = list(grid.send_and_receive(messages, timeout=cfg.reply_timeout))
+            replies = exchange(grid, messages, cfg.reply_timeout)
             new_arrays, _ = strategy.aggregate_train(rnd, replies)
             asked = [m.metadata.dst_node_id for m in messages]
         else:
@@ -171,9 +194,9 @@ def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.devic
         eval_messages = list(strategy.configure_evaluate(rnd, arrays, evaluate_config, grid))
         if contribution is not None:
             eval_messages = contribution.ask(rnd, strategy.records[rnd], eval_messages)
-        eval_replies = list(grid.send_and_receive(eval_messages, timeout=cfg.reply_timeout))
+        eval_replies = exchange(grid, eval_messages, cfg.reply_timeout)
         strategy.aggregate_evaluate(rnd, eval_replies)
-        central = evaluator(arrays)
+        central = evaluator(arrays) if evaluator is not None else federated_report(eval_replies, task.num_classes, rare)
         record = strategy.records[rnd]
         answered = {c["node_id"] for c in record.clients}
         missing = [strategy.hospitals[nid] for nid in asked if nid not in answered]
@@ -185,6 +208,7 @@ def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.devic
         round_record: dict[str, Any] = {
             "round": rnd,
             "central": central,
+            "evaluation": "central" if evaluator is not None else "federated",
             "clients": record.clients,
             "aggregation_seconds": record.aggregation_seconds,
             "round_seconds": time.perf_counter() - round_start,
@@ -215,7 +239,10 @@ def _federate(grid: Grid, cfg: RunConfig, info: DatasetInfo, device: torch.devic
         "fairness": history[-1]["fairness"],
         "malicious_hospitals": sorted(h for h, bad in truth.items() if bad),
         "rare_class": rare_class,
-        "rare_classes": evaluator.rare_classes,
+        "rare_classes": rare,
+        "task": task.name,
+        "evaluation": "central" if evaluator is not None else "federated",
+        "failed_hospitals": failed,
         "security": run_security(flags_per_round, truth, rare_holders),
         "resumed_at": resumed_at,
     }

@@ -9,15 +9,22 @@ gives a small hospital a small weight without suspecting it.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
+import torch
+from flwr.common import log
 
 from hospitrust.attacks.metrics import detection_rates, rounds_to_detection
 from hospitrust.config import RunConfig
+from hospitrust.server_app.discovery import format_class_counts
 from hospitrust.server_app.results import RunDirectory
+from hospitrust.server_app.server_data import ServerSets
+from hospitrust.tasks.task import Task
 
 def flagged_hospitals(clients: Sequence[Mapping[str, Any]]) -> dict[str, bool]:
     return {
@@ -131,7 +138,7 @@ def summary_head(cfg: RunConfig, history: list[dict[str, Any]], num_hospitals: i
         "best": best["central"],
         "rounds": len(history),
         "wall_seconds": time.time() - started,
-        "dataset": cfg.dataset,
+        "dataset": "" if cfg.task.custom else cfg.dataset,  # a task of the consortium's own has none
         "strategy": cfg.strategy,
         "model": cfg.model,
         "hospitals": num_hospitals,
@@ -152,3 +159,36 @@ def fail_if_every_hospital_crashed(rnd: int, clients: list[dict[str, Any]], aske
         raise FederationFailure(
             f"round {rnd}: the ClientApp failed at every hospital ({asked}); first error: {crashed[0]['reason']}"
         )
+
+
+def log_hospitals(hospitals: Mapping[int, str], rows: list[dict[str, Any]], failed: list[dict[str, Any]], cfg: RunConfig,
+                  task: Task) -> None:
+    """The query round's result: who joined with what (and the partitioner, for simulated hospitals only)."""
+    simulated = sum(1 for r in rows if r["partition_id"] >= 0)
+    how = (f", {simulated} simulated (partitioner {cfg.partitioner})" if simulated else "")
+    log(INFO, "hospitrust: %d hospitals, task %s%s\n%s", len(hospitals), task.name, how,
+        format_class_counts(rows, task.class_names))
+    for f in failed:
+        log(WARNING, "hospitrust: %s left out: %s", f["hospital"], f["reason"])
+
+
+def run_record(cfg: RunConfig, task: Task, sets: ServerSets, hospitals: Mapping[int, str], rows: list[dict[str, Any]],
+               failed: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
+    """config.json: the run config and what the run found (task, hospitals, their data, the server's sets)."""
+    return {
+        **cfg.to_flat(),
+        "data-dir-resolved": str(cfg.resolved_data_dir() or ""),
+        "hospitals": {str(nid): name for nid, name in hospitals.items()},
+        # simulated hospitals (partition ids): the run knows which are attackers, so the console
+        # can tell an honest hospital flagged from a caught one
+        "ground-truth": bool(rows) and all(r["partition_id"] >= 0 for r in rows),
+        "class-names": list(task.class_names),
+        "task-resolved": json.loads(task.to_json()),
+        "hospital-data": {r["hospital"]: {"format": r.get("format", ""), **r.get("card", {})} for r in rows},
+        "failed-hospitals": failed,
+        "server-device": str(device),
+        "test-set": sets.test_source,
+        "reference-cohort": sets.cohort_source,
+        "reference-cohort-size": len(sets.cohort) if sets.cohort is not None else 0,
+        "evaluation": "central" if sets.test is not None else "federated",
+    }

@@ -19,10 +19,10 @@ from hospitrust.aggregation import flatten_state, unflatten_state
 from hospitrust.attacks.data_attacks import Backdoor, LabelFlip
 from hospitrust.attacks.metrics import backdoor_success_rate, targeted_flip_success
 from hospitrust.config import RunConfig
-from hospitrust.datasets.federation import reference_set, test_set
-from hospitrust.datasets.base import DatasetInfo
-from hospitrust.datasets.registry import dataset_info
-from hospitrust.models import build_model
+from hospitrust.datasets.federation import LabelledImages
+from hospitrust.server_app.server_data import ServerSets
+from hospitrust.tasks.model import task_model
+from hospitrust.tasks.task import Task
 from hospitrust.models.training import balanced_class_weights, predict_proba, seed_everything, to_batch, train
 from hospitrust.strategies import HospitrustStrategy, build_strategy, strategy_class
 from hospitrust.strategies.base import SERVICES
@@ -34,10 +34,10 @@ class CentralEvaluator:
     backdoor or a targeted label flip, the attack success rate.
     """
 
-    def __init__(self, cfg: RunConfig, info: DatasetInfo, device: torch.device, attack=None) -> None:
+    def __init__(self, cfg: RunConfig, info: Task, device: torch.device, test: LabelledImages, attack=None) -> None:
         self.cfg, self.info, self.device = cfg, info, device
-        self.test = test_set(cfg.federation)
-        self.model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
+        self.test = test
+        self.model = task_model(info)
         inner = getattr(attack, "attack", attack)  # unwrap a schedule
         self.backdoor = inner if isinstance(inner, Backdoor) else None
         self.targeted_flip = inner if isinstance(inner, LabelFlip) and inner.mode == "source-to-target" else None
@@ -67,10 +67,10 @@ class ReferenceCohortTrainer:
     reference cohort, with the hospitals' optimizer settings.
     """
 
-    def __init__(self, cfg: RunConfig, info: DatasetInfo, device: torch.device) -> None:
+    def __init__(self, cfg: RunConfig, info: Task, device: torch.device, cohort: LabelledImages) -> None:
         self.cfg, self.info, self.device = cfg, info, device
-        self.cohort = reference_set(cfg.federation)
-        self.model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
+        self.cohort = cohort
+        self.model = task_model(info)
 
     def __call__(self, global_state: dict[str, torch.Tensor], server_round: int) -> torch.Tensor:
         seed_everything(self.cfg.seed, 10_000_019, server_round)
@@ -91,10 +91,10 @@ class ReferenceCohortJudge:
     (global + u_h), and the global model's inputs to its last linear layer.
     """
 
-    def __init__(self, cfg: RunConfig, info: DatasetInfo, device: torch.device) -> None:
+    def __init__(self, cfg: RunConfig, info: Task, device: torch.device, cohort: LabelledImages) -> None:
         self.cfg, self.info, self.device = cfg, info, device
-        self.cohort = reference_set(cfg.federation)
-        self.model = build_model(cfg.model, info.in_channels, info.num_classes, cfg.image_size)
+        self.cohort = cohort
+        self.model = task_model(info)
         self.head = [m for m in self.model.modules() if isinstance(m, torch.nn.Linear)][-1]
 
     def score_candidates(self, global_state: dict[str, torch.Tensor], updates: torch.Tensor) -> torch.Tensor:
@@ -142,17 +142,20 @@ class ServerServices(Mapping[str, Callable[..., Any]]):
     on first use: the reference cohort is loaded once, and only for a rule that needs it.
     """
 
-    def __init__(self, cfg: RunConfig, info: DatasetInfo, device: torch.device) -> None:
-        self.cfg, self.info, self.device = cfg, info, device
+    def __init__(self, cfg: RunConfig, info: Task, device: torch.device, sets: ServerSets) -> None:
+        self.cfg, self.info, self.device, self.sets = cfg, info, device, sets
         self._judge: ReferenceCohortJudge | None = None
         self._trainer: ReferenceCohortTrainer | None = None
 
     def _cohort_judge(self) -> ReferenceCohortJudge:
         if self._judge is None:
-            self._judge = ReferenceCohortJudge(self.cfg, self.info, self.device)
+            assert self.sets.cohort is not None  # __getitem__ offers nothing without one
+            self._judge = ReferenceCohortJudge(self.cfg, self.info, self.device, self.sets.cohort)
         return self._judge
 
     def __getitem__(self, name: str) -> Callable[..., Any]:
+        if self.sets.cohort is None:  # every service judges or trains on the cohort
+            raise KeyError(name)
         if name == "candidate_scores":
             return self._cohort_judge().score_candidates
         if name == "head_features":
@@ -161,19 +164,22 @@ class ServerServices(Mapping[str, Callable[..., Any]]):
             return self._cohort_judge().candidate_logits
         if name == "server_update":
             if self._trainer is None:
-                self._trainer = ReferenceCohortTrainer(self.cfg, self.info, self.device)
+                self._trainer = ReferenceCohortTrainer(self.cfg, self.info, self.device, self.sets.cohort)
             return self._trainer
         raise KeyError(name)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(SERVICES)
+        return iter(SERVICES if self.sets.cohort is not None else ())
 
     def __len__(self) -> int:
-        return len(SERVICES)
+        return len(SERVICES) if self.sets.cohort is not None else 0
 
 
-def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: torch.device) -> HospitrustStrategy:
-    """The configured rule, built by the registry from its section and what it needs of the server."""
+def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: torch.device, task: Task,
+                         sets: ServerSets) -> HospitrustStrategy:
+    """The configured rule, built by the registry from its section and what it needs of the server.
+    A rule's empty ``rare-classes`` option takes the task's rare classes, where the task names them.
+    """
     train_config = {
         "local-epochs": cfg.local_epochs,
         "batch-size": cfg.batch_size,
@@ -181,10 +187,12 @@ def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: t
     }
     cls = strategy_class(cfg.strategy)
     options = cfg.strategy_options
+    if task.rare_classes and "rare_classes" in type(options).model_fields and not getattr(options, "rare_classes"):
+        options = options.model_copy(update={"rare_classes": ",".join(map(str, task.rare_classes))})
     strategy = build_strategy(
         cfg.strategy, hospitals, options=options,
         composed={name: cfg.options(name) for name in cls.composes(options)},
-        services=ServerServices(cfg, dataset_info(cfg.dataset), device),
+        services=ServerServices(cfg, task, device, sets),
         train_config=train_config, fraction_train=cfg.fraction_train, min_hospitals=cfg.min_hospitals,
         limits=ReplyLimits(max_update_norm=cfg.max_update_norm, max_num_examples=cfg.max_num_examples),
         seed=cfg.seed, device=device, assumed_malicious=cfg.assumed_malicious,

@@ -132,6 +132,13 @@ class HospitrustStrategy(Strategy):
         return frozenset()
 
     @classmethod
+    def cohort_free_setting(cls, options: OptionsModel, composed: Mapping[str, OptionsModel]) -> str | None:
+        """The setting under which this rule needs no reference cohort (named in the error a run
+        without one gets), e.g. ``hta.validation-exponent = 0``; None when it has none.
+        """
+        return None
+
+    @classmethod
     def check_run_config(cls, cfg: Any) -> None:
         """Checks of this rule against the rest of the run config when it is selected (a duck-typed
         ``hospitrust.config.RunConfig``); ValueError naming the keys.

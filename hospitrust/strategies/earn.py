@@ -285,6 +285,15 @@ class EARN(HospitrustStrategy):
             out |= HTA.needs(composed.get("hta", HTAOptions()), composed)
         return frozenset(out)
 
+    @classmethod
+    def cohort_free_setting(cls, options, composed) -> str | None:
+        settings = []
+        if options.audit:
+            settings.append("earn.audit = false")
+        if options.base == "hta" and HTA.needs(composed.get("hta", HTAOptions()), composed):
+            settings.append("hta.validation-exponent = 0")
+        return " and ".join(settings) or None
+
     def __init__(
         self,
         hospitals,

@@ -99,7 +99,18 @@ class FBD(HospitrustStrategy):
 
     @classmethod
     def check_run_config(cls, cfg: Any) -> None:
+        from hospitrust.server_app.server_data import has_cohort, has_test_set
+
         blocks_for(cfg.model)  # ValueError naming the models that have a block cut
+        lacking = [key for key, ok in (("server-data.test-path", has_test_set(cfg)),
+                                       ("server-data.cohort-path", has_cohort(cfg))) if not ok]
+        if lacking or cfg.server_data.evaluation == "federated":
+            raise ValueError(f"strategy fbd evaluates, routes and screens its colors on the server's test set and "
+                             f"reference cohort: set {' and '.join(lacking) or 'server-data.evaluation = auto'} (it has "
+                             "no cohort-free or federated-evaluation setting)")
+        if cfg.task.mean.strip() or cfg.task.std.strip() or cfg.task.augmentation.strip():
+            raise ValueError("strategy fbd trains with the default normalization and no augmentation: leave task.mean, "
+                             "task.std and task.augmentation empty")
         on = [key for key, value in (("resume-from", bool(cfg.resume_from)), ("secagg.enabled", cfg.secagg.enabled),
                                      ("contribution-scoring.enabled", cfg.contribution_scoring.enabled)) if value]
         if on:

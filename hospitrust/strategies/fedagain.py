@@ -106,6 +106,10 @@ class FedAgain(HospitrustStrategy):
     def needs(cls, options, composed) -> frozenset[str]:
         return frozenset({"candidate_scores"}) if options.benchmark == "server" else frozenset()
 
+    @classmethod
+    def cohort_free_setting(cls, options, composed) -> str | None:
+        return "fedagain.benchmark = 'client' (each hospital's own benchmark error)"
+
     def __init__(self, hospitals, options=None, *,
                  candidate_scores: Callable[[dict, torch.Tensor], torch.Tensor] | None = None, **kwargs) -> None:
         super().__init__(hospitals, options, **kwargs)

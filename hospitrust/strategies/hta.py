@@ -112,6 +112,10 @@ class HTA(HospitrustStrategy):
     def needs(cls, options, composed) -> frozenset[str]:
         return frozenset({"candidate_scores"}) if options.validation_exponent > 0 else frozenset()
 
+    @classmethod
+    def cohort_free_setting(cls, options, composed) -> str | None:
+        return "hta.validation-exponent = 0 (trust from direction and magnitude only)"
+
     def __init__(self, hospitals, options=None, *,
                  candidate_scores: Callable[[dict, torch.Tensor], torch.Tensor] | None = None, **kwargs) -> None:
         super().__init__(hospitals, options, **kwargs)

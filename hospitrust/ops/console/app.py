@@ -52,7 +52,8 @@ def _views(reader: RunReader, hospitals: list[str]) -> tuple[Any, Any, Any]:
             del _VIEWS[old]
         rare = views.rare_holders(reader.class_counts)
         _VIEWS[key] = (views.metric_series(reader.rounds), views.trust_series(reader.rounds, hospitals),
-                       views.all_alerts(reader.rounds, ground_truth=reader.ground_truth, rare=rare))
+                       views.all_alerts(reader.rounds, ground_truth=reader.ground_truth, rare=rare,
+                                        left_out=reader.config.get("failed-hospitals", [])))
     return _VIEWS[key]
 
 

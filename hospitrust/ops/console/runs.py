@@ -171,7 +171,10 @@ class RunReader:
             "status": status,
             "resumed_at": self.resumed_at,
             "strategy": self.config.get("strategy", (self.summary or {}).get("strategy", "")),
-            "dataset": self.config.get("dataset", (self.summary or {}).get("dataset", "")),
+            # the task (a dataset flag is a built-in task): what the run learned
+            "task": (self.config.get("task-resolved") or {}).get("name")
+            or self.config.get("dataset", (self.summary or {}).get("dataset", "")),
+            "left_out": list(self.config.get("failed-hospitals", [])),
             "attack": self.config.get("attack", "none"),
             "hospitals": len(self.hospitals),
             "rounds_done": len(self.rounds),

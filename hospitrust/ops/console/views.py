@@ -157,8 +157,12 @@ def round_alerts(record: Mapping[str, Any], *, offline_before: set[str], ground_
     return out
 
 
-def all_alerts(rounds: Iterable[Mapping[str, Any]], *, ground_truth: bool, rare: set[str]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def all_alerts(rounds: Iterable[Mapping[str, Any]], *, ground_truth: bool, rare: set[str],
+               left_out: Iterable[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Every round's alerts, after the hospitals that could not join (the query round, ``left_out``)."""
+    out: list[dict[str, Any]] = [
+        {"round": 0, "kind": "left-out", "hospital": f.get("hospital", ""),
+         "text": f"{f.get('hospital', 'a hospital')} could not join: {f.get('reason', '')}"} for f in left_out]
     offline: set[str] = set()
     for record in rounds:
         out += round_alerts(record, offline_before=offline, ground_truth=ground_truth, rare=rare)

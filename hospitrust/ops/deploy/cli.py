@@ -13,6 +13,8 @@ from hospitrust.ops.deploy.pki import create_ca, create_server_cert, create_supe
 from hospitrust.ops.deploy.superlink import DEFAULT_PORT, superlink_command, write_connection
 from hospitrust.ops.deploy.supernode import supernode_command
 from hospitrust.ops.flwr import COMPLETED
+from hospitrust.datasets.local import FORMATS
+from hospitrust.tasks.cli import add_task_arguments, task_from_args
 
 
 def _exec(cmd: list[str], dry_run: bool) -> int:
@@ -98,7 +100,8 @@ def cmd_status(args) -> int:
 def cmd_supernode(args) -> int:
     data_path = Path(args.data_path).expanduser().resolve()
     if not args.skip_data_check:
-        report = data_check.check_folder(data_path, args.dataset, args.image_size, allow_odd_sizes=args.allow_odd_sizes)
+        report = data_check.check_path(data_path, task_from_args(args), data_format=args.data_format,
+                                       allow_odd_sizes=args.allow_odd_sizes)
         print(report.format(), flush=True)
         if not report.ok:
             print("\nhospitrust deploy supernode: not starting the SuperNode: fix the problems above "
@@ -110,16 +113,41 @@ def cmd_supernode(args) -> int:
     key_mode = Path(args.key).expanduser().stat().st_mode & 0o777
     if key_mode & 0o077:
         print(f"warning: {args.key} is readable by others (mode {key_mode:o}); chmod 600 it", file=sys.stderr)
-    node_config: dict[str, object] = {"data-path": str(data_path), "hospital": args.hospital}
+    node_config: dict[str, object] = {"data-path": str(data_path), "data-format": args.data_format,
+                                      "hospital": args.hospital}
+    if args.cache_dir:
+        node_config["cache-dir"] = str(Path(args.cache_dir).expanduser().resolve())
+    if args.malicious:
+        node_config["malicious"] = True
+    warm = args.launcher == "warm"
     cmd = supernode_command(superlink=args.superlink, ca=Path(args.ca), key=Path(args.key), node_config=node_config,
                             port=args.port, host=args.host, max_retries=args.max_retries,
-                            max_wait_time=args.max_wait_time)
+                            max_wait_time=args.max_wait_time, isolation="process" if warm else "subprocess")
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    return _exec(cmd, args.dry_run)
+    if not warm:
+        return _exec(cmd, args.dry_run)
+    print("$ " + shlex.join(cmd), flush=True)
+    print(f"  with ClientApps forked by hospitrust's warm launcher from 127.0.0.1:{args.port}; watchdog bound "
+          f"{args.message_timeout:g} s per message", flush=True)
+    if args.dry_run:
+        return 0
+    from hospitrust.ops.deploy.supervisor import Supervisor
+
+    runtime = f"{'127.0.0.1' if args.host in ('0.0.0.0', '') else args.host}:{args.port}"
+    return Supervisor(cmd, runtime, message_timeout=args.message_timeout, env=dict(os.environ)).run()
 
 
 def cmd_data_check(args) -> int:
-    return data_check.main(args.path, args.dataset, args.image_size, args.allow_odd_sizes)
+    from hospitrust.errors import ConfigError
+
+    try:
+        task = task_from_args(args)
+    except ConfigError as exc:  # a bad task option: one line, exit 2 (problems in the data are exit 1)
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        detail = "; ".join(line.lstrip("- ") for line in lines[1:])
+        print(f"hospitrust data check: {lines[0] if lines else exc}{' ' + detail if detail else ''}", file=sys.stderr)
+        return 2
+    return data_check.main(args.path, task, args.data_format, args.allow_odd_sizes)
 
 
 def add_deploy_parser(sub) -> None:
@@ -188,14 +216,24 @@ def add_deploy_parser(sub) -> None:
     p.add_argument("--superlink", required=True, metavar="HOST:PORT")
     p.add_argument("--ca", required=True, help="the federation's CA certificate")
     p.add_argument("--key", required=True, help="this hospital's SuperNode private key (deploy keygen)")
-    p.add_argument("--data-path", required=True, help="class-per-folder images")
+    p.add_argument("--data-path", required=True,
+                   help="this hospital's images: a folder of class folders (images or DICOM), a CSV manifest or a .npz")
+    p.add_argument("--data-format", default="auto", choices=FORMATS, help="how --data-path is laid out (default: detected)")
+    p.add_argument("--cache-dir", help="where decoded images are cached (default ~/.cache/hospitrust/images)")
     p.add_argument("--hospital", required=True, help="this hospital's name (as the federation records it)")
     p.add_argument("--port", type=int, default=9094, help="the SuperNode's local Runtime API port (default 9094)")
     p.add_argument("--host", default="127.0.0.1", help="the SuperNode's local Runtime API address (default 127.0.0.1)")
-    p.add_argument("--dataset", default="pneumoniamnist", help="the federation's dataset (default pneumoniamnist)")
-    p.add_argument("--image-size", type=int, default=28, help="the federation's image size (default 28)")
+    add_task_arguments(p)
     p.add_argument("--allow-odd-sizes", action="store_true", help="non-square or small images are warnings, not problems")
     p.add_argument("--skip-data-check", action="store_true", help="start even if the data check finds problems")
+    p.add_argument("--launcher", choices=("warm", "flower"), default="warm",
+                   help="warm (default): hospitrust forks each ClientApp from a process with torch already imported, "
+                        "and a watchdog restarts a SuperNode whose ClientApp died mid-message; flower: Flower's own "
+                        "SuperExec (a fresh process per message)")
+    p.add_argument("--malicious", action="store_true",
+                   help="red team only: this node carries out the run's attack (runs with an attack configured)")
+    p.add_argument("--message-timeout", type=float, default=1800.0,
+                   help="watchdog: seconds a message may be in flight before the SuperNode is restarted (default 1800)")
     p.add_argument("--max-retries", type=int, help="reconnection attempts before giving up (default: unlimited)")
     p.add_argument("--max-wait-time", type=float, help="seconds of reconnecting before giving up (default: unlimited)")
     p.add_argument("--dry-run", action="store_true", help="check and print the command, do not start it")
@@ -205,10 +243,16 @@ def add_deploy_parser(sub) -> None:
 def add_data_parser(sub) -> None:
     data = sub.add_parser("data", help="check a hospital's own data before joining")
     dsub = data.add_subparsers(dest="data_command", required=True)
-    p = dsub.add_parser("check", help="check a class-per-folder image dataset against the federation's classes",
-                        description="Exit 0 when the folder is ready, 1 when it has problems.")
-    p.add_argument("path", help="folder with one sub-folder per class")
-    p.add_argument("--dataset", default="pneumoniamnist", help="the federation's dataset (default pneumoniamnist)")
-    p.add_argument("--image-size", type=int, default=28, help="the federation's image size (default 28)")
+    p = dsub.add_parser("check", help="check a hospital's data (class folders, CSV manifest or .npz) against the task",
+                        description="Read the data as the ClientApp will (every file decoded) and report every problem: "
+                                    "class folders or labels that are not the task's, unreadable images and DICOM files, "
+                                    "empty classes, the same image under two classes, patients on both sides of a given "
+                                    "split, image sizes. Exit 0 when the data is ready, 1 when it has problems, 2 when a "
+                                    "task option is wrong.")
+    p.add_argument("path", help="a folder with one sub-folder per class, a CSV manifest (path,label[,patient_id][,split]) "
+                                "or a .npz archive (images, labels[, patient_ids][, split])")
+    p.add_argument("--format", "--data-format", dest="data_format", default="auto", choices=FORMATS,
+                   help="how PATH is laid out (default: detected from the path)")
+    add_task_arguments(p)
     p.add_argument("--allow-odd-sizes", action="store_true", help="non-square or small images are warnings, not problems")
     p.set_defaults(func=cmd_data_check)

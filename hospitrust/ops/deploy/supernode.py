@@ -30,7 +30,11 @@ def node_config_string(values: dict[str, object]) -> str:
 
 
 def supernode_command(*, superlink: str, ca: Path, key: Path, node_config: dict[str, object], port: int = 9094,
-                      host: str = "127.0.0.1", max_retries: int | None = None, max_wait_time: float | None = None) -> list[str]:
+                      host: str = "127.0.0.1", max_retries: int | None = None, max_wait_time: float | None = None,
+                      isolation: str = "subprocess") -> list[str]:
+    """The ``flower-supernode`` command; ``isolation = "process"``: ClientApps are launched by
+    hospitrust's warm launcher (``hospitrust.ops.deploy.launcher``), not Flower's SuperExec.
+    """
     cmd = [
         "flower-supernode",
         "--root-certificates", str(Path(ca).expanduser().resolve()),
@@ -44,4 +48,6 @@ def supernode_command(*, superlink: str, ca: Path, key: Path, node_config: dict[
         cmd += ["--max-retries", str(max_retries)]
     if max_wait_time is not None:
         cmd += ["--max-wait-time", f"{max_wait_time:g}"]
+    if isolation != "subprocess":
+        cmd += ["--isolation", isolation]
     return cmd

@@ -62,14 +62,14 @@ function runList() {
     setLive(true);
     if (data.runs.length === 1 && !location.hash) { location.hash = "#/run/" + encodeURIComponent(data.runs[0].id); return; }
     const table = el("table", { id: "runs" },
-      el("tr", {}, ...["run", "status", "strategy", "dataset", "attack", "hospitals", "rounds", "balanced accuracy"].map((h) => el("th", { text: h }))));
+      el("tr", {}, ...["run", "status", "strategy", "task", "attack", "hospitals", "rounds", "balanced accuracy"].map((h) => el("th", { text: h }))));
     for (const r of data.runs) {
       const status = r.status + (r.resumed_at && r.resumed_at.length ? " (resumed)" : "");
       table.append(el("tr", { "data-run": r.id },
         el("td", {}, el("a", { href: "#/run/" + encodeURIComponent(r.id), text: r.name })),
         el("td", {}, badge(r.status), r.resumed_at && r.resumed_at.length ? " resumed after " + r.resumed_at.join(", ") : "",
           r.failure ? el("div", { class: "reason", text: r.failure }) : null),
-        el("td", { text: r.strategy }), el("td", { text: r.dataset }), el("td", { text: r.attack }),
+        el("td", { text: r.strategy }), el("td", { text: r.task }), el("td", { text: r.attack }),
         el("td", { class: "num", text: r.hospitals }),
         el("td", { class: "num", text: r.rounds_done + (r.rounds_total ? " / " + r.rounds_total : "") }),
         el("td", { class: "num", text: fmt(r.balanced_accuracy) })));
@@ -135,7 +135,7 @@ function drawHeader() {
   head.replaceChildren(
     el("h1", {}, r.name + " ", badge(r.status), r.resumed_at && r.resumed_at.length ? " resumed after round " + r.resumed_at.join(", ") : ""),
     el("div", { class: "meta" },
-      "strategy ", el("b", { text: r.strategy }), " · dataset ", el("b", { text: r.dataset }), " · attack ", el("b", { text: r.attack }),
+      "strategy ", el("b", { text: r.strategy }), " · task ", el("b", { text: r.task }), " · attack ", el("b", { text: r.attack }),
       " · hospitals ", el("b", { text: r.hospitals }), " · rounds ", el("b", { id: "rounds-done", text: r.rounds_done + (r.rounds_total ? " / " + r.rounds_total : "") }),
       final ? el("span", {}, " · final balanced accuracy ", el("b", { text: fmt(final.balanced_accuracy) }), ", AUC ", el("b", { text: fmt(final.auc) })) : null,
       r.failure ? el("div", { class: "flag", text: "failed: " + r.failure }) : null));

@@ -1,0 +1,166 @@
+"""A hospital's ClientApp launcher: Flower's SuperExec, forking each ClientApp from a warm parent.
+
+Flower 1.42 runs every message (query, train, evaluate) in a fresh ``flwr-clientapp`` process,
+which imports torch and Flower again (about 4.8 s of imports on a 2-core machine, twice a
+round). With ``flower-supernode --isolation process`` the SuperNode leaves launching to a
+process of our choice; this one imports the heavy libraries once (``PRELOAD``: torch, numpy,
+Pillow, pydicom, scikit-learn's metrics, Flower's ClientApp runtime), then, like
+``flower-superexec``, asks the SuperNode's Runtime API for tasks and runs each in a child
+``os.fork()``-ed from it: Flower's own ``run_clientapp`` with the task's token. Each message
+still gets its own process (a run never sees another run's state); only imported library
+code is shared. hospitrust itself is *not* preloaded: the child imports it from the run's app
+bundle, as Flower's own launcher would. The parent never runs torch code (no thread pool, no
+CUDA context), so forking it is safe; a GPU child creates its own CUDA context.
+
+It prints one JSON line per child on stdout (``started``, ``exited`` with exit code or signal
+and seconds), which ``hospitrust deploy supernode``'s watchdog reads.
+
+Fault injection for the watchdog's tests: ``HOSPITRUST_LAUNCHER_FAULT=die-before-read@N`` (the
+N-th child exits before it reads its message) or ``hang@N`` (it never starts); ``KIND@N/G``
+applies after the supervisor's G-th restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import signal
+import sys
+import time
+
+#: Imported once by the parent and shared with every forked ClientApp.
+PRELOAD = ("numpy", "torch", "torch.nn", "torch.nn.functional", "torch.utils.data", "PIL.Image", "pydantic",
+           "pydicom", "sklearn.metrics", "flwr.app", "flwr.clientapp", "flwr.supernode.runtime.run_clientapp")
+POLL_SECONDS = 0.05  # Flower's SuperExec: FLWR_SUPEREXEC_TASK_POLL_INTERVAL, 1 s by default
+FAULT_ENV = "HOSPITRUST_LAUNCHER_FAULT"
+GENERATION_ENV = "HOSPITRUST_LAUNCHER_GENERATION"  # set by the supervisor: 0, then 1 after its first restart
+
+
+def emit(event: str, **fields: object) -> None:
+    """One event line for the supervisor (and the hospital's log)."""
+    print(json.dumps({"launcher": event, "time": time.time(), **fields}), flush=True)
+
+
+def preload() -> float:
+    """Import ``PRELOAD``; returns the seconds it took."""
+    start = time.perf_counter()
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an optional library (pydicom) missing: the child imports what it needs
+            pass
+    return time.perf_counter() - start
+
+
+def _fault(launched: int) -> str:
+    """The fault to inject into the ``launched``-th child (1-based) of this launcher, from
+    $HOSPITRUST_LAUNCHER_FAULT: ``KIND@N`` in the first launcher the supervisor starts, ``KIND@N/G``
+    in its G-th restart ($HOSPITRUST_LAUNCHER_GENERATION), so an injected fault fires once.
+    """
+    generation = int(os.environ.get(GENERATION_ENV, "0") or 0)
+    for item in os.environ.get(FAULT_ENV, "").split(","):
+        kind, _, at = item.strip().partition("@")
+        n, _, gen = at.partition("/")
+        if kind and n.isdigit() and int(n) == launched and int(gen or 0) == generation:
+            return kind
+    return ""
+
+
+def _child(runtime_api_address: str, token: str, fault: str) -> None:
+    """In the forked child: run one ClientApp task with Flower's own runtime; never returns."""
+    code = 0
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if fault == "die-before-read":
+            os._exit(17)
+        if fault == "hang":
+            while True:
+                time.sleep(3600)
+        from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+        run_clientapp(runtime_api_address=runtime_api_address, token=token, insecure=True, certificates=None,
+                      parent_pid=os.getppid())
+    except SystemExit as exc:  # Flower's exit path
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - report it, then leave without running the parent's handlers
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int | None = None) -> None:
+    """Ask the SuperNode for ClientApp tasks and fork one child per task, until stopped."""
+    seconds = preload()
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
+    from flwr.supercore.app_utils import start_parent_process_monitor
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+    from flwr.supercore.retry import make_simple_http_retry_invoker
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    if parent_pid is not None:
+        start_parent_process_monitor(parent_pid)
+    client = RuntimeHttpClient.from_server_address(
+        server_address=runtime_api_address, insecure=True, root_certificates=None,
+        interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
+        retry_invoker=make_simple_http_retry_invoker(),
+    )
+    emit("ready", preload_seconds=round(seconds, 3), runtime_api=runtime_api_address, pid=os.getpid())
+    children: dict[int, tuple[float, int]] = {}  # pid -> (started, task id)
+    launched = 0
+
+    def stop(signum, frame):  # the children are the ClientApps of messages in flight: they go too
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        client.close()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    while True:
+        while children:  # reap finished children
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            started, task_id = children.pop(pid, (time.time(), -1))
+            emit("exited", pid=pid, task_id=task_id, seconds=round(time.time() - started, 3),
+                 rc=os.waitstatus_to_exitcode(status))
+        res = client.AcquireTask(AcquireTaskRequest(supported_task_types={TaskType.CLIENT_APP}))
+        if res.HasField("task") and res.token:
+            launched += 1
+            fault = _fault(launched)
+            sys.stdout.flush()
+            pid = os.fork()
+            if pid == 0:
+                _child(runtime_api_address, res.token, fault)
+            children[pid] = (time.time(), int(res.task.task_id))
+            emit("started", pid=pid, task_id=int(res.task.task_id), run_id=int(res.task.run_id), n=launched,
+                 **({"fault": fault} if fault else {}))
+            continue  # another task may be waiting: ask again at once
+        time.sleep(poll)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hospitrust.ops.deploy.launcher --runtime-api-address HOST:PORT``."""
+    parser = argparse.ArgumentParser(description="Launch a SuperNode's ClientApps by forking a preloaded process.")
+    parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's Runtime API (its --host:--port)")
+    parser.add_argument("--poll", type=float, default=POLL_SECONDS, help="seconds between task polls")
+    parser.add_argument("--parent-pid", type=int, help="exit when this process exits")
+    args = parser.parse_args(argv)
+    run(args.runtime_api_address, poll=args.poll, parent_pid=args.parent_pid)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
