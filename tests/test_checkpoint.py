@@ -4,6 +4,7 @@ with exactly the model of the unbroken run (same seed), strategy state included.
 from __future__ import annotations
 
 import hashlib
+import re
 
 import pytest
 import torch
@@ -136,3 +137,46 @@ def test_a_resume_waits_for_the_stopped_servers_lock_and_then_refuses(tmp_path, 
     assert load_checkpoint(run_dir)["round"] == 1  # nothing was written meanwhile
     _serve({**cfg, "num-server-rounds": 2, "resume-from": str(run_dir)}, 3)  # lock released: it goes on
     assert load_checkpoint(run_dir)["round"] == 2
+
+
+def test_a_crafted_checkpoint_is_refused_without_running_its_code(tmp_path):
+    """A pickle that would run code on load: refused (weights_only), and nothing ran."""
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))  # would create the marker file if unpickled
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    torch.save({"format": 2, "round": 1, "model": {}, "rng": Payload()}, run_dir / CHECKPOINT_FILE)
+    with pytest.raises(CheckpointError, match="hospitrust checkpoint upgrade"):
+        load_checkpoint(run_dir)
+    assert not marker.exists()
+
+
+def test_an_old_checkpoint_is_refused_then_upgraded_once_trusted(tmp_path):
+    """A format-1 checkpoint (numpy RNG state pickled as arrays) is refused; `hospitrust checkpoint upgrade
+    --yes` converts it, keeping the original, and it then loads with the same values.
+    """
+    import random
+
+    import numpy as np
+
+    from hospitrust.ops.cli import main
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    state = np.random.get_state()
+    old = {"format": 1, "round": 3, "model": {"w": torch.ones(2)}, "strategy": "hta",
+           "strategy_state": {"rng": random.getstate(), "ema": {"h0": np.float64(0.5)}}, "config": {"seed": 1},
+           "history": [], "flags_per_round": [], "resumed_at": [],
+           "rng": {"python": random.getstate(), "numpy": state, "torch": torch.get_rng_state()}}
+    torch.save(old, run_dir / CHECKPOINT_FILE)
+    with pytest.raises(CheckpointError, match=re.escape(f"hospitrust checkpoint upgrade {run_dir / CHECKPOINT_FILE}")):
+        load_checkpoint(run_dir)
+    assert main(["checkpoint", "upgrade", str(run_dir), "--yes"]) == 0
+    assert (run_dir / (CHECKPOINT_FILE + ".v1")).is_file()
+    ckpt = load_checkpoint(run_dir)
+    assert ckpt["round"] == 3 and ckpt["strategy_state"]["ema"] == {"h0": 0.5}
+    assert np.array_equal(ckpt["rng"]["numpy"][1], state[1]) and ckpt["rng"]["numpy"][0] == "MT19937"

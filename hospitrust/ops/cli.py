@@ -61,6 +61,25 @@ def _console(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpoint(args: argparse.Namespace) -> int:
+    from hospitrust.server_app.checkpoint import CheckpointError, upgrade_checkpoint
+
+    print(f"{args.file}: an earlier hospitrust's checkpoint is a pickle; converting it loads it with pickle, which runs "
+          "any code a crafted file holds. Convert only a checkpoint your own runs wrote.", file=sys.stderr)
+    if not args.yes:
+        answer = input("Do you trust this file? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            print("hospitrust checkpoint upgrade: not converted", file=sys.stderr)
+            return 1
+    try:
+        path = upgrade_checkpoint(args.file)
+    except (CheckpointError, OSError) as exc:
+        print(f"hospitrust checkpoint upgrade: {exc}", file=sys.stderr)
+        return 2
+    print(f"converted {path} (the original is kept beside it as {path.name}.v1)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hospitrust", description="Trust-aware federated learning across hospitals.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -98,6 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
     cfg.add_argument("config_command", choices=("generate", "check"))
     cfg.add_argument("--app", help="the project folder (default: found from the current folder)")
     cfg.set_defaults(func=_config)
+
+    ck = sub.add_parser("checkpoint", help="convert a checkpoint written by an earlier hospitrust",
+                        description="Checkpoints are read with torch.load(weights_only=True); one written before "
+                                    "format 2 is refused until converted (after you confirm you trust it).")
+    ck.add_argument("checkpoint_command", choices=("upgrade",))
+    ck.add_argument("file", help="a checkpoint.pt, or the run directory holding it")
+    ck.add_argument("--yes", action="store_true", help="do not ask: you trust the file")
+    ck.set_defaults(func=_checkpoint)
 
     from hospitrust.ops.deploy.cli import add_data_parser, add_deploy_parser
 
