@@ -1,26 +1,38 @@
-"""Benchmark hospitrust.aggregation against a one-pass read and Flower's built-ins.
+"""Benchmark hospitrust.aggregation against a one-pass read, over n and f (and Flower's built-ins).
 
-For every (model size, number of clients) it builds one set of synthetic
-client updates, then times on the same data:
+For every (model size, number of clients n) it builds one set of synthetic client updates
+(float32, ``randn * 0.01``; the first f rows are attackers moved by +5), then for every f times
+on the same data:
 
-* each ``hospitrust.aggregation`` rule on the stacked ``(n, d)`` float32 tensor,
-* Flower's counterpart (flwr ``serverapp.strategy``: FedAvg, FedMedian,
-  FedTrimmedAvg, Krum, MultiKrum, Bulyan) called with per-layer numpy arrays
-  as Flower's strategies hold them after deserialisation (the record
-  (de)serialisation itself is *not* timed),
-* a one-pass read of the stacked updates (``x.sum(0)``).
+* each ``hospitrust.aggregation`` rule on the stacked ``(n, d)`` tensor; the rules that take
+  an f (trimmed mean, Krum, Multi-Krum, Bulyan) at every f given that the rule admits
+  (trimmed mean 2f < n, Krum and Multi-Krum n >= 2f + 3, Bulyan n >= 4f + 3), the others
+  once per n;
+* a one-pass read of the stacked updates, ``x.sum(0)``, timed right before every call of a
+  rule, so that each ratio compares two runs made under the same machine load (other
+  processes may share the cores);
+* with ``--flower``, Flower's counterpart (flwr ``serverapp.strategy``: FedAvg, FedMedian,
+  FedTrimmedAvg, Krum, MultiKrum, Bulyan) on per-layer numpy arrays as Flower's strategies
+  hold them after deserialisation (the record (de)serialisation itself is *not* timed).
 
-and prints median times and the ratios rule/read and rule/Flower.
+It prints one table per size: per rule, n and f the first call (with any one-off
+``torch.compile``), the median time of the timed calls, the median of the reads timed right
+before them, ``/read`` (the median of the per-call ratios rule / read) and ``min/read`` (the
+fastest call over the fastest read), and ``max |diff|``: the largest absolute difference
+between the output and the same call on the plain torch passes (the ``eager`` backend, the
+kernels as they were before the compiled one-pass ones; skip with ``--no-check``).
+``--json PATH`` also writes every row.
 
 Example::
 
-    PYTHONPATH=. python benchmarks/aggregation.py --sizes resnet18 --clients 20
+    PYTHONPATH=. python benchmarks/aggregation.py --sizes resnet18 --clients 10,20,50 --f auto
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import statistics
 import sys
@@ -37,6 +49,13 @@ SMALL_CNN = [(32, 3, 3, 3), (32,), (64, 32, 3, 3), (64,), (128, 64, 3, 3), (128,
 
 
 def resnet18_shapes() -> list[tuple[int, ...]]:
+    """Float tensor shapes of torchvision's ResNet-18 with 10 classes (its total size without torchvision).
+
+    Returns
+    -------
+    list of tuple of int
+        One shape per float tensor of the state dict.
+    """
     try:
         import torchvision
 
@@ -44,35 +63,85 @@ def resnet18_shapes() -> list[tuple[int, ...]]:
         return [tuple(t.shape) for t in m.state_dict().values() if t.is_floating_point()
                 and t.dim() > 0]
     except Exception:  # pragma: no cover - torchvision missing: same total size
-        return [(11_173_962,)]
+        return [(11_191_242,)]
 
 
 SIZES = {"small": lambda: SMALL_CNN, "resnet18": resnet18_shapes}
 
+#: Rules that take f, with the condition on (n, f) under which they are defined.
+F_RULES = {
+    "trimmed_mean": lambda n, f: 2 * f < n,
+    "krum": lambda n, f: n >= 2 * f + 3,
+    "multi_krum": lambda n, f: n >= 2 * f + 3,
+    "bulyan": lambda n, f: n >= 4 * f + 3,
+}
 
-def timeit(fn, repeats: int, read=None, warmup: bool = True) -> tuple[float, float, float | None]:
-    """(first call, median of ``repeats`` further calls, median interleaved read).
 
-    With ``read`` given, every timed call is preceded by a timed ``read()``
-    so that the rule/read ratio compares runs made under the same machine
-    load (other processes may share the cores).
+def f_values(spec: str, n: int) -> list[int]:
+    """The f values to measure at ``n``: ``auto`` is every f from 0 to n // 4, else a comma list.
+
+    Parameters
+    ----------
+    spec : str
+        ``auto`` or a comma list of non-negative ints.
+    n : int
+        Number of clients.
+
+    Returns
+    -------
+    list of int
+        Sorted, unique f values.
     """
-    first = float("nan")
-    if warmup:
-        t0 = time.perf_counter()
-        fn()
-        first = time.perf_counter() - t0
+    if spec.strip() == "auto":
+        return list(range(0, n // 4 + 1))
+    return sorted({int(v) for v in spec.split(",") if v.strip()})
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timeit(fn, repeats: int, read, device: torch.device) -> dict:
+    """Time ``fn``: one first call, then ``repeats`` calls each right after a timed ``read()``.
+
+    Parameters
+    ----------
+    fn : callable
+        The rule, called without arguments.
+    repeats : int
+        Timed calls (each with a read timed right before it).
+    read : callable
+        The one-pass read.
+    device : torch.device
+        Synchronised around every call on a GPU.
+
+    Returns
+    -------
+    dict
+        ``first`` (s), ``median`` (s), ``read`` (median read, s), ``ratio`` (median of the
+        per-call ratios) and ``min_ratio`` (fastest call / fastest read).
+    """
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    first = time.perf_counter() - t0
     ts, rs = [], []
     for _ in range(repeats):
         gc.collect()
-        if read is not None:
-            t0 = time.perf_counter()
-            read()
-            rs.append(time.perf_counter() - t0)
+        _sync(device)
         t0 = time.perf_counter()
+        read()
+        _sync(device)
+        t1 = time.perf_counter()
         fn()
-        ts.append(time.perf_counter() - t0)
-    return first, statistics.median(ts), (statistics.median(rs) if rs else None)
+        _sync(device)
+        t2 = time.perf_counter()
+        rs.append(t1 - t0)
+        ts.append(t2 - t1)
+    return {"first": first, "median": statistics.median(ts), "read": statistics.median(rs),
+            "ratio": statistics.median(t / r for t, r in zip(ts, rs)), "min_ratio": min(ts) / min(rs)}
 
 
 # ------------------------------------------------------------------ Flower side
@@ -94,8 +163,23 @@ class _FakeContent:
         return self.array_records[key]
 
 
-def flower_baselines(layers, n: int, f: int):
-    """Flower's aggregation math on numpy per-layer arrays (list per client)."""
+def flower_baselines(layers, n: int, f: int) -> dict:
+    """Flower's aggregation math on numpy per-layer arrays (list per client).
+
+    Parameters
+    ----------
+    layers : list
+        Per client, the list of its layer arrays.
+    n : int
+        Number of clients.
+    f : int
+        Byzantine count.
+
+    Returns
+    -------
+    dict
+        Rule name -> callable.
+    """
     from flwr.serverapp.strategy.bulyan import aggregate_n_closest_weights
     from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
     from flwr.serverapp.strategy.multikrum import select_multikrum
@@ -111,21 +195,6 @@ def flower_baselines(layers, n: int, f: int):
                 o += a * w
         return out
 
-    def fedavg():
-        return weighted_avg(contents)
-
-    def median():
-        return [np.median(np.stack(ls), axis=0) for ls in zip(*layers)]
-
-    def trimmed():
-        return [trim_mean(np.stack(ls), beta_frac) for ls in zip(*layers)]
-
-    def krum():
-        return weighted_avg(select_multikrum(contents, f, 1))
-
-    def multikrum():
-        return weighted_avg(select_multikrum(contents, f, n - f))
-
     def bulyan():
         theta = n - 2 * f
         sel = select_multikrum(contents, f, theta)
@@ -133,87 +202,183 @@ def flower_baselines(layers, n: int, f: int):
         med = [np.median(arr, axis=0) for arr in zip(*sel_nd)]
         return aggregate_n_closest_weights(med, sel_nd, theta - 2 * f)
 
-    return {"mean": fedavg, "coordinate_median": median, "trimmed_mean": trimmed,
-            "krum": krum, "multi_krum": multikrum, "bulyan": bulyan}
+    return {"mean": lambda: weighted_avg(contents),
+            "coordinate_median": lambda: [np.median(np.stack(ls), axis=0) for ls in zip(*layers)],
+            "trimmed_mean": lambda: [trim_mean(np.stack(ls), beta_frac) for ls in zip(*layers)],
+            "krum": lambda: weighted_avg(select_multikrum(contents, f, 1)),
+            "multi_krum": lambda: weighted_avg(select_multikrum(contents, f, n - f)),
+            "bulyan": bulyan}
 
 
 # ------------------------------------------------------------------ main
-def run(size: str, n: int, repeats: int, flower_repeats: int, f: int | None, seed: int):
+def run(size: str, n: int, fs: list[int], repeats: int, flower: bool, seed: int,
+        device: torch.device, rules_filter: set[str] | None = None, check: bool = True) -> list[dict]:
+    """Measure every rule at one size and n, for the f values ``fs``; print the rows as they come.
+
+    Parameters
+    ----------
+    size : str
+        Key of ``SIZES``.
+    n : int
+        Number of clients.
+    fs : list of int
+        f values (each rule that takes f runs at those it admits).
+    repeats : int
+        Timed calls per rule.
+    flower : bool
+        Also time Flower's counterparts (CPU only, slow).
+    seed : int
+        Seed of the synthetic updates.
+    device : torch.device
+        Where the updates live and the rules run.
+    rules_filter : set of str or None
+        Only these rules; None: all.
+    check : bool
+        Also compare every output with the plain passes' (column ``max |diff|``).
+
+    Returns
+    -------
+    list of dict
+        One record per (rule, f) measured.
+    """
     shapes = SIZES[size]()
     numels = [int(np.prod(s)) for s in shapes]
     d = sum(numels)
-    if f is None:
-        f = max(1, (n - 3) // 8)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d, generator=g) * 0.01
-    x[:f] += 5.0  # f "attackers" far away
-    center = torch.zeros(d)
-    server = x[f:].mean(0) + 0.001 * torch.randn(d, generator=g)
+    noise = 0.001 * torch.randn(d, generator=g)
+    x = x.to(device)
+    center = torch.zeros(d, device=device)
+    read = lambda: x.sum(0)  # noqa: E731
+    records: list[dict] = []
+
+    def measure(name: str, f: int | None, fn, fl=None) -> None:
+        if rules_filter is not None and name not in rules_filter:
+            return
+        r = timeit(fn, repeats, read, device)
+        if check:
+            r["max_abs_diff"] = _diff_to_plain(fn)
+        if fl is not None:
+            t0 = time.perf_counter()
+            fl()
+            r["flower"] = time.perf_counter() - t0
+        rec = {"size": size, "d": d, "n": n, "f": f, "rule": name, "device": device.type,
+               "threads": torch.get_num_threads(), **r}
+        records.append(rec)
+        print(_row(rec), flush=True)
+
+    print(f"\n## size={size} d={d:,} n={n} device={device.type} threads={torch.get_num_threads()} "
+          f"backend={agg.get_backend()}")
+    print(_header())
+    server = (x[min(1, n - 1):].mean(0) + noise.to(device))
+    once = True
+    for f in fs:
+        if not any(ok(n, f) for ok in F_RULES.values()):
+            continue
+        x[:f] += 5.0  # f "attackers" far away
+        fl = flower_baselines(_layers(x, shapes, numels), n, f) if flower and device.type == "cpu" else {}
+        if once:  # the rules without f, once per n (with the first f's attackers)
+            once = False
+            measure("mean", None, lambda: agg.mean(x), fl.get("mean"))
+            measure("coordinate_median", None, lambda: agg.coordinate_median(x), fl.get("coordinate_median"))
+            measure("geometric_median", None, lambda: agg.geometric_median(x))
+            measure("centered_clipping", None, lambda: agg.centered_clipping(x, center, 1.0))
+            measure("centered_clipping_3", None, lambda: agg.centered_clipping(x, center, 1.0, iters=3))
+            measure("norm_clip", None, lambda: agg.norm_clip(x, 1.0))
+            measure("fltrust", None, lambda: agg.fltrust(x, server))
+        for name, ok in F_RULES.items():
+            if not ok(n, f):
+                continue
+            fn = {"trimmed_mean": lambda: agg.trimmed_mean(x, f), "krum": lambda: agg.krum(x, f),
+                  "multi_krum": lambda: agg.multi_krum(x, f), "bulyan": lambda: agg.bulyan(x, f)}[name]
+            measure(name, f, fn, fl.get(name))
+        x[:f] -= 5.0
+    return records
+
+
+def _diff_to_plain(fn) -> float:
+    """Largest absolute difference between ``fn()`` and the same call on the plain torch passes.
+
+    The ``eager`` backend runs the kernels as they were before the compiled one-pass kernels
+    (sorting networks on column blocks, the batched-product Gram, one distance pass per
+    iteration), so this is the change of the output that the fast path brings.
+    """
+    fast = fn()
+    old = agg.get_backend()
+    agg.set_backend("eager")
+    try:
+        plain = fn()
+    finally:
+        agg.set_backend(old)
+    return float((fast.double() - plain.double()).abs().max())
+
+
+def _layers(x: torch.Tensor, shapes, numels) -> list:
     xn = x.numpy()
     layers = []  # per client: list of layer views (as Flower holds them)
-    for i in range(n):
+    for i in range(x.shape[0]):
         off, client = 0, []
         for s, k in zip(shapes, numels):
             client.append(xn[i, off:off + k].reshape(s))
             off += k
         layers.append(client)
+    return layers
 
-    rules = {
-        "mean": lambda: agg.mean(x),
-        "coordinate_median": lambda: agg.coordinate_median(x),
-        "trimmed_mean": lambda: agg.trimmed_mean(x, f),
-        "krum": lambda: agg.krum(x, f),
-        "multi_krum": lambda: agg.multi_krum(x, f),
-        "bulyan": lambda: agg.bulyan(x, f),
-        "geometric_median": lambda: agg.geometric_median(x),
-        "centered_clipping": lambda: agg.centered_clipping(x, center, 1.0),
-        "norm_clip": lambda: agg.norm_clip(x, 1.0),
-        "fltrust": lambda: agg.fltrust(x, server),
-    }
-    flower = flower_baselines(layers, n, f)
-    read = lambda: x.sum(0)  # noqa: E731
-    rows = []
-    for name, fn in rules.items():
-        first, t, t_read = timeit(fn, repeats, read)
-        tf = None
-        if name in flower:
-            tf = timeit(flower[name], flower_repeats, warmup=False)[1]
-        rows.append((name, first, t, t_read, tf))
-    t_read_all = statistics.median(r[3] for r in rows)
 
-    print(f"\n## size={size} d={d:,} n={n} f={f} threads={torch.get_num_threads()} "
-          f"backend={agg.get_backend()}")
-    print(f"one-pass read x.sum(0): {t_read_all * 1e3:.1f} ms (median over all rules; "
-          f"/read uses the read timed right before each call of that rule)")
-    print(f"| {'rule':<18} | {'first ms':>9} | {'median ms':>9} | {'read ms':>8} | "
-          f"{'/read':>6} | {'Flower ms':>9} | {'/Flower':>7} |")
-    print(f"|{'-' * 20}|{'-' * 11}|{'-' * 11}|{'-' * 10}|{'-' * 8}|{'-' * 11}|{'-' * 9}|")
-    for name, first, t, t_read, tf in rows:
-        fl = f"{tf * 1e3:9.1f}" if tf is not None else f"{'-':>9}"
-        rf = f"{t / tf:7.3f}" if tf is not None else f"{'-':>7}"
-        print(f"| {name:<18} | {first * 1e3:9.1f} | {t * 1e3:9.1f} | {t_read * 1e3:8.1f} | "
-              f"{t / t_read:6.2f} | {fl} | {rf} |")
-    sys.stdout.flush()
+def _header() -> str:
+    return (f"| {'rule':<19} | {'n':>3} | {'f':>3} | {'first ms':>9} | {'median ms':>9} | {'read ms':>8} | "
+            f"{'/read':>6} | {'min/read':>8} | {'Flower ms':>9} | {'max |diff|':>10} |\n"
+            f"|{'-' * 21}|{'-' * 5}|{'-' * 5}|{'-' * 11}|{'-' * 11}|{'-' * 10}|{'-' * 8}|{'-' * 10}|{'-' * 11}|"
+            f"{'-' * 12}|")
+
+
+def _row(r: dict) -> str:
+    fl = f"{r['flower'] * 1e3:9.1f}" if "flower" in r else f"{'-':>9}"
+    f = "-" if r["f"] is None else str(r["f"])
+    diff = f"{r['max_abs_diff']:10.1e}" if "max_abs_diff" in r else f"{'-':>10}"
+    return (f"| {r['rule']:<19} | {r['n']:>3} | {f:>3} | {r['first'] * 1e3:9.1f} | {r['median'] * 1e3:9.1f} | "
+            f"{r['read'] * 1e3:8.1f} | {r['ratio']:6.2f} | {r['min_ratio']:8.2f} | {fl} | {diff} |")
 
 
 def main(argv=None) -> None:
+    """Command line entry point (see the module docstring).
+
+    Parameters
+    ----------
+    argv : list of str or None
+        Arguments; None: ``sys.argv[1:]``.
+    """
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="small,resnet18",
-                   help="comma list of: " + ",".join(SIZES))
+    p.add_argument("--sizes", default="resnet18", help="comma list of: " + ",".join(SIZES))
     p.add_argument("--clients", default="10,20,50", help="comma list of n")
-    p.add_argument("--repeats", type=int, default=7, help="timed calls per rule")
-    p.add_argument("--flower-repeats", type=int, default=1,
-                   help="timed calls per Flower baseline (they are slow)")
-    p.add_argument("--f", type=int, default=None,
-                   help="Byzantine count (default max(1, (n-3)//8))")
+    p.add_argument("--f", default="auto",
+                   help="comma list of Byzantine counts, or 'auto': every f from 0 to n // 4 "
+                        "(each rule runs at the f it admits)")
+    p.add_argument("--rules", default=None, help="comma list: only these rules")
+    p.add_argument("--repeats", type=int, default=7, help="timed calls per rule (each after a timed read)")
+    p.add_argument("--flower", action="store_true", help="also time Flower's counterparts (CPU, slow)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="also write every row to this JSON file")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip comparing every output with the plain torch passes (eager backend)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    print("command:", "python " + " ".join(sys.argv))
+    device = torch.device(a.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is available")
+    rules = None if a.rules is None else {r.strip() for r in a.rules.split(",") if r.strip()}
+    print("command:", "python " + " ".join(sys.argv if argv is None else ["benchmarks/aggregation.py", *argv]))
+    records: list[dict] = []
     for size in a.sizes.split(","):
-        for n in a.clients.split(","):
-            run(size.strip(), int(n), a.repeats, a.flower_repeats, a.f, a.seed)
+        for n_str in a.clients.split(","):
+            n = int(n_str)
+            records += run(size.strip(), n, f_values(a.f, n), a.repeats, a.flower, a.seed, device, rules,
+                           check=not a.no_check)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"command": sys.argv, "torch": torch.__version__, "records": records}, fh, indent=1)
 
 
 if __name__ == "__main__":

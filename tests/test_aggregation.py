@@ -483,3 +483,51 @@ def test_gram_batched_blocks_match_float64_product(layout):
     assert got.dtype == torch.float64 and got.shape == (7, 7)
     # float32 products: error relative to the largest entry (the diagonal)
     assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+def test_compiled_one_pass_kernels_equal_the_plain_passes():
+    # The compiled kernels (Gram, centred Gram, per-row dots and distances, weighted row sums,
+    # the trimmed-mean partition, Bulyan's pruned network, integer comparisons) against the
+    # plain torch passes (the eager backend): within 1e-5, with a column tail that is not a
+    # whole chunk and attackers far from the rest (on opposite sides: two attackers moved alike
+    # are as close to each other as two honest rows, a near-tie of Krum's scores that rounding
+    # may decide either way). Bulyan at f = 3 of 15: its last selection step scores by the f - 1 = 2
+    # nearest neighbours; with one neighbour, two mutual nearest neighbours tie exactly and the
+    # rounding of either Gram decides. Falls back (with a warning) without a compiler.
+    g = torch.Generator().manual_seed(11)
+    n, d = 15, 2 * 4096 + 37
+    x = torch.randn(n, d, generator=g) * 0.01
+    x[0] += 5.0
+    x[1] -= 4.0
+    x[3, :100] = -0.0
+    server = x[2:].mean(0) + 0.001 * torch.randn(d, generator=g)
+    center = torch.zeros(d)
+    calls = {
+        "gram": lambda: agg.gram(x),
+        "centered_gram": lambda: agg.kernels.centered_gram(x, center + 0.003),
+        "mean": lambda: agg.mean(x),
+        "median": lambda: agg.coordinate_median(x),
+        "trimmed_mean_1": lambda: agg.trimmed_mean(x, 1),
+        "trimmed_mean_3": lambda: agg.trimmed_mean(x, 3),
+        "krum_3": lambda: agg.krum(x, 3),
+        "multi_krum_3": lambda: agg.multi_krum(x, 3),
+        "bulyan_3": lambda: agg.bulyan(x, 3),
+        "fltrust": lambda: agg.fltrust(x, server),
+        "centered_clipping": lambda: agg.centered_clipping(x, center, 0.5),
+        "centered_clipping_3": lambda: agg.centered_clipping(x, center, 0.5, iters=3),
+        "geometric_median": lambda: agg.geometric_median(x),
+        "norm_clip": lambda: agg.norm_clip(x, 0.5),
+    }
+    old = agg.get_backend()
+    try:
+        agg.set_backend("eager")
+        plain = {k: fn() for k, fn in calls.items()}
+        agg.set_backend("compile")
+        fast = {k: fn() for k, fn in calls.items()}
+    finally:
+        agg.set_backend(old)
+    for k in calls:
+        assert fast[k].shape == plain[k].shape, k
+        # the Gram entries are about 2e5 here: both sum float32 partials, relative 1e-6
+        scale = float(plain[k].double().abs().max()) if "gram" in k else 1.0
+        close(fast[k].double(), plain[k].double(), atol=1e-5 * scale, rtol=1e-5)

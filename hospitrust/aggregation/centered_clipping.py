@@ -5,30 +5,22 @@ from __future__ import annotations
 import torch
 
 from ._validation import check_updates, check_vector
+from .kernels import DIST_BLOCK, _fused_ok, centered_gram, row_distances, weighted_row_sum
 
 __all__ = ["centered_clipping"]
 
-DIST_BLOCK = 65_536
+assert DIST_BLOCK  # the block width of the plain distance pass, imported here for the tests
 
 
 def _distances_to(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Exact ``||x_i - v||`` for every row (no Gram identity: the updates may sit close to
-    the center), one pass over ``x``, float64. On the CPU the differences are formed one
-    cache-sized column block at a time instead of as an ``(n, d)`` temporary.
+    """Exact ``||x_i - v||`` for every row, one pass over ``x``, float64
+    (:func:`~hospitrust.aggregation.kernels.row_distances`).
     """
-    if x.dtype not in (torch.float32, torch.float64):
-        return torch.linalg.vector_norm(x.float() - v.float(), dim=1).double()
-    n, d = x.shape
-    if x.device.type != "cpu" or d <= DIST_BLOCK:
-        return torch.linalg.vector_norm(x - v, dim=1).double()
-    acc = torch.zeros(n, dtype=torch.float64)
-    buf = torch.empty(n, DIST_BLOCK, dtype=x.dtype)
-    for start in range(0, d, DIST_BLOCK):
-        block = x[:, start : start + DIST_BLOCK]
-        diff = buf[:, : block.shape[1]]
-        torch.sub(block, v[start : start + DIST_BLOCK], out=diff)
-        acc += torch.linalg.vector_norm(diff, dim=1).double().square_()
-    return acc.sqrt_()
+    return row_distances(x, v)
+
+
+def _scale(dist: torch.Tensor, tau: float) -> torch.Tensor:
+    return torch.where(dist > tau, tau / dist.clamp_min(1e-300), torch.ones_like(dist))
 
 
 def centered_clipping(
@@ -45,7 +37,15 @@ def centered_clipping(
     Jaggi, "Learning from History for Byzantine Robust Optimization",
     ICML 2021.
 
-    Each iteration reads the data twice (distances, then the weighted sum).
+    Every iterate is :math:`v_t = v_0 + \sum_j c_j (x_j - v_0)` (the clipping weights sum
+    with :math:`1 - \sum_j c_j` on :math:`v_t` to one), so with the Gram matrix
+    :math:`H` of the centred updates :math:`u_j = x_j - v_0`,
+    :math:`\lVert x_i - v_t\rVert^2 = H_{ii} - 2 (Hc)_i + c^\top H c`. On the CPU for large
+    ``d``: two passes over the data whatever ``iters`` (the exact distances to the centre,
+    or for ``iters > 1`` the centred Gram matrix, then one weighted sum of the rows); the
+    distances of later iterates lose relative accuracy only when an update lies much closer
+    to the iterate than to the centre. Otherwise each iteration reads the data twice (exact
+    distances, then the weighted sum).
 
     Parameters
     ----------
@@ -69,10 +69,30 @@ def centered_clipping(
         raise ValueError(f"centered_clipping requires tau > 0; got tau={tau!r}")
     if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
         raise ValueError(f"centered_clipping requires an int iters >= 1; got iters={iters!r}")
+    if _fused_ok(x, 1):
+        return _centered_clipping_two_passes(x, v, tau, iters)
     for _ in range(iters):
         dist = _distances_to(x, v).cpu()
-        scale = torch.where(dist > tau, tau / dist.clamp_min(1e-300), torch.ones_like(dist))
-        coef = scale / n
+        coef = _scale(dist, tau) / n
         # v + sum_i coef_i (x_i - v) = (1 - sum coef) v + coef @ x
-        v = coef.to(dtype=x.dtype, device=x.device) @ x + (1.0 - float(coef.sum())) * v
+        v = weighted_row_sum(x, coef, v, 1.0 - float(coef.sum()))
     return v
+
+
+def _centered_clipping_two_passes(x: torch.Tensor, v0: torch.Tensor, tau: float, iters: int) -> torch.Tensor:
+    """The iterations on coefficients: ``v_t = (1 - sum c) v0 + sum_j c_j x_j``."""
+    n = x.shape[0]
+    c = torch.zeros(n, dtype=torch.float64)
+    if iters == 1:
+        dist = _distances_to(x, v0).cpu()
+        c = _scale(dist, tau) / n
+    else:
+        h = centered_gram(x, v0).cpu()
+        diag = torch.diagonal(h)
+        for _ in range(iters):
+            hc = h @ c
+            dist = (diag - 2.0 * hc + c @ hc).clamp_min(0.0).sqrt()
+            # v_{t+1} - v0 = (v_t - v0) + sum_i s_i/n (u_i - (v_t - v0))
+            s = _scale(dist, tau) / n
+            c = c * (1.0 - float(s.sum())) + s
+    return weighted_row_sum(x, c, v0, 1.0 - float(c.sum()))

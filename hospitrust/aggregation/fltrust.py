@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 
 from ._validation import check_updates, check_vector
+from .kernels import row_dots, weighted_row_sum
 
 __all__ = ["fltrust_trust", "fltrust"]
 
 def _dots_and_norms(x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x @ g`` and ``||x_i||`` as float64 (one matrix-vector product, one norm pass)."""
-    return (x @ g).double(), torch.linalg.vector_norm(x, dim=1).double()
+    """``x @ g`` and ``||x_i||`` as float64: one pass (:func:`~hospitrust.aggregation.kernels.row_dots`)."""
+    return row_dots(x, g)
 
 
 def _trust(x: torch.Tensor, g: torch.Tensor):
@@ -58,7 +59,9 @@ def fltrust(x: torch.Tensor, server_update: torch.Tensor) -> torch.Tensor:
     Gong, "FLTrust: Byzantine-robust Federated Learning via Trust
     Bootstrapping", NDSS 2021.
 
-    Reads the data three times (dot products, norms, weighted sum).
+    Two passes over the data on the CPU for large ``d`` (dot products and norms together in
+    one compiled pass, then the weighted sum of the rows with positive trust); otherwise three
+    (a matrix-vector product, a norm pass and the weighted sum).
 
     Parameters
     ----------
@@ -80,4 +83,4 @@ def fltrust(x: torch.Tensor, server_update: torch.Tensor) -> torch.Tensor:
         return torch.zeros(d, dtype=x.dtype, device=x.device)
     coef = trust * gnorm / norms.clamp_min(1e-300) / total
     coef = torch.where(trust > 0, coef, torch.zeros_like(coef))
-    return coef.to(dtype=x.dtype, device=x.device) @ x
+    return weighted_row_sum(x, coef)

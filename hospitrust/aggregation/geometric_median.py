@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ._validation import check_updates, check_weights
-from .kernels import gram
+from .kernels import gram, weighted_row_sum
 
 __all__ = ["geometric_median"]
 
@@ -35,7 +35,8 @@ def geometric_median(
     Every iterate is a convex combination :math:`z = \sum_j c_j x_j`, so
     :math:`\lVert z - x_i\rVert^2 = G_{ii} - 2 (Gc)_i + c^\top G c` with the
     Gram matrix :math:`G = XX^\top`: the data are read once for ``G`` (float64
-    accumulation) and once for the final combination, whatever ``iters``.
+    accumulation, :func:`~hospitrust.aggregation.gram`) and once for the final combination
+    (:func:`~hospitrust.aggregation.kernels.weighted_row_sum`), whatever ``iters``: two passes.
 
     Parameters
     ----------
@@ -81,4 +82,4 @@ def geometric_median(
         dist = dists(c)
         if step <= eps * max(float(alpha @ dist), 1e-300):
             break
-    return c.to(dtype=x.dtype, device=x.device) @ x
+    return weighted_row_sum(x, c)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ._validation import check_f, check_updates
-from .kernels import checked_distances, nearest_neighbour_scores
+from .kernels import checked_distances, nearest_neighbour_scores, weighted_row_sum
 
 __all__ = [
     "krum_scores",
@@ -169,8 +169,11 @@ def multi_krum(x: torch.Tensor, f: int, m: int | None = None) -> torch.Tensor:
     idx = multi_krum_select(x, f, m)
     if idx.numel() == 1:
         return x[int(idx[0])].clone()
-    # one weighted sum over the rows (a GEMV): summing the columns during the Gram pass
-    # instead was measured no cheaper on this machine (in-cache sums cost about a read)
-    w = torch.zeros(n, dtype=x.dtype, device=x.device)
-    w[idx.to(x.device)] = 1.0 / idx.numel()
-    return w @ x
+    # one weighted sum of the selected rows (the compiled kernel reads only those rows; a GEMV
+    # reads all of them): with the one-pass Gram of the selection, two passes in all. Summing the
+    # columns during the Gram pass to subtract the left-out rows was not done: it needs the
+    # column sum (a (d,) output the Gram loop cannot produce) and loses accuracy to a huge
+    # left-out row.
+    w = torch.zeros(n, dtype=torch.float64)
+    w[idx.cpu()] = 1.0 / idx.numel()
+    return weighted_row_sum(x, w)

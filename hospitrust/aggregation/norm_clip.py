@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ._validation import check_updates, check_weights
+from .kernels import weighted_row_sum
 
 __all__ = ["norm_clip", "clip_factors", "clip_rows"]
 
@@ -71,7 +72,7 @@ def norm_clip(
     w = (torch.full((n,), 1.0 / n, dtype=torch.float64) if weights is None
          else check_weights(weights, n, x).to(device="cpu", dtype=torch.float64))
     coef = factors.cpu() * (w / w.sum())
-    return coef.to(dtype=x.dtype, device=x.device) @ x
+    return weighted_row_sum(x, coef)
 
 
 def clip_rows(x: torch.Tensor, max_norm: float, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -4,9 +4,17 @@ The coordinate-wise rules (median, trimmed mean, Bulyan's coordinate phase)
 need, for every coordinate ``j``, some order statistics of the ``n`` values
 ``x[0, j], ..., x[n-1, j]``. ``torch.sort`` / ``torch.median`` along ``dim=0``
 are an order of magnitude slower than reading the data once, so instead we run
-a *sorting network* (Batcher's odd-even merge sort, pruned to the ranks that
-are needed) over the ``n`` rows: every comparator is an element-wise
+a *comparator network* over the ``n`` rows: every comparator is an element-wise
 ``torch.minimum`` / ``torch.maximum`` of two rows.
+
+* median: Batcher's odd-even merge sort pruned to the one or two middle ranks;
+* trimmed mean: whichever is smaller of a streaming partition (keep the ``f``
+  smallest and ``f`` largest seen so far, push every further value through
+  both lists) and the sorting network pruned to the ``f`` lowest and ``f``
+  highest ranks; the other wires then hold exactly the values to average, in
+  some order;
+* Bulyan: the sorting network of the selected rows pruned to the ranks the
+  window selection compares (the ``2f`` lowest and highest) and the median.
 
 Two executions of the same generated network:
 
@@ -14,10 +22,17 @@ Two executions of the same generated network:
   Python and given to ``torch.compile`` (Inductor), which fuses the whole
   network and its epilogue into a single vectorised C++ loop over ``d``; each
   value is read once and all comparisons happen in registers, so the cost is
-  about one pass over the data.
+  about one pass over the data. The values are compared as integers: the bit
+  pattern of a float, with the non-sign bits of negative values flipped, orders
+  like the float itself (``-0.0`` just below ``+0.0``), and an integer
+  ``min``/``max`` is one instruction where the float one carries NaN handling
+  (n = 50 median: 1.8 reads instead of 4). The compiled kernels exist for up to
+  ``COMPILE_MAX_ROWS`` rows (compiling a 50-row network takes 15-30 s once per
+  process and shape of problem; Inductor also caches it on disk).
 * **eager** (fallback, small ``d``, non-CPU devices, or when compilation
-  fails): the same function is run with eager torch ops on cache-sized column
-  blocks.
+  fails): the same network with eager float ops on cache-sized column blocks;
+  on a non-CPU device with more than ``EAGER_MAX_ROWS`` rows a column-chunked
+  ``torch.sort`` instead (hundreds of full-width kernels otherwise).
 
 Both produce exactly the values of the sort-based reference implementations
 in :mod:`hospitrust.aggregation.reference` up to floating-point rounding of the
@@ -26,17 +41,18 @@ assumed finite: with NaNs the result is unspecified.
 
 The backend can be forced with the environment variable
 ``HOSPITRUST_AGG_BACKEND`` (``auto`` | ``eager`` | ``compile``) or
-:func:`set_backend`.
+:func:`set_backend`; it also chooses between the compiled and the plain
+one-pass kernels of :mod:`hospitrust.aggregation.kernels`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
+
+from . import _codegen
 
 __all__ = [
     "sorting_network",
@@ -54,45 +70,36 @@ _LOG = logging.getLogger(__name__)
 #: ``auto`` mode (below it the one-off compile time would dominate).
 COMPILE_MIN_COLUMNS = 1 << 18
 #: Largest number of rows for which the compiled kernel is used in ``auto``
-#: mode. Beyond it Inductor's code generation for the (then several hundred
-#: comparator) networks becomes slow to compile (> 1 min) and its output slow
-#: to run, so the eager column-block executor is used instead.
-COMPILE_MAX_ROWS = 24
+#: mode (compile time grows with the network: about 15-30 s at 50 rows, once).
+COMPILE_MAX_ROWS = 64
 #: Column block size of the eager executor.
 EAGER_BLOCK_COLUMNS = 1 << 15
-
-_BACKENDS = ("auto", "eager", "compile")
-_backend = os.environ.get("HOSPITRUST_AGG_BACKEND", "auto").strip().lower() or "auto"
-if _backend not in _BACKENDS:  # pragma: no cover - configuration error
-    _LOG.warning("HOSPITRUST_AGG_BACKEND=%r is not one of %s; using 'auto'", _backend, _BACKENDS)
-    _backend = "auto"
-
-_lock = threading.Lock()
-_eager_cache: dict[tuple, Callable] = {}
-_compiled_cache: dict[tuple, Callable] = {}
-_compile_failed: set[tuple] = set()
+#: On a non-CPU device, networks up to this many rows run as eager ops; beyond, a
+#: column-chunked ``torch.sort``.
+EAGER_MAX_ROWS = 24
+#: Columns per ``torch.sort`` chunk of the non-CPU fallback.
+SORT_CHUNK_COLUMNS = 1 << 20
 
 
 def set_backend(backend: str) -> None:
-    """Select how order-statistic kernels run.
+    """Select how order-statistic kernels (and the compiled one-pass kernels) run.
 
     Parameters
     ----------
     backend : {"auto", "eager", "compile"}
-        ``auto``: compiled (``torch.compile``) on CPU when ``d >= 2**18``,
-        eager otherwise. ``eager``: always eager column blocks.
+        ``auto``: compiled (``torch.compile``) on CPU when ``d >= 2**18``
+        (``2**21`` for the Gram and row-statistic passes of
+        :mod:`hospitrust.aggregation.kernels`), eager otherwise. ``eager``:
+        always eager column blocks and the plain torch passes.
         ``compile``: always try ``torch.compile`` (falls back to eager, with a
         warning, if compilation fails).
     """
-    global _backend
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend must be one of {_BACKENDS}; got {backend!r}")
-    _backend = backend
+    _codegen.set_backend(backend)
 
 
 def get_backend() -> str:
     """Return the current backend name (see :func:`set_backend`)."""
-    return _backend
+    return _codegen.get_backend()
 
 
 # --------------------------------------------------------------------------
@@ -164,25 +171,18 @@ def prune_network(
     return out
 
 
-def _network_source(name: str, n: int, needed: Iterable[int], gather: bool) -> list[str]:
-    """Straight-line source: unbind rows, run the pruned sorting network."""
-    comps = prune_network(sorting_network(n), needed)
-    args = "x, idx" if gather else "x"
-    lines = [f"def {name}({args}):"]
-    if gather:
-        lines.append("    x = x.index_select(0, idx)")
-    rows = ", ".join(f"r{i}" for i in range(n))
-    lines.append(f"    {rows}, = x.unbind(0)")
-    for a, b in comps:
-        lines.append(
-            f"    r{a}, r{b} = torch.minimum(r{a}, r{b}), torch.maximum(r{a}, r{b})"
-        )
-    return lines
+# --------------------------------------------------------------------------
+# Code generation
+# --------------------------------------------------------------------------
+#: Integer view used to compare each float dtype as integers (compiled kernels).
+_INT_VIEWS = {torch.float32: ("torch.int32", 31), torch.float64: ("torch.int64", 63)}
 
 
-def _median_expr(n: int) -> str:
-    k = n // 2
-    return f"r{k}" if n % 2 else f"((r{k - 1} + r{k}) * 0.5)"
+def _style(dtype: torch.dtype, compiled: bool) -> str:
+    """``"int32"``/``"int64"``: compare the order-preserving integer images; ``"float"``: floats."""
+    if compiled and dtype in _INT_VIEWS:
+        return _INT_VIEWS[dtype][0].removeprefix("torch.")
+    return "float"
 
 
 def _median_needed(n: int) -> list[int]:
@@ -190,111 +190,147 @@ def _median_needed(n: int) -> list[int]:
     return [k] if n % 2 else [k - 1, k]
 
 
-def _build(kind: str, n: int, param: int) -> tuple[str, str]:
-    """Return ``(function_name, source)`` for a kernel."""
+def _median_expr(n: int) -> str:
+    k = n // 2
+    return f"v{k}" if n % 2 else f"((v{k - 1} + v{k}) * 0.5)"
+
+
+def _streaming_partition(n: int, f: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """Sort the first ``2f`` rows into a low list (wires ``0..f-1``, the f smallest) and a high
+    list (``f..2f-1``, the f largest); push every further value ``v`` through the low list
+    (it leaves as the largest of L + {v}) and then the high list (the smallest of H + {v}).
+    What comes out is neither among the f smallest nor the f largest seen so far. Few values
+    are live at a time (2f + 1), so the compiled loop keeps them in registers.
+
+    Returns the comparators ``(lo, hi)`` (``min`` to ``lo``, ``max`` to ``hi``) and the wires
+    holding the ``n - 2f`` middle values.
+    """
+    comps = list(sorting_network(2 * f))
+    for j in range(2 * f, n):
+        comps += [(lk, j) for lk in range(f)]
+        comps += [(j, hk) for hk in range(f, 2 * f)]
+    return comps, list(range(2 * f, n))
+
+
+def _pruned_partition(n: int, f: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """The sorting network pruned to the ``f`` lowest and ``f`` highest ranks: every comparator
+    exchanges values, so the other wires then hold the ``n - 2f`` middle values (unsorted).
+    """
+    comps = prune_network(sorting_network(n), [*range(f), *range(n - f, n)])
+    return comps, list(range(f, n - f))
+
+
+def _trimmed_partition(n: int, f: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """The comparator network the trimmed-mean kernel runs, and the wires it then averages.
+
+    The cheaper of :func:`_streaming_partition` and :func:`_pruned_partition`, where one
+    comparator of the pruned network counts ``PRUNED_COST`` of the streaming one once more
+    values are live than there are vector registers (it spills them).
+    """
+    stream = _streaming_partition(n, f)
+    pruned = _pruned_partition(n, f)
+    scale = PRUNED_COST if n > 28 else 1.0
+    return pruned if len(pruned[0]) * scale < len(stream[0]) else stream
+
+
+#: Relative cost of a comparator of a network with more live values than vector registers.
+PRUNED_COST = 1.5
+
+
+def _build(kind: str, n: int, param: int, style: str) -> tuple[str, str]:
+    """Return ``(function_name, source)`` for a kernel.
+
+    ``kind`` is ``median`` (n rows), ``trimmed_mean`` (n rows, param = f) or ``bulyan``
+    (n = theta gathered rows, param = f).
+    """
+    # compiled Bulyan: the selected rows come as integer offsets (+2, so that none is 0 or 1,
+    # values torch.compile would specialise on): one kernel serves every selection and the row
+    # addresses are loop invariants (an index tensor is re-read and bounds-checked per vector)
+    gather = kind == "bulyan" and style != "float"
+    name = f"_{kind}_n{n}_p{param}_{style}"
+    offsets = ", ".join(f"o{i}" for i in range(n))
+    lines = [f"def {name}({f'x, {offsets}' if gather else 'x'}):"]
     if kind == "median":
-        name = f"_median_n{n}"
-        lines = _network_source(name, n, _median_needed(n), gather=False)
-        lines.append(f"    return {_median_expr(n)}")
+        comps, used = prune_network(sorting_network(n), _median_needed(n)), _median_needed(n)
     elif kind == "trimmed_mean":
-        # Streaming partition instead of a full sort (a full sorting network
-        # with n - 2f live outputs makes Inductor materialise intermediates):
-        # sort the first 2f rows into a low list L (f smallest) and a high
-        # list H (f largest); then push every further value v through L
-        # (v becomes the largest of L + {v}) and then through H (v becomes the
-        # smallest of H + {v}); what comes out is neither among the f smallest
-        # nor the f largest seen so far, so it belongs to the trimmed sum.
-        f = param
-        name = f"_trimmed_mean_n{n}_f{f}"
-        lines = [f"def {name}(x):"]
-        lines.append(f"    {', '.join(f'r{i}' for i in range(n))}, = x.unbind(0)")
-        for a, b in sorting_network(2 * f):
-            lines.append(
-                f"    r{a}, r{b} = torch.minimum(r{a}, r{b}), torch.maximum(r{a}, r{b})"
-            )
-        low = [f"r{i}" for i in range(f)]
-        high = [f"r{i}" for i in range(f, 2 * f)]
-        for j in range(2 * f, n):
-            v = f"r{j}"
-            for lk in low:
-                lines.append(f"    {lk}, {v} = torch.minimum({lk}, {v}), torch.maximum({lk}, {v})")
-            for hk in high:
-                lines.append(f"    {v}, {hk} = torch.minimum({v}, {hk}), torch.maximum({v}, {hk})")
-            lines.append(f"    s = {v}" if j == 2 * f else f"    s = s + {v}")
-        lines.append(f"    return s / {n - 2 * f}")
+        comps, used = _trimmed_partition(n, param)
     elif kind == "bulyan":
-        # n here is theta (number of selected rows), param is f.
         theta, f = n, param
         beta = theta - 2 * f
-        name = f"_bulyan_theta{theta}_f{f}"
-        lines = _network_source(name, theta, range(theta), gather=True)
-        lines.append(f"    m = {_median_expr(theta)}")
-        # The beta values closest to the median are a window [k, k + beta)
-        # of the sorted values, k in [0, 2f] = number dropped on the low side.
-        # For each pair (t, t + beta), t < 2f, exactly one member lies in any
-        # such window; the low one is dropped iff it is strictly farther from
-        # the median (a tie in distance keeps the smaller value), so
-        # k = 1 + max{t : |s_t - m| > |s_{t+beta} - m|} (0 if none). Taking the
-        # max rather than the count makes pairs of *equal* values (which may
-        # go either way) harmless: shifting the window across them changes
-        # nothing.
         if f == 0:
-            lines.append(f"    return ({' + '.join(f'r{i}' for i in range(theta))}) / {beta}")
+            comps = []
         else:
-            for t in range(2 * f):
-                lines.append(
-                    f"    c{t} = ((r{t} - m).abs() > (r{t + beta} - m).abs()).to(torch.int32)"
-                    + (f" * {t + 1}" if t else "")
-                )
-            expr = "c0"
-            for t in range(1, 2 * f):
-                expr = f"torch.maximum({expr}, c{t})"
-            lines.append(f"    k = {expr}")
-            terms = []
-            for i in range(theta):
-                conds = []
-                if i < 2 * f:  # included iff k <= i
-                    conds.append(f"(k <= {i})")
-                if i >= beta:  # included iff i < k + beta
-                    conds.append(f"(k > {i - beta})")
-                if conds:
-                    terms.append(f"torch.where({' & '.join(conds)}, r{i}, 0.0)")
-                else:
-                    terms.append(f"r{i}")
-            lines.append(f"    return ({' + '.join(terms)}) / {beta}")
+            needed = {*range(2 * f), *range(beta, theta), *_median_needed(theta)}
+            comps = prune_network(sorting_network(theta), needed)
+        used = list(range(theta))
     else:  # pragma: no cover - internal
         raise ValueError(kind)
+    if style == "float" or not comps:
+        src = "x"
+    else:
+        itype, bits = _INT_VIEWS[torch.float32 if style == "int32" else torch.float64]
+        # order-preserving integer image of the floats (an involution: applied again it gives the bits back)
+        lines.append(f"    k = x.view({itype})")
+        lines.append(f"    k = k ^ ((k >> {bits}) & {(1 << bits) - 1})")
+        src = "k"
+    if gather:
+        lines += [f"    r{i} = {src}[o{i} - 2]" for i in range(n)]
+    else:
+        lines.append(f"    {', '.join(f'r{i}' for i in range(n))}, = {src}.unbind(0)")
+    for a, b in comps:
+        lines.append(f"    r{a}, r{b} = torch.minimum(r{a}, r{b}), torch.maximum(r{a}, r{b})")
+    for w in sorted(set(used) | (set(_median_needed(n)) if kind != "trimmed_mean" else set())):
+        if src == "x":
+            lines.append(f"    v{w} = r{w}")
+        else:
+            lines.append(f"    v{w} = (r{w} ^ ((r{w} >> {bits}) & {(1 << bits) - 1})).view(x.dtype)")
+    if kind == "median":
+        lines.append(f"    return {_median_expr(n)}")
+    elif kind == "trimmed_mean":
+        lines.append(f"    return ({' + '.join(f'v{w}' for w in used)}) / {n - 2 * param}")
+    else:
+        lines += _bulyan_epilogue(n, param)
     return name, "\n".join(lines) + "\n"
 
 
-def _eager_fn(kind: str, n: int, param: int) -> Callable:
-    key = (kind, n, param)
-    fn = _eager_cache.get(key)
-    if fn is None:
-        name, src = _build(kind, n, param)
-        namespace: dict = {"torch": torch}
-        # A distinct code object per network: torch.compile caches per code
-        # object, so different (n, f) never evict each other.
-        exec(compile(src, f"<hospitrust.aggregation:{name}>", "exec"), namespace)
-        fn = namespace[name]
-        _eager_cache[key] = fn
-    return fn
-
-
-def _compiled_fn(kind: str, n: int, param: int) -> Callable:
-    key = (kind, n, param)
-    with _lock:
-        fn = _compiled_cache.get(key)
-        if fn is None:
-            fn = torch.compile(_eager_fn(kind, n, param), dynamic=True, fullgraph=True)
-            _compiled_cache[key] = fn
-    return fn
+def _bulyan_epilogue(theta: int, f: int) -> list[str]:
+    """Window selection over the sorted wires ``v0..v{theta-1}`` (see :func:`bulyan_coordinate_kernel`)."""
+    beta = theta - 2 * f
+    if f == 0:
+        return [f"    return ({' + '.join(f'v{i}' for i in range(theta))}) / {beta}"]
+    # The beta values closest to the median are a window [k, k + beta) of the sorted values,
+    # k in [0, 2f] = number dropped on the low side. For each pair (t, t + beta), t < 2f,
+    # exactly one member lies in any such window; the low one is dropped iff it is strictly
+    # farther from the median (a tie in distance keeps the smaller value), so
+    # k = 1 + max{t : |s_t - m| > |s_{t+beta} - m|} (0 if none). Taking the max rather than
+    # the count makes pairs of *equal* values (which may go either way) harmless: shifting the
+    # window across them changes nothing. Ranks [2f, beta) are in every window, so the
+    # network need not sort them (they hold the right values in some order).
+    lines = [f"    m = {_median_expr(theta)}"]
+    for t in range(2 * f):
+        lines.append(f"    c{t} = ((v{t} - m).abs() > (v{t + beta} - m).abs()).to(torch.int32)"
+                     + (f" * {t + 1}" if t else ""))
+    expr = "c0"
+    for t in range(1, 2 * f):
+        expr = f"torch.maximum({expr}, c{t})"
+    lines.append(f"    k = {expr}")
+    terms = []
+    for i in range(theta):
+        conds = []
+        if i < 2 * f:  # included iff k <= i
+            conds.append(f"(k <= {i})")
+        if i >= beta:  # included iff i < k + beta
+            conds.append(f"(k > {i - beta})")
+        terms.append(f"torch.where({' & '.join(conds)}, v{i}, 0.0)" if conds else f"v{i}")
+    lines.append(f"    return ({' + '.join(terms)}) / {beta}")
+    return lines
 
 
 def _want_compiled(x: torch.Tensor, rows: int) -> bool:
-    if _backend == "eager":
+    backend = _codegen.get_backend()
+    if backend == "eager":
         return False
-    if _backend == "compile":
+    if backend == "compile":
         return True
     return (
         x.device.type == "cpu"
@@ -303,30 +339,52 @@ def _want_compiled(x: torch.Tensor, rows: int) -> bool:
     )
 
 
-def _run_eager(fn: Callable, x: torch.Tensor, extra: tuple) -> torch.Tensor:
+def _run_eager(fn: Callable, x: torch.Tensor) -> torch.Tensor:
     d = x.shape[1]
     if x.device.type != "cpu" or d <= EAGER_BLOCK_COLUMNS:
-        return fn(x, *extra).clone() if d else x.new_empty(0)
+        return fn(x).clone() if d else x.new_empty(0)
     out = x.new_empty(d)
     for c0 in range(0, d, EAGER_BLOCK_COLUMNS):
         c1 = min(c0 + EAGER_BLOCK_COLUMNS, d)
-        out[c0:c1] = fn(x[:, c0:c1], *extra)
+        out[c0:c1] = fn(x[:, c0:c1])
     return out
 
 
-def _run(kind: str, n: int, param: int, x: torch.Tensor, extra: tuple = ()) -> torch.Tensor:
-    key = (kind, n, param, x.dtype, x.device.type)
-    if _want_compiled(x, n) and key not in _compile_failed and x.shape[1] > 0:
-        try:
-            return _compiled_fn(kind, n, param)(x.contiguous(), *extra)
-        except Exception as exc:  # noqa: BLE001 - any compiler failure -> eager
-            _compile_failed.add(key)
-            _LOG.warning(
-                "torch.compile of the %s kernel (n=%d, param=%d, %s) failed; "
-                "falling back to eager column blocks: %s",
-                kind, n, param, x.dtype, exc,
-            )
-    return _run_eager(_eager_fn(kind, n, param), x, extra)
+def _run_sorted(kind: str, param: int, x: torch.Tensor) -> torch.Tensor:
+    """The sort-based definitions on column chunks (non-CPU devices, many rows)."""
+    from . import reference
+
+    out = x.new_empty(x.shape[1])
+    for c0 in range(0, x.shape[1], SORT_CHUNK_COLUMNS):
+        block = x[:, c0:c0 + SORT_CHUNK_COLUMNS]
+        if kind == "median":
+            out[c0:c0 + block.shape[1]] = reference.reference_coordinate_median(block)
+        elif kind == "trimmed_mean":
+            out[c0:c0 + block.shape[1]] = reference.reference_trimmed_mean(block, param)
+        else:
+            out[c0:c0 + block.shape[1]] = reference.reference_bulyan_coordinate(block, param)
+    return out
+
+
+def _run(kind: str, n: int, param: int, x: torch.Tensor, idx: torch.Tensor | None = None) -> torch.Tensor:
+    """Run the ``kind`` network over the ``n`` rows of ``x`` (Bulyan: the rows ``x[idx]``)."""
+    if _want_compiled(x, n) and x.shape[1] > 0:
+        style = _style(x.dtype, compiled=True)
+        key = ("ostat", kind, n, param, style)
+        args: tuple = (x.contiguous(),)
+        if idx is not None and style != "float":
+            args += tuple(int(i) + 2 for i in idx.tolist())
+        elif idx is not None:
+            args = (x.index_select(0, idx).contiguous(),)
+        out = _codegen.call_compiled(key, lambda: _build(kind, n, param, style), args)
+        if out is not None:
+            return out
+    if idx is not None:
+        x = x.index_select(0, idx)
+    if x.device.type != "cpu" and n > EAGER_MAX_ROWS and x.shape[1] > 0:
+        return _run_sorted(kind, param, x)
+    key = ("ostat", kind, n, param, "float")
+    return _run_eager(_codegen.eager_fn(key, lambda: _build(kind, n, param, "float")), x)
 
 
 # --------------------------------------------------------------------------
@@ -396,4 +454,4 @@ def bulyan_coordinate_kernel(x: torch.Tensor, idx: torch.Tensor, f: int) -> torc
     idx = idx.to(device=x.device, dtype=torch.long)
     if theta == 1:
         return x[idx[0]].clone()
-    return _run("bulyan", theta, f, x, (idx,))
+    return _run("bulyan", theta, f, x, idx)
