@@ -38,9 +38,10 @@ EXPORT = dict(formats=["png", "csv", "dicom"], hospitals=3, test_fraction=0.3,
 HTA_RUN = 'strategy="hta" attack="nan-update"'
 
 
-def _env(home: Path) -> dict[str, str]:
+def _env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    # three hospitals share this machine's cores: one torch thread each, as simulation gives each one CPU
     env = dict(os.environ, FLWR_HOME=str(home), FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1",
-               HOSPITRUST_DATA_DIR=str(DATA_DIR), PYTHONUNBUFFERED="1")
+               HOSPITRUST_DATA_DIR=str(DATA_DIR), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(extra or {}))
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     return env
 
@@ -60,13 +61,13 @@ class Federation:
         self.restarted: list[str] = []  # "name (why)" for every SuperNode restarted between runs
         self.node_ids: dict[str, str] = {}  # hospital -> its SuperNode's node id (fixed by its registered key)
 
-    def start(self, name: str, cmd: list[str], home: Path) -> subprocess.Popen:
+    def start(self, name: str, cmd: list[str], home: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
         home.mkdir(parents=True, exist_ok=True)
         self.commands[name] = (cmd, home)
         log = self.work / f"{name}.log"
         if log.exists():  # a restart: keep the earlier process's log beside the new one
             log.rename(self.work / f"{name}.{sum(1 for r in self.restarted if r.startswith(name + ' '))}.log")
-        proc = flwr.start(name, cmd, env=_env(home), cwd=self.work, log_file=log)  # stopped with its children
+        proc = flwr.start(name, cmd, env=_env(home, env), cwd=self.work, log_file=log)  # stopped with its children
         self.procs[name], self.logs[name] = proc, log
         return proc.popen
 
@@ -338,6 +339,43 @@ def test_a_stopped_run_resumes_and_ends_with_the_unbroken_runs_model(federation)
     rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [1, 2, 3]
     assert json.loads((run_dir / "summary.json").read_text())["resumed_at"] == [1]
+
+
+def test_the_watchdog_restarts_a_supernode_whose_clientapp_died_or_hung_and_the_run_completes(federation):
+    """hospital-2's launcher is told to fail twice: its 2nd ClientApp exits before reading its message (Flower's
+    SuperNode would wait for that reply forever), and after the restart its 2nd ClientApp hangs. The watchdog
+    restarts the SuperNode each time, and the run completes with hospital-2 in it.
+    """
+    fed = federation
+    name = "hospital-2"
+    fed.kill(name, signal.SIGTERM)  # the supervisor stops its SuperNode gracefully
+    fed.restarted.append(f"{name} (fault injection)")
+    cmd = supernode_cli(fed, name, fed.export["hospital-2"], "--message-timeout", "8")
+    fed.start(name, cmd, fed.work / f"sn-{name}", env={"HOSPITRUST_LAUNCHER_FAULT": "die-before-read@2,hang@2/1"})
+    try:
+        fed.wait_online(list(HOSPITALS))
+        run_id = fed.submit(_run_config(fed, "watchdog", f"min-hospitals=2 {_task(fed)}", reply_timeout=25))
+        status, details = fed.wait(run_id)
+        assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}\n{fed.tail(name)}"
+        log = fed.logs[name].read_text()
+        restarts = [line for line in log.splitlines() if "hospitrust watchdog: restarting" in line]
+        assert len(restarts) == 2, fed.tail(name, 6000)
+        assert "ended with exit code 17" in restarts[0] and "while the SuperNode waited for its reply" in restarts[0]
+        assert "in flight for" in restarts[1] and "bound 8 s" in restarts[1]
+        rounds = [json.loads(line) for line in (fed.work / "runs" / "watchdog" / "rounds.jsonl").read_text().splitlines()]
+        assert [r["round"] for r in rounds] == [1, 2, 3]
+        # the SuperLink delivers the unanswered message again to the restarted SuperNode: hospital-2 answers
+        # within the round (or, if the restart took longer than reply-timeout, is recorded missing), and it
+        # trains in the last round
+        assert log.count("Receiving: train message") >= 4 or any(name in r["missing"] for r in rounds), (
+            fed.diagnostics(fed.work / "runs" / "watchdog"))
+        assert name in {c["hospital"] for c in rounds[-1]["clients"] if not c.get("rejected")}, (
+            fed.diagnostics(fed.work / "runs" / "watchdog"))
+    finally:  # the later tests get hospital-2 without faults
+        fed.kill(name, signal.SIGTERM)
+        fed.restarted.append(f"{name} (after fault injection)")
+        fed.start(name, supernode_cli(fed, name, fed.export["hospital-2"]), fed.work / f"sn-{name}")
+        fed.wait_online(list(HOSPITALS))
 
 
 def test_unregistered_supernode_is_refused(federation):

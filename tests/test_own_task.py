@@ -347,3 +347,17 @@ def test_simulate_refuses_a_task_of_its_own_before_starting_flower(tmp_path):
 
     with pytest.raises(ConfigError, match="makes its hospitals from a dataset"):
         simulate(hospitals=2, overrides=["task.classes=a,b"], app_dir=Path(__file__).resolve().parent.parent)
+
+
+def test_the_task_modules_run_defaults_are_the_run_configs():
+    from hospitrust.config import CoreOptions
+    from hospitrust.tasks.task import RUN_DEFAULTS
+
+    core = CoreOptions()
+    assert RUN_DEFAULTS == {"image-size": core.image_size, "model": core.model}
+
+
+def test_the_example_task_file_ships_in_the_app_folder():
+    t = resolve_task(parse_run_config({"task.file": "tasks/chest-xray.toml", "strategy": "fedavg"}))
+    assert t.name == "chest-xray" and t.class_names == ("normal", "pneumonia") and t.image_size == 64
+    assert t.source.endswith("tasks/chest-xray.toml")

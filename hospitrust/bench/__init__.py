@@ -7,7 +7,20 @@
 - ``report.py``    HTML (base64-embedded PNGs) and Markdown report with matplotlib figures
 """
 
-from hospitrust.bench.grid import Cell, Grid, GridError, cell_name, parse_grid
-from hospitrust.bench.runner import BenchOutcome, GridLocked, cell_state, run_grid
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# loaded on first use: `hospitrust --help` builds the bench parsers without the run config and torch
+_EXPORTS = {"Cell": "grid", "Grid": "grid", "GridError": "grid", "cell_name": "grid", "parse_grid": "grid",
+            "BenchOutcome": "runner", "GridLocked": "runner", "cell_state": "runner", "run_grid": "runner"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"hospitrust.bench.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'hospitrust.bench' has no attribute {name!r}")
+
 
 __all__ = ["BenchOutcome", "Cell", "Grid", "GridError", "GridLocked", "cell_name", "cell_state", "parse_grid", "run_grid"]

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hospitrust.bench.grid import METRICS
+from hospitrust.bench.names import METRICS
 
 
 def _bench(args: argparse.Namespace) -> int:

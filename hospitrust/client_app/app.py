@@ -6,12 +6,13 @@ message); the module-level caches only avoid reloading data inside one process.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from hospitrust.client_app.context import hospital_context, local_report
+from hospitrust.client_app.context import hospital_context, local_report, process_start_time
 from hospitrust.client_app.secure import secure_train_mod
 from hospitrust.client_app.training import local_training_step
 from hospitrust.contribution.client import contribution_evaluate_mod, remember_round_mod
@@ -52,7 +53,23 @@ def describe(msg: Message, context: Context) -> Message:
 # contribution-scoring.enabled the hospital keeps M0 and its sent model to evaluate counterfactuals later
 @app.train(mods=[secure_train_mod, remember_round_mod])
 def train_handler(msg: Message, context: Context) -> Message:
-    return local_training_step(msg, context, hospital_context(context, msg))
+    """Local training; the reply's metrics also say where this message's time went (``timing-*``:
+    the process's age when the handler started, setup, the training step, and wall-clock stamps),
+    which the server records per hospital and ``benchmarks/deploy_overhead.py`` reads.
+    """
+    started = time.time()
+    hospital = hospital_context(context, msg)
+    set_up = time.time()
+    reply = local_training_step(msg, context, hospital)
+    if "metrics" in reply.content.metric_records:
+        reply.content.metric_records["metrics"].update({
+            "timing-process-age": float(started - process_start_time()),  # process start and imports
+            "timing-setup": float(set_up - started),  # configs, data (cache), model
+            "timing-step": float(time.time() - set_up),  # benchmark error, training, attack
+            "timing-started-at": float(started),
+            "timing-finished-at": float(time.time()),
+        })
+    return reply
 
 
 @app.evaluate(mods=[contribution_evaluate_mod])
@@ -61,6 +78,7 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
     pooled metrics (a run without a server test set), it adds its confusion matrix and per-class
     score histograms: counts only.
     """
+    started = time.time()
     hospital = hospital_context(context, msg)
     model = hospital.model_from(msg)
     val = hospital.data.val if len(hospital.data.val) else hospital.data.train
@@ -82,6 +100,8 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
     }
     if pooled:
         values.update(evaluation_counts(val.labels, probs, num_classes))
+    values.update({"timing-process-age": float(started - process_start_time()), "timing-started-at": float(started),
+                   "timing-finished-at": float(time.time())})
     return Message(RecordDict({"metrics": MetricRecord(values)}), reply_to=msg)
 
 

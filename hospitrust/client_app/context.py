@@ -100,6 +100,13 @@ def hospital_context(context: Context, msg: Message | None = None) -> HospitalCo
     return HospitalContext(cfg, node, task, data, card)
 
 
+def process_start_time() -> float:
+    """When this process started (epoch seconds): a forked ClientApp's fork, a fresh one's exec."""
+    import psutil
+
+    return float(psutil.Process().create_time())
+
+
 def local_report(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, num_classes: int,
                  device: torch.device) -> dict:
     """The classification report of ``model`` on a local split (NaN metrics for an empty one)."""

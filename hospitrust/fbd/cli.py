@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hospitrust.server_app.results import jsonable
 
 
 def add_unlearn_parser(sub) -> None:
@@ -169,6 +168,8 @@ def unlearn_run(run_dir: str | Path, hospital: str, *, recalibrate_bn: bool = Fa
               "load_seconds": load_seconds, "save_seconds": save_seconds}
     if evaluate:
         result["evaluation"] = evaluate_unlearning(cfg, saved, hospital, warehouse, new)
+    from hospitrust.server_app.results import jsonable
+
     (target / "unlearning.json").write_text(json.dumps(jsonable(result), indent=2, allow_nan=False) + "\n")
     return result
 

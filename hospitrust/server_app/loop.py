@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -63,6 +63,19 @@ def format_summary_table(history: list[dict[str, Any]]) -> str:
             f"{c['macro_f1']:>9.4f} {c['worst_class_recall']:>9.4f} {rec['round_seconds']:>8.1f}"
         )
     return "\n".join(lines)
+
+
+def reply_timing(replies: Iterable[Any], hospitals: Mapping[int, str]) -> dict[str, dict[str, float]]:
+    """Per hospital, the ``timing-*`` metrics of its reply (where its time went)."""
+    out: dict[str, dict[str, float]] = {}
+    for reply in replies:
+        if reply.has_error() or not reply.has_content() or "metrics" not in reply.content.metric_records:
+            continue
+        m = reply.content.metric_records["metrics"]
+        timing = {k[len("timing-"):]: float(cast(float, v)) for k, v in m.items() if k.startswith("timing-")}
+        if timing:
+            out[hospitals.get(int(reply.metadata.src_node_id), str(reply.metadata.src_node_id))] = timing
+    return out
 
 
 def federated_report(replies: Iterable[Any], num_classes: int, rare: list[int]) -> dict[str, Any]:
@@ -181,6 +194,7 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
     for rnd in range(len(history) + 1, cfg.num_server_rounds + 1):
         round_start = time.perf_counter()
         offline = offline_hospitals(rnd, grid, strategy.hospitals)
+        train_pushed_at = time.time()
         if secure is None:
             messages = list(strategy.configure_train(rnd, arrays, train_config, grid))
             replies = exchange(grid, messages, cfg.reply_timeout)
@@ -194,8 +208,12 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
         eval_messages = list(strategy.configure_evaluate(rnd, arrays, evaluate_config, grid))
         if contribution is not None:
             eval_messages = contribution.ask(rnd, strategy.records[rnd], eval_messages)
+        train_seconds = time.time() - train_pushed_at  # push, the hospitals' work, replies, aggregation
+        evaluate_pushed_at = time.time()
         eval_replies = exchange(grid, eval_messages, cfg.reply_timeout)
+        evaluate_seconds = time.time() - evaluate_pushed_at
         strategy.aggregate_evaluate(rnd, eval_replies)
+        central_started = time.perf_counter()
         central = evaluator(arrays) if evaluator is not None else federated_report(eval_replies, task.num_classes, rare)
         record = strategy.records[rnd]
         answered = {c["node_id"] for c in record.clients}
@@ -212,6 +230,12 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
             "clients": record.clients,
             "aggregation_seconds": record.aggregation_seconds,
             "round_seconds": time.perf_counter() - round_start,
+            # where the round's time went: the train exchange (with aggregation), the evaluate exchange, and
+            # the server's own evaluation; *_pushed_at are wall-clock stamps (the hospitals' timing is per client)
+            "timing": {"train_pushed_at": train_pushed_at, "train_seconds": train_seconds,
+                       "evaluate_pushed_at": evaluate_pushed_at, "evaluate_seconds": evaluate_seconds,
+                       "central_evaluation_seconds": time.perf_counter() - central_started,
+                       "evaluate_clients": reply_timing(eval_replies, strategy.hospitals)},
             "asked": len(asked),
             "missing": missing,
             "offline": offline,

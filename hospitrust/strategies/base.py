@@ -386,6 +386,9 @@ class HospitrustStrategy(Strategy):
             "rejected": rejected,
             "reason": reason,
         }
+        timing = {k[len("timing-"):]: float(v) for k, v in metrics.items() if k.startswith("timing-")}
+        if timing:  # where the hospital's time went (ClientApp train handler)
+            entry["timing"] = timing
         entry.update(extra)
         return entry
 

@@ -44,23 +44,26 @@ def task_from_args(args: argparse.Namespace) -> Task:
     Task
         The resolved task.
     """
-    from hospitrust.config import parse_run_config
+    from types import SimpleNamespace
+
     from hospitrust.errors import ConfigError
-    from hospitrust.tasks.task import resolve_task
+    from hospitrust.options import OptionsError
+    from hospitrust.tasks.task import RUN_DEFAULTS, TaskOptions, resolve_task
 
     if args.task and args.classes:
         raise ConfigError("give either --task or --classes, not both")
-    raw: dict[str, object] = {}
+    section: dict[str, object] = {}
     if args.task:
-        raw["task.file"] = str(Path(args.task).expanduser().resolve())
+        section["file"] = str(Path(args.task).expanduser().resolve())
     elif args.classes:
-        raw["task.classes"] = args.classes
+        section["classes"] = args.classes
         if args.channels:
-            raw["task.channels"] = args.channels
-    else:
-        raw["dataset"] = args.dataset
-    if args.image_size is not None:
-        raw["image-size"] = args.image_size
-    # a task alone: no strategy or attack of a run, so nothing else is checked
-    raw["strategy"] = "fedavg"
-    return resolve_task(parse_run_config(raw))
+            section["channels"] = args.channels
+    try:
+        options = TaskOptions.from_flat(section)
+    except OptionsError as err:
+        raise ConfigError(f"invalid task options: {err}") from None
+    # a task alone, without a run's strategy or attack: resolved as a run would, without the run config
+    cfg = SimpleNamespace(task=options, dataset=args.dataset, model=RUN_DEFAULTS["model"],
+                          image_size=args.image_size if args.image_size is not None else RUN_DEFAULTS["image-size"])
+    return resolve_task(cfg)

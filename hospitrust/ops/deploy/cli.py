@@ -7,14 +7,13 @@ import shlex
 import sys
 from pathlib import Path
 
-from hospitrust.ops import data_check, flwr
 from hospitrust.ops.deploy.errors import DeployError
-from hospitrust.ops.deploy.pki import create_ca, create_server_cert, create_supernode_keys
 from hospitrust.ops.deploy.superlink import DEFAULT_PORT, superlink_command, write_connection
 from hospitrust.ops.deploy.supernode import supernode_command
-from hospitrust.ops.flwr import COMPLETED
-from hospitrust.datasets.local import FORMATS
 from hospitrust.tasks.cli import add_task_arguments, task_from_args
+
+# the layouts datasets.local reads (repeated here so that building the parser imports no numpy)
+FORMATS = ("auto", "folder", "csv", "npz")
 
 
 def _exec(cmd: list[str], dry_run: bool) -> int:
@@ -29,6 +28,8 @@ def _exec(cmd: list[str], dry_run: bool) -> int:
 
 
 def cmd_ca(args) -> int:
+    from hospitrust.ops.deploy.pki import create_ca
+
     cert, key = create_ca(Path(args.out), name=args.name, days=args.days, force=args.force)
     print(f"CA certificate: {cert}   (give it to the hospitals and to whoever runs `flwr`)\n"
           f"CA private key: {key}   (mode 0600; keep it offline, it signs the SuperLink's certificate)")
@@ -36,6 +37,8 @@ def cmd_ca(args) -> int:
 
 
 def cmd_server_cert(args) -> int:
+    from hospitrust.ops.deploy.pki import create_server_cert
+
     ca_dir = Path(args.ca_dir)
     cert, key = create_server_cert(Path(args.ca_cert or ca_dir / "ca.crt"), Path(args.ca_key or ca_dir / "ca.key"),
                                    Path(args.out or ca_dir), args.san, days=args.days, force=args.force)
@@ -45,6 +48,8 @@ def cmd_server_cert(args) -> int:
 
 
 def cmd_keygen(args) -> int:
+    from hospitrust.ops.deploy.pki import create_supernode_keys
+
     key, pub = create_supernode_keys(Path(args.out), args.name, force=args.force)
     print(f"private key: {key}   (mode 0600; stays on the SuperNode machine)\n"
           f"public key:  {pub}   (send this file to the federation operator to register)")
@@ -73,6 +78,8 @@ def cmd_connection(args) -> int:
 
 
 def cmd_register(args) -> int:
+    from hospitrust.ops import flwr
+
     rc = 0
     for key in args.public_keys:
         key = Path(key).expanduser().resolve()
@@ -91,6 +98,9 @@ def cmd_register(args) -> int:
 
 
 def cmd_status(args) -> int:
+    from hospitrust.ops import flwr
+    from hospitrust.ops.flwr import COMPLETED
+
     status, details = (flwr.wait_for_run(args.run_id, args.connection, args.timeout) if args.wait
                        else flwr.run_status(args.run_id, args.connection))
     print(f"run {args.run_id}: {status}" + (f"\n{details}" if details and status != COMPLETED else ""))
@@ -98,8 +108,17 @@ def cmd_status(args) -> int:
 
 
 def cmd_supernode(args) -> int:
+    if (args.data_path is None) == (args.partition is None):
+        raise DeployError("give either --data-path (this hospital's images) or --partition I/N (a rehearsal hospital "
+                          "simulated from the run's dataset)")
+    if args.partition is not None:
+        return _start_supernode(args, _partition_config(args.partition))
+    if not args.hospital:
+        raise DeployError("--hospital is required with --data-path (the name the federation records for you)")
     data_path = Path(args.data_path).expanduser().resolve()
     if not args.skip_data_check:
+        from hospitrust.ops import data_check
+
         report = data_check.check_path(data_path, task_from_args(args), data_format=args.data_format,
                                        allow_odd_sizes=args.allow_odd_sizes)
         print(report.format(), flush=True)
@@ -107,16 +126,30 @@ def cmd_supernode(args) -> int:
             print("\nhospitrust deploy supernode: not starting the SuperNode: fix the problems above "
                   "(or pass --skip-data-check to start anyway)", file=sys.stderr)
             return 3
+    node_config: dict[str, object] = {"data-path": str(data_path), "data-format": args.data_format,
+                                      "hospital": args.hospital}
+    if args.cache_dir:
+        node_config["cache-dir"] = str(Path(args.cache_dir).expanduser().resolve())
+    return _start_supernode(args, node_config)
+
+
+def _partition_config(text: str) -> dict[str, object]:
+    index, _, total = text.partition("/")
+    if not (index.isdigit() and total.isdigit() and int(index) < int(total)):
+        raise DeployError(f"--partition {text!r}: expected I/N with 0 <= I < N, e.g. 0/3")
+    return {"partition-id": int(index), "num-partitions": int(total)}
+
+
+def _start_supernode(args, node_config: dict[str, object]) -> int:
+    """Start the SuperNode (data checked): warm launcher and watchdog, or Flower's own SuperExec."""
     for label, p in (("--ca", Path(args.ca)), ("--key", Path(args.key))):
         if not p.expanduser().is_file():
             raise DeployError(f"{label} {p} not found")
     key_mode = Path(args.key).expanduser().stat().st_mode & 0o777
     if key_mode & 0o077:
         print(f"warning: {args.key} is readable by others (mode {key_mode:o}); chmod 600 it", file=sys.stderr)
-    node_config: dict[str, object] = {"data-path": str(data_path), "data-format": args.data_format,
-                                      "hospital": args.hospital}
-    if args.cache_dir:
-        node_config["cache-dir"] = str(Path(args.cache_dir).expanduser().resolve())
+    if args.hospital and "hospital" not in node_config:
+        node_config["hospital"] = args.hospital
     if args.malicious:
         node_config["malicious"] = True
     warm = args.launcher == "warm"
@@ -147,6 +180,8 @@ def cmd_data_check(args) -> int:
         detail = "; ".join(line.lstrip("- ") for line in lines[1:])
         print(f"hospitrust data check: {lines[0] if lines else exc}{' ' + detail if detail else ''}", file=sys.stderr)
         return 2
+    from hospitrust.ops import data_check
+
     return data_check.main(args.path, task, args.data_format, args.allow_odd_sizes)
 
 
@@ -216,11 +251,15 @@ def add_deploy_parser(sub) -> None:
     p.add_argument("--superlink", required=True, metavar="HOST:PORT")
     p.add_argument("--ca", required=True, help="the federation's CA certificate")
     p.add_argument("--key", required=True, help="this hospital's SuperNode private key (deploy keygen)")
-    p.add_argument("--data-path", required=True,
+    p.add_argument("--data-path",
                    help="this hospital's images: a folder of class folders (images or DICOM), a CSV manifest or a .npz")
+    p.add_argument("--partition", metavar="I/N",
+                   help="instead of --data-path: a rehearsal hospital, partition I of N of the run's dataset (as in "
+                        "simulation; for trying a deployment and benchmarks)")
     p.add_argument("--data-format", default="auto", choices=FORMATS, help="how --data-path is laid out (default: detected)")
     p.add_argument("--cache-dir", help="where decoded images are cached (default ~/.cache/hospitrust/images)")
-    p.add_argument("--hospital", required=True, help="this hospital's name (as the federation records it)")
+    p.add_argument("--hospital", help="this hospital's name, as the federation records it (required with --data-path; "
+                                      "default with --partition: hospital-I)")
     p.add_argument("--port", type=int, default=9094, help="the SuperNode's local Runtime API port (default 9094)")
     p.add_argument("--host", default="127.0.0.1", help="the SuperNode's local Runtime API address (default 127.0.0.1)")
     add_task_arguments(p)

@@ -9,8 +9,9 @@ Pillow, pydicom, scikit-learn's metrics, Flower's ClientApp runtime), then, like
 ``os.fork()``-ed from it: Flower's own ``run_clientapp`` with the task's token. Each message
 still gets its own process (a run never sees another run's state); only imported library
 code is shared. hospitrust itself is *not* preloaded: the child imports it from the run's app
-bundle, as Flower's own launcher would. The parent never runs torch code (no thread pool, no
-CUDA context), so forking it is safe; a GPU child creates its own CUDA context.
+bundle, as Flower's own launcher would. The parent runs torch only for a single-threaded warm-up
+(no thread pool, no CUDA context), so forking it is safe; a GPU child creates its own CUDA
+context.
 
 It prints one JSON line per child on stdout (``started``, ``exited`` with exit code or signal
 and seconds), which ``hospitrust deploy supernode``'s watchdog reads.
@@ -35,6 +36,7 @@ PRELOAD = ("numpy", "torch", "torch.nn", "torch.nn.functional", "torch.utils.dat
            "pydicom", "sklearn.metrics", "flwr.app", "flwr.clientapp", "flwr.supernode.runtime.run_clientapp")
 POLL_SECONDS = 0.05  # Flower's SuperExec: FLWR_SUPEREXEC_TASK_POLL_INTERVAL, 1 s by default
 FAULT_ENV = "HOSPITRUST_LAUNCHER_FAULT"
+PROFILE_ENV = "HOSPITRUST_LAUNCHER_PROFILE"  # a folder: profile every ClientApp (cProfile), for diagnostics
 GENERATION_ENV = "HOSPITRUST_LAUNCHER_GENERATION"  # set by the supervisor: 0, then 1 after its first restart
 
 
@@ -44,13 +46,30 @@ def emit(event: str, **fields: object) -> None:
 
 
 def preload() -> float:
-    """Import ``PRELOAD``; returns the seconds it took."""
+    """Import ``PRELOAD`` and warm torch's CPU kernels up; returns the seconds it took.
+
+    A fresh process's first training step pays about 1.3 s of torch's lazy initialization (measured
+    here: first epoch 1.33 s, second 0.04 s). The parent runs one tiny forward and backward pass
+    with a single thread, so no OpenMP thread pool exists when it forks (a pool does not survive a
+    fork); each child then sets its own thread count.
+    """
     start = time.perf_counter()
     for name in PRELOAD:
         try:
             importlib.import_module(name)
         except ImportError:  # an optional library (pydicom) missing: the child imports what it needs
             pass
+    import torch
+
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.GroupNorm(4, 8), torch.nn.ReLU(),
+                                torch.nn.MaxPool2d(2), torch.nn.AdaptiveAvgPool2d(2), torch.nn.Flatten(),
+                                torch.nn.Dropout(0.1), torch.nn.Linear(32, 2))
+    loss = torch.nn.functional.cross_entropy(model(torch.zeros(2, 1, 8, 8)), torch.zeros(2, dtype=torch.long))
+    loss.backward()
+    torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9).step()
+    with torch.no_grad():
+        torch.softmax(model.eval()(torch.zeros(2, 1, 8, 8)), dim=1)
     return time.perf_counter() - start
 
 
@@ -79,10 +98,24 @@ def _child(runtime_api_address: str, token: str, fault: str) -> None:
         if fault == "hang":
             while True:
                 time.sleep(3600)
+        for name in [m for m in sys.modules if m == "hospitrust" or m.startswith("hospitrust.")]:
+            del sys.modules[name]  # the launcher's own modules: the ClientApp imports hospitrust from the app bundle
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        import torch
+
+        torch.set_num_threads(int(threads) if threads.isdigit() else (os.cpu_count() or 1))
         from flwr.supernode.runtime.run_clientapp import run_clientapp
 
-        run_clientapp(runtime_api_address=runtime_api_address, token=token, insecure=True, certificates=None,
-                      parent_pid=os.getppid())
+        profile_dir = os.environ.get(PROFILE_ENV, "")
+        if profile_dir:  # diagnostics: where a ClientApp's time goes, one .prof file per task
+            import cProfile
+
+            cProfile.runctx("run_clientapp(runtime_api_address=runtime_api_address, token=token, insecure=True, "
+                            "certificates=None, parent_pid=os.getppid())", globals(), locals(),
+                            os.path.join(profile_dir, f"clientapp-{os.getpid()}.prof"))
+        else:
+            run_clientapp(runtime_api_address=runtime_api_address, token=token, insecure=True, certificates=None,
+                          parent_pid=os.getppid())
     except SystemExit as exc:  # Flower's exit path
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - report it, then leave without running the parent's handlers
@@ -96,8 +129,11 @@ def _child(runtime_api_address: str, token: str, fault: str) -> None:
         os._exit(code)
 
 
-def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int | None = None) -> None:
-    """Ask the SuperNode for ClientApp tasks and fork one child per task, until stopped."""
+def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int | None = None,
+        gate: StdinGate | None = None) -> None:
+    """Ask the SuperNode for ClientApp tasks and fork one child per task, until stopped (with
+    ``gate``: when the supervisor signals a received message, see :class:`StdinGate`).
+    """
     seconds = preload()
     from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
     from flwr.supercore.app_utils import start_parent_process_monitor
@@ -136,6 +172,8 @@ def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int
             started, task_id = children.pop(pid, (time.time(), -1))
             emit("exited", pid=pid, task_id=task_id, seconds=round(time.time() - started, 3),
                  rc=os.waitstatus_to_exitcode(status))
+        if gate is not None and not gate.wait(poll):
+            continue
         res = client.AcquireTask(AcquireTaskRequest(supported_task_types={TaskType.CLIENT_APP}))
         if res.HasField("task") and res.token:
             launched += 1
@@ -148,7 +186,43 @@ def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int
             emit("started", pid=pid, task_id=int(res.task.task_id), run_id=int(res.task.run_id), n=launched,
                  **({"fault": fault} if fault else {}))
             continue  # another task may be waiting: ask again at once
-        time.sleep(poll)
+        if gate is None:
+            time.sleep(poll)
+
+
+class StdinGate:
+    """Ask for a task when the supervisor says the SuperNode has received a message (a line on stdin),
+    or every ``FALLBACK_SECONDS`` regardless (a missed line costs at most that).
+
+    A task is listed as soon as the SuperNode starts receiving its message; a ClientApp that asks for
+    the message's contents before they arrived backs off a whole second (Flower's ``pull_objects``:
+    initial backoff 1 s, doubling). Waiting for the SuperNode's "Received successfully" costs only
+    the transfer itself.
+    """
+
+    FALLBACK_SECONDS = 5.0
+
+    def __init__(self) -> None:
+        self.fd = sys.stdin.fileno()
+        self.last = 0.0
+        self.open = True
+
+    def wait(self, poll: float) -> bool:
+        import select
+
+        if not self.open:
+            time.sleep(poll)
+            return True
+        ready, _, _ = select.select([self.fd], [], [], poll)
+        if ready:
+            if not os.read(self.fd, 4096):  # the supervisor closed the pipe: plain polling from now on
+                self.open = False
+            self.last = time.monotonic()
+            return True
+        if time.monotonic() - self.last >= self.FALLBACK_SECONDS:
+            self.last = time.monotonic()
+            return True
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,8 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's Runtime API (its --host:--port)")
     parser.add_argument("--poll", type=float, default=POLL_SECONDS, help="seconds between task polls")
     parser.add_argument("--parent-pid", type=int, help="exit when this process exits")
+    parser.add_argument("--gate-stdin", action="store_true",
+                        help="ask for a task when a line arrives on stdin (the supervisor: message received)")
     args = parser.parse_args(argv)
-    run(args.runtime_api_address, poll=args.poll, parent_pid=args.parent_pid)
+    run(args.runtime_api_address, poll=args.poll, parent_pid=args.parent_pid,
+        gate=StdinGate() if args.gate_stdin else None)
     return 0
 
 

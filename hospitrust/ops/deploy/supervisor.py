@@ -13,8 +13,9 @@ supervisor watches both ends:
 
 It restarts the SuperNode (same key, so the same node id; the SuperLink sees it reconnect) and
 the launcher when a child died with a message open, or when a message has been open longer than
-``message_timeout``; the round in progress records the hospital as missing and the run goes on.
-Every restart is logged with its reason.
+``message_timeout``. The SuperLink delivers the unanswered message again to the restarted
+SuperNode, so the hospital usually still answers within the round's reply timeout; otherwise the
+round records it as missing and the run goes on. Every restart is logged with its reason.
 """
 
 from __future__ import annotations
@@ -35,9 +36,13 @@ from hospitrust.ops import flwr
 MESSAGE_DONE = ("Sent successfully", "Ignoring reply message", "Ignoring message", "Failed to send message",
                 "Failed to receive message", "The message will not be processed")
 RECEIVING = "Receiving:"
+RECEIVED = "Received successfully"  # the message's contents are at the SuperNode: the launcher may ask for it
 DIED_GRACE_SECONDS = 3.0  # after a ClientApp died: time for the SuperNode to log a reply it did send
-#: Exit codes of flower-supernode that mean "do not start again" (bad key, refused by the SuperLink, ...).
-FATAL_EXIT = "the SuperNode exited by itself"
+#: flower-supernode's line when the SuperLink refuses it: an unregistered key, or (right after a crash
+#: or a kill) its previous session still counting as online until its heartbeats lapse.
+ACTIVATION_REFUSED = "Failed to activate SuperNode"
+ACTIVATION_RETRY_SECONDS = 90.0
+ACTIVATED = "SuperNode ID:"  # flower-supernode's line once the SuperLink accepted it  # how long a refused activation is retried before giving up
 
 
 @dataclass
@@ -99,17 +104,29 @@ class Supervisor:
         self.launcher: subprocess.Popen | None = None
         self.died: list[tuple[float, str]] = []  # (when, why) ClientApps that died
         self.restarts: list[str] = []
+        self.refused = False  # the SuperLink refused the current SuperNode's activation
+        self.activated = False  # the current SuperNode got its node id
         self._stopping = False
 
     # ---- processes ---------------------------------------------------------------------
-    def _popen(self, cmd: Sequence[str], sink: Callable[[str], None]) -> subprocess.Popen:
+    def _popen(self, cmd: Sequence[str], sink: Callable[[str], None], stdin: bool = False) -> subprocess.Popen:
         proc = subprocess.Popen(list(cmd), env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                bufsize=1, start_new_session=True)
+                                bufsize=1, start_new_session=True, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL)
         threading.Thread(target=_pump, args=(proc.stdout, sink), daemon=True).start()
         return proc
 
     def _supernode_line(self, line: str) -> None:
         self.inflight.line(line)
+        if ACTIVATION_REFUSED in line:
+            self.refused = True
+        elif ACTIVATED in line:
+            self.activated = True
+        if RECEIVED in line and self.launcher is not None and self.launcher.stdin is not None:
+            try:  # the launcher's StdinGate: ask for the task now
+                self.launcher.stdin.write("received\n")
+                self.launcher.stdin.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                pass
         self.out(line)
 
     def _launcher_line(self, line: str) -> None:
@@ -128,13 +145,14 @@ class Supervisor:
         """Start the SuperNode and the launcher."""
         self.inflight.clear()
         self.died.clear()
+        self.refused = self.activated = False
         self.supernode = self._popen(self.supernode_cmd, self._supernode_line)
         launcher = [sys.executable, "-m", "hospitrust.ops.deploy.launcher", "--runtime-api-address", self.address,
-                    "--parent-pid", str(os.getpid())]
+                    "--parent-pid", str(os.getpid()), "--gate-stdin"]
         env = self.env
         self.env = {**env, "HOSPITRUST_LAUNCHER_GENERATION": str(len(self.restarts))}
         try:
-            self.launcher = self._popen(launcher, self._launcher_line)
+            self.launcher = self._popen(launcher, self._launcher_line, stdin=True)
         finally:
             self.env = env
 
@@ -175,15 +193,32 @@ class Supervisor:
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         self.start()
+        refused_since: float | None = None
         try:
             while not self._stopping:
                 time.sleep(poll)
                 assert self.supernode is not None and self.launcher is not None
                 if (rc := self.supernode.poll()) is not None:
+                    time.sleep(0.2)  # the last lines of its output
+                    now = time.monotonic()
+                    if self.refused and (refused_since is None or now - refused_since < ACTIVATION_RETRY_SECONDS):
+                        refused_since = refused_since if refused_since is not None else now
+                        self.out("hospitrust deploy supernode: the SuperLink refused this SuperNode (an unregistered key, "
+                                 "or its previous session still counts as online until its heartbeats lapse): retrying "
+                                 f"for up to {ACTIVATION_RETRY_SECONDS - (now - refused_since):.0f} s more")
+                        self.stop()
+                        time.sleep(5)
+                        self.start()
+                        continue
                     # a SuperNode that gives up (refused key, bad certificate, retries spent) is not restarted in a loop
                     self.out(f"hospitrust deploy supernode: flower-supernode exited with {rc}")
                     return int(rc) or 1
+                if self.activated:  # connected: a later refusal gets its own retry window
+                    refused_since = None
                 if self.launcher.poll() is not None:
+                    time.sleep(0.5)  # stopping: the launcher may have got the same SIGTERM first
+                    if self._stopping:
+                        break
                     self.restart(f"the ClientApp launcher exited with {self.launcher.returncode}")
                     continue
                 if (why := self.check()) is not None:
