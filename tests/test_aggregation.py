@@ -460,7 +460,8 @@ def test_multi_krum_blocked_path_is_the_mean_of_the_selected(outlier_scale):
 
 
 def test_centered_clipping_blocked_distances_are_exact():
-    from hospitrust.aggregation.centered_clipping import DIST_BLOCK, _distances_to
+    from hospitrust.aggregation.centered_clipping import _distances_to
+    from hospitrust.aggregation.kernels import DIST_BLOCK
 
     g = torch.Generator().manual_seed(6)
     x = torch.randn(5, 3 * DIST_BLOCK + 11, generator=g)

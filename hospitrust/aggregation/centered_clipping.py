@@ -5,11 +5,9 @@ from __future__ import annotations
 import torch
 
 from ._validation import check_updates, check_vector
-from .kernels import DIST_BLOCK, _fused_ok, centered_gram, row_distances, weighted_row_sum
+from .kernels import centered_gram, fused_kernels_apply, row_distances, weighted_row_sum
 
 __all__ = ["centered_clipping"]
-
-assert DIST_BLOCK  # the block width of the plain distance pass, imported here for the tests
 
 
 def _distances_to(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -69,7 +67,7 @@ def centered_clipping(
         raise ValueError(f"centered_clipping requires tau > 0; got tau={tau!r}")
     if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
         raise ValueError(f"centered_clipping requires an int iters >= 1; got iters={iters!r}")
-    if _fused_ok(x, 1):
+    if fused_kernels_apply(x, 1):
         return _centered_clipping_two_passes(x, v, tau, iters)
     for _ in range(iters):
         dist = _distances_to(x, v).cpu()

@@ -24,7 +24,7 @@ from . import _codegen
 from ._validation import check_updates
 
 __all__ = ["GRAM_BLOCK", "FUSED_MIN_COLUMNS", "gram", "pairwise_sq_distances", "checked_distances",
-           "nearest_neighbour_scores", "centered_gram", "row_dots", "row_distances", "weighted_row_sum",
+           "nearest_neighbour_scores", "centered_gram", "row_dots", "row_distances", "weighted_row_sum", "fused_kernels_apply",
            "plausible_median_norm", "median_norm_clip"]
 
 #: Fewest columns for which the compiled passes run in ``auto`` mode (a compile costs a few
@@ -40,7 +40,7 @@ GRAM_CHUNK_BYTES = 512 << 10
 GRAM_MAX_CHUNK = 4096
 
 
-def _fused_ok(x: torch.Tensor, chunk: int) -> bool:
+def fused_kernels_apply(x: torch.Tensor, chunk: int) -> bool:
     """Whether the compiled one-pass kernels should run on ``x``."""
     backend = _codegen.get_backend()
     if backend == "eager" or x.dtype not in (torch.float32, torch.float64) or x.shape[1] < chunk:
@@ -145,7 +145,7 @@ def gram(x: torch.Tensor) -> torch.Tensor:
         ``(n, n)`` float64 on ``x.device``.
     """
     check_updates(x)
-    if _fused_ok(x, _chunk(x.shape[0], x.dtype, GRAM_CHUNK_BYTES)):
+    if fused_kernels_apply(x, _chunk(x.shape[0], x.dtype, GRAM_CHUNK_BYTES)):
         g = _compiled_gram(x)
         if g is not None:
             return g
@@ -188,7 +188,7 @@ def centered_gram(x: torch.Tensor, center: torch.Tensor) -> torch.Tensor:
         ``(n, n)`` float64 on ``x.device``.
     """
     n, d = check_updates(x)
-    if _fused_ok(x, _chunk(n, x.dtype, GRAM_CHUNK_BYTES)):
+    if fused_kernels_apply(x, _chunk(n, x.dtype, GRAM_CHUNK_BYTES)):
         g = _compiled_gram(x, center)
         if g is not None:
             return g
@@ -345,7 +345,7 @@ def row_dots(x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     tuple of torch.Tensor
         ``(dots, norms)``, each ``(n,)`` float64 on ``x.device``.
     """
-    if _fused_ok(x, ROW_CHUNK):
+    if fused_kernels_apply(x, ROW_CHUNK):
         sums = _compiled_rows(x, v, "dots")
         if sums is not None:
             return sums[0], sums[1].clamp_min(0.0).sqrt()
@@ -373,7 +373,7 @@ def row_distances(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     torch.Tensor
         ``(n,)`` float64 on ``x.device``.
     """
-    if _fused_ok(x, ROW_CHUNK):
+    if fused_kernels_apply(x, ROW_CHUNK):
         sums = _compiled_rows(x, v, "dist")
         if sums is not None:
             return sums[0].clamp_min(0.0).sqrt()
@@ -430,7 +430,7 @@ def weighted_row_sum(x: torch.Tensor, w: torch.Tensor | Sequence[float], v: torc
         ``(d,)`` in ``x``'s dtype and device.
     """
     w = torch.as_tensor(w).to(dtype=x.dtype, device=x.device).flatten()
-    if _fused_ok(x, 1):
+    if fused_kernels_apply(x, 1):
         idx = torch.nonzero(w).flatten()
         m = int(idx.numel())
         if m == 0:

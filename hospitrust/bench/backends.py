@@ -101,11 +101,9 @@ def run_simulation_cell(run_config: dict[str, Any], hospitals: int, log: TextIO,
     """One real Flower simulation run; raises unless it ended finished:completed with a summary.json."""
     app = find_app_dir()
     values = _overrides(run_config, app)
-    if ray_address:
-        os.environ["RAY_ADDRESS"] = ray_address  # inherited by the SuperLink -> flwr-simulation -> ray.init()
-    if superlink is None:
+    if superlink is None:  # simulate's own SuperLink joins the Ray cluster at ray_address
         status, _ = simulate(hospitals=hospitals, overrides=[to_toml_overrides(values)], app_dir=app,
-                             timeout=timeout, out=log)
+                             timeout=timeout, out=log, ray_address=ray_address)
         if status != COMPLETED:
             raise SimulationError(f"simulation ended {status}")
         return

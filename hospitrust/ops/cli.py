@@ -21,6 +21,7 @@ def _simulate(args: argparse.Namespace) -> int:
             overrides=args.run_config,
             app_dir=Path(args.app) if args.app else None,
             timeout=args.timeout,
+            ray_address=args.ray_address or "",
         )
     except (ConfigError, SimulationError, DataMissingError) as exc:
         print(f"hospitrust simulate: {exc}", file=sys.stderr)
@@ -96,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--app", help="Flower app folder (default: found from the current folder)")
     sim.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is stopped (default 3600)")
+    sim.add_argument("--ray-address", help="run the hospitals on this existing Ray cluster (e.g. 10.0.0.5:6379) "
+                                           "instead of a Ray instance started for this run")
     sim.set_defaults(func=_simulate)
 
     con = sub.add_parser("console", help="a live web page of runs: hospitals, trust decisions and why, round by round",

@@ -170,8 +170,13 @@ def simulate(
     timeout: float = 3600.0,
     gpus: int | None = None,
     out=sys.stdout,
+    ray_address: str = "",
 ) -> tuple[str, Path | None]:
-    """Run one simulation; returns (final status, run directory or None)."""
+    """Run one simulation; returns (final status, run directory or None).
+
+    ``ray_address``: an existing Ray cluster (``host:port``) for the hospitals' actors; Flower's
+    simulation joins it through ``RAY_ADDRESS`` instead of starting a Ray instance of its own.
+    """
     if hospitals < 1:
         raise ConfigError(f"--hospitals must be >= 1, got {hospitals}")
     app = (app_dir or find_app_dir()).resolve()
@@ -210,12 +215,14 @@ def simulate(
 
     res = size_resources(hospitals, gpus=gpus)
     work = Path(tempfile.mkdtemp(prefix="hospitrust-sim-"))
-    env = flwr.flower_env(work)
+    # inherited by the SuperLink -> flwr-simulation -> ray.init(), which then joins that cluster
+    env = flwr.flower_env(work, {"RAY_ADDRESS": ray_address} if ray_address else None)
     port = flwr.free_port()
     flwr.write_local_connection(work, CONNECTION, port)
+    where = f"on the Ray cluster at {ray_address}" if ray_address else f"up to {res.concurrency} at once"
     print(
         f"hospitrust simulate: {hospitals} hospitals, {res.cpus_per_hospital:g} CPU"
-        f"{f' + {res.gpus_per_hospital:g} GPU' if res.gpus_per_hospital else ''} each, up to {res.concurrency} at once; "
+        f"{f' + {res.gpus_per_hospital:g} GPU' if res.gpus_per_hospital else ''} each, {where}; "
         f"SuperLink on 127.0.0.1:{port} (the federation's size is --hospitals)",
         file=out,
         flush=True,
