@@ -211,3 +211,16 @@ def test_rare_class_macro_f1_hand():
     assert abs(rare_class_macro_f1(y_true, y_pred, [0, 2]) - (0.5 + 2 / 3) / 2) < 1e-12
     assert rare_class_macro_f1(y_true, y_pred, [1]) == pytest.approx(0.8)  # P 2/3, R 1
     assert rare_class_macro_f1(y_true, [1] * 6, [0]) == 0.0  # never predicted
+
+
+def test_local_metrics_equal_the_full_report():
+    # the hospital's own numbers (benchmark error, federated evaluation) without scikit-learn
+    rng = np.random.default_rng(3)
+    for n, k in ((1, 2), (7, 2), (50, 5)):
+        y = rng.integers(0, k, n)
+        p = rng.dirichlet(np.ones(k), n)
+        full, local = metrics.classification_report(y, p, k), metrics.local_metrics(y, p, k)
+        for key in ("accuracy", "balanced_accuracy", "loss", "num_examples"):
+            assert local[key] == full[key], key
+    empty = metrics.local_metrics(np.zeros(0, int), np.zeros((0, 3)), 3)
+    assert empty["num_examples"] == 0 and np.isnan(empty["loss"])
