@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -57,6 +58,8 @@ def test_a_failing_clientapp_ends_failed_with_nonzero_exit(tmp_path, data_dir):
     pyproject = (REPO / "pyproject.toml").read_text()
     pyproject = pyproject.replace('name = "hospitrust"', 'name = "brokenapp"')
     pyproject = pyproject.replace('clientapp = "hospitrust.client_app:app"', 'clientapp = "broken_client:app"')
+    # its bundle holds broken_client.py, not the hospitrust package the original's fab-include names
+    pyproject = re.sub(r"(?m)^fab-include = .*$", 'fab-include = ["*.py"]', pyproject)
     (app / "pyproject.toml").write_text(pyproject)
     (app / "broken_client.py").write_text(textwrap.dedent('''
         from flwr.clientapp import ClientApp
@@ -92,6 +95,15 @@ def test_bad_config_fails_before_starting_anything(tmp_path):
     res = _simulate(["--hospitals", "3", "--app", str(REPO), "-c", "hta-kappa=0.4 strategy=krum"], cwd=tmp_path,
                     timeout=120)
     assert "'hta-kappa' is deprecated: it is now 'hta.exclusion-fraction'" in res.stdout + res.stderr
+
+
+def test_a_split_that_cannot_be_drawn_stops_before_flower(tmp_path, data_dir):
+    # 1,000 Dirichlet(0.5) hospitals over 4,708 images: some would get nothing; every ClientApp would fail
+    res = _simulate(["--hospitals", "1000", "--app", str(REPO), "-c", f'data-dir="{data_dir}"'], cwd=tmp_path,
+                    timeout=120)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "cannot split pneumoniamnist over 1000 hospitals" in res.stderr and "increase alpha" in res.stderr
+    assert "SuperLink" not in res.stdout and "Traceback" not in res.stderr
 
 
 def test_missing_data_stops_before_flower_with_one_paragraph(tmp_path):

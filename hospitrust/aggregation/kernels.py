@@ -41,7 +41,21 @@ GRAM_MAX_CHUNK = 4096
 
 
 def fused_kernels_apply(x: torch.Tensor, chunk: int) -> bool:
-    """Whether the compiled one-pass kernels should run on ``x``."""
+    """Whether the compiled one-pass kernels should run on ``x``.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``.
+    chunk : int
+        Columns per chunk of the kernel: fewer columns than one chunk run the plain passes.
+
+    Returns
+    -------
+    bool
+        True in ``compile`` mode (float32/float64, at least one chunk), or in ``auto`` mode on the
+        CPU from ``FUSED_MIN_COLUMNS`` columns; False in ``eager`` mode.
+    """
     backend = _codegen.get_backend()
     if backend == "eager" or x.dtype not in (torch.float32, torch.float64) or x.shape[1] < chunk:
         return False

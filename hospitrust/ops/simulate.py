@@ -207,6 +207,12 @@ def simulate(
                           "defines a task of its own (task.file / task.classes): run it on real hospitals (their SuperNodes"
                           " with data-path, see docs/operators.md), or try it on one machine with `hospitrust task export`")
     ensure_dataset(cfg.dataset, cfg.image_size, cfg.resolved_data_dir())  # a missing file stops us before Flower or Ray
+    try:  # a split that cannot be drawn (too many hospitals for the data) stops us here, not in every ClientApp
+        from hospitrust.datasets.federation import partitions
+
+        partitions(cfg.federation, hospitals)
+    except ValueError as exc:
+        raise ConfigError(f"cannot split {cfg.dataset} over {hospitals} hospitals: {exc}") from None
     resolve_task(cfg)  # a task file or a bad task key stops us here too
     for key, path in (("server-data.test-path", cfg.server_data.test_path), ("server-data.cohort-path",
                       cfg.server_data.cohort_path), ("task.pretrained", cfg.task.pretrained)):

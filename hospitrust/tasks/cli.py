@@ -63,6 +63,8 @@ def task_from_args(args: argparse.Namespace) -> Task:
         options = TaskOptions.from_flat(section)
     except OptionsError as err:
         raise ConfigError(f"invalid task options: {err}") from None
+    if args.image_size is not None and not 8 <= args.image_size <= 1024:  # as the run config's image-size
+        raise ConfigError(f"image-size {args.image_size}: expected 8 to 1024 pixels")
     # a task alone, without a run's strategy or attack: resolved as a run would, without the run config
     cfg = SimpleNamespace(task=options, dataset=args.dataset, model=RUN_DEFAULTS["model"],
                           image_size=args.image_size if args.image_size is not None else RUN_DEFAULTS["image-size"])
