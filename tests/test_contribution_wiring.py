@@ -19,7 +19,7 @@ from hospitrust.ops.inprocess import InProcessGrid
 from hospitrust.server_app.results import read_rounds, read_summary
 from hospitrust.server_app import app as server_app
 
-SCORES = {"loo", "ioi", "fp", "ee", "cos"}
+SCORES = {"loo", "ioi", "fp", "ee", "cos", "fp-published", "ee-published"}
 
 
 def _run(tmp_path, name, num_nodes=3, **overrides):
@@ -97,7 +97,7 @@ def test_contribution_strategy_weights_by_clipped_positive_scores():
     # nobody positive: FedAvg again
     strategy.update_scores({h: {"fp": 0.0, "ee": -1.0} for h in "abc"})
     torch.testing.assert_close(strategy.aggregate_updates(3, updates, n, replies).weights, n / n.sum())
-    with pytest.raises(ValueError, match="contribution.score = 'shapley': Input should be 'fp' or 'ee'"):
+    with pytest.raises(ValueError, match="contribution.score = 'shapley': Input should be 'fp', 'ee', 'fp-published' or 'ee-published'"):
         build_strategy("contribution", {1: "a"}, options={"score": "shapley"})
 
 

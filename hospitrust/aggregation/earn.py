@@ -177,20 +177,26 @@ def update_count_evidence(
     return n * share
 
 
-def holder_mask(evidence: torch.Tensor) -> torch.Tensor:
-    """Hospital k holds class c when its evidence for c is positive: ``(n, C)`` bool.
+def holder_mask(evidence: torch.Tensor, min_count: float = 0) -> torch.Tensor:
+    """Hospital k holds class c when its evidence for c is positive (``min_count`` 0), or at least
+    ``min_count`` (evidence in images: the published EARN's 20 training images): ``(n, C)`` bool.
 
     Parameters
     ----------
     evidence : torch.Tensor
         ``(n, C)`` per-hospital class evidence.
+    min_count : float
+        0: positive evidence holds; otherwise the least evidence (images) that holds.
 
     Returns
     -------
     torch.Tensor
         ``(n, C)`` bool.
     """
-    return torch.as_tensor(evidence, dtype=torch.float64) > 0
+    e = torch.as_tensor(evidence, dtype=torch.float64)
+    if min_count < 0:
+        raise ValueError(f"min_count must be >= 0, got {min_count}")
+    return e > 0 if min_count == 0 else e >= float(min_count)
 
 
 def peer_reliability(num_holders: torch.Tensor | int) -> torch.Tensor:

@@ -62,6 +62,7 @@ def fedagain_trust(
     error_quantile: float = 0.5,
     error_floor: float = 0.01,
     eps: float = 1e-6,
+    eps_placement: str = "product",
 ) -> dict[str, torch.Tensor]:
     r"""FedAgain trust and weights with floored factors.
 
@@ -81,10 +82,17 @@ def fedagain_trust(
     liar or free-rider is worth at most an honest hospital at the median error and
     median divergence (with the default q = 0.5).
 
+    ``eps_placement``: ``"product"`` is :math:`T_k = 1 / (E'_k D'_k + \varepsilon)` (the paper);
+    ``"factors"`` is :math:`T_k = 1 / ((E'_k + \varepsilon)(D'_k + \varepsilon))` (the authors'
+    public code, ``robust_divergence_experiments/train.py``). They differ only when a factor
+    is near 0: with E = 0 the first gives :math:`1/\varepsilon`, the second
+    :math:`1/(\varepsilon (D + \varepsilon))`.
+
     Parameters
     ----------
     errors : (n,) benchmark errors in [0, 1] (reported by the hospital, or measured by the server).
     divergences : (n,) non-negative divergences (:func:`fedagain_divergence`).
+    eps_placement : {"product", "factors"}, where eps enters (see above).
 
     Returns
     -------
@@ -104,5 +112,10 @@ def fedagain_trust(
     d_floor = max(float(torch.quantile(dv, divergence_quantile)), 1e-12)
     e_floor = max(float(torch.quantile(e, error_quantile)), error_floor)
     e2, d2 = e.clamp_min(e_floor), dv.clamp_min(d_floor)
-    trust = 1.0 / (e2 * d2 + eps)
+    if eps_placement == "product":
+        trust = 1.0 / (e2 * d2 + eps)
+    elif eps_placement == "factors":
+        trust = 1.0 / ((e2 + eps) * (d2 + eps))
+    else:
+        raise ValueError(f"eps_placement must be 'product' or 'factors', got {eps_placement!r}")
     return {"trust": trust, "weights": trust / trust.sum(), "error": e2, "divergence": d2}

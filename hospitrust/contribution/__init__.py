@@ -12,7 +12,9 @@ from hospitrust.contribution.scores import (
     coalition_weights,
     cosine_to_aggregate,
     everybody_else,
+    everybody_else_published,
     fair_private,
+    fair_private_published,
     include_one_in,
     leave_one_out,
     marginals_from_table,
@@ -22,6 +24,7 @@ from hospitrust.contribution.scores import (
 )
 
 __all__ = [
-    "coalition_values", "coalition_weights", "cosine_to_aggregate", "everybody_else", "fair_private",
+    "coalition_values", "coalition_weights", "cosine_to_aggregate", "everybody_else", "everybody_else_published",
+    "fair_private", "fair_private_published",
     "include_one_in", "leave_one_out", "marginals_from_table", "multi_round_shapley", "shapley_exact", "spearman",
 ]

@@ -127,7 +127,7 @@ class ContributionTracker:
             if c.get("scored"):
                 names = list(c["hospitals"])
                 self.ledger.add(RoundScores(int(c["round"]), names,
-                                            {s: [float(c["hospitals"][h][s]) for h in names] for s in SCORES},
+                                            {s: [float(c["hospitals"][h].get(s, math.nan)) for h in names] for s in SCORES},
                                             float(c["total_gain"])))
 
     def ask(self, server_round: int, record, messages: Iterable[Message]) -> list[Message]:

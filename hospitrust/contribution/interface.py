@@ -21,9 +21,17 @@ from typing import Any
 
 import numpy as np
 
-from hospitrust.contribution.scores import everybody_else, fair_private, include_one_in, leave_one_out
+from hospitrust.contribution.scores import (
+    everybody_else,
+    everybody_else_published,
+    fair_private,
+    fair_private_published,
+    include_one_in,
+    leave_one_out,
+)
 
-SCORES = ("loo", "ioi", "fp", "ee", "cos")
+# fp / ee: hospitrust's forms; fp-published / ee-published: as the paper describes them
+SCORES = ("loo", "ioi", "fp", "ee", "cos", "fp-published", "ee-published")
 # on the wire: the evaluate config key telling a hospital its weight, and the reply's metric keys
 WEIGHT_KEY = "contribution-weight"
 REPORT_KEYS = {
@@ -173,13 +181,16 @@ class RoundScores:
         return {"round": self.round, "total_gain": self.total_gain, "hospitals": self.by_hospital()}
 
 
-def score_round(view: SecureRoundView) -> RoundScores:
-    """LOO, IOI, FP, EE and COS of every hospital in the round, from the view only.
+def score_round(view: SecureRoundView, *, published_loo_weight: float = 0.5) -> RoundScores:
+    """LOO, IOI, FP, EE, COS and the published FP and EE of every hospital in the round, from the view only.
 
     Parameters
     ----------
     view : SecureRoundView
         The round as scoring may see it.
+    published_loo_weight : float
+        The weight of LOO against IOI in the published FP and EE
+        (``contribution-scoring.published-loo-weight``).
 
     Returns
     -------
@@ -200,7 +211,10 @@ def score_round(view: SecureRoundView) -> RoundScores:
     fp = fair_private(loo, ioi, total_gain)
     ee = everybody_else(loo, ioi, gains) if len(reps) >= 2 else np.full(len(reps), np.nan)
     cos = np.array([r.cosine for r in reps])
-    scores = {"loo": loo, "ioi": ioi, "fp": fp, "ee": ee, "cos": cos}
+    fp_pub = fair_private_published(loo, ioi, total_gain, published_loo_weight)
+    ee_pub = (everybody_else_published(loo, ioi, gains, published_loo_weight) if len(reps) >= 2
+              else np.full(len(reps), np.nan))
+    scores = {"loo": loo, "ioi": ioi, "fp": fp, "ee": ee, "cos": cos, "fp-published": fp_pub, "ee-published": ee_pub}
     return RoundScores(view.round, view.hospitals, {k: [float(x) for x in v] for k, v in scores.items()}, total_gain)
 
 

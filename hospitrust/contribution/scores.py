@@ -189,6 +189,104 @@ def everybody_else(loo_reported, ioi_reported, gain_reported) -> np.ndarray:
     return others_gain - others_mid
 
 
+def _published_marginal(loo: np.ndarray, ioi: np.ndarray, loo_weight: float) -> np.ndarray:
+    if not 0.0 <= loo_weight <= 1.0:
+        raise ValueError(f"loo_weight must be in [0, 1], got {loo_weight}")
+    return loo_weight * loo + (1.0 - loo_weight) * ioi
+
+
+def _share_out(raw: np.ndarray, total_gain: float) -> np.ndarray:
+    """``Delta * raw_i / sum_j raw_j``; ``Delta / n`` each when the sum vanishes (so efficiency holds)."""
+    total = float(raw.sum())
+    if abs(total) <= 1e-15:
+        return np.full(raw.shape[0], float(total_gain) / raw.shape[0])
+    return float(total_gain) * raw / total
+
+
+def fair_private_published(loo, ioi, total_gain: float, loo_weight: float = 0.5) -> np.ndarray:
+    r"""Fair-Private as described: a weighted average of LOO and IOI, normalized so the scores sum to
+    the total value::
+
+        phi_i = lambda LOO_i + (1 - lambda) IOI_i          FP_i = Delta phi_i / sum_j phi_j
+
+    ``lambda`` = ``loo_weight``. Efficiency (``sum FP = Delta``), null player (``LOO_i = IOI_i = 0``
+    gives ``phi_i = 0``, so ``FP_i = 0``, whenever some ``phi_j != 0``) and symmetry hold by
+    construction. The paper's text could not be read here, so the weight is an option; 1/2 by default.
+    When ``sum phi = 0`` (every marginal zero, or positive and negative ones cancelling) ``Delta`` is
+    split equally. :func:`fair_private` (hospitrust's ``fp``) shares only the residual
+    ``Delta - sum phi``, in proportion to ``|phi|``, because the signed sum here can be near zero and
+    then blows the scores up and flips their sign.
+
+    Parameters
+    ----------
+    loo : array-like of float
+        ``LOO_i`` per hospital.
+    ioi : array-like of float
+        ``IOI_i`` per hospital, same length.
+    total_gain : float
+        ``Delta``, the round's total gain (finite).
+    loo_weight : float
+        ``lambda`` in [0, 1], the weight of LOO (IOI gets ``1 - lambda``).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(n,)`` float64 scores summing to ``Delta``.
+    """
+    loo = _vector("loo", loo)
+    ioi = _vector("ioi", ioi, loo.shape[0])
+    if not math.isfinite(total_gain):
+        raise ValueError(f"total_gain must be finite, got {total_gain}")
+    if loo.shape[0] == 0:
+        return np.zeros(0)
+    return _share_out(_published_marginal(loo, ioi, loo_weight), total_gain)
+
+
+def everybody_else_published(loo_reported, ioi_reported, gain_reported, loo_weight: float = 0.5) -> np.ndarray:
+    r"""Everybody-Else as described: hospital i scored by the normalized mean of what the other
+    hospitals' own evaluations say about everybody else.
+
+    Hospital j evaluates its own marginal contribution ``phi_j = lambda LOO_j + (1 - lambda) IOI_j``
+    and the round's gain ``Delta_j`` on its validation set; what it does not claim for itself,
+    ``r_j = Delta_j - phi_j``, it credits to everybody else, i among them. Then::
+
+        EE_i = Delta r_bar_i / sum_k r_bar_k,     r_bar_i = mean_{j != i} r_j,     Delta = mean_j Delta_j
+
+    so the scores sum to ``Delta`` (efficiency). No report of i enters ``r_bar_i``; i's reports reach
+    its score only through the common factor ``Delta / sum_k r_bar_k`` (``sum_k r_bar_k = sum_j r_j``)
+    and through the others' ``r_bar_k``. Symmetric; not null player (a null hospital gets the others'
+    credit). With one common evaluator ``r_bar_i = Delta - (sum_j phi_j - phi_i) / (n - 1)``, which
+    ranks hospitals as ``phi`` does. :func:`everybody_else` (hospitrust's ``ee``) is the unnormalized
+    ``mean_{j != i} Delta_j - sum_{j != i} m_j`` (not efficient). When ``sum_k r_bar_k = 0`` Delta is
+    split equally. Needs n >= 2.
+
+    Parameters
+    ----------
+    loo_reported : array-like of float
+        ``LOO_j`` as each hospital reports it.
+    ioi_reported : array-like of float
+        ``IOI_j`` as each hospital reports it, same length.
+    gain_reported : array-like of float
+        ``Delta_j``, the round's gain on each hospital's validation set, same length.
+    loo_weight : float
+        ``lambda`` in [0, 1], the weight of LOO in each hospital's own marginal.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(n,)`` float64 scores summing to ``mean_j Delta_j``.
+    """
+    loo = _vector("loo_reported", loo_reported)
+    ioi = _vector("ioi_reported", ioi_reported, loo.shape[0])
+    gain = _vector("gain_reported", gain_reported, loo.shape[0])
+    n = loo.shape[0]
+    if n < 2:
+        raise ValueError(f"everybody-else needs at least 2 hospitals in the round (the others' reports), got {n}")
+    credit = gain - _published_marginal(loo, ioi, loo_weight)
+    others = (credit.sum() - credit) / (n - 1)
+    return _share_out(others, float(gain.mean()))
+
+
 def cosine_to_aggregate(update, aggregate) -> float:
     """COS baseline: cosine similarity of one update with the aggregate update ``M - M0``.
 

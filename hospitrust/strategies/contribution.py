@@ -26,9 +26,10 @@ from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 class ContributionOptions(Options):
     """The contribution-weighted rule's options: which score the weights come from."""
 
-    score: Literal["fp", "ee"] = Field("fp", description=(
-        "The contribution score the weights come from: fp (Fair-Private) or ee (Everybody-Else), accumulated "
-        "over the rounds, clipped at 0. Needs contribution-scoring.enabled."
+    score: Literal["fp", "ee", "fp-published", "ee-published"] = Field("fp", description=(
+        "The contribution score the weights come from: fp (Fair-Private) or ee (Everybody-Else), hospitrust's "
+        "forms; fp-published or ee-published, as the paper describes them; accumulated over the rounds, "
+        "clipped at 0. Needs contribution-scoring.enabled."
     ))
 
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import torch
 from flwr.common import log
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from hospitrust.aggregation import coordinate_median, flatten_state, median_norm_clip
 from hospitrust.aggregation.earn import (
@@ -177,6 +177,15 @@ class EARNOptions(Options):
         "Automatic rare classes: reported federation total below this x the mean class total (and always the "
         "rarest)."
     ))
+    rare_by: Literal["count", "holders"] = Field("count", description=(
+        "Automatic rare classes by: count = the reported federation total of the class's images (without "
+        "reported counts, the fewest holders); holders = the number of hospitals holding it, below "
+        "earn.rare-fraction x the mean over the classes held (and always the least held; the published rule)."
+    ))
+    holder_min_count: int = Field(0, ge=0, le=1_000_000, description=(
+        "A hospital holds a class when its evidence for it is at least this many images (20: the published "
+        "rule; needs earn.evidence reported or update-count); 0: when its evidence is positive."
+    ))
     base: Literal["fedavg", "median", "hta"] = Field("hta", description=(
         "The rule for the body and the other rows: fedavg, median, or hta (HTA with its hta.* options; its "
         "weights also replace FedAvg's in the rare rows)."
@@ -188,6 +197,13 @@ class EARNOptions(Options):
     def _rare_classes(cls, v: str) -> str:
         parse_class_list(v)  # raises ValueError with the reason
         return v
+
+    @model_validator(mode="after")
+    def _holder_units(self) -> "EARNOptions":
+        if self.holder_min_count > 0 and self.evidence == "update":
+            raise ValueError("earn.holder-min-count counts images: it needs earn.evidence = 'reported' or 'update-count' "
+                             "(earn.evidence = 'update' is a bias update, not a count)")
+        return self
 
     def check_dependencies(self, set_keys: set[str]) -> None:
         # the excuse floors s by audited trust: unaudited, a consistent faker earns trust from its own history.
@@ -318,6 +334,7 @@ class EARN(HospitrustStrategy):
         self.history_len, self.agree_threshold, self.audit = o.history_rounds, o.agree_threshold, audit
         self.rare_explicit = parse_class_list(o.rare_classes)
         self.rare_fraction, self.base = o.rare_fraction, o.base
+        self.rare_by, self.holder_min_count = o.rare_by, o.holder_min_count
         self.head_features, self.candidate_logits, self.audit_by = head_features, candidate_logits, o.audit_by
         # earn.base hta: HTA (its hta.* options, reputation kept across rounds) weighs the body and
         # the other rows, and its weights replace FedAvg's in the rare rows
@@ -377,6 +394,8 @@ class EARN(HospitrustStrategy):
     def _rare_classes(self, counts: torch.Tensor | None, holders: torch.Tensor, num_classes: int) -> list[int]:
         if self.rare_explicit:
             return [c for c in self.rare_explicit if c < num_classes]
+        if self.rare_by == "holders":
+            return rare_classes(holders.sum(dim=0).double().numpy(), self.rare_fraction)
         if counts is not None and float(counts.sum()) > 0:
             return rare_classes(counts.sum(dim=0).numpy(), self.rare_fraction)
         n_holders = holders.sum(dim=0)
@@ -412,7 +431,7 @@ class EARN(HospitrustStrategy):
             evidence = counts if counts is not None else torch.zeros(n, C, dtype=torch.float64)
         else:
             evidence = derived
-        holders = holder_mask(evidence)
+        holders = holder_mask(evidence, self.holder_min_count)
         rare = self._rare_classes(counts, holders, C)
 
         excuse = self._direction_excuse(names, rare) if self.excuse_direction else None
@@ -504,3 +523,43 @@ class EARN(HospitrustStrategy):
             "evidence_spearman": [spear] * n,
             "flagged": flagged,
         })
+
+
+class EARNPublishedOptions(EARNOptions):
+    """EARN with the holder and rare-class definitions of its description."""
+
+    evidence: Literal["update", "update-count", "reported"] = Field("reported", description=(
+        "Evidence of who holds a class: reported = the hospitals' training-image counts per class (the "
+        "published rule; fakeable), update-count = counts estimated from the bias update, update = the "
+        "positive part of the bias update (not a count)."
+    ))
+    rare_by: Literal["count", "holders"] = Field("holders", description=(
+        "Automatic rare classes by: holders = held by fewer than earn-published.rare-fraction x the mean "
+        "number of holders (and always the least held; the published rule); count = by reported image totals."
+    ))
+    holder_min_count: int = Field(20, ge=0, le=1_000_000, description=(
+        "A hospital holds a class when it has at least this many training images of it (20: the published "
+        "rule)."
+    ))
+
+
+class EARNPublished(EARN):
+    """EARN as described: a hospital holds class c when it has at least 20 training images of c (its
+    reported class counts), a rare class is one few hospitals hold (fewer than ``rare-fraction`` x the
+    mean number of holders, and always the least held), and peer reliability is
+    ``p(c) = clip((n(c) - 1) / 4, 0, 1)`` from the number of holders n(c). Everything the description
+    leaves open is ``earn``'s (docs/rules/earn.md lists each difference).
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options (its ``Options``, whose defaults are this form), or a mapping of field names.
+    **kwargs
+        As :class:`EARN`'s.
+    """
+
+    name = "earn-published"
+    Options = EARNPublishedOptions
+    options: EARNPublishedOptions

@@ -205,3 +205,144 @@ class HTA(HospitrustStrategy):
             # flagged: excluded, or sending what another hospital sent (no two hospitals' data train the same update)
             "flagged": [bool(e) or int(k) > 1 for e, k in zip(excluded.tolist(), group_size.tolist())],
         })
+
+
+class HTAPublishedAblation(HTAAblation):
+    """The published HTA has neither trimming nor duplicate merging (both added here later)."""
+
+    subsection = True
+    trim_norms: bool = Field(False, description=(
+        "Trim scaled norms out of the median norm behind m and the clip; false, the published rule (the plain "
+        "median)."
+    ))
+    merge_duplicates: bool = Field(False, description=(
+        "Count near-duplicate updates as one voice; false, the published rule (not merged)."
+    ))
+
+
+class HTAPublishedOptions(HTAOptions):
+    """HTA as first described: s, m and v fused with unit exponents, the reputation and the dual exclusion;
+    no dead zone in m, no clip to the median norm, no trimming, no duplicate merging.
+    """
+
+    direction_exponent: float = Field(1.0, ge=0.0, le=10.0, description=(
+        "a, the exponent of s; 1, the published rule (0 drops the signal: hta-published-no-direction)."
+    ))
+    magnitude_exponent: float = Field(1.0, ge=0.0, le=10.0, description=(
+        "b, the exponent of m; 1, the published rule (0 drops the signal: hta-published-no-m)."
+    ))
+    clip_to_median_norm: bool = Field(False, description=(
+        "Clip each kept update to the kept updates' median norm; false, the published rule."
+    ))
+    magnitude_tolerance: float = Field(1.0, ge=1.0, description=(
+        "m: norms within this factor of the median norm are not penalized; 1, the published rule (no dead "
+        "zone)."
+    ))
+    ablation: HTAPublishedAblation = Field(default_factory=HTAPublishedAblation,
+                                           description="Ablations of HTA.")
+
+
+class HTAPublishedNoMagnitudeOptions(HTAPublishedOptions):
+    """The published HTA without its magnitude signal m (b = 0)."""
+
+    magnitude_exponent: float = Field(0.0, ge=0.0, le=10.0, description=(
+        "b, the exponent of m; 0: the signal dropped (the ablation)."
+    ))
+
+
+class HTAPublishedNoMemoryOptions(HTAPublishedOptions):
+    """The published HTA without reputation memory: each round's tau is the reputation."""
+
+    ema_rate: float = Field(1.0, gt=0.0, le=1.0, description=(
+        "Reputation EMA rate; 1: the reputation is this round's tau (the ablation)."
+    ))
+    variance_penalty: float = Field(0.0, ge=0.0, description=(
+        "The penalty on tau's exponentially weighted standard deviation; 0 (with rate 1 there is none)."
+    ))
+
+
+class HTAPublishedNoDirectionOptions(HTAPublishedOptions):
+    """The published HTA without its direction signal s (a = 0)."""
+
+    direction_exponent: float = Field(0.0, ge=0.0, le=10.0, description=(
+        "a, the exponent of s; 0: the signal dropped (the ablation)."
+    ))
+
+
+class HTAPublished(HTA):
+    """HTA as first described: ``tau = s m v`` (unit exponents), ``m = exp(-|ln(||u|| / median norm)|)``
+    with no dead zone, the reputation (EMA minus the variance penalty) and the dual MAD exclusion,
+    weights reputation x examples over the kept updates, unclipped; no norm trimming and no
+    near-duplicate merging. ``hta`` differs in a = 0.5, a dead zone of 2 in m, the clip to the
+    median norm, the trimmed median norm and duplicate merging (docs/rules/hta.md lists each with
+    its measurement). The description does not fix the EMA rate, the variance penalty or the
+    exclusion constants: they are hta's (0.3, 1, lambda 2, kappa 0.5).
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options (its ``Options``, whose defaults are this form), or a mapping of field names.
+    **kwargs
+        As :class:`HTA`'s.
+    """
+
+    name = "hta-published"
+    Options = HTAPublishedOptions
+    options: HTAPublishedOptions
+
+
+class HTAPublishedNoMagnitude(HTAPublished):
+    """The ablation of HTA's magnitude signal: ``hta-published`` with b = 0 (``tau = s v``).
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options (its ``Options``, whose defaults are this form), or a mapping of field names.
+    **kwargs
+        As :class:`HTA`'s.
+    """
+
+    name = "hta-published-no-m"
+    Options = HTAPublishedNoMagnitudeOptions
+    options: HTAPublishedNoMagnitudeOptions
+
+
+class HTAPublishedNoMemory(HTAPublished):
+    """The ablation of HTA's reputation memory: ``hta-published`` with EMA rate 1 and no variance
+    penalty, so each round's reputation is that round's tau.
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options (its ``Options``, whose defaults are this form), or a mapping of field names.
+    **kwargs
+        As :class:`HTA`'s.
+    """
+
+    name = "hta-published-no-memory"
+    Options = HTAPublishedNoMemoryOptions
+    options: HTAPublishedNoMemoryOptions
+
+
+class HTAPublishedNoDirection(HTAPublished):
+    """The ablation of HTA's direction signal: ``hta-published`` with a = 0 (``tau = m v``).
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options (its ``Options``, whose defaults are this form), or a mapping of field names.
+    **kwargs
+        As :class:`HTA`'s.
+    """
+
+    name = "hta-published-no-direction"
+    Options = HTAPublishedNoDirectionOptions
+    options: HTAPublishedNoDirectionOptions
