@@ -12,10 +12,11 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
 from hospitrust import metrics
-from hospitrust.config import NodeConfig, RunConfig, parse_node_config, parse_run_config
+from hospitrust.config import NodeConfig, RunConfig, memoised_node_config, memoised_run_config
 from hospitrust.datasets.federation import HospitalData, LabelledImages, simulated_hospital
 from hospitrust.datasets.local import HospitalDataError, RowView, data_card, load_local, split_local
 from hospitrust.models.training import predict_proba
+from hospitrust.privacy.ledger import content_hash
 from hospitrust.tasks.model import task_model
 from hospitrust.tasks.task import TASK_KEY, Task, resolve_task
 
@@ -62,6 +63,8 @@ def load_hospital(cfg: RunConfig, node: NodeConfig, task: Task) -> tuple[Hospita
         except HospitalDataError as exc:  # the server records the reason; the round goes on without it
             raise HospitalDataError(f"hospital '{node.hospital_name}' cannot join: {exc}") from None
         card = data_card(data, train_idx, val_idx, task.num_classes)
+        # the key of its privacy ledger (on this machine only; the query round does not send it)
+        card["content-hash"] = content_hash(data.images, data.labels, data.digests)
         hospital = HospitalData(
             node.hospital_name,
             LabelledImages(cast(np.ndarray, RowView(data.images, train_idx)), data.labels[train_idx]),
@@ -93,8 +96,8 @@ def message_task(context: Context, msg: Message | None, cfg: RunConfig) -> Task:
 
 def hospital_context(context: Context, msg: Message | None = None) -> HospitalContext:
     """Parse the configs (a bad value fails here, naming it) and load this hospital's data."""
-    cfg = parse_run_config(context.run_config)
-    node = parse_node_config(context.node_config)
+    cfg = memoised_run_config(context.run_config)
+    node = memoised_node_config(context.node_config)
     task = message_task(context, msg, cfg)
     data, card = load_hospital(cfg, node, task)
     return HospitalContext(cfg, node, task, data, card)
@@ -109,8 +112,10 @@ def process_start_time() -> float:
 
 def local_report(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, num_classes: int,
                  device: torch.device) -> dict:
-    """The classification report of ``model`` on a local split (NaN metrics for an empty one)."""
+    """Accuracy, balanced accuracy and loss of ``model`` on a local split (NaN metrics for an empty one):
+    :func:`hospitrust.metrics.local_metrics`, which needs no scikit-learn.
+    """
     if labels.size == 0:
         return {"accuracy": float("nan"), "loss": float("nan"), "balanced_accuracy": float("nan")}
     probs = predict_proba(model, images, device=device)
-    return metrics.classification_report(labels, probs, num_classes)
+    return metrics.local_metrics(labels, probs, num_classes)

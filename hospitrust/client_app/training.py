@@ -15,7 +15,7 @@ from hospitrust.attacks.threat_model import data_rng, hospital_attack
 from hospitrust.client_app.context import HospitalContext, local_report
 from hospitrust.datasets.federation import LabelledImages
 from hospitrust.tasks.augment import task_augmentation
-from hospitrust.models.training import TrainOptions, balanced_class_weights, class_weights_from_counts, pick_device, seed_everything, train
+from hospitrust.models.training import TrainOptions, TrainResult, balanced_class_weights, class_weights_from_counts, pick_device, seed_everything, train
 
 
 def loss_class_weights(options: TrainOptions, server_cfg: ConfigRecord, train_labels, num_classes: int) -> torch.Tensor | None:
@@ -54,22 +54,47 @@ def local_training_step(msg: Message, context: Context, hospital: HospitalContex
     val = data.val if len(data.val) else data.train
     before = local_report(model, val.images, val.labels, info.num_classes, device)
 
-    result = train(
-        model,
-        train_images,
-        train_labels,
-        epochs=int(cast(int, server_cfg.get("local-epochs", cfg.local_epochs))),
-        batch_size=int(cast(int, server_cfg.get("batch-size", cfg.batch_size))),
-        learning_rate=float(cast(float, server_cfg.get("learning-rate", cfg.learning_rate))),
-        optimizer=cfg.train.optimizer,
-        momentum=cfg.train.momentum,
-        weight_decay=cfg.train.weight_decay,
-        proximal_mu=float(cast(float, server_cfg.get("proximal-mu", 0.0))),  # only fedprox sends it
-        device=device,
-        class_weights=loss_class_weights(cfg.train, server_cfg, train_labels, info.num_classes),
-        missing_class_scale=cfg.train.fedrs_alpha,
-        augment=task_augmentation(hospital.task.augmentation, hospital.task.image_size),
-    )
+    epochs = int(cast(int, server_cfg.get("local-epochs", cfg.local_epochs)))
+    batch_size = int(cast(int, server_cfg.get("batch-size", cfg.batch_size)))
+    privacy_metrics: dict[str, float | int] = {}
+    if cfg.privacy.local:  # DP-SGD with Opacus, within the hospital's own budget
+        from hospitrust.privacy.client import Refusal, commit_round, plan_round, refusal_reply, round_metrics
+        from hospitrust.privacy.local import check_model, train_private
+
+        check_model(model)
+        plan = plan_round(context, hospital, cfg.privacy, num_examples=len(train_labels), batch_size=batch_size,
+                          epochs=epochs, rounds=cfg.num_server_rounds)
+        if isinstance(plan, Refusal):
+            return refusal_reply(msg, plan, cfg.privacy, context)
+        lifetime = commit_round(context, plan, cfg.privacy, hospital=node.hospital_name, server_round=server_round)
+        private = train_private(
+            model, train_images, train_labels, event=plan.event, epochs=epochs, batch_size=batch_size,
+            max_grad_norm=cfg.privacy.max_grad_norm,
+            learning_rate=float(cast(float, server_cfg.get("learning-rate", cfg.learning_rate))),
+            optimizer=cfg.train.optimizer, momentum=cfg.train.momentum, weight_decay=cfg.train.weight_decay, device=device,
+            class_weights=loss_class_weights(cfg.train, server_cfg, train_labels, info.num_classes),
+            missing_class_scale=cfg.train.fedrs_alpha,
+            augment=task_augmentation(hospital.task.augmentation, hospital.task.image_size),
+        )
+        result = TrainResult(private.loss, private.num_examples, private.steps)
+        privacy_metrics = round_metrics(context, plan, lifetime, cfg.privacy, private.event)
+    else:
+        result = train(
+            model,
+            train_images,
+            train_labels,
+            epochs=epochs,
+            batch_size=batch_size,
+            learning_rate=float(cast(float, server_cfg.get("learning-rate", cfg.learning_rate))),
+            optimizer=cfg.train.optimizer,
+            momentum=cfg.train.momentum,
+            weight_decay=cfg.train.weight_decay,
+            proximal_mu=float(cast(float, server_cfg.get("proximal-mu", 0.0))),  # only fedprox sends it
+            device=device,
+            class_weights=loss_class_weights(cfg.train, server_cfg, train_labels, info.num_classes),
+            missing_class_scale=cfg.train.fedrs_alpha,
+            augment=task_augmentation(hospital.task.augmentation, hospital.task.image_size),
+        )
     rounds_trained = (int(cast(int, cast(MetricRecord, context.state["hospital"])["rounds-trained"])) + 1
                       if "hospital" in context.state else 1)
     context.state["hospital"] = MetricRecord({"rounds-trained": rounds_trained})
@@ -84,6 +109,7 @@ def local_training_step(msg: Message, context: Context, hospital: HospitalContex
             # rare-class faker claims the class it fakes); honest hospitals their own counts
             "class-counts": LabelledImages(train_images, train_labels).class_counts(info.num_classes),
             "rounds-trained": rounds_trained,
+            **privacy_metrics,
         }
     )
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}

@@ -6,8 +6,9 @@ after it); ``node`` the node config; ``legacy`` the old flat keys and their new 
 """
 
 from hospitrust.errors import ConfigError
-from hospitrust.config.node import NodeConfig, parse_node_config
-from hospitrust.config.run import DATA_DIR_ENV, CoreOptions, RunConfig, parse_run_config, run_config_defaults
+from hospitrust.config.node import NodeConfig, memoised_node_config, parse_node_config
+from hospitrust.config.run import (DATA_DIR_ENV, CoreOptions, RunConfig, memoised_run_config, parse_run_config,
+                                   run_config_defaults)
 
-__all__ = ["ConfigError", "CoreOptions", "DATA_DIR_ENV", "NodeConfig", "RunConfig", "parse_node_config",
-           "parse_run_config", "run_config_defaults"]
+__all__ = ["ConfigError", "CoreOptions", "DATA_DIR_ENV", "NodeConfig", "RunConfig", "memoised_node_config",
+           "memoised_run_config", "parse_node_config", "parse_run_config", "run_config_defaults"]

@@ -7,6 +7,8 @@ Simulation injects ``partition-id`` and ``num-partitions``; a hospital's real Su
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +36,24 @@ class NodeConfig(Options):
     malicious: bool | None = Field(None, description=(
         "A red team's hospital that carries out the run's attack (deployment tests)."
     ))
+    privacy_max_epsilon: float | None = Field(None, description=(
+        "The hospital's own privacy budget: the most epsilon local DP may spend on its data, summed over every "
+        "round of every run (its ledger); the ClientApp refuses to train a round that would pass it. Unset: no cap "
+        "(the spending is still kept)."
+    ))
+    privacy_ledger: str | None = Field(None, description=(
+        "The JSON file that keeps the hospital's privacy spending, keyed by its data's content hash (default "
+        "$HOSPITRUST_PRIVACY_LEDGER, else ~/.local/share/hospitrust/privacy-ledger.json; a simulated hospital keeps "
+        "one only when this is set)."
+    ))
+
+    @field_validator("privacy_max_epsilon")
+    @classmethod
+    def _max_epsilon(cls, v: float | None) -> float | None:
+        if v is not None and not v > 0:
+            raise ValueError(f"epsilon must be > 0 (got {v}): a budget of 0 or less allows no training at all; leave "
+                             "the key out for no cap")
+        return v
 
     @field_validator("data_format")
     @classmethod
@@ -75,3 +95,18 @@ def parse_node_config(raw: Mapping[str, Any]) -> NodeConfig:
             else:
                 lines.append(f"  - {key} = {value!r}: {msg}" if key else f"  - {msg}")
         raise ConfigError("invalid node config:\n" + "\n".join(lines)) from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _memoised_node_config(items: tuple) -> NodeConfig:
+    return parse_node_config(dict(items))
+
+
+def memoised_node_config(raw: Mapping[str, Any]) -> NodeConfig:
+    """:func:`parse_node_config`, memoised on the values (one entry per simulated hospital)."""
+    items = tuple(sorted((str(k), v) for k, v in raw.items()))
+    try:
+        hash(items)
+    except TypeError:
+        return parse_node_config(raw)
+    return _memoised_node_config(items)

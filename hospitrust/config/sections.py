@@ -18,6 +18,7 @@ from hospitrust.contribution.options import ContributionScoringOptions
 from hospitrust.datasets.partitioners import PARTITIONERS
 from hospitrust.models.training import TrainOptions
 from hospitrust.options import Options
+from hospitrust.privacy.options import PrivacyOptions
 from hospitrust.server_app.secure import SecAggOptions
 from hospitrust.server_app.server_data import ServerDataOptions
 from hospitrust.tasks.task import TaskOptions
@@ -50,11 +51,28 @@ SERVICES: dict[str, tuple[type[Options], str]] = {
     "secagg": (SecAggOptions, "deployment.md"),
     "contribution-scoring": (ContributionScoringOptions, "rules/contribution.md"),
     SCHEDULE_SECTION: (ScheduleOptions, "attacks.md"),
+    "privacy": (PrivacyOptions, "privacy.md"),
 }
 
 
+_SECTIONS_MEMO: dict[tuple, dict[str, Section]] = {}
+
+
 def all_sections() -> dict[str, Section]:
-    """Every section with at least one option, services first, then by kind and name."""
+    """Every section with at least one option, services first, then by kind and name.
+
+    Memoised on the registries' contents (a component added at run time, as docs/extending.md's
+    test does, makes a new entry): every message's config lookups call this, and building the
+    summaries from the docstrings cost about 1 ms a call.
+    """
+    key = tuple(tuple(registry.items()) for registry in (STRATEGIES, PARTITIONERS, ATTACKS))
+    memo = _SECTIONS_MEMO.get(key)
+    if memo is None:
+        memo = _SECTIONS_MEMO[key] = _build_sections()
+    return dict(memo)
+
+
+def _build_sections() -> dict[str, Section]:
     out: dict[str, Section] = {}
     for name, (options, doc) in SERVICES.items():
         out[name] = Section(name, "service", options, _summary(options), doc)

@@ -25,7 +25,7 @@ from flwr.common import log
 
 from hospitrust import metrics
 from hospitrust.client_app.context import hospital_context
-from hospitrust.config import parse_run_config
+from hospitrust.config import memoised_run_config
 from hospitrust.contribution.interface import REPORT_KEYS, WEIGHT_KEY
 from hospitrust.contribution.scores import cosine_to_aggregate
 from hospitrust.models.training import pick_device, predict_proba
@@ -191,7 +191,7 @@ def remember_round_mod(msg: Message, context: Context, call_next) -> Message:
         The reply of ``call_next``, unchanged.
     """
     reply = call_next(msg, context)
-    if not parse_run_config(context.run_config).contribution_scoring.enabled or reply.has_error():
+    if not memoised_run_config(context.run_config).contribution_scoring.enabled or reply.has_error():
         return reply
     if "arrays" not in msg.content.array_records or "arrays" not in reply.content.array_records:
         return reply

@@ -22,7 +22,8 @@ SMALL_CNN_BLOCKS: dict[str, tuple[str, ...]] = {
     "head": ("classifier.4",),
 }
 
-MODEL_BLOCKS: dict[str, dict[str, tuple[str, ...]]] = {"resnet18": RESNET_BLOCKS, "small-cnn": SMALL_CNN_BLOCKS}
+MODEL_BLOCKS: dict[str, dict[str, tuple[str, ...]]] = {"resnet18": RESNET_BLOCKS, "resnet18-gn": RESNET_BLOCKS,
+                                                     "small-cnn": SMALL_CNN_BLOCKS}
 
 
 def blocks_for(model_name: str) -> dict[str, tuple[str, ...]]:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from hospitrust.models.resnet import resnet18
+from hospitrust.models.resnet import resnet18, resnet18_groupnorm
 from hospitrust.models.small_cnn import SmallCNN
 
 ModelFactory = Callable[[int, int, int], nn.Module]
@@ -16,6 +16,8 @@ ModelFactory = Callable[[int, int, int], nn.Module]
 MODELS: dict[str, ModelFactory] = {
     "small-cnn": lambda c, k, s: SmallCNN(c, k, s),
     "resnet18": lambda c, k, s: resnet18(c, k, s),
+    # BatchNorm -> GroupNorm (Opacus's ModuleValidator.fix): the ResNet-18 local differential privacy can train
+    "resnet18-gn": lambda c, k, s: resnet18_groupnorm(c, k, s),
 }
 
 
@@ -52,4 +54,4 @@ class _Renormalize:
         return ((x + 1.0) * 0.5 - mean) / std, *args[1:]
 
 
-__all__ = ["MODELS", "build_model", "SmallCNN", "resnet18"]
+__all__ = ["MODELS", "build_model", "SmallCNN", "resnet18", "resnet18_groupnorm"]

@@ -34,3 +34,14 @@ def resnet18(in_channels: int, num_classes: int, image_size: int = 28) -> nn.Mod
     elif in_channels != 3:
         model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
     return model
+
+
+def resnet18_groupnorm(in_channels: int, num_classes: int, image_size: int = 28) -> nn.Module:
+    """ResNet-18 as above, made trainable with per-sample gradients (local differential privacy):
+    Opacus's ``ModuleValidator.fix`` replaces every BatchNorm by a GroupNorm of min(32, C) groups
+    (batch statistics mix examples, so a per-example gradient and its clipping are undefined
+    under BatchNorm). Its state dict has no running statistics; FED-FBD's blocks keep their names.
+    """
+    from opacus.validators import ModuleValidator
+
+    return ModuleValidator.fix(resnet18(in_channels, num_classes, image_size))

@@ -138,7 +138,8 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
     hospitals, rows = discover_hospitals(grid, cfg, task, failed)
     log_hospitals(hospitals, rows, failed, cfg, task)
     run_dir.write_class_counts(info.class_names, rows)
-    run_dir.write_config(run_record(cfg, task, sets, hospitals, rows, failed, device))
+    record_of_run = run_record(cfg, task, sets, hospitals, rows, failed, device)
+    run_dir.write_config(record_of_run)
 
     # the threat model (simulation ground truth; all honest when no attack is configured)
     attack = configured_attack(cfg)
@@ -150,6 +151,12 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
         log(INFO, "hospitrust: attack %s by %s", attack, sorted(h for h, bad in truth.items() if bad) or "nobody")
 
     model = task_model(task)
+    privacy = None
+    if cfg.privacy.mode != "off":  # refused here, before any round: delta against every hospital's size, the model
+        from hospitrust.privacy.records import PrivacyRecords, check_before_training
+
+        check_before_training(cfg.privacy, task_model(task), rows)
+        privacy = PrivacyRecords(cfg.privacy, list(hospitals.values()))
     if task.pretrained and resume is None:  # read here only, on the SuperLink machine: round 1's global model
         load_pretrained(model, task.pretrained)
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
@@ -160,7 +167,17 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
         strategy.train_config["federation-class-counts"] = [float(c) for c in np.sum([r["train"] for r in rows], axis=0)]
     if isinstance(attack, ColludingAttack):
         strategy.adversary = ColludingAdversary(attack, {h for h, bad in truth.items() if bad}, cfg.seed)
-    strategy.summary()
+    central_dp = None
+    if cfg.privacy.central:  # Flower's server-side fixed-clipping wrapper around FedAvg
+        from hospitrust.privacy.central import CentralPrivacy
+
+        central_dp = CentralPrivacy(strategy, cfg.privacy, len(hospitals))
+    trainer = central_dp if central_dp is not None else strategy
+    trainer.summary()
+    if cfg.privacy.mode != "off":  # the accountants and their settings, once the wrapper is built
+        from hospitrust.privacy.records import settings as privacy_settings
+
+        run_dir.write_config({**record_of_run, "privacy": privacy_settings(cfg.privacy, central_dp)})
     evaluator = CentralEvaluator(cfg, info, device, sets.test, attack) if sets.test is not None else None
     rare = list(task.rare_classes) or metrics.rare_classes(np.sum([r["train"] for r in rows], axis=0))
     if evaluator is not None:
@@ -182,6 +199,10 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
         resumed_at = [*resume.get("resumed_at", []), resume["round"]]
         run_dir.rewrite_rounds(history)  # rounds after the checkpoint (a crash mid-round) are dropped
         restore_rng_states(resume["rng"])
+        if privacy is not None:
+            privacy.restore(history)
+        if central_dp is not None:
+            central_dp.restore(history)
     train_config = ConfigRecord()
     evaluate_config = ConfigRecord({TASK_KEY: task.to_json(), **({POOLED_KEY: True} if evaluator is None else {})})
     # contribution scores from hospitals' reported scalars; SecAgg+ hands the server the sum only
@@ -196,9 +217,9 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
         offline = offline_hospitals(rnd, grid, strategy.hospitals)
         train_pushed_at = time.time()
         if secure is None:
-            messages = list(strategy.configure_train(rnd, arrays, train_config, grid))
+            messages = list(trainer.configure_train(rnd, arrays, train_config, grid))
             replies = exchange(grid, messages, cfg.reply_timeout)
-            new_arrays, _ = strategy.aggregate_train(rnd, replies)
+            new_arrays, _ = trainer.aggregate_train(rnd, replies)
             asked = [m.metadata.dst_node_id for m in messages]
         else:
             new_arrays, asked = secure(grid, rnd, arrays, strategy.records.setdefault(rnd, RoundRecord()))
@@ -216,7 +237,7 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
         central_started = time.perf_counter()
         central = evaluator(arrays) if evaluator is not None else federated_report(eval_replies, task.num_classes, rare)
         record = strategy.records[rnd]
-        answered = {c["node_id"] for c in record.clients}
+        answered = {c["node_id"] for c in record.clients} | {b["node_id"] for b in record.budget_spent}
         missing = [strategy.hospitals[nid] for nid in asked if nid not in answered]
         per_hospital = {h: v["accuracy"] for h, v in record.evaluation.items()}
         for c in record.clients:
@@ -245,6 +266,10 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
             "fairness": metrics.fairness(per_hospital) if per_hospital else None,
             "detection": round_detection(flags, truth),
         }
+        if record.budget_spent:  # their own privacy budget: not failed, not asked again
+            round_record["budget_spent"] = record.budget_spent
+        if privacy is not None:
+            round_record["privacy"] = privacy.round_entry(record.clients, record.budget_spent, central_dp, rnd)
         if contribution is not None:
             round_record["contribution"] = contribution.score(rnd, eval_replies, strategy)
         run_dir.append_round(round_record)
@@ -270,6 +295,8 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
         "security": run_security(flags_per_round, truth, rare_holders),
         "resumed_at": resumed_at,
     }
+    if privacy is not None:
+        summary["privacy"] = privacy.summary(central_dp)
     if contribution is not None:
         summary["contribution"] = contribution.summary()
         contribution.write(run_dir.path)

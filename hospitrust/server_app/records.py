@@ -87,7 +87,8 @@ def run_security(
 
 def participation(history: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     """Per hospital, over the run's rounds: asked, answered with a valid update, rejected, asked
-    but silent (missing), and listed offline at the SuperLink (not asked).
+    but silent (missing), listed offline at the SuperLink (not asked), and, only where it
+    happened, refused because its own privacy budget was spent (``budget_spent``).
     """
     out: dict[str, dict[str, int]] = {}
 
@@ -95,6 +96,10 @@ def participation(history: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
         return out.setdefault(name, {"asked": 0, "valid": 0, "rejected": 0, "missing": 0, "offline": 0})
 
     for rec in history:
+        for b in rec.get("budget_spent", []):  # asked, refused: its own privacy budget (counted only when it happens)
+            r = row(b["hospital"])
+            r["asked"] += 1
+            r["budget_spent"] = r.get("budget_spent", 0) + 1
         for c in rec["clients"]:
             r = row(c["hospital"])
             r["asked"] += 1
@@ -110,7 +115,8 @@ def participation(history: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
 def absences(parts: dict[str, dict[str, int]], rounds: int) -> str:
     """One line per hospital that missed rounds, for the end-of-run log ('' if none did)."""
     lines = [f"{name}: valid in {p['valid']} of {rounds} rounds ({p['rejected']} rejected, {p['missing']} silent, "
-             f"{p['offline']} offline)" for name, p in parts.items() if p["valid"] < rounds]
+             f"{p['offline']} offline" + (", its privacy budget spent" if p.get("budget_spent") else "") + ")"
+             for name, p in parts.items() if p["valid"] < rounds]
     return "\n".join(lines)
 
 

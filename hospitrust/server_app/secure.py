@@ -29,7 +29,7 @@ from flwr.serverapp import Grid
 from pydantic import Field
 
 from hospitrust.options import Options
-from hospitrust.strategies.base import RoundRecord
+from hospitrust.strategies.base import PRIVACY_METRICS, RoundRecord
 
 
 class SecAggOptions(Options):
@@ -156,6 +156,8 @@ class SecureTrainRound:
                 "train_loss": float(metrics.get("train-loss", float("nan"))),
                 "benchmark_error": float(metrics.get("benchmark-error", float("nan"))),
                 "selected": True, "rejected": False, "reason": "", "secure_aggregation": True,
+                **({"privacy": {name: float(metrics[key]) for key, name in PRIVACY_METRICS.items() if key in metrics}}
+                   if "privacy-epsilon" in metrics else {}),  # local DP: what the hospital's accountant reports
             })
         for nid in node_ids:
             if nid not in answered:

@@ -79,6 +79,9 @@ class RoundRecord:
         Why the previous model was kept ('' otherwise).
     evaluation : dict[str, Any]
         Hospital name -> its evaluation of the global model (accuracy, num_examples, balanced_accuracy).
+    budget_spent : list[dict[str, Any]]
+        Hospitals that refused to train because the round would pass their own privacy budget
+        (not failed, not rejected): hospital, node id, their spent epsilon, budget and reason.
     """
 
     clients: list[dict[str, Any]] = field(default_factory=list)
@@ -86,6 +89,46 @@ class RoundRecord:
     kept_previous_model: bool = False
     note: str = ""
     evaluation: dict[str, Any] = field(default_factory=dict)
+    budget_spent: list[dict[str, Any]] = field(default_factory=list)
+
+
+#: The reply metric of a hospital whose privacy budget is spent (``hospitrust.privacy.client``).
+BUDGET_SPENT_KEY = "privacy-budget-spent"
+#: Reply metrics of local differential privacy -> their names in a client's ``privacy`` record.
+PRIVACY_METRICS = {"privacy-epsilon": "epsilon", "privacy-delta": "delta", "privacy-lifetime-epsilon": "lifetime_epsilon",
+                   "privacy-max-epsilon": "max_epsilon", "privacy-noise-multiplier": "noise_multiplier",
+                   "privacy-sample-rate": "sample_rate", "privacy-steps": "steps", "privacy-next-epsilon": "next_epsilon"}
+
+
+def budget_spent_entry(reply: Message, hospital: str) -> dict[str, Any] | None:
+    """The record of a reply that says the hospital's privacy budget is spent, else None.
+
+    Parameters
+    ----------
+    reply : Message
+        A train reply (untrusted: only finite numbers are kept, the reason is cut to 500 characters).
+    hospital : str
+        The replying hospital's name.
+
+    Returns
+    -------
+    dict or None
+        ``hospital``, ``node_id``, ``reason`` and the privacy metrics it sent (``PRIVACY_METRICS``' names).
+    """
+    if reply.has_error() or not reply.has_content() or "metrics" not in reply.content.metric_records:
+        return None
+    metrics = reply.content.metric_records["metrics"]
+    if not metrics.get(BUDGET_SPENT_KEY):
+        return None
+    reason_record = reply.content.config_records.get("privacy")
+    reason = str(reason_record.get("reason", "")) if reason_record is not None else ""
+    entry: dict[str, Any] = {"hospital": hospital, "node_id": int(reply.metadata.src_node_id),
+                             "reason": reason[:500] or "privacy budget spent"}
+    for key, name in PRIVACY_METRICS.items():
+        value = metrics.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            entry[name] = float(value)
+    return entry
 
 
 class HospitrustStrategy(Strategy):
@@ -185,6 +228,8 @@ class HospitrustStrategy(Strategy):
         self.device = torch.device(device)
         self.global_state: dict[str, torch.Tensor] | None = None
         self.records: dict[int, RoundRecord] = {}
+        # hospitals whose own privacy budget is spent: recorded, and not asked again in this run
+        self.budget_spent: dict[str, dict[str, Any]] = {}
         # simulation only: (round, (n, d) updates, hospital names) -> updates, the colluding attackers' step
         self.adversary: Callable[[int, torch.Tensor, list[str]], torch.Tensor] | None = None
 
@@ -193,13 +238,17 @@ class HospitrustStrategy(Strategy):
     state_attrs: tuple[str, ...] = ()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.rng.getstate(), **{a: copy.deepcopy(getattr(self, a)) for a in self.state_attrs}}
+        state = {"rng": self.rng.getstate(), **{a: copy.deepcopy(getattr(self, a)) for a in self.state_attrs}}
+        if self.budget_spent:
+            state["budget_spent"] = copy.deepcopy(self.budget_spent)
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         missing = [a for a in ("rng", *self.state_attrs) if a not in state]
         if missing:
             raise ValueError(f"{self.name}: checkpoint state lacks {missing} (saved by another strategy?)")
         self.rng.setstate(state["rng"])
+        self.budget_spent = copy.deepcopy(dict(state.get("budget_spent", {})))
         for a in self.state_attrs:
             setattr(self, a, copy.deepcopy(state[a]))
 
@@ -214,7 +263,7 @@ class HospitrustStrategy(Strategy):
     def sample_hospitals(self, grid: Grid) -> list[int]:
         """Node ids to ask this round, chosen by hospital name with the seeded rng (node ids are random)."""
         online = set(grid.get_node_ids())
-        candidates = sorted((name, nid) for nid, name in self.hospitals.items() if nid in online)
+        candidates = sorted((name, nid) for nid, name in self.hospitals.items() if nid in online and name not in self.budget_spent)
         k = min(len(candidates), max(math.ceil(self.fraction_train * len(candidates)), self.min_hospitals))
         chosen = self.rng.sample(candidates, k) if k < len(candidates) else candidates
         return [nid for _, nid in sorted(chosen)]
@@ -247,6 +296,12 @@ class HospitrustStrategy(Strategy):
                 # the SuperLink answers for a node that is gone ("node unavailable"): that
                 # hospital is missing this round, not a hospital that sent something bad
                 log(WARNING, "Round %d: no reply from a hospital: %s", server_round, (reply.error.reason or "").strip()[:200])
+                continue
+            spent = budget_spent_entry(reply, self._name_of(node_id))
+            if spent is not None:  # the hospital's own privacy budget: not a failure, not a bad update
+                record.budget_spent.append(spent)
+                self.budget_spent[spent["hospital"]] = {"round": server_round, **spent}
+                log(WARNING, "Round %d: %s did not train: %s", server_round, spent["hospital"], spent["reason"])
                 continue
             try:
                 if self.global_state is None:
@@ -389,6 +444,9 @@ class HospitrustStrategy(Strategy):
         timing = {k[len("timing-"):]: float(v) for k, v in metrics.items() if k.startswith("timing-")}
         if timing:  # where the hospital's time went (ClientApp train handler)
             entry["timing"] = timing
+        if "privacy-epsilon" in metrics:  # local DP: what the hospital says it spent (its own accountant)
+            entry["privacy"] = {name: float(metrics[key]) for key, name in PRIVACY_METRICS.items()
+                                if isinstance(metrics.get(key), (int, float)) and not isinstance(metrics.get(key), bool)}
         entry.update(extra)
         return entry
 

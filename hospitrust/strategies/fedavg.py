@@ -32,8 +32,13 @@ class FedAvg(HospitrustStrategy):
     """
 
     name = "fedavg"
+    #: Central differential privacy (``hospitrust.privacy.central``) sets it: its noise is calibrated for
+    #: the equal-weight mean of n clipped updates, ``Δ = Σ_i u_i / n``.
+    equal_weights = False
 
     def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+        if self.equal_weights:
+            num_examples = torch.ones_like(num_examples)
         weights = num_examples / num_examples.sum()
         update = weights.to(updates.dtype) @ updates
         return Aggregate(update=update, weights=weights, selected=torch.ones(len(replies), dtype=torch.bool))

@@ -85,7 +85,7 @@ def _summary_view(summary: dict[str, Any] | None) -> dict[str, Any] | None:
     if not summary:
         return None
     keep = ("final", "best_round", "rounds", "wall_seconds", "malicious_hospitals", "security", "participation",
-            "near_duplicates", "resumed_at")
+            "near_duplicates", "resumed_at", "privacy")
     return {k: summary[k] for k in keep if k in summary}
 
 

@@ -88,6 +88,7 @@ class RunReader:
                 self.rounds.append(record)
                 self._names |= {c["hospital"] for c in record.get("clients", [])}
                 self._names |= set(record.get("missing", [])) | set(record.get("offline", []))
+                self._names |= {b["hospital"] for b in record.get("budget_spent", [])}
                 new += 1
         self._offset += end + 1
         return new
@@ -176,6 +177,7 @@ class RunReader:
             or self.config.get("dataset", (self.summary or {}).get("dataset", "")),
             "left_out": list(self.config.get("failed-hospitals", [])),
             "attack": self.config.get("attack", "none"),
+            "privacy": self.config.get("privacy.mode", "off"),  # differential privacy (docs/privacy.md)
             "hospitals": len(self.hospitals),
             "rounds_done": len(self.rounds),
             "rounds_total": self.config.get("num-server-rounds"),

@@ -82,12 +82,19 @@ def hospital_rows(record: Mapping[str, Any], hospitals: Sequence[str], ground_tr
     missing, offline = set(record.get("missing", [])), set(record.get("offline", []))
     accuracy = record.get("hospital_accuracy") or {}
     contribution = ((record.get("contribution") or {}).get("hospitals")) or {}
+    spent = {b["hospital"]: b for b in record.get("budget_spent", [])}
+    privacy = ((record.get("privacy") or {}).get("hospitals")) or {}
     rows = []
     for name in hospitals:
         c = by_name.get(name)
         if c is not None:
             status = "rejected" if c.get("rejected") else ("excluded" if c.get("selected") is False else "replied")
             reason = c.get("reason") or c.get("exclusion_reason") or ""
+        elif name in spent:  # its own privacy budget: not failed
+            status, reason = "budget spent", str(spent[name].get("reason", "privacy budget spent"))
+        elif (privacy.get(name) or {}).get("budget_spent"):  # ran out in an earlier round: not asked again
+            status = "budget spent"
+            reason = f"since round {privacy[name].get('budget_spent_round', '?')}: {privacy[name].get('reason', '')}".rstrip(": ")
         elif name in missing:
             status, reason = "missing", "asked, no reply within reply-timeout"
         elif name in offline:
@@ -110,6 +117,9 @@ def hospital_rows(record: Mapping[str, Any], hospitals: Sequence[str], ground_tr
             "accuracy": _num(accuracy.get(name)),
             "contribution": {k: _num(v) for k, v in (contribution.get(name) or {}).items()
                              if k in ("fp", "ee", "loo", "ioi", "cos")},
+            # local DP: the (epsilon, delta) its own accountant reports after this round (None without DP)
+            "privacy": ({"epsilon": _num(privacy[name].get("epsilon")), "delta": _num(privacy[name].get("delta")),
+                         "budget_spent": bool(privacy[name].get("budget_spent"))} if name in privacy else None),
         })
     return rows
 
@@ -147,6 +157,9 @@ def round_alerts(record: Mapping[str, Any], *, offline_before: set[str], ground_
         if ground_truth and name in rare and c.get("flagged") and not c.get("malicious"):
             out.append({"round": rnd, "kind": "rare-holder-flagged", "hospital": name,
                         "text": f"round {rnd}: {name}, an honest holder of the rarest class, was flagged"})
+    for b in record.get("budget_spent", []):
+        out.append({"round": rnd, "kind": "budget-spent", "hospital": b["hospital"],
+                    "text": f"round {rnd}: {b['hospital']} did not train: {b.get('reason', 'privacy budget spent')}"})
     for name in sorted(set(record.get("offline", [])) - offline_before):
         out.append({"round": rnd, "kind": "offline", "hospital": name,
                     "text": f"round {rnd}: {name} went offline at the SuperLink (not asked)"})

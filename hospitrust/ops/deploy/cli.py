@@ -182,7 +182,13 @@ def cmd_data_check(args) -> int:
         return 2
     from hospitrust.ops import data_check
 
-    return data_check.main(args.path, task, args.data_format, args.allow_odd_sizes)
+    code = data_check.main(args.path, task, args.data_format, args.allow_odd_sizes)
+    if code == 0:  # the data reads as the ClientApp reads it: its privacy budget, from the hospital's ledger
+        from hospitrust.privacy.ledger import budget_report
+
+        print("\n" + budget_report(args.path, args.data_format, task, cache_dir=args.cache_dir, ledger=args.privacy_ledger,
+                                    max_epsilon=args.privacy_max_epsilon), flush=True)
+    return code
 
 
 def add_deploy_parser(sub) -> None:
@@ -294,4 +300,9 @@ def add_data_parser(sub) -> None:
                    help="how PATH is laid out (default: detected from the path)")
     add_task_arguments(p)
     p.add_argument("--allow-odd-sizes", action="store_true", help="non-square or small images are warnings, not problems")
+    p.add_argument("--cache-dir", default=None, help="the node config's cache-dir (where the decoded images are cached)")
+    p.add_argument("--privacy-ledger", default=None, help="the node config's privacy-ledger (default: "
+                   "$HOSPITRUST_PRIVACY_LEDGER, else ~/.local/share/hospitrust/privacy-ledger.json)")
+    p.add_argument("--privacy-max-epsilon", type=float, default=None, help="the node config's privacy-max-epsilon: "
+                   "also print what is left of it")
     p.set_defaults(func=cmd_data_check)

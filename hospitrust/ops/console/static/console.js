@@ -138,7 +138,19 @@ function drawHeader() {
       "strategy ", el("b", { text: r.strategy }), " · task ", el("b", { text: r.task }), " · attack ", el("b", { text: r.attack }),
       " · hospitals ", el("b", { text: r.hospitals }), " · rounds ", el("b", { id: "rounds-done", text: r.rounds_done + (r.rounds_total ? " / " + r.rounds_total : "") }),
       final ? el("span", {}, " · final balanced accuracy ", el("b", { text: fmt(final.balanced_accuracy) }), ", AUC ", el("b", { text: fmt(final.auc) })) : null,
+      r.privacy && r.privacy !== "off" ? el("span", {}, " · privacy ", el("b", { text: r.privacy }), privacyText(s.summary && s.summary.privacy)) : null,
       r.failure ? el("div", { class: "flag", text: "failed: " + r.failure }) : null));
+}
+
+// summary.json's privacy: the largest local epsilon a hospital reported, the central one, who ran out of budget
+function privacyText(p) {
+  if (!p) return "";
+  const parts = [];
+  if (p.max_local_epsilon !== undefined) parts.push("local ε ≤ " + fmt(p.max_local_epsilon));
+  if (p.central) parts.push("central ε " + fmt(p.central.epsilon));
+  if (p.delta !== undefined) parts.push("δ " + p.delta);
+  if (p.budget_spent && p.budget_spent.length) parts.push("budget spent: " + p.budget_spent.join(", "));
+  return parts.length ? " (" + parts.join(", ") + ")" : "";
 }
 
 // the simulated attackers, where the run recorded them (rows of the shown round, or the summary)
@@ -219,7 +231,9 @@ function drawHospitals(data) {
   const table = document.getElementById("hospitals");
   view.attackers = new Set(data.rows.filter((r) => r.malicious).map((r) => r.hospital));
   const truth = view.state.ground_truth;
+  const privacy = data.rows.some((r) => r.privacy);  // local DP: each hospital's (epsilon, delta) after the round
   const head = ["hospital", "status", "why", "weight", "signals", "flags", "accuracy (own val)", "contribution (FP / EE)"];
+  if (privacy) head.push("privacy ε (δ)");
   table.replaceChildren(el("tr", {}, ...head.map((h) => el("th", { text: h }))));
   table.dataset.round = data.round;
   for (const r of data.rows) {
@@ -236,7 +250,9 @@ function drawHospitals(data) {
       el("td", { class: "signals" }, ...r.signals.map(([k, v]) => el("span", {}, k + " " + v))),
       el("td", {}, ...flags),
       el("td", { class: "num", text: fmt(r.accuracy) }),
-      el("td", { class: "num", text: contribution })));
+      el("td", { class: "num", text: contribution }),
+      ...(privacy ? [el("td", { class: "num privacy", text: r.privacy
+        ? fmt(r.privacy.epsilon) + " (" + r.privacy.delta + ")" + (r.privacy.budget_spent ? " spent" : "") : "-" })] : [])));
   }
   const label = document.getElementById("round-label");
   if (label) label.textContent = "round " + data.round + " of " + view.state.rounds;

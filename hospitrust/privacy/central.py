@@ -1,0 +1,128 @@
+"""Central differential privacy: Flower 1.42's server-side fixed-clipping wrapper around FedAvg.
+
+Flower's ``DifferentialPrivacyServerSideFixedClipping`` clips each hospital's update (returned
+model - global model) to ``central-clipping-norm`` and adds Gaussian noise of std ``z x C / n``
+to the aggregate. That std is right for the *equal-weight* mean of exactly ``n`` clipped
+updates, so here FedAvg weighs hospitals equally, ``n`` is the number asked this round, and a
+round with fewer valid updates than asked (an error, a rejected or budget-spent hospital)
+releases nothing (the previous model is kept). Flower's own accounted mode only accepts Flower's
+``FedAvg``, so the wrapper runs without its ``accountant`` argument and this class composes the
+same event, ``GaussianPrivacyEvent(z, n, hospitals)``, into Flower's ``RdpAccountant`` with
+``SamplingMethod.NO_AMPLIFICATION`` after every release: (epsilon, delta) at the hospital level
+(one hospital's whole update added or removed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from logging import INFO, WARNING
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping
+
+from hospitrust.privacy.options import PrivacyOptions
+
+ACCOUNTANT_DESCRIPTION = ("flwr RdpAccountant (dp-accounting RDP), GaussianPrivacyEvent per release, "
+                          "SamplingMethod.NO_AMPLIFICATION, neighbours: one hospital's update added or removed")
+
+
+def _accountant(delta: float, hospitals: int):
+    from flwr.serverapp import NeighboringRelation, PrivacyConfig, RdpAccountant, SamplingMethod
+
+    return RdpAccountant(PrivacyConfig(target_delta=delta, population_size=hospitals,
+                                       neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                       sampling_method=SamplingMethod.NO_AMPLIFICATION))
+
+
+class CentralPrivacy(DifferentialPrivacyServerSideFixedClipping):
+    """Flower's server-side fixed clipping around hospitrust's FedAvg, accounted per release.
+
+    Parameters
+    ----------
+    strategy : hospitrust.strategies.fedavg.FedAvg
+        The rule it wraps (set to equal weights here).
+    options : PrivacyOptions
+        The ``privacy`` section (central noise multiplier, clipping norm, delta).
+    num_hospitals : int
+        The population the accountant counts (every hospital of the run).
+    """
+
+    def __init__(self, strategy: Any, options: PrivacyOptions, num_hospitals: int) -> None:
+        super().__init__(strategy, options.central_noise_multiplier, options.central_clipping_norm,
+                         num_sampled_clients=max(num_hospitals, 1))
+        strategy.equal_weights = True  # the std z C / n holds for the equal-weight mean of n clipped updates
+        self.inner = strategy
+        self.options = options
+        self.num_hospitals = num_hospitals
+        self.accountant_rdp = _accountant(options.delta, max(num_hospitals, 1))
+        self.released: dict[int, int] = {}  # round -> n of its release
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        self.num_sampled_clients = max(len(messages), 1)  # the noise is for the n asked
+        return messages
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        from hospitrust.strategies.base import RoundRecord
+
+        replies = list(replies)
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        record = self.inner.records.get(server_round)
+        if record is None:  # Flower's wrapper aggregates nothing when any reply is an error
+            record = self.inner.records[server_round] = RoundRecord()
+            for reply in replies:
+                node_id = int(reply.metadata.src_node_id)
+                reason = (f"error reply: {(reply.error.reason or '').strip()[:300]}" if reply.has_error()
+                          else "not aggregated: another hospital's reply was an error")
+                record.clients.append(self.inner._client_entry(node_id, rejected=reply.has_error(), reason=reason))
+        valid = sum(1 for c in record.clients if c.get("selected"))
+        if arrays is None or valid != self.num_sampled_clients:
+            why = (f"central DP: {valid} valid updates of the {self.num_sampled_clients} asked; the noise (z C / n) is "
+                   "calibrated for all n, so nothing is released this round: kept the previous model")
+            record.kept_previous_model, record.note = True, (record.note + "; " if record.note else "") + why
+            for c in record.clients:
+                c["selected"], c["weight"] = False, 0.0
+            log(WARNING, "Round %d: %s", server_round, why)
+            return None, metrics
+        self._compose(server_round, self.num_sampled_clients)
+        return arrays, metrics
+
+    def _compose(self, server_round: int, n: int) -> None:
+        from flwr.serverapp import GaussianPrivacyEvent
+
+        self.accountant_rdp.compose(GaussianPrivacyEvent(noise_multiplier=self.noise_multiplier, sample_size=n,
+                                                         population_size=self.accountant_rdp.config.population_size))
+        self.released[server_round] = n
+        spent = self.spent()
+        log(INFO, "hospitrust: central DP round %d: epsilon %.4f at delta %g after %d releases", server_round,
+            spent["epsilon"], spent["delta"], spent["releases"])
+
+    def spent(self) -> dict[str, Any]:
+        """Central (epsilon, delta) so far, with its releases."""
+        releases = self.accountant_rdp.num_releases
+        eps = self.accountant_rdp.get_privacy_spent().epsilon if releases else 0.0
+        return {"epsilon": float(eps), "delta": float(self.options.delta), "releases": int(releases),
+                "noise_multiplier": float(self.noise_multiplier), "clipping_norm": float(self.clipping_norm)}
+
+    def restore(self, history: list[dict[str, Any]]) -> None:
+        """A resumed run's accountant: every earlier round's release, from its record."""
+        for rec in history:
+            central = (rec.get("privacy") or {}).get("central") or {}
+            if central.get("released"):
+                self._compose(int(rec["round"]), int(central["sample_size"]))
+
+    def round_record(self, server_round: int) -> dict[str, Any]:
+        return {**self.spent(), "released": server_round in self.released,
+                "sample_size": int(self.released.get(server_round, 0))}
+
+    def settings(self) -> dict[str, Any]:
+        return {"wrapper": type(self).__mro__[1].__name__, "accountant": ACCOUNTANT_DESCRIPTION,
+                "noise_multiplier": float(self.noise_multiplier), "clipping_norm": float(self.clipping_norm),
+                "delta": float(self.options.delta), "population": self.num_hospitals, "weights": "equal"}
+
+
+__all__ = ["ACCOUNTANT_DESCRIPTION", "CentralPrivacy"]
