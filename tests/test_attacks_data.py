@@ -145,3 +145,22 @@ def test_data_attack_classes():
     assert np.array_equal(lab, labels) and not np.array_equal(i, images)
     _, lab = A.LabelNoise(1.0).poison(images, labels, rng=rng, num_classes=3)
     assert np.all(lab != labels)
+
+
+def test_endoscopic_corruptions_by_hand():
+    # motion blur along a row: a vertical line spreads over `length` columns in a horizontal pass, or stays
+    # a line (and keeps its mean) whatever the direction
+    img = np.zeros((1, 28, 28, 1), dtype=np.uint8)
+    img[0, :, 14, 0] = 210
+    out = D.corrupt(img, "motion_blur", 1, np.random.default_rng(0))  # 3 pixels
+    assert abs(out.astype(float).mean() - img.astype(float).mean()) < 1.0
+    assert out.max() < 210 or np.array_equal(out, img)  # spread (0, 45, 135 degrees) or along itself (90)
+    # specular highlights: saturated spots on a dark image, more of them at higher severity
+    dark = np.full((8, 28, 28, 3), 40, dtype=np.uint8)
+    bright = [int((D.corrupt(dark, "specular", s, np.random.default_rng(1)) >= 250).sum()) for s in (1, 5)]
+    assert bright[0] > 0 and bright[1] > bright[0]
+    # illumination: pixels only lose light, up to 80 % at the far side at severity 5
+    grey = np.full((4, 28, 28, 1), 200, dtype=np.uint8)
+    lit = D.corrupt(grey, "illumination", 5, np.random.default_rng(2)).astype(int)
+    assert lit.max() == 200 and abs(lit.min() - 40) <= 1  # 200 * (1 - 0.8)
+    assert D.corrupt(grey, "illumination", 5, np.random.default_rng(2)).tolist() == lit.tolist()  # seeded

@@ -45,8 +45,10 @@ class BackdoorOptions(Options):
 class CorruptionOptions(Options):
     """The corruption's options: which corruption, and how severe."""
 
-    kind: Literal["gaussian_noise", "blur", "contrast", "occlusion"] = Field("gaussian_noise", description=(
-        "The corruption (kebab-case accepted)."
+    kind: Literal["gaussian_noise", "blur", "contrast", "occlusion", "motion_blur", "specular", "illumination"] = Field(
+        "gaussian_noise", description=(
+        "The corruption (kebab-case accepted): ImageNet-C's noise, blur and contrast, cutout occlusion, and the "
+        "endoscopic motion blur, specular highlights and uneven illumination."
     ))
     severity: int = Field(5, ge=1, le=5, description="Severity 1..5.")
 
@@ -157,7 +159,7 @@ class Corruption(DataAttack):
 
     Parameters
     ----------
-    kind : {"gaussian_noise", "blur", "contrast", "occlusion"}
+    kind : {"gaussian_noise", "blur", "contrast", "occlusion", "motion_blur", "specular", "illumination"}
         The corruption (kebab-case accepted).
     severity : int
         Severity 1..5.

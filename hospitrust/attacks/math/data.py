@@ -13,7 +13,8 @@ from typing import Literal
 
 import numpy as np
 
-CORRUPTIONS: tuple[str, ...] = ("gaussian_noise", "blur", "contrast", "occlusion")
+CORRUPTIONS: tuple[str, ...] = ("gaussian_noise", "blur", "contrast", "occlusion", "motion_blur", "specular",
+                                 "illumination")
 POSITIONS: tuple[str, ...] = ("bottom-right", "bottom-left", "top-right", "top-left", "center")
 
 # Severity 1..5 parameters (Hendrycks & Dietterich, ICLR'19, rescaled for 28x28 grey/RGB).
@@ -21,6 +22,10 @@ _NOISE_STD = (0.08, 0.12, 0.18, 0.26, 0.38)  # std on the [0, 1] scale (as Image
 _BLUR_SIGMA_28 = (0.5, 0.75, 1.0, 1.5, 2.0)  # pixels at 28x28, scaled with H/28
 _CONTRAST_C = (0.4, 0.3, 0.2, 0.1, 0.05)  # as ImageNet-C: (x - mean) * c + mean
 _OCCLUSION_SIDE = (0.1, 0.2, 0.3, 0.4, 0.5)  # side of a black square, share of min(H, W)
+_MOTION_LENGTH_28 = (3, 5, 7, 9, 11)  # pixels of the straight motion path at 28x28, scaled with H/28
+_SPECULAR_SPOTS = (1, 2, 3, 4, 5)  # saturated highlights per image
+_SPECULAR_RADIUS = (0.06, 0.07, 0.08, 0.09, 0.10)  # Gaussian spot radius (sigma), share of min(H, W)
+_ILLUMINATION_DROP = (0.2, 0.35, 0.5, 0.65, 0.8)  # light lost at the far side of the linear fall-off
 
 
 # --------------------------------------------------------------------------- checks
@@ -255,9 +260,44 @@ def _blur(x: np.ndarray, sigma: float) -> np.ndarray:
     return x
 
 
+def _motion_blur(x: np.ndarray, length: int, rng: np.random.Generator) -> np.ndarray:
+    """The mean of each float (N, H, W, C) image shifted ``length`` times one pixel along its direction
+    (edge pixels repeated), a direction of 0, 45, 90 or 135 degrees drawn per image.
+    """
+    steps = ((0, 1), (1, 1), (1, 0), (1, -1))  # (dy, dx) per direction
+    direction = rng.integers(0, 4, size=x.shape[0])
+    out = np.empty_like(x)
+    h, w = x.shape[1], x.shape[2]
+    pad = length
+    xp = np.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode="edge")
+    offsets = np.arange(length) - (length - 1) // 2
+    for d, (dy, dx) in enumerate(steps):
+        idx = np.flatnonzero(direction == d)
+        if idx.size == 0:
+            continue
+        acc = np.zeros((idx.size, h, w, x.shape[3]))
+        for o in offsets:
+            r0, c0 = pad + o * dy, pad + o * dx
+            acc += xp[idx, r0:r0 + h, c0:c0 + w, :]
+        out[idx] = acc / length
+    return out
+
+
+def _specular(x: np.ndarray, spots: int, sigma: float, rng: np.random.Generator) -> np.ndarray:
+    """``spots`` saturated Gaussian highlights per float (N, H, W, C) image, blended towards white."""
+    n, h, w, _ = x.shape
+    yy, xx = np.meshgrid(np.arange(h, dtype=np.float64), np.arange(w, dtype=np.float64), indexing="ij")
+    cy = rng.uniform(0, h - 1, size=(n, spots))
+    cx = rng.uniform(0, w - 1, size=(n, spots))
+    d2 = (yy[None, None] - cy[..., None, None]) ** 2 + (xx[None, None] - cx[..., None, None]) ** 2
+    # a spot's core saturates (weight 1 within about one sigma), then fades
+    alpha = np.clip(1.5 * np.exp(-0.5 * d2 / max(sigma, 0.5) ** 2), 0.0, 1.0).max(axis=1)
+    return x * (1.0 - alpha[..., None]) + alpha[..., None]
+
+
 def corrupt(
     images,
-    kind: Literal["gaussian_noise", "blur", "contrast", "occlusion"],
+    kind: Literal["gaussian_noise", "blur", "contrast", "occlusion", "motion_blur", "specular", "illumination"],
     severity: int,
     rng: np.random.Generator,
 ) -> np.ndarray:
@@ -271,6 +311,15 @@ def corrupt(
     * ``contrast``: ``(x - image mean) * c + image mean``, c = 0.4, 0.3, 0.2, 0.1, 0.05.
     * ``occlusion``: one black square per image at a random position, side
       0.1 .. 0.5 of the image side (cutout-style).
+
+    The endoscopic corruptions FedAgain's description names besides those:
+
+    * ``motion_blur``: the mean of the image shifted along a straight path of 3, 5, 7, 9, 11 pixels at
+      28x28 (scaled by H/28), in one of four directions (0, 45, 90, 135 degrees) drawn per image;
+    * ``specular``: 1 .. 5 saturated highlights per image (reflections of the light source): Gaussian
+      spots of sigma 0.06 .. 0.10 of the image side at random positions, blended towards white;
+    * ``illumination``: uneven lighting, a linear fall-off across the image in a random direction
+      that removes 20, 35, 50, 65, 80 % of the light at the far side.
 
     ``kind`` also accepts kebab-case (``gaussian-noise``).
     """
@@ -293,6 +342,17 @@ def corrupt(
     elif name == "contrast":
         mean = x.mean(axis=(1, 2, 3), keepdims=True)
         x = (x - mean) * _CONTRAST_C[s] + mean
+    elif name == "motion_blur":
+        x = _motion_blur(x, max(2, int(round(_MOTION_LENGTH_28[s] * h / 28.0))), rng)
+    elif name == "specular":
+        x = _specular(x, _SPECULAR_SPOTS[s], _SPECULAR_RADIUS[s] * min(h, w), rng)
+    elif name == "illumination":
+        angle = rng.uniform(0.0, 2.0 * np.pi, size=n)
+        yy, xx = np.meshgrid(np.linspace(-0.5, 0.5, h), np.linspace(-0.5, 0.5, w), indexing="ij")
+        # position along each image's direction, 0 on the lit side and 1 on the far side
+        ramp = np.cos(angle)[:, None, None] * xx[None] + np.sin(angle)[:, None, None] * yy[None]
+        ramp = (ramp - ramp.min(axis=(1, 2), keepdims=True)) / np.ptp(ramp, axis=(1, 2), keepdims=True).clip(1e-12)
+        x = x * (1.0 - _ILLUMINATION_DROP[s] * ramp)[..., None]
     else:  # occlusion
         side = max(1, int(round(_OCCLUSION_SIDE[s] * min(h, w))))
         rows = rng.integers(0, h - side + 1, size=n)
