@@ -100,6 +100,7 @@ def one_size(work: Path, hospitals: int, run_config: str, timeout: float) -> dic
 
 
 def main() -> None:
+    """Command line entry point (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hospitals", default="10,100", help="comma list of federation sizes (default 10,100)")
     parser.add_argument("--rounds", type=int, default=3, help="server rounds per run (default 3)")

@@ -197,3 +197,19 @@ def test_oracle_exclusion_runs_without_the_attackers_and_scores_like_the_server(
     # a finished cell is not run again
     assert oracle.main(argv) == 0
     assert "[oracle] seed 7 fedavg: leaving out" not in capsys.readouterr().out
+
+
+def test_grid_table_means_over_seeds_and_pairs_by_seed(tmp_path):
+    gt = _script("grid_table")
+    cells = tmp_path / "grid" / "cells"
+    # fedavg 0.8 / 0.6 and rule-x 0.7 / 0.7 over two seeds in scenario a; only fedavg in scenario b
+    for strategy, seed, value in (("fedavg", 1, 0.8), ("fedavg", 2, 0.6), ("rule-x", 1, 0.7), ("rule-x", 2, 0.7)):
+        _summary(cells, f"strategy={strategy}__scenario=a__seed={seed}", value)
+    _summary(cells, "strategy=fedavg__scenario=b__seed=1", 0.5)
+    values = gt.cell_values(tmp_path / "grid", "balanced_accuracy", ["scenario"])
+    assert values[("rule-x", ("a",), "2")] == 0.7 and len(values) == 5
+    text = gt.tables(values, "fedavg")
+    # mean 0.7, sample std sqrt(0.02) = 0.141; paired differences -0.1 and +0.1: mean 0, std 0.141
+    assert "| fedavg | 0.700 ± 0.141 | 0.500 |" in text
+    assert "| rule-x | 0.700 ± 0.000 | - |" in text
+    assert "| rule-x | +0.000 ± 0.141 | - |" in text
