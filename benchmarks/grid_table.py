@@ -8,7 +8,7 @@ For every cell of the grid folder (``hospitrust bench --out``) it reads ``cells/
 - the difference to ``--baseline`` in the same group and seed, mean ± standard deviation over seeds.
 
     python benchmarks/grid_table.py runs/bench/fedagain-corruption-cpu --metric balanced_accuracy --baseline fedavg --by scenario
-    python benchmarks/grid_table.py runs/bench/hta-ablation --baseline hta-published --by dataset,skew,attack
+    python benchmarks/grid_table.py runs/bench/hta-ablation --baseline hta-published --by skew,attack --only dataset=retinamnist
 """
 
 from __future__ import annotations
@@ -20,15 +20,21 @@ import statistics
 from pathlib import Path
 
 
-def cell_values(out: Path, metric: str, by: list[str]) -> dict[tuple[str, tuple[str, ...], str], float]:
-    """``(strategy, group, seed) -> final[metric]`` for every finished cell of the grid folder ``out``."""
+def cell_values(out: Path, metric: str, by: list[str], only: dict[str, str] | None = None
+                ) -> dict[tuple[str, tuple[str, ...], str], float]:
+    """``(strategy, group, seed) -> final[metric]`` for every finished cell of the grid folder ``out`` (only the
+    cells whose axes have the values in ``only``).
+    """
     values: dict[tuple[str, tuple[str, ...], str], float] = {}
     for path in glob.glob(str(out / "cells" / "*" / "summary.json")):
         key = Path(path).parent.name
         axes = dict(part.split("=", 1) for part in key.split("__"))
+        if any(axes.get(k) != v for k, v in (only or {}).items()):
+            continue
         value = json.loads(Path(path).read_text())["final"].get(metric)
-        if value is not None:
-            values[(axes["strategy"], tuple(axes[b] for b in by), axes.get("seed", "-"))] = float(value)
+        if value is not None:  # the rule axis: `strategy`, or a labelled `rule` axis (rule variants of one strategy)
+            rule = axes.get("strategy", axes.get("rule", "-"))
+            values[(rule, tuple(axes[b] for b in by), axes.get("seed", "-"))] = float(value)
     return values
 
 
@@ -69,8 +75,10 @@ def main() -> None:
     parser.add_argument("--metric", default="balanced_accuracy", help="a key of summary.json's final (default balanced_accuracy)")
     parser.add_argument("--baseline", default="fedavg", help="the rule the paired differences are taken against")
     parser.add_argument("--by", default="scenario", help="comma list of the axes that make the columns (default scenario)")
+    parser.add_argument("--only", default="", help="comma list of AXIS=VALUE: only those cells (e.g. dataset=retinamnist)")
     args = parser.parse_args()
-    values = cell_values(args.grid_folder, args.metric, [b.strip() for b in args.by.split(",") if b.strip()])
+    only = dict(item.split("=", 1) for item in args.only.split(",") if "=" in item)
+    values = cell_values(args.grid_folder, args.metric, [b.strip() for b in args.by.split(",") if b.strip()], only)
     if not values:
         raise SystemExit(f"no finished cell with final.{args.metric} under {args.grid_folder}/cells")
     print(tables(values, args.baseline), end="")
