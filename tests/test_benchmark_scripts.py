@@ -213,3 +213,5 @@ def test_grid_table_means_over_seeds_and_pairs_by_seed(tmp_path):
     assert "| fedavg | 0.700 ± 0.141 | 0.500 |" in text
     assert "| rule-x | 0.700 ± 0.000 | - |" in text
     assert "| rule-x | +0.000 ± 0.141 | - |" in text
+    assert set(gt.cell_values(tmp_path / "grid", "balanced_accuracy", ["seed"], {"scenario": "b"})) == {
+        ("fedavg", ("1",), "1")}
