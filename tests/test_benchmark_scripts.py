@@ -215,3 +215,19 @@ def test_grid_table_means_over_seeds_and_pairs_by_seed(tmp_path):
     assert "| rule-x | +0.000 ± 0.141 | - |" in text
     assert set(gt.cell_values(tmp_path / "grid", "balanced_accuracy", ["seed"], {"scenario": "b"})) == {
         ("fedavg", ("1",), "1")}
+
+
+def test_fbd_detection_table_counts_color_rounds(tmp_path):
+    fd = _script("fbd_detection_table")
+    cell = tmp_path / "grid" / "cells" / "attack=label-flip__seed=1"
+    cell.mkdir(parents=True)
+    writers = {str(c): [] for c in range(4)}
+    (cell / "summary.json").write_text(json.dumps({
+        "final": {"balanced_accuracy": 0.7}, "malicious_hospitals": ["hospital-0"],
+        "fbd": {"colors_reached_by_malicious": [0, 1], "plan": {"writers": writers}}}))
+    # round 1 flags color 0 (reached) and 3 (clean); round 2 flags nothing
+    (cell / "rounds.jsonl").write_text(json.dumps({"fbd": {"flagged_colors": [0, 3]}}) + "\n"
+                                       + json.dumps({"fbd": {"flagged_colors": []}}) + "\n")
+    d = fd.cell_detection(cell)
+    assert d["tpr"] == 1 / 4 and d["fpr"] == 1 / 4 and d["balanced_accuracy"] == 0.7  # 1 of 4 reached, 1 of 4 clean
+    assert "| label-flip | 1 | 0.25 | 0.25 | 0.70 |" in fd.table(tmp_path / "grid", ["attack"])
