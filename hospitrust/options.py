@@ -17,6 +17,16 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 
+def memo_key(raw: Mapping[str, Any]) -> tuple | None:
+    """A flat config's items as a hashable memo key (sorted by key), or None when a value is not hashable."""
+    items = tuple(sorted((str(k), v) for k, v in raw.items()))
+    try:
+        hash(items)
+    except TypeError:  # a list value
+        return None
+    return items
+
+
 def kebab(name: str) -> str:
     """``ema_rate`` -> ``ema-rate``: the run config's spelling of a field."""
     return name.replace("_", "-")

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from hospitrust.errors import ConfigError, did_you_mean
-from hospitrust.options import Options, OptionsError
+from hospitrust.options import Options, OptionsError, memo_key
 
 
 class NodeConfig(Options):
@@ -104,9 +104,5 @@ def _memoised_node_config(items: tuple) -> NodeConfig:
 
 def memoised_node_config(raw: Mapping[str, Any]) -> NodeConfig:
     """:func:`parse_node_config`, memoised on the values (one entry per simulated hospital)."""
-    items = tuple(sorted((str(k), v) for k, v in raw.items()))
-    try:
-        hash(items)
-    except TypeError:
-        return parse_node_config(raw)
-    return _memoised_node_config(items)
+    items = memo_key(raw)
+    return parse_node_config(raw) if items is None else _memoised_node_config(items)

@@ -34,7 +34,7 @@ from hospitrust.datasets.partitioners import PARTITIONERS
 from hospitrust.datasets.registry import source_of
 from hospitrust.models import MODELS
 from hospitrust.models.training import TrainOptions
-from hospitrust.options import Options, OptionsError
+from hospitrust.options import Options, OptionsError, memo_key
 from hospitrust.privacy.options import PrivacyOptions, check_privacy_settings
 from hospitrust.server_app.secure import SecAggOptions
 from hospitrust.server_app.server_data import ServerDataOptions, check_server_data
@@ -457,9 +457,5 @@ def memoised_run_config(raw: Mapping[str, Any]) -> RunConfig:
     the 100-odd keys cost about 10-20 ms each time (a tenth of a small hospital's round).
     Errors are not memoised (lru_cache keeps only results): a bad value fails every message.
     """
-    items = tuple(sorted((str(k), v) for k, v in raw.items()))
-    try:
-        hash(items)
-    except TypeError:  # a list value: validate without the memo
-        return parse_run_config(raw)
-    return _memoised_run_config(items)
+    items = memo_key(raw)
+    return parse_run_config(raw) if items is None else _memoised_run_config(items)
