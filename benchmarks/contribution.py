@@ -1,29 +1,33 @@
-"""Contribution scores against the ground truth: exact Shapley from all 2^n coalition models.
+"""Contribution scores against the ground truth: Shapley values from the coalition models.
 
 Simulation, where the individual updates are visible: n hospitals on PneumoniaMNIST
 (Dirichlet alpha 0.5) with different data quality (label noise 0 / 20 / 40 %, one
 free-rider that returns the global model unchanged, one label flipper), FedAvg. Every
-round, every coalition model ``M_S = M0 + sum_{i in S} w_i U_i / sum_{i in S} w_i`` is
-evaluated on the validation split, which gives exact per-round Shapley (and multi-round
-Shapley, their sum) and, from the same table, what hospitals would report under secure
-aggregation (LOO, IOI, the round gain), hence FP and EE; COS from the actual updates.
-All utilities here use one common validation set (the MedMNIST val split) for every
-evaluator, so the comparison with Shapley is on the same v.
+round, the coalition models ``M_S = M0 + sum_{i in S} w_i U_i / sum_{i in S} w_i`` are
+evaluated on the validation split: all 2^n of them for exact per-round Shapley up to 10
+hospitals, the prefixes of ``--permutations`` random orders for Monte-Carlo Shapley above
+(at 10 both, which states the Monte-Carlo error); multi-round Shapley is the sum over rounds.
+From the same values come what hospitals would report under secure aggregation (LOO, IOI,
+the round gain), hence FP and EE, hospitrust's forms and as published (``fp-published``,
+``ee-published``); COS from the actual updates. All utilities use one common validation set
+(the MedMNIST val split) for every evaluator, so the comparison with Shapley is on the same v.
 
 It prints, per setting and seed, and as a mean over seeds:
-  * Spearman rank correlation of accumulated FP, EE, LOO, IOI, COS with multi-round Shapley
-    (and the mean per-round correlation),
+  * Spearman rank correlation of each accumulated score with multi-round Shapley (and the
+    mean per-round correlation),
   * the rank (1 = lowest score) of the label flipper and of the free-rider under each score,
-  * a selfish hospital's score gain when it inflates its reported LOO and IOI by --selfish,
-  * test balanced accuracy of contribution-weighted aggregation (FP, EE) against FedAvg.
+  * a selfish hospital's score gain when it inflates its reported LOO and IOI by --selfish
+    every round (manipulation resistance: 0 when its reports cannot move its own score),
+  * test balanced accuracy of aggregation weighted by each accumulated score (FP, EE, both
+    published forms, and Shapley itself as the baseline) against FedAvg, paired by seed.
 
-``--model linear`` (logistic regression on the pixels) makes the 2^n coalition evaluations
+``--model linear`` (logistic regression on the pixels) makes the coalition evaluations
 exact and cheap (logits are linear in the parameters, so a coalition's logits are a weighted
 sum of per-hospital logit deltas); ``--model small-cnn`` builds each coalition model.
 
-Example (the README's table)::
+The table of docs/experiments/2026-12-01-contribution-published.md (about 75 s)::
 
-    nice -n 15 python benchmarks/contribution.py --hospitals 5 10 --rounds 10 --seeds 0 1 2
+    python benchmarks/contribution.py --hospitals 5 10 20 --rounds 10 --seeds 0 1 2 3 4 --permutations 1000
 """
 
 from __future__ import annotations
@@ -38,21 +42,28 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from hospitrust.config import RunConfig
+from hospitrust.config import parse_run_config
 from hospitrust.contribution.scores import (
     MAX_EXACT_SHAPLEY_PLAYERS,
     cosine_to_aggregate,
     everybody_else,
+    everybody_else_published,
     fair_private,
-    marginals_from_table,
+    fair_private_published,
     shapley_exact,
+    shapley_monte_carlo,
+    shapley_permutations,
     spearman,
 )
 from hospitrust.datasets.federation import load_arrays, partitions
 from hospitrust.models import build_model
 from hospitrust.models.training import seed_everything, to_batch, train
 
-SCORE_NAMES = ("fp", "ee", "loo", "ioi", "cos")
+SCORE_NAMES = ("fp", "ee", "fp-published", "ee-published", "loo", "ioi", "cos")
+#: scores a hospital's reports feed (its LOO and IOI): the selfish hospital's lie moves these
+REPORTED = ("loo", "ioi", "fp", "ee", "fp-published", "ee-published")
+WEIGHTINGS = ("fedavg", "fp", "ee", "fp-published", "ee-published", "shapley")
+EXACT_UP_TO = 10  # exact Shapley (2^n coalition models a round) up to here, Monte-Carlo above
 
 
 def roles_for(n: int) -> list[str]:
@@ -153,11 +164,63 @@ class Setting:
     learning_rate: float
     train_subsample: float
     selfish: float
+    permutations: int
+
+
+def scores_from(loo: np.ndarray, ioi: np.ndarray, delta: float) -> dict[str, np.ndarray]:
+    """Every report-based score of one round, from one common evaluator's LOO, IOI and gain."""
+    sub = loo.shape[0]
+    gains = np.full(sub, delta)
+    two = sub >= 2  # EE needs the others' reports: with one hospital left in the round it adds nothing
+    return {"fp": fair_private(loo, ioi, delta), "fp-published": fair_private_published(loo, ioi, delta),
+            "ee": everybody_else(loo, ioi, gains) if two else np.zeros(sub),
+            "ee-published": everybody_else_published(loo, ioi, gains) if two else np.zeros(sub),
+            "loo": loo, "ioi": ioi}
+
+
+class RoundGame:
+    """One round's coalition game: ``v(S)`` of the model ``M0 + sum_{i in S} w_i U_i / sum w`` on the
+    validation set, evaluated for just the coalitions asked for (one batch)."""
+
+    def __init__(self, theta: torch.Tensor, updates: torch.Tensor, weights: np.ndarray, val: Evaluator):
+        self.theta, self.updates, self.weights, self.val = theta, updates, weights, val
+        self.n = updates.shape[0]
+        self.values: dict[int, float] = {}
+
+    def evaluate(self, masks) -> None:
+        todo = sorted({int(m) for m in np.asarray(masks).reshape(-1)} - set(self.values))
+        if todo:
+            vals = self.val(coalition_thetas(self.theta, self.updates, self.weights, todo))
+            self.values.update(zip(todo, (float(v) for v in vals)))
+
+    def __getitem__(self, masks) -> np.ndarray:
+        masks = np.asarray(masks)
+        self.evaluate(masks)
+        return np.vectorize(self.values.__getitem__, otypes=[float])(masks) if masks.size else masks.astype(float)
+
+    def marginals(self) -> tuple[np.ndarray, np.ndarray, float]:
+        n, full = self.n, (1 << self.n) - 1
+        self.evaluate([0, full, *[1 << i for i in range(n)], *[full & ~(1 << i) for i in range(n)]])
+        v = self.values
+        loo = np.array([v[full] - v[full & ~(1 << i)] for i in range(n)])
+        ioi = np.array([v[1 << i] - v[0] for i in range(n)])
+        return loo, ioi, v[full] - v[0]
+
+    def shapley_exact(self) -> np.ndarray:
+        return shapley_exact(self[np.arange(1 << self.n)])
+
+    def shapley_monte_carlo(self, permutations: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        orders, masks = shapley_permutations(self.n, permutations, seed)
+        return shapley_monte_carlo(orders, self[masks])
 
 
 def run_once(s: Setting, weighting: str, with_shapley: bool) -> dict:
-    """One federation; weighting: fedavg, fp or ee (weights ∝ clipped positive accumulated score)."""
-    cfg = RunConfig(seed=s.seed, partitioner="dirichlet", dirichlet_alpha=0.5, train_subsample=s.train_subsample)
+    """One federation; weighting: fedavg, or weights ∝ the clipped positive accumulated score
+    (fp, ee, fp-published, ee-published, shapley). ``with_shapley``: the Shapley ground truth every
+    round (exact up to EXACT_UP_TO hospitals, Monte-Carlo above, and both at EXACT_UP_TO to state
+    the Monte-Carlo error)."""
+    cfg = parse_run_config({"seed": s.seed, "partitioner": "dirichlet", "dirichlet.alpha": 0.5,
+                            "train-subsample": s.train_subsample})
     arrays = load_arrays(cfg.federation)
     num_classes = int(arrays.labels["train"].max()) + 1
     in_ch, size = arrays.images["train"].shape[3], arrays.images["train"].shape[1]
@@ -175,10 +238,10 @@ def run_once(s: Setting, weighting: str, with_shapley: bool) -> dict:
     test = Evaluator(model, arrays.images["test"], arrays.labels["test"], num_classes, linear)
     theta = flat_params(model)
     n = s.hospitals
-    full = (1 << n) - 1
-    masks = list(range(1 << n)) if with_shapley else sorted({0, full, *[1 << i for i in range(n)], *[full & ~(1 << i) for i in range(n)]})
-    acc = {k: np.zeros(n) for k in (*SCORE_NAMES, "shapley", "fp_selfish", "ee_selfish", "loo_selfish", "ioi_selfish")}
+    exact = n <= EXACT_UP_TO
+    acc = {k: np.zeros(n) for k in (*SCORE_NAMES, "shapley", "shapley-mc", *[f"{k}_selfish" for k in REPORTED])}
     per_round_rho = {k: [] for k in SCORE_NAMES}
+    mc_rho, mc_rel_stderr = [], []
     sizes = np.array([len(d[1]) for d in data], dtype=float)
     selfish = roles.index("noise-0")  # an honest, good hospital that also lies about its evaluations
     for rnd in range(1, s.rounds + 1):
@@ -198,45 +261,46 @@ def run_once(s: Setting, weighting: str, with_shapley: bool) -> dict:
         else:
             pos = np.maximum(acc[weighting], 0.0)
             w = pos / pos.sum() if pos.sum() > 0 else sizes / sizes.sum()
+        # a hospital with weight 0 is not in the round: score the others (the sub-game over players)
         players = [i for i in range(n) if w[i] > 0]
-        # a hospital with weight 0 is not in the round: score the others (sub-game over players)
-        sub = len(players)
-        idx_masks = masks if sub == n else None
-        if idx_masks is None:
-            fullp = (1 << sub) - 1
-            idx_masks = sorted({0, fullp, *[1 << k for k in range(sub)], *[fullp & ~(1 << k) for k in range(sub)]})
-        thetas = coalition_thetas(theta, U[players], w[players], idx_masks)
-        vals = dict(zip(idx_masks, val(thetas)))
-        table = np.array([vals.get(m, np.nan) for m in range(1 << sub)])
-        loo, ioi, delta = marginals_from_table(np.nan_to_num(table))
-        fp = fair_private(loo, ioi, delta)
-        # EE needs the others' reports: with one hospital left in the round it adds nothing
-        ee = everybody_else(loo, ioi, np.full(sub, delta)) if sub >= 2 else np.zeros(sub)
+        game = RoundGame(theta, U[players], w[players], val)
+        loo, ioi, delta = game.marginals()
+        round_scores = scores_from(loo, ioi, delta)
         agg = (torch.from_numpy(w[players]) @ U[players])
-        cos = np.array([cosine_to_aggregate(U[i].numpy(), agg.numpy()) for i in players])
+        round_scores["cos"] = np.array([cosine_to_aggregate(U[i].numpy(), agg.numpy()) for i in players])
         # the selfish hospital's lie: its LOO and IOI each inflated by s.selfish
-        lie = np.zeros(sub)
+        lie = np.zeros(len(players))
         if selfish in players:
             lie[players.index(selfish)] = s.selfish
-        fp_l = fair_private(loo + lie, ioi + lie, delta)
-        ee_l = everybody_else(loo + lie, ioi + lie, np.full(sub, delta)) if sub >= 2 else np.zeros(sub)
-        round_scores = {"fp": fp, "ee": ee, "loo": loo, "ioi": ioi, "cos": cos}
+        lied = scores_from(loo + lie, ioi + lie, delta)
         for k, v in round_scores.items():
             acc[k][players] += v
-        acc["fp_selfish"][players] += fp_l
-        acc["ee_selfish"][players] += ee_l
-        acc["loo_selfish"][players] += loo + lie
-        acc["ioi_selfish"][players] += ioi + lie
-        if with_shapley and sub == n:
-            phi = shapley_exact(table)
-            acc["shapley"] += phi
-            for k, v in round_scores.items():
-                per_round_rho[k].append(spearman(v, phi))
+        for k in REPORTED:
+            acc[f"{k}_selfish"][players] += lied[k]
+        need_truth = with_shapley or weighting == "shapley"
+        if need_truth:
+            if exact and len(players) <= EXACT_UP_TO:
+                phi = game.shapley_exact()
+                if with_shapley and n == EXACT_UP_TO:  # the Monte-Carlo error, where exact is known
+                    mc, err = game.shapley_monte_carlo(s.permutations, s.seed * 1000 + rnd)
+                    acc["shapley-mc"][players] += mc
+                    mc_rho.append(spearman(mc, phi))
+                    mc_rel_stderr.append(float(err.mean() / max(np.abs(phi).mean(), 1e-12)))
+            else:
+                phi, err = game.shapley_monte_carlo(s.permutations, s.seed * 1000 + rnd)
+                acc["shapley-mc"][players] += phi
+                mc_rel_stderr.append(float(err.mean() / max(np.abs(phi).mean(), 1e-12)))
+            acc["shapley"][players] += phi
+            if with_shapley and len(players) == n:
+                for k, v in round_scores.items():
+                    per_round_rho[k].append(spearman(v, phi))
         theta = theta + torch.from_numpy(w) @ U
     final_ba = float(test(theta[None])[0])
     return {"roles": roles, "acc": {k: v.tolist() for k, v in acc.items()}, "test_balanced_accuracy": final_ba,
             "per_round_rho": {k: float(np.nanmean(v)) if v else float("nan") for k, v in per_round_rho.items()},
-            "selfish": selfish}
+            "selfish": selfish, "shapley_kind": "exact" if exact else f"monte-carlo ({s.permutations} orders a round)",
+            "mc_vs_exact_rho": float(np.nanmean(mc_rho)) if mc_rho else float("nan"),
+            "mc_relative_stderr": float(np.mean(mc_rel_stderr)) if mc_rel_stderr else float("nan")}
 
 
 def rank_lowest(scores: np.ndarray, i: int) -> int:
@@ -254,40 +318,49 @@ def main(argv=None) -> int:
     ap.add_argument("--learning-rate", type=float, default=0.01)
     ap.add_argument("--train-subsample", type=float, default=0.5)
     ap.add_argument("--selfish", type=float, default=0.05, help="a selfish hospital's inflation of its LOO and IOI")
+    ap.add_argument("--permutations", type=int, default=200,
+                    help=f"sampled orders a round for Monte-Carlo Shapley (above {EXACT_UP_TO} hospitals, and at "
+                         f"{EXACT_UP_TO} to state its error against exact)")
+    ap.add_argument("--weightings", nargs="+", default=list(WEIGHTINGS), choices=WEIGHTINGS,
+                    help="aggregations to run besides the scored FedAvg run")
     ap.add_argument("--json", default="", help="also write all results here")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     for n in args.hospitals:
-        if n > MAX_EXACT_SHAPLEY_PLAYERS:
+        if n < 4:
+            ap.error(f"--hospitals: the benchmark needs at least 4 hospitals, got {n}")
+        if n <= EXACT_UP_TO and n > MAX_EXACT_SHAPLEY_PLAYERS:  # pragma: no cover - EXACT_UP_TO < 16
             ap.error(f"exact Shapley needs at most {MAX_EXACT_SHAPLEY_PLAYERS} hospitals")
     results = []
     for n in args.hospitals:
         rows = []
         for seed in args.seeds:
             s = Setting(n, args.rounds, seed, args.model, args.local_epochs, args.learning_rate, args.train_subsample,
-                        args.selfish)
+                        args.selfish, args.permutations)
             t0 = time.time()
             base = run_once(s, "fedavg", with_shapley=True)
-            by_fp = run_once(s, "fp", with_shapley=False)
-            by_ee = run_once(s, "ee", with_shapley=False)
+            weighted = {w: run_once(s, w, with_shapley=False) for w in args.weightings if w != "fedavg"}
             a = {k: np.array(v) for k, v in base["acc"].items()}
             roles = base["roles"]
             flip, free, me = roles.index("flipper"), roles.index("free-rider"), base["selfish"]
             row = {
-                "hospitals": n, "seed": seed, "seconds": time.time() - t0,
+                "hospitals": n, "seed": seed, "seconds": time.time() - t0, "shapley_kind": base["shapley_kind"],
+                "mc_vs_exact_rho": base["mc_vs_exact_rho"], "mc_relative_stderr": base["mc_relative_stderr"],
                 "rho": {k: spearman(a[k], a["shapley"]) for k in SCORE_NAMES},
                 "rho_per_round": base["per_round_rho"],
                 "flipper_rank": {k: rank_lowest(a[k], flip) for k in (*SCORE_NAMES, "shapley")},
                 "free_rider_rank": {k: rank_lowest(a[k], free) for k in (*SCORE_NAMES, "shapley")},
-                "selfish_gain": {k: float(a[f"{k}_selfish"][me] - a[k][me]) for k in ("loo", "ioi", "fp", "ee")},
-                "selfish_honest": {k: float(a[k][me]) for k in ("loo", "ioi", "fp", "ee")},
-                "test_bal_acc": {"fedavg": base["test_balanced_accuracy"], "contribution-fp": by_fp["test_balanced_accuracy"],
-                                 "contribution-ee": by_ee["test_balanced_accuracy"]},
-                "roles": roles, "shapley": a["shapley"].tolist(), "fp": a["fp"].tolist(), "ee": a["ee"].tolist(),
+                "selfish_gain": {k: float(a[f"{k}_selfish"][me] - a[k][me]) for k in REPORTED},
+                "selfish_honest": {k: float(a[k][me]) for k in REPORTED},
+                "test_bal_acc": {"fedavg": base["test_balanced_accuracy"],
+                                 **{w: r["test_balanced_accuracy"] for w, r in weighted.items()}},
+                "roles": roles, "shapley": a["shapley"].tolist(), **{k: a[k].tolist() for k in SCORE_NAMES},
             }
+            if n == EXACT_UP_TO:
+                row["rho_mc_accumulated"] = spearman(a["shapley-mc"], a["shapley"])
             rows.append(row)
-            print(json.dumps({k: row[k] for k in ("hospitals", "seed", "seconds", "rho", "flipper_rank", "free_rider_rank",
-                                                   "selfish_gain", "test_bal_acc")}), flush=True)
+            print(json.dumps({k: row[k] for k in ("hospitals", "seed", "seconds", "shapley_kind", "rho", "flipper_rank",
+                                                   "free_rider_rank", "selfish_gain", "test_bal_acc")}), flush=True)
         results.extend(rows)
         print_table(n, rows, args)
     if args.json:
@@ -296,26 +369,37 @@ def main(argv=None) -> int:
     return 0
 
 
-def print_table(n: int, rows: list[dict], args) -> None:
-    def mean(path):
-        vals = [r for r in path]
-        return float(np.nanmean(vals))
+def _mean_sd(vals) -> str:
+    vals = np.asarray(vals, dtype=float)
+    return f"{np.nanmean(vals):.3f} ± {np.nanstd(vals):.3f}"
 
-    print(f"\n## {n} hospitals, {args.rounds} rounds, model {args.model}, seeds {args.seeds} (mean over seeds)")
+
+def print_table(n: int, rows: list[dict], args) -> None:
+    kind = rows[0]["shapley_kind"]
+    print(f"\n## {n} hospitals, {args.rounds} rounds, model {args.model}, seeds {args.seeds} "
+          f"(mean ± sd over seeds; Shapley: {kind})")
+    if "rho_mc_accumulated" in rows[0]:
+        print(f"Monte-Carlo Shapley error at n = {n} ({args.permutations} orders a round) against exact: Spearman of the "
+              f"accumulated values {_mean_sd([r['rho_mc_accumulated'] for r in rows])}, per round "
+              f"{_mean_sd([r['mc_vs_exact_rho'] for r in rows])}; mean standard error / mean |phi| per round "
+              f"{_mean_sd([r['mc_relative_stderr'] for r in rows])}")
+    elif np.isfinite(rows[0]["mc_relative_stderr"]):
+        print(f"Monte-Carlo standard error / mean |phi| per round: {_mean_sd([r['mc_relative_stderr'] for r in rows])}")
     print("| score | Spearman vs multi-round Shapley | mean per-round Spearman | flipper rank (1 = lowest) | free-rider rank | selfish gain |")
     print("|---|---|---|---|---|---|")
     for k in SCORE_NAMES:
-        gain = mean([r["selfish_gain"][k] for r in rows]) if k in rows[0]["selfish_gain"] else float("nan")
-        print(f"| {k.upper()} | {mean([r['rho'][k] for r in rows]):.3f} | {mean([r['rho_per_round'][k] for r in rows]):.3f} | "
-              f"{mean([r['flipper_rank'][k] for r in rows]):.1f} | {mean([r['free_rider_rank'][k] for r in rows]):.1f} | "
-              + (f"{gain:+.4f} |" if np.isfinite(gain) else "- |"))
-    print(f"| Shapley | 1 | 1 | {mean([r['flipper_rank']['shapley'] for r in rows]):.1f} | "
-          f"{mean([r['free_rider_rank']['shapley'] for r in rows]):.1f} | - |")
-    print("\n| aggregation | test balanced accuracy |")
-    print("|---|---|")
-    for k in ("fedavg", "contribution-fp", "contribution-ee"):
-        vals = [r["test_bal_acc"][k] for r in rows]
-        print(f"| {k} | {np.mean(vals):.4f} ± {np.std(vals):.4f} |")
+        gain = f"{np.mean([r['selfish_gain'][k] for r in rows]):+.4f} |" if k in rows[0]["selfish_gain"] else "- |"
+        print(f"| {k} | {_mean_sd([r['rho'][k] for r in rows])} | {_mean_sd([r['rho_per_round'][k] for r in rows])} | "
+              f"{np.mean([r['flipper_rank'][k] for r in rows]):.1f} | {np.mean([r['free_rider_rank'][k] for r in rows]):.1f} | "
+              + gain)
+    print(f"| Shapley | 1 | 1 | {np.mean([r['flipper_rank']['shapley'] for r in rows]):.1f} | "
+          f"{np.mean([r['free_rider_rank']['shapley'] for r in rows]):.1f} | - |")
+    print("\n| aggregation | test balanced accuracy | paired difference vs FedAvg |")
+    print("|---|---|---|")
+    for k in rows[0]["test_bal_acc"]:
+        vals = np.array([r["test_bal_acc"][k] for r in rows])
+        diff = vals - np.array([r["test_bal_acc"]["fedavg"] for r in rows])
+        print(f"| {k} | {_mean_sd(vals)} | {_mean_sd(diff) if k != 'fedavg' else '-'} |")
     print(flush=True)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from conftest import REPO
 def _script(name: str):
     spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses in a script look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -231,3 +233,26 @@ def test_fbd_detection_table_counts_color_rounds(tmp_path):
     d = fd.cell_detection(cell)
     assert d["tpr"] == 1 / 4 and d["fpr"] == 1 / 4 and d["balanced_accuracy"] == 0.7  # 1 of 4 reached, 1 of 4 clean
     assert "| label-flip | 1 | 0.25 | 0.25 | 0.70 |" in fd.table(tmp_path / "grid", ["attack"])
+
+
+def test_contribution_benchmark_scores_are_efficient_against_exact_and_monte_carlo_shapley(tmp_path, capsys, data_dir):
+    contribution = _script("contribution")
+    out = tmp_path / "contribution.json"
+    # 4 hospitals: exact Shapley; 11: above EXACT_UP_TO, Monte-Carlo Shapley
+    assert contribution.main(["--hospitals", "4", "11", "--rounds", "2", "--seeds", "0", "--permutations", "30",
+                              "--train-subsample", "0.1", "--weightings", "fedavg", "shapley", "ee-published",
+                              "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "## 4 hospitals" in printed and "Shapley: exact" in printed
+    assert "Shapley: monte-carlo (30 orders a round)" in printed
+    rows = json.loads(out.read_text())["results"]
+    assert [r["hospitals"] for r in rows] == [4, 11]
+    for row in rows:
+        # every hospital is in every FedAvg round, so the efficient scores (and Shapley, exact or sampled:
+        # each order's marginals telescope to v(N) - v({})) all sum to the rounds' total gain
+        total = sum(row["shapley"])
+        for score in ("fp", "fp-published", "ee-published"):
+            assert sum(row[score]) == pytest.approx(total, abs=1e-9), score
+        assert set(row["test_bal_acc"]) == {"fedavg", "shapley", "ee-published"}
+        # Everybody-Else never reads the selfish hospital's own reports for its own score
+        assert row["selfish_gain"]["ee"] == pytest.approx(0.0, abs=1e-12)

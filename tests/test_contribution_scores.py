@@ -19,6 +19,8 @@ from hospitrust.contribution.scores import (
     marginals_from_table,
     multi_round_shapley,
     shapley_exact,
+    shapley_monte_carlo,
+    shapley_permutations,
     spearman,
 )
 
@@ -235,3 +237,44 @@ def test_bad_input_is_refused_with_a_reason():
         cosine_to_aggregate([1.0], [1.0, 2.0])
     with pytest.raises(ValueError, match="1-D"):
         leave_one_out(1.0, [[1.0]])
+
+
+# ---- Monte-Carlo Shapley (the n = 20 ground truth of benchmarks/contribution.py) ------------------
+def test_monte_carlo_shapley_over_all_six_orders_of_the_hand_game_is_exact():
+    orders = np.array(list(itertools.permutations(range(3))))
+    masks = np.zeros((6, 4), dtype=np.int64)
+    for k, order in enumerate(orders):
+        for j, player in enumerate(order):
+            masks[k, j + 1] = masks[k, j] | (1 << player)
+    phi, stderr = shapley_monte_carlo(orders, GAME3[masks])
+    np.testing.assert_allclose(phi, [5.0, 3.5, 0.5])
+    # player 2's marginals in the six orders (012, 021, 102, 120, 201, 210), by hand: 1, 0, 1, 1, 0, 0:
+    # mean 0.5, sample variance 6 x 0.25 / 5 = 0.3
+    assert stderr[2] == pytest.approx(math.sqrt(0.3) / math.sqrt(6))
+
+
+def test_permutation_masks_are_the_prefixes_of_each_order():
+    orders, masks = shapley_permutations(4, 3, seed=1)
+    for order, row in zip(orders, masks):
+        assert row[0] == 0 and row[-1] == 0b1111
+        assert [int(row[j + 1] ^ row[j]) for j in range(4)] == [1 << int(p) for p in order]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_monte_carlo_shapley_is_efficient_and_converges_to_exact(seed):
+    rng = np.random.default_rng(seed)
+    values = _random_game(rng, 6)
+    orders, masks = shapley_permutations(6, 4000, seed=seed)
+    phi, stderr = shapley_monte_carlo(orders, values[masks])
+    # every order's marginals sum to v(N) - v({}): efficiency holds exactly, sampled or not
+    assert phi.sum() == pytest.approx(values[-1] - values[0])
+    exact = shapley_exact(values)
+    assert np.all(np.abs(phi - exact) < 5 * stderr + 1e-12)
+
+
+def test_monte_carlo_shapley_refuses_mismatched_shapes():
+    orders, masks = shapley_permutations(3, 2)
+    with pytest.raises(ValueError, match="prefix values"):
+        shapley_monte_carlo(orders, np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="permutations"):
+        shapley_permutations(3, 0)

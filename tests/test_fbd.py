@@ -499,3 +499,36 @@ def test_evaluator_leaves_a_broken_color_out_instead_of_failing(tmp_path, data_d
     assert fbd["colors"]["1"]["broken"] and fbd["colors"]["1"]["z"] is None
     assert np.isfinite(central["auc"]) and np.isfinite(central["balanced_accuracy"])
     json.dumps(fbd, allow_nan=False)  # what goes into rounds.jsonl is plain JSON
+
+
+def test_fbd_unlearning_table_unlearns_every_hospital_of_a_grid_and_resumes(fbd_runs, tmp_path):
+    import importlib.util
+    import shutil
+    import sys
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("fbd_unlearning", REPO / "benchmarks" / "fbd_unlearning.py")
+    script = importlib.util.module_from_spec(spec)
+    sys.modules["fbd_unlearning"] = script
+    spec.loader.exec_module(script)
+    honest, _, _ = fbd_runs
+    # a bench folder's layout: cells/<axis=label__...>/ holding the run
+    cell = tmp_path / "grid" / "cells" / "dataset=pneumoniamnist__skew=iid__seed=1"
+    shutil.copytree(honest, cell, ignore=shutil.ignore_patterns("unlearned-*"))
+    records = script.unlearn_cell(cell)
+    plan = ShippingPlan.load(cell / "fbd_plan.json")
+    assert [r["hospital"] for r in records] == list(plan.hospitals)
+    for r in records:  # two groups sharing colors: every hospital has donors
+        assert "refused" not in r and r["exact"]
+        saved = json.loads((cell / f"unlearned-{r['hospital']}" / "unlearning.json").read_text())
+        assert r["auc_drop"] == pytest.approx(saved["evaluation"]["auc_drop"])
+    text = script.table(tmp_path / "grid", ["dataset", "skew"])
+    row = next(line for line in text.splitlines() if line.startswith("| pneumoniamnist | iid |"))
+    assert row.split("|")[3].strip() == str(len(plan.hospitals)) and row.split("|")[4].strip() == "0"
+    # a second call reads the records back instead of unlearning again
+    stamp = (cell / "fbd_stamps.jsonl").read_text()
+    assert script.unlearn_cell(cell) == records
+    assert (cell / "fbd_stamps.jsonl").read_text() == stamp
+    with pytest.raises(SystemExit, match="--by attack"):
+        script.table(tmp_path / "grid", ["attack"])

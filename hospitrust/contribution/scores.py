@@ -403,6 +403,47 @@ def shapley_exact(values) -> np.ndarray:
     return phi
 
 
+def shapley_permutations(n: int, permutations: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Random orders of ``n`` players for :func:`shapley_monte_carlo`, and the coalition masks
+    their prefixes form: ``(permutations, n)`` orders and ``(permutations, n + 1)`` masks, where
+    ``masks[k, j]`` is the coalition of the first ``j`` players of order ``k`` (``masks[k, 0] = 0``).
+    """
+    if n < 1 or permutations < 1:
+        raise ValueError(f"Monte-Carlo Shapley needs n >= 1 and permutations >= 1, got n={n}, permutations={permutations}")
+    rng = np.random.default_rng(seed)
+    orders = np.stack([rng.permutation(n) for _ in range(permutations)])
+    masks = np.zeros((permutations, n + 1), dtype=np.int64)
+    masks[:, 1:] = np.cumsum(np.left_shift(np.int64(1), orders.astype(np.int64)), axis=1)
+    return orders, masks
+
+
+def shapley_monte_carlo(orders: np.ndarray, prefix_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Permutation-sampling Shapley (Castro et al. 2009): player i's value is the mean over the
+    sampled orders of ``v(prefix + i) - v(prefix)``; unbiased, with the standard error of that mean.
+
+    Parameters
+    ----------
+    orders : numpy.ndarray
+        ``(P, n)`` sampled orders (:func:`shapley_permutations`).
+    prefix_values : numpy.ndarray
+        ``(P, n + 1)``: ``v`` of each order's prefixes, the empty coalition first.
+
+    Returns
+    -------
+    tuple[numpy.ndarray, numpy.ndarray]
+        ``(n,)`` estimates and ``(n,)`` standard errors (0 with a single order).
+    """
+    orders = np.asarray(orders)
+    values = np.asarray(prefix_values, dtype=np.float64)
+    p, n = orders.shape
+    if values.shape != (p, n + 1):
+        raise ValueError(f"prefix values must be (orders, n + 1) = {(p, n + 1)}, got {values.shape}")
+    marginal = np.zeros((p, n))
+    np.put_along_axis(marginal, orders, np.diff(values, axis=1), axis=1)
+    stderr = marginal.std(axis=0, ddof=1) / np.sqrt(p) if p > 1 else np.zeros(n)
+    return marginal.mean(axis=0), stderr
+
+
 def marginals_from_table(values) -> tuple[np.ndarray, np.ndarray, float]:
     """(LOO, IOI, Delta) of every player from a coalition value table (one common evaluator).
 
