@@ -242,6 +242,7 @@ def run_once(s: Setting, weighting: str, with_shapley: bool) -> dict:
     acc = {k: np.zeros(n) for k in (*SCORE_NAMES, "shapley", "shapley-mc", *[f"{k}_selfish" for k in REPORTED])}
     per_round_rho = {k: [] for k in SCORE_NAMES}
     mc_rho, mc_rel_stderr = [], []
+    flips = {"fp-published": 0, "ee-published": 0}
     sizes = np.array([len(d[1]) for d in data], dtype=float)
     selfish = roles.index("noise-0")  # an honest, good hospital that also lies about its evaluations
     for rnd in range(1, s.rounds + 1):
@@ -266,6 +267,10 @@ def run_once(s: Setting, weighting: str, with_shapley: bool) -> dict:
         game = RoundGame(theta, U[players], w[players], val)
         loo, ioi, delta = game.marginals()
         round_scores = scores_from(loo, ioi, delta)
+        # the published forms rescale by Delta / (a signed sum): a sum of the other sign flips every score
+        mid = (loo + ioi) / 2
+        flips["fp-published"] += int(np.sign(mid.sum()) != np.sign(delta))
+        flips["ee-published"] += int(len(players) >= 2 and np.sign(len(players) * delta - mid.sum()) != np.sign(delta))
         agg = (torch.from_numpy(w[players]) @ U[players])
         round_scores["cos"] = np.array([cosine_to_aggregate(U[i].numpy(), agg.numpy()) for i in players])
         # the selfish hospital's lie: its LOO and IOI each inflated by s.selfish
@@ -300,7 +305,8 @@ def run_once(s: Setting, weighting: str, with_shapley: bool) -> dict:
             "per_round_rho": {k: float(np.nanmean(v)) if v else float("nan") for k, v in per_round_rho.items()},
             "selfish": selfish, "shapley_kind": "exact" if exact else f"monte-carlo ({s.permutations} orders a round)",
             "mc_vs_exact_rho": float(np.nanmean(mc_rho)) if mc_rho else float("nan"),
-            "mc_relative_stderr": float(np.mean(mc_rel_stderr)) if mc_rel_stderr else float("nan")}
+            "mc_relative_stderr": float(np.mean(mc_rel_stderr)) if mc_rel_stderr else float("nan"),
+            "sign_flipped_rounds": {k: v / s.rounds for k, v in flips.items()}}
 
 
 def rank_lowest(scores: np.ndarray, i: int) -> int:
@@ -346,6 +352,7 @@ def main(argv=None) -> int:
             row = {
                 "hospitals": n, "seed": seed, "seconds": time.time() - t0, "shapley_kind": base["shapley_kind"],
                 "mc_vs_exact_rho": base["mc_vs_exact_rho"], "mc_relative_stderr": base["mc_relative_stderr"],
+                "sign_flipped_rounds": base["sign_flipped_rounds"],
                 "rho": {k: spearman(a[k], a["shapley"]) for k in SCORE_NAMES},
                 "rho_per_round": base["per_round_rho"],
                 "flipper_rank": {k: rank_lowest(a[k], flip) for k in (*SCORE_NAMES, "shapley")},
@@ -385,6 +392,8 @@ def print_table(n: int, rows: list[dict], args) -> None:
               f"{_mean_sd([r['mc_relative_stderr'] for r in rows])}")
     elif np.isfinite(rows[0]["mc_relative_stderr"]):
         print(f"Monte-Carlo standard error / mean |phi| per round: {_mean_sd([r['mc_relative_stderr'] for r in rows])}")
+    print("Rounds whose published normalizer had the other sign than the round's gain (every score flipped): "
+          + ", ".join(f"{k} {_mean_sd([r['sign_flipped_rounds'][k] for r in rows])}" for k in ("fp-published", "ee-published")))
     print("| score | Spearman vs multi-round Shapley | mean per-round Spearman | flipper rank (1 = lowest) | free-rider rank | selfish gain |")
     print("|---|---|---|---|---|---|")
     for k in SCORE_NAMES:

@@ -405,11 +405,25 @@ def shapley_exact(values) -> np.ndarray:
 
 def shapley_permutations(n: int, permutations: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Random orders of ``n`` players for :func:`shapley_monte_carlo`, and the coalition masks
-    their prefixes form: ``(permutations, n)`` orders and ``(permutations, n + 1)`` masks, where
-    ``masks[k, j]`` is the coalition of the first ``j`` players of order ``k`` (``masks[k, 0] = 0``).
+    their prefixes form.
+
+    Parameters
+    ----------
+    n : int
+        Players (at most 62: a coalition is an int64 bitmask).
+    permutations : int
+        Orders to draw.
+    seed : int
+        Seed of the draw.
+
+    Returns
+    -------
+    tuple[numpy.ndarray, numpy.ndarray]
+        ``(permutations, n)`` orders and ``(permutations, n + 1)`` masks, where ``masks[k, j]`` is
+        the coalition of the first ``j`` players of order ``k`` (``masks[k, 0] = 0``).
     """
-    if n < 1 or permutations < 1:
-        raise ValueError(f"Monte-Carlo Shapley needs n >= 1 and permutations >= 1, got n={n}, permutations={permutations}")
+    if not 1 <= n <= 62 or permutations < 1:
+        raise ValueError(f"Monte-Carlo Shapley needs 1 <= n <= 62 and permutations >= 1, got n={n}, permutations={permutations}")
     rng = np.random.default_rng(seed)
     orders = np.stack([rng.permutation(n) for _ in range(permutations)])
     masks = np.zeros((permutations, n + 1), dtype=np.int64)

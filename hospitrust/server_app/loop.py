@@ -250,6 +250,7 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
             "evaluation": "central" if evaluator is not None else "federated",
             "clients": record.clients,
             "aggregation_seconds": record.aggregation_seconds,
+            "update_norm": record.update_norm,
             "round_seconds": time.perf_counter() - round_start,
             # where the round's time went: the train exchange (with aggregation), the evaluate exchange, and
             # the server's own evaluation; *_pushed_at are wall-clock stamps (the hospitals' timing is per client)

@@ -82,6 +82,9 @@ class RoundRecord:
     budget_spent : list[dict[str, Any]]
         Hospitals that refused to train because the round would pass their own privacy budget
         (not failed, not rejected): hospital, node id, their spent epsilon, budget and reason.
+    update_norm : float or None
+        L2 norm of the round's aggregated update (how far the global model moved); None when
+        the previous model was kept.
     """
 
     clients: list[dict[str, Any]] = field(default_factory=list)
@@ -90,6 +93,7 @@ class RoundRecord:
     note: str = ""
     evaluation: dict[str, Any] = field(default_factory=dict)
     budget_spent: list[dict[str, Any]] = field(default_factory=list)
+    update_norm: float | None = None
 
 
 #: The reply metric of a hospital whose privacy budget is spent (``hospitrust.privacy.client``).
@@ -333,14 +337,17 @@ class HospitrustStrategy(Strategy):
         if self.adversary is not None:
             updates = self.adversary(server_round, updates, [self._name_of(r.node_id) for r in accepted])
         num_examples = torch.tensor([r.num_examples for r in accepted], dtype=torch.float64, device=self.device)
+        # what each hospital's update (as the rule saw it) and the aggregate weigh: step lengths for the record
+        norms = torch.linalg.vector_norm(updates, dim=1).tolist()
         result = self.aggregate_updates(server_round, updates, num_examples, accepted)
+        record.update_norm = float(torch.linalg.vector_norm(result.update))
 
         new_vec = global_vec + result.update.to(global_vec.dtype)
         template = self._integer_buffers(accepted, result.selected)
         new_state = unflatten_state(new_vec.cpu(), spec, template)
         record.aggregation_seconds = time.perf_counter() - started
         for i, r in enumerate(accepted):
-            extra = {k: v[i] for k, v in result.extra.items()}
+            extra = {"update_norm": norms[i], **{k: v[i] for k, v in result.extra.items()}}
             record.clients.append(
                 self._client_entry(
                     r.node_id, reply=r, weight=float(result.weights[i]), selected=bool(result.selected[i]), **extra
