@@ -165,6 +165,7 @@ class Setting:
     train_subsample: float
     selfish: float
     permutations: int
+    dataset: str = "pneumoniamnist"
 
 
 def scores_from(loo: np.ndarray, ioi: np.ndarray, delta: float) -> dict[str, np.ndarray]:
@@ -219,7 +220,7 @@ def run_once(s: Setting, weighting: str, with_shapley: bool) -> dict:
     (fp, ee, fp-published, ee-published, shapley). ``with_shapley``: the Shapley ground truth every
     round (exact up to EXACT_UP_TO hospitals, Monte-Carlo above, and both at EXACT_UP_TO to state
     the Monte-Carlo error)."""
-    cfg = parse_run_config({"seed": s.seed, "partitioner": "dirichlet", "dirichlet.alpha": 0.5,
+    cfg = parse_run_config({"seed": s.seed, "dataset": s.dataset, "partitioner": "dirichlet", "dirichlet.alpha": 0.5,
                             "train-subsample": s.train_subsample})
     arrays = load_arrays(cfg.federation)
     num_classes = int(arrays.labels["train"].max()) + 1
@@ -316,6 +317,7 @@ def rank_lowest(scores: np.ndarray, i: int) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dataset", default="pneumoniamnist", help="a MedMNIST dataset of the registry (pneumoniamnist, retinamnist)")
     ap.add_argument("--hospitals", type=int, nargs="+", default=[5, 10])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -342,7 +344,7 @@ def main(argv=None) -> int:
         rows = []
         for seed in args.seeds:
             s = Setting(n, args.rounds, seed, args.model, args.local_epochs, args.learning_rate, args.train_subsample,
-                        args.selfish, args.permutations)
+                        args.selfish, args.permutations, args.dataset)
             t0 = time.time()
             base = run_once(s, "fedavg", with_shapley=True)
             weighted = {w: run_once(s, w, with_shapley=False) for w in args.weightings if w != "fedavg"}
@@ -383,7 +385,7 @@ def _mean_sd(vals) -> str:
 
 def print_table(n: int, rows: list[dict], args) -> None:
     kind = rows[0]["shapley_kind"]
-    print(f"\n## {n} hospitals, {args.rounds} rounds, model {args.model}, seeds {args.seeds} "
+    print(f"\n## {args.dataset}, {n} hospitals, {args.rounds} rounds, model {args.model}, seeds {args.seeds} "
           f"(mean ± sd over seeds; Shapley: {kind})")
     if "rho_mc_accumulated" in rows[0]:
         print(f"Monte-Carlo Shapley error at n = {n} ({args.permutations} orders a round) against exact: Spearman of the "

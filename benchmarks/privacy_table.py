@@ -3,8 +3,9 @@
     python benchmarks/privacy_table.py runs/bench/privacy
 
 For every rule, scenario and privacy level (the cells' ``privacy.mode`` / ``privacy.target-epsilon``
-in config.json): the final balanced accuracy (mean ± sample std over seeds), its paired difference to
-the same rule, scenario and seed without DP, and the detection false-positive rate as issue 23 defines
+in config.json): the final balanced accuracy and AUC (mean ± sample std over seeds), their paired
+differences to the same rule, scenario and seed without DP (AUC shows whether a model that predicts
+one class at the default threshold still ranks the images), and the detection false-positive rate as issue 23 defines
 it, from rounds.jsonl: the share of honest hospital-rounds a rule left out (HTA: excluded; Multi-Krum
 and the median have no per-hospital exclusion of their own beyond ``selected``) or, for EARN, weighted
 below half the honest median weight of that round. Cells whose seed lacks its DP-off twin are
@@ -65,6 +66,7 @@ def read_cells(folder: Path) -> list[dict[str, Any]]:
         out.append({"cell": run.name, "strategy": config["strategy"], "attack": config.get("attack", "none"),
                     "seed": int(config["seed"]), "privacy": privacy_level(config),
                     "balanced_accuracy": float(summary["final"]["balanced_accuracy"]),
+                    "auc": float(summary["final"].get("auc", float("nan"))),
                     "fp": fp, "honest": honest,
                     "epsilon": float((summary.get("privacy") or {}).get("max_local_epsilon", 0.0))})
     return out
@@ -79,25 +81,26 @@ def _mean_sd(values: Sequence[float]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """Markdown: rule x scenario x privacy level -> balanced accuracy, its paired cost, FPR."""
-    off = {(r["strategy"], r["attack"], r["seed"]): r["balanced_accuracy"] for r in rows if r["privacy"] == "off"}
+    """Markdown: rule x scenario x privacy level -> balanced accuracy and AUC, their paired cost, FPR."""
+    off = {(r["strategy"], r["attack"], r["seed"]): r for r in rows if r["privacy"] == "off"}
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         groups[(r["strategy"], r["attack"], r["privacy"])].append(r)
     order = {"off": 0}
-    lines = ["| rule | attack | privacy | max epsilon | balanced accuracy | cost vs off (paired) | FPR |",
-             "|---|---|---|---|---|---|---|"]
-    for key in sorted(groups, key=lambda k: (k[0], k[1], order.get(k[2], 1), k[2])):
+    lines = ["| rule | attack | privacy | max epsilon | balanced accuracy | cost vs off (paired) | AUC | AUC cost vs off "
+             "(paired) | FPR |", "|---|---|---|---|---|---|---|---|---|"]
+    for key in sorted(groups, key=lambda k: (k[0], k[1], order.get(k[2], 1), -float(k[2][3:]) if k[2].startswith("eps") else 0)):
         cells = groups[key]
         strategy, attack, level = key
-        bal = [c["balanced_accuracy"] for c in cells]
-        diffs = [c["balanced_accuracy"] - off[(strategy, attack, c["seed"])] for c in cells
+        twins = [(c, off[(strategy, attack, c["seed"])]) for c in cells
                  if level != "off" and (strategy, attack, c["seed"]) in off]
+        cost = {m: [c[m] - twin[m] for c, twin in twins] for m in ("balanced_accuracy", "auc")}
         fp, honest = sum(c["fp"] for c in cells), sum(c["honest"] for c in cells)
         fpr = f"{fp / honest:.3f} ({fp}/{honest})" if honest else "-"
         eps = max(c["epsilon"] for c in cells)
-        lines.append(f"| {strategy} | {attack} | {level} | {eps:.2f} | {_mean_sd(bal)} | "
-                     f"{_mean_sd(diffs) if diffs else '-'} | {fpr} |")
+        lines.append(f"| {strategy} | {attack} | {level} | {eps:.2f} | {_mean_sd([c['balanced_accuracy'] for c in cells])} | "
+                     f"{_mean_sd(cost['balanced_accuracy']) if twins else '-'} | {_mean_sd([c['auc'] for c in cells])} | "
+                     f"{_mean_sd(cost['auc']) if twins else '-'} | {fpr} |")
     return "\n".join(lines)
 
 

@@ -243,7 +243,7 @@ def test_contribution_benchmark_scores_are_efficient_against_exact_and_monte_car
                               "--train-subsample", "0.1", "--weightings", "fedavg", "shapley", "ee-published",
                               "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "## 4 hospitals" in printed and "Shapley: exact" in printed
+    assert "## pneumoniamnist, 4 hospitals" in printed and "Shapley: exact" in printed
     assert "Shapley: monte-carlo (30 orders a round)" in printed
     rows = json.loads(out.read_text())["results"]
     assert [r["hospitals"] for r in rows] == [4, 11]

@@ -419,3 +419,28 @@ def test_central_dp_releases_nothing_in_a_round_with_fewer_updates_than_asked(tm
     assert not second["privacy"]["central"]["released"]
     assert second["privacy"]["central"]["releases"] == 1  # the accountant counts only what was released
     assert second["privacy"]["central"]["epsilon"] == pytest.approx(first["privacy"]["central"]["epsilon"])
+
+
+def test_privacy_table_pairs_each_dp_cell_with_its_seeds_dp_off_twin():
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("privacy_table", REPO / "benchmarks" / "privacy_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+
+    def row(privacy, seed, bal, auc, fp=0, honest=10):
+        return {"strategy": "hta", "attack": "none", "seed": seed, "privacy": privacy, "balanced_accuracy": bal,
+                "auc": auc, "fp": fp, "honest": honest, "epsilon": 0.0 if privacy == "off" else 3.0}
+
+    text = table.table([row("off", 1, 0.8, 0.9), row("off", 2, 0.7, 0.8),
+                        row("eps3", 1, 0.5, 0.85, fp=2), row("eps3", 2, 0.6, 0.6, fp=1)])
+    lines = text.splitlines()
+    assert lines[2].startswith("| hta | none | off |")  # off first, then the DP levels
+    cells = [c.strip() for c in lines[3].strip("|").split("|")]
+    # balanced accuracy 0.5 / 0.6: mean 0.55, sd 0.0707; paired costs -0.3 and -0.1: -0.2 ± 0.141
+    assert cells[4] == "0.550 ± 0.071 (n=2)" and cells[5] == "-0.200 ± 0.141 (n=2)"
+    # AUC 0.85 / 0.6; paired costs -0.05 and -0.2: -0.125 ± 0.106
+    assert cells[6] == "0.725 ± 0.177 (n=2)" and cells[7] == "-0.125 ± 0.106 (n=2)"
+    assert cells[8] == "0.150 (3/20)"
