@@ -23,7 +23,6 @@ import torch
 from hospitrust import metrics
 from hospitrust.config import parse_run_config
 from hospitrust.datasets.federation import load_arrays, simulated_hospital, test_set
-from hospitrust.datasets.base import DatasetInfo
 from hospitrust.datasets.registry import dataset_info
 from hospitrust.models import build_model
 from hospitrust.ops.simulate import app_config_defaults, parse_overrides

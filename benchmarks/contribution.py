@@ -269,9 +269,11 @@ def run_once(s: Setting, weighting: str, with_shapley: bool) -> dict:
         loo, ioi, delta = game.marginals()
         round_scores = scores_from(loo, ioi, delta)
         # the published forms rescale by Delta / (a signed sum): a sum of the other sign flips every score
+        # (a zero gain or a zero sum flips nothing: the scores are 0, or Delta is split equally)
         mid = (loo + ioi) / 2
-        flips["fp-published"] += int(np.sign(mid.sum()) != np.sign(delta))
-        flips["ee-published"] += int(len(players) >= 2 and np.sign(len(players) * delta - mid.sum()) != np.sign(delta))
+        flips["fp-published"] += int(delta * mid.sum() < 0 and abs(mid.sum()) > 1e-15)
+        ee_sum = len(players) * delta - mid.sum()
+        flips["ee-published"] += int(len(players) >= 2 and delta * ee_sum < 0 and abs(ee_sum) > 1e-15)
         agg = (torch.from_numpy(w[players]) @ U[players])
         round_scores["cos"] = np.array([cosine_to_aggregate(U[i].numpy(), agg.numpy()) for i in players])
         # the selfish hospital's lie: its LOO and IOI each inflated by s.selfish
@@ -285,7 +287,7 @@ def run_once(s: Setting, weighting: str, with_shapley: bool) -> dict:
             acc[f"{k}_selfish"][players] += lied[k]
         need_truth = with_shapley or weighting == "shapley"
         if need_truth:
-            if exact and len(players) <= EXACT_UP_TO:
+            if exact:
                 phi = game.shapley_exact()
                 if with_shapley and n == EXACT_UP_TO:  # the Monte-Carlo error, where exact is known
                     mc, err = game.shapley_monte_carlo(s.permutations, s.seed * 1000 + rnd)
@@ -379,8 +381,12 @@ def main(argv=None) -> int:
 
 
 def _mean_sd(vals) -> str:
+    """Mean ± sample standard deviation (ddof 1, as the other tables of benchmarks/), NaN left out."""
     vals = np.asarray(vals, dtype=float)
-    return f"{np.nanmean(vals):.3f} ± {np.nanstd(vals):.3f}"
+    vals = vals[np.isfinite(vals)]
+    if vals.size == 0:
+        return "-"
+    return f"{vals.mean():.3f} ± {vals.std(ddof=1) if vals.size > 1 else 0.0:.3f}"
 
 
 def print_table(n: int, rows: list[dict], args) -> None:

@@ -26,7 +26,8 @@ def run_dirs(grid: Path) -> list[tuple[dict[str, str], Path]]:
     for summary in sorted(grid.glob("cells/*/summary.json")):
         cell = summary.parent
         axes = dict(part.split("=", 1) for part in cell.name.split("__") if "=" in part)
-        warehouses = [p for p in cell.rglob("warehouse.pt") if not any(x.name.startswith("unlearned-") for x in p.parents)]
+        warehouses = sorted(p for p in cell.rglob("warehouse.pt")
+                            if not any(x.name.startswith("unlearned-") for x in p.relative_to(cell).parents))
         if warehouses:
             out.append((axes, warehouses[0].parent))
     return out
@@ -43,22 +44,26 @@ def unlearn_cell(run_dir: Path, hospitals: list[str] | None = None) -> list[dict
     records = []
     for hospital in hospitals or list(plan.hospitals):
         saved = run_dir / f"unlearned-{hospital}" / "unlearning.json"
-        if saved.is_file():
-            result = json.loads(saved.read_text())
-        else:
+        result = json.loads(saved.read_text()) if saved.is_file() else None
+        if result is None or "evaluation" not in result:  # none yet, or one written with --no-evaluate
             try:
                 result = unlearn_run(run_dir, hospital)
-            except (UnlearningError, PlanError, ValueError) as exc:
+            except (UnlearningError, PlanError, ValueError) as exc:  # e.g. a hospital that reached every color
                 records.append({"hospital": hospital, "refused": str(exc)})
                 continue
         ev = result["evaluation"]
-        b, a = ev["before"], ev["after"]
+        b, a = {k: _number(v) for k, v in ev["before"].items()}, {k: _number(v) for k, v in ev["after"].items()}
         records.append({"hospital": hospital, "seconds": float(result["seconds"]), "exact": bool(result["exact"]),
                         "auc_drop": b["auc"] - a["auc"], "accuracy_drop": b["accuracy"] - a["accuracy"],
                         "balanced_accuracy_drop": b["balanced_accuracy"] - a["balanced_accuracy"],
                         "auc_before": b["auc"], "mia_before": b.get("mia_auroc_val", float("nan")),
                         "mia_after": a.get("mia_auroc_val", float("nan"))})
     return records
+
+
+def _number(value) -> float:
+    """A metric from unlearning.json, where NaN is stored as null."""
+    return float("nan") if value is None else float(value)
 
 
 def _ms(xs: list[float], scale: float = 1.0, digits: int = 2) -> str:
@@ -79,7 +84,7 @@ def table(grid: Path, by: list[str], hospitals: list[str] | None = None) -> str:
         groups.setdefault(key, []).extend(unlearn_cell(run_dir, hospitals))
     if not groups:
         raise SystemExit(f"{grid}: no finished FBD cell (cells/*/summary.json beside a warehouse.pt)")
-    lines = [f"| {' | '.join(by)} | unlearned | refused (no donors) | AUC before | AUC loss (points) | accuracy loss "
+    lines = [f"| {' | '.join(by)} | unlearned | refused | AUC before | AUC loss (points) | accuracy loss "
              "(points) | balanced-accuracy loss (points) | set operation (ms) | MIA AUROC before -> after |",
              "|" + "---|" * (len(by) + 8)]
     for key in sorted(groups):

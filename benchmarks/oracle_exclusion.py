@@ -34,7 +34,6 @@ from hospitrust import metrics
 from hospitrust.server_app import results
 from hospitrust.config import parse_run_config
 from hospitrust.datasets.federation import load_arrays, simulated_hospital, test_set
-from hospitrust.datasets.base import DatasetInfo
 from hospitrust.datasets.registry import dataset_info
 from hospitrust.models import build_model
 from hospitrust.bench.backends import run_inprocess_cell

@@ -66,13 +66,19 @@ def read_cells(folder: Path) -> list[dict[str, Any]]:
         out.append({"cell": run.name, "strategy": config["strategy"], "attack": config.get("attack", "none"),
                     "seed": int(config["seed"]), "privacy": privacy_level(config),
                     "balanced_accuracy": float(summary["final"]["balanced_accuracy"]),
-                    "auc": float(summary["final"].get("auc", float("nan"))),
+                    "auc": _number(summary["final"].get("auc")),
                     "fp": fp, "honest": honest,
                     "epsilon": float((summary.get("privacy") or {}).get("max_local_epsilon", 0.0))})
     return out
 
 
+def _number(value: Any) -> float:
+    """A metric from summary.json, where NaN is stored as null."""
+    return float("nan") if value is None else float(value)
+
+
 def _mean_sd(values: Sequence[float]) -> str:
+    values = [v for v in values if math.isfinite(v)]
     if not values:
         return "-"
     if len(values) == 1:
@@ -89,7 +95,16 @@ def table(rows: list[dict[str, Any]]) -> str:
     order = {"off": 0}
     lines = ["| rule | attack | privacy | max epsilon | balanced accuracy | cost vs off (paired) | AUC | AUC cost vs off "
              "(paired) | FPR |", "|---|---|---|---|---|---|---|---|---|"]
-    for key in sorted(groups, key=lambda k: (k[0], k[1], order.get(k[2], 1), -float(k[2][3:]) if k[2].startswith("eps") else 0)):
+    def level_order(level: str) -> tuple[int, str, float]:  # off, then each mode by decreasing epsilon
+        if level in order:
+            return (order[level], "", 0.0)
+        mode, _, eps = level.rpartition("eps")
+        try:
+            return (1, mode, -float(eps))
+        except ValueError:
+            return (1, level, 0.0)
+
+    for key in sorted(groups, key=lambda k: (k[0], k[1], level_order(k[2]))):
         cells = groups[key]
         strategy, attack, level = key
         twins = [(c, off[(strategy, attack, c["seed"])]) for c in cells

@@ -14,9 +14,9 @@ from conftest import REPO
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses in a script look their module up there
+    sys.modules[spec.name] = module  # dataclasses in a script look their module up there (a name no import uses)
     spec.loader.exec_module(module)
     return module
 

@@ -12,12 +12,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from browser import ARTIFACTS, browser, wait_for  # noqa: F401  (browser is a fixture)
-from conftest import REPO, small_run_config
+from conftest import small_run_config
 from hospitrust.ops.console import views
 from hospitrust.ops.console.runs import RunReader
 

@@ -13,7 +13,7 @@ from hospitrust.datasets.federation import partitions, reference_set, simulated_
 from hospitrust.datasets.federation import test_set as central_test_set
 from hospitrust.datasets.local import HospitalDataError, load_local
 from hospitrust.datasets.medmnist_source import dataset_path, load_medmnist
-from hospitrust.datasets.base import DataMissingError, DatasetInfo
+from hospitrust.datasets.base import DataMissingError
 from hospitrust.datasets.registry import dataset_info
 
 

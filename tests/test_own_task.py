@@ -17,7 +17,7 @@ from PIL import Image
 
 from hospitrust.config import parse_run_config
 from hospitrust.datasets.dicom import write_dicom
-from hospitrust.datasets.local import HospitalDataError, RowView, data_card, list_samples, load_local, split_local
+from hospitrust.datasets.local import HospitalDataError, RowView, data_card, load_local, split_local
 from hospitrust.errors import ConfigError
 from hospitrust.ops.inprocess import run_inprocess
 from hospitrust.tasks.augment import augment_batch, parse_augmentation

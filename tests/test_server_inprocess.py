@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 
 from conftest import small_run_config
 from hospitrust.ops.inprocess import InProcessGrid

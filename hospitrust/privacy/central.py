@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Any
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
@@ -84,11 +85,18 @@ class CentralPrivacy(DifferentialPrivacyServerSideFixedClipping):
             why = (f"central DP: {valid} valid updates of the {self.num_sampled_clients} asked; the noise (z C / n) is "
                    "calibrated for all n, so nothing is released this round: kept the previous model")
             record.kept_previous_model, record.note = True, (record.note + "; " if record.note else "") + why
+            record.update_norm = None
             for c in record.clients:
                 c["selected"], c["weight"] = False, 0.0
             log(WARNING, "Round %d: %s", server_round, why)
             return None, metrics
         self._compose(server_round, self.num_sampled_clients)
+        if self.inner.global_state is not None:  # the step as released: Flower's wrapper noised it after the rule
+            from hospitrust.aggregation.vectorize import flatten_state
+
+            before, _ = flatten_state(self.inner.global_state)
+            after, _ = flatten_state(arrays.to_torch_state_dict())
+            record.update_norm = float(torch.linalg.vector_norm(after.double() - before.double()))
         return arrays, metrics
 
     def _compose(self, server_round: int, n: int) -> None:
