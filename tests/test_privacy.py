@@ -419,6 +419,9 @@ def test_central_dp_releases_nothing_in_a_round_with_fewer_updates_than_asked(tm
     assert not second["privacy"]["central"]["released"]
     assert second["privacy"]["central"]["releases"] == 1  # the accountant counts only what was released
     assert second["privacy"]["central"]["epsilon"] == pytest.approx(first["privacy"]["central"]["epsilon"])
+    # the step as released (noise included) is recorded; nothing moved in the kept round
+    assert first["update_norm"] > 0 and second["update_norm"] is None
+    assert all(c["update_norm"] > 0 for c in first["clients"])
 
 
 def test_privacy_table_pairs_each_dp_cell_with_its_seeds_dp_off_twin():
