@@ -329,7 +329,7 @@ def test_published_hta_and_earn_in_a_real_inprocess_run(tmp_path, data_dir, name
 
 
 ISSUE_24_GRIDS = {"fedagain-corruption": 588, "fedagain-corruption-cpu": 147, "contribution-published": 180, "hta-ablation": 288, "fbd-detection": 126,
-                  "fbd-unlearning": 36, "fltrust-root": 42, "earn-threshold": 84}
+                  "fbd-unlearning": 36, "fltrust-root": 42, "privacy-utility": 12, "earn-threshold": 84}
 
 
 @pytest.mark.parametrize("grid", sorted(ISSUE_24_GRIDS))
