@@ -447,3 +447,24 @@ def test_privacy_table_pairs_each_dp_cell_with_its_seeds_dp_off_twin():
     # AUC 0.85 / 0.6; paired costs -0.05 and -0.2: -0.125 ± 0.106
     assert cells[6] == "0.725 ± 0.177 (n=2)" and cells[7] == "-0.125 ± 0.106 (n=2)"
     assert cells[8] == "0.150 (3/20)"
+
+
+def test_privacy_specialist_table_reads_the_specialists_rare_row(monkeypatch):
+    import importlib.util
+
+    from conftest import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("privacy_specialist_table", REPO / "benchmarks" / "privacy_specialist_table.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rounds = [
+        {"clients": [{"hospital": "hospital-0", "holds": [1, 4], "earn_trust": {"4": 1.0}, "rare_row_weight": {"4": 0.5}}]},
+        {"clients": [{"hospital": "hospital-0", "holds": [1], "earn_trust": {"4": 0.0}, "rare_row_weight": {"4": 0.1}}]},
+        {"clients": [{"hospital": "hospital-1", "holds": [4], "earn_trust": {"4": 1.0}}]},  # not the specialist
+    ]
+    assert script.specialist_row(rounds, "hospital-0", 4) == pytest.approx({"held": 0.5, "trust": 0.5, "row_weight": 0.3})
+    rows = [{"strategy": "earn", "seed": 1, "privacy": "off", "rare_f1": 0.4, "held": 1.0, "trust": 1.0, "row_weight": 0.5},
+            {"strategy": "earn", "seed": 1, "privacy": "eps3", "rare_f1": 0.1, "held": 0.5, "trust": 0.5, "row_weight": 0.3}]
+    line = script.table(rows).splitlines()[3]
+    assert line.startswith("| earn | eps3 | 0.100 (n=1) | -0.300 (n=1) | 0.500 (n=1) |")
