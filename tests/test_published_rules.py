@@ -328,7 +328,7 @@ def test_published_hta_and_earn_in_a_real_inprocess_run(tmp_path, data_dir, name
             assert c["holds"] == [k for k, x in enumerate(counts) if x >= 20]
 
 
-ISSUE_24_GRIDS = {"fedagain-corruption": 294, "fedagain-corruption-20": 294, "fedagain-corruption-cpu": 147, "contribution-published": 90, "hta-ablation": 288, "fbd-detection": 126,
+ISSUE_24_GRIDS = {"fedagain-corruption": 588, "fedagain-corruption-cpu": 147, "contribution-published": 90, "hta-ablation": 288, "fbd-detection": 126,
                   "fbd-unlearning": 36, "fltrust-root": 42, "privacy-utility": 12, "earn-threshold": 84}
 
 
