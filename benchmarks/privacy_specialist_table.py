@@ -11,7 +11,6 @@ the row's weight it got (``rare_row_weight``).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -19,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from privacy_table import _mean_sd, _number, privacy_level  # benchmarks/, the script's own folder
+from privacy_table import _mean_sd, _number, finished_cells, privacy_level  # benchmarks/, the script's own folder
 
 
 def specialist_row(rounds: list[dict[str, Any]], hospital: str, label: int) -> dict[str, float]:
@@ -43,11 +42,7 @@ def specialist_row(rounds: list[dict[str, Any]], hospital: str, label: int) -> d
 def read_cells(folder: Path, hospital: str, label: int) -> list[dict[str, Any]]:
     """One row per finished cell under ``folder/cells``."""
     out = []
-    for summary_path in sorted((folder / "cells").glob("*/summary.json")):
-        run = summary_path.parent
-        config = json.loads((run / "config.json").read_text())
-        summary = json.loads(summary_path.read_text())
-        rounds = [json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines() if line.strip()]
+    for _, config, summary, rounds in finished_cells(folder):
         out.append({"strategy": config["strategy"], "seed": int(config["seed"]), "privacy": privacy_level(config),
                     "rare_f1": _number(summary["final"].get("rare_class_macro_f1")),
                     **specialist_row(rounds, hospital, label)})

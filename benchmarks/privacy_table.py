@@ -19,7 +19,7 @@ import math
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +54,18 @@ def false_positive_rate(rounds: Iterable[Mapping[str, Any]], strategy: str) -> t
     return detected, total
 
 
+def finished_cells(folder: Path) -> Iterator[tuple[Path, dict[str, Any], dict[str, Any], list[dict[str, Any]]]]:
+    """(run folder, config.json, summary.json, rounds.jsonl lines) of every finished cell under ``folder/cells``."""
+    for path in sorted((folder / "cells").glob("*/summary.json")):
+        run = path.parent
+        rounds = [json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines() if line.strip()]
+        yield run, json.loads((run / "config.json").read_text()), json.loads(path.read_text()), rounds
+
+
 def read_cells(folder: Path) -> list[dict[str, Any]]:
     """One row per finished cell under ``folder/cells``."""
     out = []
-    for cell in sorted((folder / "cells").glob("*/summary.json")):
-        run = cell.parent
-        config = json.loads((run / "config.json").read_text())
-        summary = json.loads(cell.read_text())
-        rounds = [json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines() if line.strip()]
+    for run, config, summary, rounds in finished_cells(folder):
         fp, honest = false_positive_rate(rounds, config["strategy"])
         out.append({"cell": run.name, "strategy": config["strategy"], "attack": config.get("attack", "none"),
                     "seed": int(config["seed"]), "privacy": privacy_level(config),
