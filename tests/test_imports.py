@@ -108,3 +108,18 @@ def test_the_checker_sees_a_function_local_cycle():
     assert cycles(edges) == [["a", "b"]]
     graph, _ = import_graph()
     assert "hospitrust.server_app.loop" in graph and "hospitrust.fbd.server" in graph["hospitrust.server_app.loop"]
+
+
+def test_the_flower_components_stay_components_whatever_was_imported_first():
+    """``hospitrust.server_app:app`` and ``hospitrust.client_app:app`` are what Flower loads; a
+    submodule named ``app`` would replace the package attribute once imported directly (it did:
+    a test importing ``hospitrust.ops.inprocess`` first made ``server_app.app`` a module)."""
+    import importlib
+
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import ServerApp
+
+    importlib.import_module("hospitrust.server_app.serverapp")
+    importlib.import_module("hospitrust.client_app.clientapp")
+    assert isinstance(importlib.import_module("hospitrust.server_app").app, ServerApp)
+    assert isinstance(importlib.import_module("hospitrust.client_app").app, ClientApp)

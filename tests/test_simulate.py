@@ -63,7 +63,7 @@ def test_a_failing_clientapp_ends_failed_with_nonzero_exit(tmp_path, data_dir):
     (app / "pyproject.toml").write_text(pyproject)
     (app / "broken_client.py").write_text(textwrap.dedent('''
         from flwr.clientapp import ClientApp
-        from hospitrust.client_app.app import describe
+        from hospitrust.client_app.clientapp import describe
 
         app = ClientApp()
         app.query()(describe)

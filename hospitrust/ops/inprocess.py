@@ -91,9 +91,8 @@ def run_inprocess(run_config: dict, num_hospitals: int, reply_filter=None, node_
     """
     from flwr.app import Context, RecordDict
 
-    # the apps themselves (the packages' ``app`` attributes), not the submodules of that name
-    from hospitrust.client_app.app import app as client_app
-    from hospitrust.server_app.app import app as server_app
+    from hospitrust.client_app.clientapp import app as client_app
+    from hospitrust.server_app.serverapp import app as server_app
 
     grid = InProcessGrid(client_app, num_hospitals, run_config, node_configs=node_configs, reply_filter=reply_filter)
     server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=dict(run_config)))

@@ -1,6 +1,6 @@
 """The ServerApp (``hospitrust.server_app:app``) and the server side of a run.
 
-``app`` the Flower component; ``loop`` the rounds; ``discovery`` node ids -> hospitals;
+``serverapp`` the Flower component (``app``); ``loop`` the rounds; ``discovery`` node ids -> hospitals;
 ``records`` per-round and per-run records; ``services`` what rules need of the server
 (central evaluation, the reference cohort); ``checkpoint``; ``results`` the run directory;
 ``secure`` SecAgg+ rounds; ``plots`` trust.png.
@@ -12,9 +12,9 @@ def __getattr__(name: str):
     # Flower loads ``hospitrust.server_app:app``; the ServerApp is imported on first use so that
     # importing one submodule (results, checkpoint) does not import every handler.
     if name == "app":
-        from hospitrust.server_app.app import app
+        from hospitrust.server_app.serverapp import app
 
-        globals()["app"] = app  # the package attribute is the ServerApp, not the submodule of that name
+        globals()["app"] = app
         return app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
