@@ -117,3 +117,31 @@ def test_missing_data_stops_before_flower_with_one_paragraph(tmp_path):
     assert "dermamnist.npz is not in" in res.stderr and "HOSPITRUST_DATA_DIR" in res.stderr
     assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert "SuperLink" not in res.stdout
+
+
+def test_the_staged_app_builds_the_same_bundle_without_the_ignored_folders(tmp_path):
+    """``flwr run`` gets a copy without what ``.gitignore`` excludes (a .venv, runs/): Flower's
+    own build of the copy is byte-identical to its build of the app, here and for this repo."""
+    from flwr.cli.build import build_fab_from_disk
+
+    from hospitrust.ops.flwr import stage_app
+
+    app = tmp_path / "myapp"
+    (app / "hospitrust").mkdir(parents=True)
+    (app / "tasks").mkdir()
+    (app / ".venv" / "lib").mkdir(parents=True)
+    (app / "runs" / "a").mkdir(parents=True)
+    (app / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())
+    (app / ".gitignore").write_text((REPO / ".gitignore").read_text())
+    (app / "hospitrust" / "mod.py").write_text("x = 1\n")
+    (app / "hospitrust" / "mod.pyc").write_bytes(b"\0")
+    (app / "tasks" / "t.toml").write_text("[task]\n")
+    (app / ".venv" / "lib" / "big.py").write_text("y = 2\n")
+    (app / "runs" / "a" / "summary.json").write_text("{}")
+    (app / "hospitrust" / "link.py").symlink_to(app / "hospitrust" / "mod.py")
+    staged = stage_app(app, tmp_path / "stage")
+    assert staged.name == "myapp"
+    assert sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file()) == [
+        ".gitignore", "hospitrust/mod.py", "pyproject.toml", "tasks/t.toml"]
+    assert build_fab_from_disk(staged) == build_fab_from_disk(app)
+    assert build_fab_from_disk(stage_app(REPO, tmp_path / "repo")) == build_fab_from_disk(REPO)

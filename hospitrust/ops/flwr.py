@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -23,6 +24,7 @@ import sys
 import threading
 import time
 import urllib.request
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -216,10 +218,48 @@ def flwr_cli(args: Sequence[str], *, env: dict[str, str] | None = None, cwd: Pat
         raise FlowerProcessError("flwr not found on PATH (pip install 'flwr>=1.42,<2')") from None
 
 
+def stage_app(app: Path, into: Path) -> Path:
+    """A copy of the app's files that its ``.gitignore`` does not exclude, in ``into/<app's name>``.
+
+    ``flwr run`` walks and resolves every file under the app directory before it applies the
+    ``.gitignore``: in a clone with its ``.venv`` and ``runs/`` inside that took 3.8 s of the
+    4.4 s of building the bundle (63,000 files). Walking here prunes the ignored folders; Flower
+    then applies its own include rules to the copy, so the bundle holds the same files.
+    """
+    import pathspec  # Flower's own dependency, used for the same patterns
+
+    app = app.resolve()
+    gitignore = app / ".gitignore"
+    lines = gitignore.read_text(encoding="utf-8").splitlines() if gitignore.is_file() else []
+    with warnings.catch_warnings():  # Flower builds its spec with the same (deprecated) pattern kind
+        warnings.simplefilter("ignore", DeprecationWarning)
+        spec = pathspec.PathSpec.from_lines("gitwildmatch", [ln.strip() for ln in lines
+                                                             if ln.strip() and not ln.strip().startswith("#")])
+    stage = into / app.name
+    if stage.exists():
+        shutil.rmtree(stage)
+    for dirpath, dirnames, filenames in os.walk(app, followlinks=False):
+        rel = Path(dirpath).relative_to(app)
+        # prune in place: ignored folders, git's own, and symlinked folders (Flower skips those too)
+        dirnames[:] = [d for d in dirnames if d != ".git" and not (Path(dirpath) / d).is_symlink()
+                       and not spec.match_file((rel / d).as_posix() + "/")]
+        for name in filenames:
+            src = Path(dirpath) / name
+            if src.is_symlink() or spec.match_file((rel / name).as_posix()):
+                continue
+            dst = stage / rel / name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    return stage
+
+
 def submit_run(app: Path, connection: str, *, run_config: str, env: dict[str, str], cwd: Path,
                federation_config: str | None = None) -> int:
-    """``flwr run APP CONNECTION`` without streaming; the run id, or FlowerProcessError with flwr's output."""
-    args = ["run", str(app), connection, "--run-config", run_config, "--format", "json"]
+    """``flwr run APP CONNECTION`` without streaming, from a staged copy of the app (``stage_app``,
+    in ``cwd``); the run id, or FlowerProcessError with flwr's output.
+    """
+    staged = stage_app(app, Path(cwd) / "app-stage")
+    args = ["run", str(staged), connection, "--run-config", run_config, "--format", "json"]
     if federation_config:
         args[3:3] = ["--federation-config", federation_config]
     res = flwr_cli(args, env=env, cwd=cwd)
