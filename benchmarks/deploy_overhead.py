@@ -90,6 +90,9 @@ def phases(rounds: list[dict]) -> dict[str, float]:
             e_cost = min(e_slow["process-age"], max(0.0, e_slow["started-at"] - t["evaluate_pushed_at"]))
             add("  of which delivery wait", max(0.0, e_slow["started-at"] - e_cost - t["evaluate_pushed_at"]))
             add("  of which reply wait", max(0.0, t["evaluate_pushed_at"] + t["evaluate_seconds"] - e_last))
+        else:  # a round without the hospitals' evaluation (federated-evaluation-every): no waits, per round
+            add("  of which delivery wait", 0.0)
+            add("  of which reply wait", 0.0)
         add("central evaluation", t["central_evaluation_seconds"])
         add("other", r["round_seconds"] - train_s - t["evaluate_seconds"] - t["central_evaluation_seconds"])
     return {k: statistics.mean(v) for k, v in out.items()}
@@ -172,11 +175,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hospitrust-deploy-overhead-") as tmp:
         work = Path(tmp)
         rounds, wall = simulated(work, args.hospitals, run_config)
-        results["simulated"] = {"phases": phases(rounds), "wall": wall}
+        results["simulated"] = {"phases": phases(rounds), "wall": wall, "rounds": [r["round_seconds"] for r in rounds]}
         print(f"simulated: {wall:.1f} s in all", flush=True)
         for launcher in [x.strip() for x in args.launchers.split(",") if x.strip()]:
             rounds, wall = deployed(work, args.hospitals, run_config, launcher, threads)
-            results[f"deployed ({launcher})"] = {"phases": phases(rounds), "wall": wall}
+            results[f"deployed ({launcher})"] = {"phases": phases(rounds), "wall": wall,
+                                                 "rounds": [r["round_seconds"] for r in rounds]}
             print(f"deployed ({launcher}): {wall:.1f} s from submit to finished", flush=True)
     names = list(results)
     keys = list(dict.fromkeys(k for r in results.values() for k in r["phases"]))
@@ -185,6 +189,8 @@ def main() -> None:
     print(f"{'phase':<32}" + "".join(f"{n:>20}" for n in names))
     for k in keys:
         print(f"{k:<32}" + "".join(f"{results[n]['phases'].get(k, float('nan')):>20.2f}" for n in names))
+    for n in names:
+        print(f"{n}: each round's seconds {' '.join(f'{x:.2f}' for x in results[n]['rounds'])}")
     sim = results["simulated"]["phases"]["round"]
     for n in names[1:]:
         p = results[n]["phases"]

@@ -57,6 +57,12 @@ def test_pyproject_and_the_config_reference_are_generated_from_the_options():
         ({"hta.exclusion-fraction": 0.4, "strategy": "krum"}, ["hta.exclusion-fraction", "selected strategy is 'krum'"]),
         ({"dirichlet.alpha": 0.1, "partitioner": "iid"}, ["dirichlet.alpha", "selected partitioner is 'iid'"]),
         ({"scaling.gamma": 3.0, "attack": "sign-flip"}, ["scaling.gamma", "selected attack is 'sign-flip'"]),
+        ({"federated-evaluation-every": 0}, ["federated-evaluation-every", "greater than or equal to 1"]),
+        ({"federated-evaluation-every": 2, "server-data.evaluation": "federated"},
+         ["federated-evaluation-every = 2", "no server test set", "set it to 1"]),
+        ({"federated-evaluation-every": 3, "contribution-scoring.enabled": True},
+         ["federated-evaluation-every = 3", "contribution-scoring.enabled", "set it to 1"]),
+        ({"federated-evaluation-every": 2, "strategy": "fbd"}, ["federated-evaluation-every = 2", "strategy 'fbd'"]),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(overrides, fragments):

@@ -58,6 +58,31 @@ def test_full_run_writes_every_result_file(tmp_path, data_dir):
     assert "classifier.4.weight" in state
 
 
+def test_federated_evaluation_every_skips_the_hospitals_evaluation_and_not_the_training(tmp_path, data_dir):
+    """federated-evaluation-every = 2 over 3 rounds: the hospitals evaluate in rounds 2 and 3 (the
+    last) only, and the model is the one of a run that evaluates every round."""
+    from flwr.app import MessageType
+
+    asked: list[tuple[int, str]] = []
+
+    def count(index, incoming, reply):
+        if incoming.metadata.message_type in (MessageType.TRAIN, MessageType.EVALUATE):
+            asked.append((int(incoming.content["config"]["server-round"]), incoming.metadata.message_type))
+        return reply
+
+    sparse, _ = _run(tmp_path / "sparse", reply_filter=count, **{"num-server-rounds": 3, "federated-evaluation-every": 2})
+    every, _ = _run(tmp_path / "every", **{"num-server-rounds": 3})
+    assert sorted(set(asked)) == [(1, MessageType.TRAIN), (2, MessageType.EVALUATE), (2, MessageType.TRAIN),
+                                  (3, MessageType.EVALUATE), (3, MessageType.TRAIN)]
+    rounds = read_rounds(sparse)
+    assert [r["hospitals_evaluated"] for r in rounds] == [False, True, True]
+    assert rounds[0]["hospital_accuracy"] == {} and rounds[0]["fairness"] is None
+    assert rounds[2]["fairness"] == read_rounds(every)[2]["fairness"]
+    assert read_summary(sparse)["fairness"] == rounds[2]["fairness"]
+    a, b = torch.load(sparse / "model.pt"), torch.load(every / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_same_seed_same_result(tmp_path, data_dir):
     a, _ = _run(tmp_path / "a")
     b, _ = _run(tmp_path / "b")

@@ -37,7 +37,7 @@ from hospitrust.models.training import TrainOptions
 from hospitrust.options import Options, OptionsError, memo_key
 from hospitrust.privacy.options import PrivacyOptions, check_privacy_settings
 from hospitrust.server_app.secure import SecAggOptions
-from hospitrust.server_app.server_data import ServerDataOptions, check_server_data
+from hospitrust.server_app.server_data import ServerDataOptions, check_server_data, evaluation_mode
 from hospitrust.tasks.task import TaskOptions
 from hospitrust.strategies.registry import STRATEGIES, StrategyError, strategy_class
 
@@ -54,6 +54,11 @@ class CoreOptions(Options):
         "'package.module:Class'."
     ))
     fraction_train: float = Field(1.0, gt=0.0, le=1.0, description="Share of hospitals asked to train each round.")
+    federated_evaluation_every: int = Field(1, ge=1, description=(
+        "Rounds between the hospitals' own evaluations of the global model (per-hospital accuracy, fairness); "
+        "the last round is always evaluated. Above 1 a deployed round saves one exchange with its SuperNodes' "
+        "polling waits (docs/deployment.md); needs a server test set, and no contribution scoring."
+    ))
     min_hospitals: int = Field(2, ge=1, description="Fewest valid replies a round needs to update the model.")
     reply_timeout: float = Field(600.0, gt=0.0, description="Seconds a round waits for hospitals' replies.")
     seed: int = Field(42, ge=0, description="Seeds partitions, model init, sampling and local training.")
@@ -408,6 +413,16 @@ def cross_checks(cfg: RunConfig) -> list[str]:
     except ValueError as err:
         out.append(str(err))
     out += check_privacy_settings(cfg)
+    if cfg.federated_evaluation_every > 1:  # rounds without the hospitals' evaluation replies
+        every = f"federated-evaluation-every = {cfg.federated_evaluation_every}"
+        if evaluation_mode(cfg) == "federated":
+            out.append(f"{every}: this run has no server test set, so every round's metrics are the hospitals' "
+                       "evaluations (federated evaluation): set it to 1, or give the server a test set")
+        if cfg.contribution_scoring.enabled:
+            out.append(f"{every}: contribution-scoring.enabled scores every round from the hospitals' evaluations: "
+                       "set it to 1")
+        if cfg.strategy == "fbd":
+            out.append(f"{every}: strategy 'fbd' runs its own evaluation every round: set it to 1")
     return out
 
 

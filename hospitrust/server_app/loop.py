@@ -226,12 +226,14 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
         fail_if_every_hospital_crashed(rnd, strategy.records[rnd].clients, len(asked))
         if new_arrays is not None:
             arrays = new_arrays
-        eval_messages = list(strategy.configure_evaluate(rnd, arrays, evaluate_config, grid))
+        # the hospitals evaluate every federated-evaluation-every rounds, and always the last one
+        hospitals_evaluate = rnd % cfg.federated_evaluation_every == 0 or rnd == cfg.num_server_rounds
+        eval_messages = list(strategy.configure_evaluate(rnd, arrays, evaluate_config, grid)) if hospitals_evaluate else []
         if contribution is not None:
             eval_messages = contribution.ask(rnd, strategy.records[rnd], eval_messages)
         train_seconds = time.time() - train_pushed_at  # push, the hospitals' work, replies, aggregation
         evaluate_pushed_at = time.time()
-        eval_replies = exchange(grid, eval_messages, cfg.reply_timeout)
+        eval_replies = exchange(grid, eval_messages, cfg.reply_timeout) if eval_messages else []
         evaluate_seconds = time.time() - evaluate_pushed_at
         strategy.aggregate_evaluate(rnd, eval_replies)
         central_started = time.perf_counter()
@@ -248,6 +250,7 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
             "round": rnd,
             "central": central,
             "evaluation": "central" if evaluator is not None else "federated",
+            "hospitals_evaluated": hospitals_evaluate,
             "clients": record.clients,
             "aggregation_seconds": record.aggregation_seconds,
             "update_norm": record.update_norm,
