@@ -23,6 +23,11 @@ seconds per round (rounds after the first, which pays the one-off start-up of ea
   poll, transfer, the ServerApp's poll);
 - **aggregation**, **evaluate exchange** (federated evaluation), **central evaluation**, other.
 
+**round** is the period from one round's record to the next. Deployed, the next round's train
+messages go out together with this round's evaluation (``server_app.transport.pipelines``), so
+there the train exchange's delivery wait includes the hospitals' evaluation of the last round,
+and the phases overlap rather than add up to the round.
+
 Flower's own fixed waits (the SuperNode polls the SuperLink every 3 s when idle and checks for
 its ClientApp's reply every 0.5 s: ``flwr/supernode/start_client_internal.py``) are inside the
 delivery and reply waits of both exchanges; their sum is printed on its own line, and the
@@ -55,6 +60,16 @@ def read_rounds(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line.strip()]
 
 
+def periods(rounds: list[dict]) -> list[float]:
+    """Each round's period: from the previous round's record to its own (round 1: its round_seconds)."""
+    out, before = [], None
+    for r in rounds:
+        now = (r.get("timing") or {}).get("finished_at")
+        out.append(now - before if before is not None and now is not None else r["round_seconds"])
+        before = now
+    return out
+
+
 def phases(rounds: list[dict]) -> dict[str, float]:
     """Mean seconds per round of each phase, over the rounds after the first."""
     rows = rounds[1:] or rounds
@@ -63,10 +78,13 @@ def phases(rounds: list[dict]) -> dict[str, float]:
     def add(key: str, value: float) -> None:
         out.setdefault(key, []).append(float(value))
 
+    # a round's period, not its round_seconds: the next round's train messages may go out with
+    # this round's evaluation, and round_seconds overlap there
+    period = dict(zip([r["round"] for r in rounds], periods(rounds)))
     for r in rows:
         t = r.get("timing") or {}
         clients = [c["timing"] for c in r["clients"] if c.get("timing")]
-        add("round", r["round_seconds"])
+        add("round", period[r["round"]])
         if not clients or "train_pushed_at" not in t:
             continue
         pushed, train_s = t["train_pushed_at"], t["train_seconds"]
@@ -175,12 +193,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hospitrust-deploy-overhead-") as tmp:
         work = Path(tmp)
         rounds, wall = simulated(work, args.hospitals, run_config)
-        results["simulated"] = {"phases": phases(rounds), "wall": wall, "rounds": [r["round_seconds"] for r in rounds]}
+        results["simulated"] = {"phases": phases(rounds), "wall": wall, "rounds": periods(rounds)}
         print(f"simulated: {wall:.1f} s in all", flush=True)
         for launcher in [x.strip() for x in args.launchers.split(",") if x.strip()]:
             rounds, wall = deployed(work, args.hospitals, run_config, launcher, threads)
             results[f"deployed ({launcher})"] = {"phases": phases(rounds), "wall": wall,
-                                                 "rounds": [r["round_seconds"] for r in rounds]}
+                                                 "rounds": periods(rounds)}
             print(f"deployed ({launcher}): {wall:.1f} s from submit to finished", flush=True)
     names = list(results)
     keys = list(dict.fromkeys(k for r in results.values() for k in r["phases"]))
@@ -190,7 +208,7 @@ def main() -> None:
     for k in keys:
         print(f"{k:<32}" + "".join(f"{results[n]['phases'].get(k, float('nan')):>20.2f}" for n in names))
     for n in names:
-        print(f"{n}: each round's seconds {' '.join(f'{x:.2f}' for x in results[n]['rounds'])}")
+        print(f"{n}: each round's period, seconds {' '.join(f'{x:.2f}' for x in results[n]['rounds'])}")
     sim = results["simulated"]["phases"]["round"]
     for n in names[1:]:
         p = results[n]["phases"]

@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.common import log
 from flwr.serverapp import Grid
 
@@ -40,7 +40,7 @@ from hospitrust.server_app.services import CentralEvaluator, strategy_from_confi
 from hospitrust.strategies.base import RoundRecord
 from hospitrust.tasks.model import load_pretrained, task_model
 from hospitrust.tasks.task import TASK_KEY, Task, resolve_task
-from hospitrust.server_app.transport import exchange
+from hospitrust.server_app.transport import Sent, pipelines
 
 RUN_DIR_LOCK_TIMEOUT = 300.0  # seconds a resumed run waits for the stopped run's ServerApp to exit
 
@@ -212,13 +212,24 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
     secure = (SecureTrainRound(cfg.secagg, hospitals, strategy.train_config, reply_timeout=cfg.reply_timeout,
                                min_hospitals=cfg.min_hospitals, train_sizes=[sum(r["train"]) for r in rows])
               if cfg.secagg.enabled else None)
+    # on a deployed grid the next round's train messages go out with this round's evaluation (one idle
+    # SuperNode poll a round instead of two); not with SecAgg+ (its own stages), contribution scoring
+    # (it asks with the evaluation) or central DP (Flower's wrapper keeps the round's sample size)
+    pipelined = pipelines(grid) and secure is None and contribution is None and central_dp is None
+    ahead: tuple[float, list[str], float, list[Message], Sent] | None = None  # this round's, pushed already
     for rnd in range(len(history) + 1, cfg.num_server_rounds + 1):
-        round_start = time.perf_counter()
-        offline = offline_hospitals(rnd, grid, strategy.hospitals)
-        train_pushed_at = time.time()
+        if ahead is not None:
+            round_start, offline, train_pushed_at, messages, sent = ahead
+            ahead = None
+        else:
+            round_start = time.perf_counter()
+            offline = offline_hospitals(rnd, grid, strategy.hospitals)
+            train_pushed_at = time.time()
+            if secure is None:
+                messages = list(trainer.configure_train(rnd, arrays, train_config, grid))
+                sent = Sent(grid, messages, cfg.reply_timeout)
         if secure is None:
-            messages = list(trainer.configure_train(rnd, arrays, train_config, grid))
-            replies = exchange(grid, messages, cfg.reply_timeout)
+            replies = sent.replies()
             new_arrays, _ = trainer.aggregate_train(rnd, replies)
             asked = [m.metadata.dst_node_id for m in messages]
         else:
@@ -233,7 +244,15 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
             eval_messages = contribution.ask(rnd, strategy.records[rnd], eval_messages)
         train_seconds = time.time() - train_pushed_at  # push, the hospitals' work, replies, aggregation
         evaluate_pushed_at = time.time()
-        eval_replies = exchange(grid, eval_messages, cfg.reply_timeout) if eval_messages else []
+        eval_sent = Sent(grid, eval_messages, cfg.reply_timeout)
+        checkpoint_state = strategy.state_dict() if cfg.checkpoint else None  # before the next round samples
+        if pipelined and rnd < cfg.num_server_rounds:
+            next_start, next_pushed_at = time.perf_counter(), time.time()
+            next_offline = offline_hospitals(rnd + 1, grid, strategy.hospitals)
+            next_messages = list(trainer.configure_train(rnd + 1, arrays, train_config, grid))
+            ahead = (next_start, next_offline, next_pushed_at, next_messages,
+                     Sent(grid, next_messages, cfg.reply_timeout))
+        eval_replies = eval_sent.replies()
         evaluate_seconds = time.time() - evaluate_pushed_at
         strategy.aggregate_evaluate(rnd, eval_replies)
         central_started = time.perf_counter()
@@ -260,6 +279,7 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
             "timing": {"train_pushed_at": train_pushed_at, "train_seconds": train_seconds,
                        "evaluate_pushed_at": evaluate_pushed_at, "evaluate_seconds": evaluate_seconds,
                        "central_evaluation_seconds": time.perf_counter() - central_started,
+                       "finished_at": time.time(), "next_round_pushed_with_evaluation": ahead is not None,
                        "evaluate_clients": reply_timing(eval_replies, strategy.hospitals)},
             "asked": len(asked),
             "missing": missing,
@@ -282,7 +302,8 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
         log(INFO, "%s", _progress_line(rnd, cfg.num_server_rounds, central, valid, len(asked), round_record["round_seconds"]))
         if cfg.checkpoint:
             save_checkpoint(run_dir.path, round=rnd, model_state=arrays.to_torch_state_dict(),
-                            strategy_name=cfg.strategy, strategy_state=strategy.state_dict(), config=cfg.to_flat(),
+                            strategy_name=cfg.strategy, strategy_state=checkpoint_state if checkpoint_state is not None else strategy.state_dict(),
+                            config=cfg.to_flat(),
                             history=history, flags_per_round=flags_per_round, resumed_at=resumed_at)
 
     final_state = arrays.to_torch_state_dict()

@@ -19,6 +19,50 @@ from flwr.serverapp import Grid
 POLL_SECONDS = 0.1
 
 
+def pipelines(grid: Grid) -> bool:
+    """Whether the next round's train messages may go out together with this round's evaluation.
+
+    A SuperNode takes one message at a time, and pulls again as soon as it has replied: with the
+    train messages already there it does not sleep its idle 3 s between the two. The in-process
+    grid runs them one at a time too (in push order). Flower's simulation engine may run two
+    messages of one node at once on two Ray actors, each with a copy of the node's context, so
+    the second to finish would overwrite the first's state: not there (nor is there a sleep to save).
+    """
+    return type(grid).__name__ in ("HttpGrid", "InProcessGrid")
+
+
+class Sent:
+    """Messages pushed now; ``replies()`` pulls theirs until all arrived or ``timeout`` seconds
+    after the push passed (the deadline runs from the push, also when pulling starts later).
+
+    On the simulation's grid the messages go out with ``send_and_receive`` when ``replies()`` is
+    called (its own wait), as they did before pipelining.
+    """
+
+    def __init__(self, grid: Grid, messages: Iterable[Message], timeout: float | None) -> None:
+        self.grid, self.messages, self.timeout = grid, list(messages), timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.ids = list(grid.push_messages(self.messages)) if self.messages and pipelines(grid) else []
+
+    def replies(self) -> list[Message]:
+        if not self.messages:
+            return []
+        if not pipelines(self.grid):
+            return list(self.grid.send_and_receive(self.messages, timeout=self.timeout))
+        if type(self.grid).__name__ != "HttpGrid":  # the in-process grid answers in one pull
+            return list(self.grid.pull_messages(self.ids))
+        pending = set(self.ids)
+        replies: list[Message] = []
+        while pending:
+            got = list(self.grid.pull_messages(pending))
+            replies += got
+            pending -= {m.metadata.reply_to_message_id for m in got}
+            if not pending or (self.deadline is not None and time.monotonic() >= self.deadline):
+                break
+            time.sleep(POLL_SECONDS)
+        return replies
+
+
 def exchange(grid: Grid, messages: Iterable[Message], timeout: float | None) -> list[Message]:
     """Push ``messages`` and pull their replies until all arrived or ``timeout`` seconds passed.
 
@@ -38,14 +82,4 @@ def exchange(grid: Grid, messages: Iterable[Message], timeout: float | None) -> 
     """
     if type(grid).__name__ != "HttpGrid":  # only the deployed Grid sleeps 3 s between pulls
         return list(grid.send_and_receive(messages, timeout=timeout))
-    pending = set(grid.push_messages(messages))
-    deadline = None if timeout is None else time.monotonic() + timeout
-    replies: list[Message] = []
-    while pending:
-        got = list(grid.pull_messages(pending))
-        replies += got
-        pending -= {m.metadata.reply_to_message_id for m in got}
-        if not pending or (deadline is not None and time.monotonic() >= deadline):
-            break
-        time.sleep(POLL_SECONDS)
-    return replies
+    return Sent(grid, messages, timeout).replies()
