@@ -60,7 +60,10 @@ class CoreOptions(Options):
         "polling waits (docs/deployment.md); needs a server test set, and no contribution scoring."
     ))
     min_hospitals: int = Field(2, ge=1, description="Fewest valid replies a round needs to update the model.")
-    reply_timeout: float = Field(600.0, gt=0.0, description="Seconds a round waits for hospitals' replies.")
+    reply_timeout: float = Field(600.0, gt=0.0, description=(
+        "Seconds an exchange waits for hospitals' replies, from its push (deployed, a round's train messages go"
+        " out with the previous round's evaluation, so that evaluation's time counts in it)."
+    ))
     seed: int = Field(42, ge=0, description="Seeds partitions, model init, sampling and local training.")
     assumed_malicious: int = Field(1, ge=0, description=(
         "f, the attackers the robust rules are sized for (trimmed-mean, krum, multi-krum, bulyan)."
