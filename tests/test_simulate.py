@@ -119,6 +119,7 @@ def test_missing_data_stops_before_flower_with_one_paragraph(tmp_path):
     assert "SuperLink" not in res.stdout
 
 
+@pytest.mark.filterwarnings("ignore:GitWildMatchPattern:DeprecationWarning")  # Flower's own build, twice
 def test_the_staged_app_builds_the_same_bundle_without_the_ignored_folders(tmp_path):
     """``flwr run`` gets a copy without what ``.gitignore`` excludes (a .venv, runs/): Flower's
     own build of the copy is byte-identical to its build of the app, here and for this repo."""
