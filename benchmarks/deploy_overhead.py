@@ -53,6 +53,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from hospitrust.ops import deploy, flwr  # noqa: E402
+from hospitrust.server_app.results import round_periods  # noqa: E402
 from hospitrust.ops.simulate import size_resources  # noqa: E402
 
 
@@ -62,12 +63,7 @@ def read_rounds(run_dir: Path) -> list[dict]:
 
 def periods(rounds: list[dict]) -> list[float]:
     """Each round's period: from the previous round's record to its own (round 1: its round_seconds)."""
-    out, before = [], None
-    for r in rounds:
-        now = (r.get("timing") or {}).get("finished_at")
-        out.append(now - before if before is not None and now is not None else r["round_seconds"])
-        before = now
-    return out
+    return round_periods(rounds)
 
 
 def phases(rounds: list[dict]) -> dict[str, float]:

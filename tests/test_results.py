@@ -57,3 +57,16 @@ def test_the_config_reference_documents_every_run_config_key():
     reference = (Path(__file__).resolve().parent.parent / "docs" / "config.md").read_text()
     missing = [k for k in known_keys() if f"`{k}`" not in reference]
     assert not missing, f"docs/config.md lacks run config keys {missing} (run `hospitrust config generate`)"
+
+
+def test_round_periods_by_hand():
+    """Rounds that overlap (the next round's train messages out with this round's evaluation):
+    round_seconds 5, 9, 9 add up to 23 s, the run took 5 + 7 + 4 = 16 s, record to record."""
+    from hospitrust.server_app.results import round_periods
+
+    rounds = [{"round": 1, "round_seconds": 5.0, "timing": {"finished_at": 100.0}},
+              {"round": 2, "round_seconds": 9.0, "timing": {"finished_at": 107.0}},
+              {"round": 3, "round_seconds": 9.0, "timing": {"finished_at": 111.0}}]
+    assert round_periods(rounds) == [5.0, 7.0, 4.0]
+    # a run written before the stamps: its round_seconds
+    assert round_periods([{"round": 1, "round_seconds": 2.5}, {"round": 2, "round_seconds": 3.0}]) == [2.5, 3.0]

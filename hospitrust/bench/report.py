@@ -433,7 +433,7 @@ def section_findings(data: ReportData) -> Section | None:
 def section_overhead(data: ReportData) -> Section:
     sec = Section("Where the time went", "Per cell: wall time of the cell (measured by the bench worker; for a folder "
                   "of runs without bench.jsonl, the run's own wall_seconds), time inside rounds (local training, "
-                  "aggregation, federated and central evaluation: the sum of round_seconds), and the rest: start-up, "
+                  "aggregation, federated and central evaluation: the sum of the rounds' periods, record to record), and the rest: start-up, "
                   "data loading and partitioning, model init, the query round, writing results.")
     table = overhead_table(data.cells)
     if len(table):

@@ -26,6 +26,7 @@ import pandas as pd
 
 from hospitrust.bench.events import read_events
 from hospitrust.config import legacy
+from hospitrust.server_app.results import round_periods
 
 ALWAYS = ("strategy", "attack", "malicious-fraction", "seed", "dataset", "partitioner", "dirichlet.alpha",
           "num-server-rounds")
@@ -134,7 +135,7 @@ def collect(grid_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
             assert summary_path is not None  # status done: the file is there
             summary = json.loads(summary_path.read_text())
             final, sec, fair = summary.get("final", {}), summary.get("security") or {}, summary.get("fairness") or {}
-            train = sum(_num(r.get("round_seconds")) for r in rounds if r.get("round_seconds") is not None)
+            train = sum(round_periods(rounds))  # round_seconds overlap where rounds do
             ev = done_events.get(name, {})
             if ev.get("seconds") is None:  # no event, or one logged late without its timing
                 ev = {}

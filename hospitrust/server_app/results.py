@@ -167,6 +167,21 @@ def read_rounds(run_dir: str | Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
+def round_periods(rounds: list[dict[str, Any]]) -> list[float]:
+    """Each round's period: from the previous round's record to its own (``timing.finished_at``);
+    the first round, and a round without the stamps (older runs), count their ``round_seconds``.
+    On a deployed or in-process grid the next round's train messages go out with this round's
+    evaluation, so ``round_seconds`` overlap there and do not add up to the run's time; periods do.
+    """
+    out: list[float] = []
+    before = None
+    for r in rounds:
+        now = (r.get("timing") or {}).get("finished_at")
+        out.append(float(now - before) if before is not None and now is not None else float(r.get("round_seconds") or 0.0))
+        before = now
+    return out
+
+
 def late_mean(rounds: list[dict[str, Any]], metric: str, last: int) -> float | None:
     """A central metric averaged over the last ``last`` rounds that report it (None if none do).
     At a small budget the model swings by several points from round to round, so the final
