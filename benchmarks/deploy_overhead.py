@@ -61,11 +61,6 @@ def read_rounds(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line.strip()]
 
 
-def periods(rounds: list[dict]) -> list[float]:
-    """Each round's period: from the previous round's record to its own (round 1: its round_seconds)."""
-    return round_periods(rounds)
-
-
 def phases(rounds: list[dict]) -> dict[str, float]:
     """Mean seconds per round of each phase, over the rounds after the first."""
     rows = rounds[1:] or rounds
@@ -76,7 +71,7 @@ def phases(rounds: list[dict]) -> dict[str, float]:
 
     # a round's period, not its round_seconds: the next round's train messages may go out with
     # this round's evaluation, and round_seconds overlap there
-    period = dict(zip([r["round"] for r in rounds], periods(rounds)))
+    period = dict(zip([r["round"] for r in rounds], round_periods(rounds)))
     for r in rows:
         t = r.get("timing") or {}
         clients = [c["timing"] for c in r["clients"] if c.get("timing")]
@@ -127,7 +122,7 @@ def idle_waits(rounds: list[dict]) -> float:
     whether or not the next round's train messages overlap this round's evaluation.
     """
     out = []
-    for r, period in list(zip(rounds, periods(rounds)))[1:]:
+    for r, period in list(zip(rounds, round_periods(rounds)))[1:]:
         t = r.get("timing") or {}
         busy: dict[str, float] = {}
         for c in r["clients"]:
@@ -213,13 +208,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hospitrust-deploy-overhead-") as tmp:
         work = Path(tmp)
         rounds, wall = simulated(work, args.hospitals, run_config)
-        results["simulated"] = {"phases": phases(rounds), "wall": wall, "rounds": periods(rounds),
+        results["simulated"] = {"phases": phases(rounds), "wall": wall, "rounds": round_periods(rounds),
                                 "idle": idle_waits(rounds)}
         print(f"simulated: {wall:.1f} s in all", flush=True)
         for launcher in [x.strip() for x in args.launchers.split(",") if x.strip()]:
             rounds, wall = deployed(work, args.hospitals, run_config, launcher, threads)
             results[f"deployed ({launcher})"] = {"phases": phases(rounds), "wall": wall,
-                                                 "rounds": periods(rounds), "idle": idle_waits(rounds)}
+                                                 "rounds": round_periods(rounds), "idle": idle_waits(rounds)}
             print(f"deployed ({launcher}): {wall:.1f} s from submit to finished", flush=True)
     names = list(results)
     keys = list(dict.fromkeys(k for r in results.values() for k in r["phases"]))

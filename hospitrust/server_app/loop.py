@@ -302,7 +302,7 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
         log(INFO, "%s", _progress_line(rnd, cfg.num_server_rounds, central, valid, len(asked), round_record["round_seconds"]))
         if cfg.checkpoint:
             save_checkpoint(run_dir.path, round=rnd, model_state=arrays.to_torch_state_dict(),
-                            strategy_name=cfg.strategy, strategy_state=checkpoint_state if checkpoint_state is not None else strategy.state_dict(),
+                            strategy_name=cfg.strategy, strategy_state=cast(dict[str, Any], checkpoint_state),  # taken when cfg.checkpoint
                             config=cfg.to_flat(),
                             history=history, flags_per_round=flags_per_round, resumed_at=resumed_at)
 

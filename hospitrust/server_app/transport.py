@@ -4,7 +4,8 @@ Flower 1.42's deployed Grid (``HttpGrid.send_and_receive``) sleeps a fixed 3 s b
 every exchange with SuperNodes waits up to 3 s after the last reply arrived (two exchanges a
 round). The ServerApp pushes and pulls through the Grid's own ``push_messages`` /
 ``pull_messages`` instead, polling every ``POLL_SECONDS`` (same semantics: replies until all
-arrived or ``timeout``). Other grids (simulation's, the in-process one) keep their own.
+arrived or ``timeout``), as does the in-process grid; the simulation's grid keeps its own
+``send_and_receive``.
 """
 
 from __future__ import annotations
@@ -80,6 +81,4 @@ def exchange(grid: Grid, messages: Iterable[Message], timeout: float | None) -> 
     list[Message]
         The replies that arrived.
     """
-    if type(grid).__name__ != "HttpGrid":  # only the deployed Grid sleeps 3 s between pulls
-        return list(grid.send_and_receive(messages, timeout=timeout))
     return Sent(grid, messages, timeout).replies()
