@@ -97,3 +97,15 @@ def small_run_config(tmp_path: Path, **overrides) -> dict:
     )
     cfg.update(overrides)
     return cfg
+
+
+@pytest.fixture(scope="session")
+def federation(tmp_path_factory, _medmnist_problem):
+    """The deployed federation the real-process tests share (tests/federation.py): started on first use."""
+    if _medmnist_problem:
+        pytest.fail(_medmnist_problem, pytrace=False)
+    from federation import start_federation
+
+    gen = start_federation(tmp_path_factory.mktemp("deploy"))
+    yield next(gen)
+    gen.close()

@@ -114,7 +114,9 @@ def test_superlink_dry_run_and_missing_certificates(tmp_path):
     deploy.create_server_cert(ca, ca_key, certs, ["127.0.0.1"])
     rc, out, _ = _cli("deploy", "superlink", "--certs", str(certs), "--database", str(tmp_path / "db" / "s.db"),
                       "--host", "127.0.0.1", "--port", "19999", "--dry-run")
-    assert rc == 0 and "--enable-supernode-auth" in out and "--port 19999" in out
+    # the SuperLink on its own loopback port; the hospitals' port is nginx's
+    assert rc == 0 and "--enable-supernode-auth" in out and "--host 127.0.0.1 --port 9092" in out
+    assert "listen 127.0.0.1:19999 ssl;" in out
 
 
 def test_register_rejects_a_file_that_is_not_a_public_key(tmp_path):

@@ -27,6 +27,7 @@ import urllib.request
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 
@@ -189,7 +190,18 @@ def write_local_connection(flwr_home: Path, name: str, port: int) -> Path:
     return path
 
 
-def wait_healthy(address: str, *, ca: Path | None = None, timeout: float = 60.0, proc: FlowerProcess | None = None) -> None:
+class Watched(Protocol):
+    """What ``wait_healthy`` watches while it waits: a ``FlowerProcess``, or a plain Popen with a name."""
+
+    name: str
+    popen: subprocess.Popen
+
+    def alive(self) -> bool: ...
+
+    def log_tail(self, chars: int = 3000) -> str: ...
+
+
+def wait_healthy(address: str, *, ca: Path | None = None, timeout: float = 60.0, proc: Watched | None = None) -> None:
     """Until ``http(s)://ADDRESS/health`` answers 200 (verified against ``ca`` when given), or raise."""
     context = ssl.create_default_context(cafile=str(ca)) if ca else None
     scheme = "https" if ca else "http"

@@ -4,9 +4,13 @@ Operator (runs the SuperLink):
 
 - ``deploy ca``            a certificate authority (``ca.crt``, ``ca.key``)
 - ``deploy server-cert``   the SuperLink's TLS certificate, with the host names and IPs it is reached by
-- ``deploy superlink``     ``flower-superlink`` with TLS, SuperNode authentication, a persistent
-                           database and no runtime dependency installation
-- ``deploy connection``    the ``[superlink.NAME]`` entry in ``$FLWR_HOME/config.toml`` for ``flwr``
+- ``deploy operator-cert`` an operator's client certificate (the Control API's credential)
+- ``deploy superlink``     ``flower-superlink`` on 127.0.0.1 with TLS, SuperNode authentication, a persistent
+                           database and no runtime dependency installation, behind the nginx gateway that
+                           publishes the Fleet API to hospitals and the Control API to operators only
+- ``deploy connection``    the ``[superlink.NAME]`` entry in ``$FLWR_HOME/config.toml`` for ``flwr`` (and the
+                           operator's local tunnel it goes through)
+- ``deploy tunnel``        run that tunnel
 - ``deploy register``      ``flwr supernode register`` for each hospital's public key
 - ``deploy status``        wait for a run and exit 0 only if it ended ``finished:completed``
 
@@ -15,18 +19,19 @@ Hospital (runs a SuperNode):
 - ``deploy keygen``        the hospital's SuperNode key pair (the private key never leaves the hospital)
 - ``deploy supernode``     ``hospitrust data check``, then ``flower-supernode`` with TLS and the key
 
-``pki`` keys and certificates; ``superlink`` and ``supernode`` their commands; ``cli`` the
+``pki`` keys and certificates; ``gateway`` and ``tunnel`` the nginx configurations; ``superlink`` and
+``supernode`` their commands; ``cli`` the
 handlers and parsers. Waiting for health, runs and nodes is ``hospitrust.ops.flwr``'s.
 """
 
 from hospitrust.ops.deploy.errors import DeployError
-from hospitrust.ops.deploy.pki import create_ca, create_server_cert, create_supernode_keys
+from hospitrust.ops.deploy.pki import create_ca, create_operator_cert, create_server_cert, create_supernode_keys
 from hospitrust.ops.deploy.superlink import DEFAULT_PORT, flwr_home, superlink_command, write_connection
 from hospitrust.ops.deploy.supernode import node_config_string, supernode_command, toml_string
 from hospitrust.ops.flwr import COMPLETED, online_nodes, run_status, wait_for_run, wait_healthy
 
 __all__ = [
-    "COMPLETED", "DEFAULT_PORT", "DeployError", "create_ca", "create_server_cert", "create_supernode_keys", "flwr_home",
+    "COMPLETED", "DEFAULT_PORT", "DeployError", "create_ca", "create_operator_cert", "create_server_cert", "create_supernode_keys", "flwr_home",
     "node_config_string", "online_nodes", "run_status", "superlink_command", "supernode_command", "toml_string",
     "wait_for_run", "wait_healthy", "write_connection",
 ]

@@ -56,25 +56,110 @@ def cmd_keygen(args) -> int:
     return 0
 
 
+def cmd_operator_cert(args) -> int:
+    from hospitrust.ops.deploy.pki import create_operator_cert
+
+    ca_dir = Path(args.ca_dir)
+    cert, key = create_operator_cert(Path(args.ca_cert or ca_dir / "ca.crt"), Path(args.ca_key or ca_dir / "ca.key"),
+                                     Path(args.out), args.name, days=args.days, force=args.force)
+    print(f"operator certificate: {cert}\noperator private key: {key} (mode 0600; give both to {args.name} only)\n"
+          f"on the operator's machine: hospitrust deploy connection NAME --address SUPERLINK_HOST:OPERATOR_PORT "
+          f"--ca ca.crt --operator-cert {cert.name} --operator-key {key.name}")
+    return 0
+
+
 def cmd_superlink(args) -> int:
+    from hospitrust.ops.deploy import gateway
+
     certs = Path(args.certs)
+    ca, cert, key = (Path(p or certs / d) for p, d in ((args.ca, "ca.crt"), (args.cert, "server.pem"), (args.key, "server.key")))
+    for flag, p in (("--ca", ca), ("--cert", cert), ("--key", key)):
+        if not p.expanduser().is_file():
+            raise DeployError(f"{flag} {p} not found (hospitrust deploy ca / server-cert make them)")
     database = Path(args.database).expanduser().resolve()
     database.parent.mkdir(parents=True, exist_ok=True)
-    cmd = superlink_command(ca=Path(args.ca or certs / "ca.crt"), cert=Path(args.cert or certs / "server.pem"),
-                            key=Path(args.key or certs / "server.key"), database=database, host=args.host,
-                            port=args.port, log_file=Path(args.log_file) if args.log_file else None)
-    for flag in ("--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile"):
-        p = Path(cmd[cmd.index(flag) + 1])
-        if not p.is_file():
-            raise DeployError(f"{flag} {p} not found (hospitrust deploy ca / server-cert make them)")
+    layout = gateway.GatewayLayout(host=args.host, port=args.port, operator_host=args.operator_host,
+                                   operator_port=args.operator_port, superlink_port=args.superlink_port)
+    layout.check()
+    state = Path(args.state_dir).expanduser().resolve() if args.state_dir else database.parent / "gateway"
+    conf_text = gateway.gateway_config(layout, ca=ca, cert=cert, key=key, state=state)
+    superlink = superlink_command(ca=ca, cert=cert, key=key, database=database, host="127.0.0.1",
+                                  port=args.superlink_port, log_file=Path(args.log_file) if args.log_file else None)
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    return _exec(cmd, args.dry_run)
+    if args.gateway == "none":  # the operator's own proxy: it gets the same configuration to start from
+        conf = state / "nginx.conf"
+        if not args.dry_run:
+            state.mkdir(mode=0o700, parents=True, exist_ok=True)
+            conf.write_text(conf_text)
+            conf.chmod(0o600)
+        print(f"the SuperLink listens on 127.0.0.1:{args.superlink_port} only; publish it with your own proxy, "
+              f"as {conf} does (docs/deployment.md#your-own-proxy)", flush=True)
+        return _exec(superlink, args.dry_run)
+    if args.dry_run:
+        print("$ " + shlex.join(superlink))
+        print("$ " + shlex.join(gateway.nginx_command(state / "nginx.conf")))
+        print(conf_text)
+        return 0
+    conf = gateway.write_nginx_config(conf_text, state)
+    print(f"hospitals reach {args.host}:{args.port} (Fleet API and /health only); operators "
+          f"{args.operator_host}:{args.operator_port} (Control API, with an operator certificate); the SuperLink "
+          f"itself 127.0.0.1:{args.superlink_port}; gateway configuration {conf}", flush=True)
+
+    def healthy(proc) -> None:  # nginx forwards only once the SuperLink answers
+        from hospitrust.ops.flwr import wait_healthy
+
+        wait_healthy(f"127.0.0.1:{args.superlink_port}", ca=ca, timeout=120, proc=_Popened("flower-superlink", proc))
+
+    return gateway.run_together([("flower-superlink", superlink), ("nginx", gateway.nginx_command(conf))],
+                                ready=[healthy, None])
+
+
+class _Popened:
+    """The little of ``flwr.FlowerProcess`` that ``wait_healthy`` uses, over a plain Popen."""
+
+    def __init__(self, name, popen) -> None:
+        self.name, self.popen = name, popen
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return "(its output is above)"
 
 
 def cmd_connection(args) -> int:
-    path = write_connection(args.name, args.address, Path(args.ca), make_default=args.default)
-    print(f"wrote [superlink.{args.name}] (address {args.address}, root-certificates {Path(args.ca).resolve()}) to {path}")
+    if bool(args.operator_cert) != bool(args.operator_key):
+        raise DeployError("give both --operator-cert and --operator-key (hospitrust deploy operator-cert makes them)")
+    if not args.operator_cert:
+        path = write_connection(args.name, args.address, Path(args.ca), make_default=args.default)
+        print(f"wrote [superlink.{args.name}] (address {args.address}, root-certificates {Path(args.ca).resolve()}) to {path}\n"
+              f"note: a locked-down SuperLink answers flwr only through an operator's tunnel (--operator-cert)")
+        return 0
+    from hospitrust.ops.deploy.tunnel import write_tunnel
+
+    conf, path = write_tunnel(args.name, args.address, ca=Path(args.ca), cert=Path(args.operator_cert),
+                              key=Path(args.operator_key), port=args.tunnel_port, make_default=args.default,
+                              expected_name=args.server_name)
+    print(f"wrote the tunnel {conf} (127.0.0.1:{args.tunnel_port} -> {args.address}, with your operator certificate)\n"
+          f"wrote [superlink.{args.name}] (address 127.0.0.1:{args.tunnel_port}, root-certificates "
+          f"{Path(args.ca).resolve()}) to {path}\n"
+          f"start the tunnel before using flwr: hospitrust deploy tunnel {args.name}")
     return 0
+
+
+def cmd_tunnel(args) -> int:
+    from hospitrust.ops.deploy import gateway
+    from hospitrust.ops.deploy.tunnel import tunnel_dir
+
+    conf = tunnel_dir(args.name) / "nginx.conf"
+    if not conf.is_file():
+        raise DeployError(f"no tunnel {args.name!r} ({conf} not found): hospitrust deploy connection {args.name} "
+                          f"--address HOST:PORT --ca ca.crt --operator-cert NAME.crt --operator-key NAME.key")
+    cmd = gateway.nginx_command(conf)
+    if args.dry_run:
+        print("$ " + shlex.join(cmd))
+        return 0
+    return gateway.run_together([("nginx (tunnel)", cmd)])
 
 
 def cmd_register(args) -> int:
@@ -222,24 +307,65 @@ def add_deploy_parser(sub) -> None:
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.set_defaults(func=cmd_keygen)
 
-    p = dsub.add_parser("superlink", help="operator: start flower-superlink (TLS, SuperNode auth, persistent database)")
+    p = dsub.add_parser("operator-cert", help="operator: an operator's client certificate, signed by the CA "
+                                             "(opens the Control API through the gateway)")
+    p.add_argument("--ca-dir", required=True, help="folder with ca.crt and ca.key")
+    p.add_argument("--ca-cert", help="CA certificate (default CA_DIR/ca.crt)")
+    p.add_argument("--ca-key", help="CA private key (default CA_DIR/ca.key)")
+    p.add_argument("--name", required=True, help="the operator's name, e.g. alice (the certificate's common name)")
+    p.add_argument("--out", required=True, help="folder for NAME.crt and NAME.key")
+    p.add_argument("--days", type=int, default=365)
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.set_defaults(func=cmd_operator_cert)
+
+    p = dsub.add_parser("superlink", help="operator: start flower-superlink on 127.0.0.1 (TLS, SuperNode auth, persistent "
+                                         "database) behind an nginx gateway that publishes only what each party may reach",
+                        description="The SuperLink listens on 127.0.0.1:SUPERLINK_PORT only. nginx publishes the Fleet "
+                                    "API (and /health) on HOST:PORT for the hospitals, and the Control API on "
+                                    "OPERATOR_HOST:OPERATOR_PORT for operators holding a certificate from "
+                                    "`deploy operator-cert` (mutual TLS). The Runtime API is never published.")
     p.add_argument("--certs", default=".", help="folder with ca.crt, server.pem, server.key (default .)")
     p.add_argument("--ca", help="CA certificate (default CERTS/ca.crt)")
     p.add_argument("--cert", help="server certificate (default CERTS/server.pem)")
     p.add_argument("--key", help="server private key (default CERTS/server.key)")
     p.add_argument("--database", required=True, help="SQLite state file (keeps registered SuperNodes and runs across restarts)")
-    p.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0: all interfaces)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the one HTTP port (default {DEFAULT_PORT})")
-    p.add_argument("--log-file", help="also log to this file")
-    p.add_argument("--dry-run", action="store_true", help="print the command, do not start it")
+    p.add_argument("--host", default="0.0.0.0", help="the hospitals' listener address (default 0.0.0.0: all interfaces)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the hospitals' listener port (default {DEFAULT_PORT})")
+    p.add_argument("--operator-host", default="127.0.0.1",
+                   help="the operators' listener address (default 127.0.0.1; an operator network's address to reach it "
+                        "from elsewhere)")
+    p.add_argument("--operator-port", type=int, default=9095, help="the operators' listener port (default 9095)")
+    p.add_argument("--superlink-port", type=int, default=9092, help="the SuperLink's own port on 127.0.0.1 (default 9092)")
+    p.add_argument("--gateway", choices=("nginx", "none"), default="nginx",
+                   help="nginx (default): start the gateway too; none: the SuperLink alone on 127.0.0.1, behind your own "
+                        "proxy (the nginx configuration to start from is written to STATE_DIR/nginx.conf)")
+    p.add_argument("--state-dir", help="the gateway's configuration, pid and logs (default: DATABASE's folder/gateway)")
+    p.add_argument("--log-file", help="also log the SuperLink to this file")
+    p.add_argument("--dry-run", action="store_true", help="print the commands and the gateway configuration, start nothing")
     p.set_defaults(func=cmd_superlink)
 
-    p = dsub.add_parser("connection", help="operator/researcher: write the flwr connection to $FLWR_HOME/config.toml")
+    p = dsub.add_parser("connection", help="operator/researcher: write the flwr connection to $FLWR_HOME/config.toml "
+                                          "(and, with an operator certificate, the local tunnel it goes through)")
     p.add_argument("name", help="connection name used as `flwr run . NAME`")
-    p.add_argument("--address", required=True, help="SuperLink HOST:PORT (a host name or IP in the certificate's SANs)")
+    p.add_argument("--address", required=True,
+                   help="with --operator-cert: the SuperLink machine's operator listener HOST:PORT; without: the "
+                        "address flwr connects to directly (a host name or IP in the certificate's SANs)")
     p.add_argument("--ca", required=True, help="the federation's CA certificate (stored as an absolute path)")
+    p.add_argument("--operator-cert", help="your operator certificate (deploy operator-cert): flwr goes through a tunnel "
+                                          "on 127.0.0.1 that presents it")
+    p.add_argument("--operator-key", help="its private key")
+    p.add_argument("--tunnel-port", type=int, default=9096, help="the tunnel's port on 127.0.0.1 (default 9096)")
+    p.add_argument("--server-name", help="with --operator-cert and an IP --address: a host name in the SuperLink's "
+                                        "certificate to verify it by (default: the --address host; localhost for a "
+                                        "loopback IP)")
     p.add_argument("--default", action="store_true", help="make it the default connection")
     p.set_defaults(func=cmd_connection)
+
+    p = dsub.add_parser("tunnel", help="operator: run the local tunnel of a connection (nginx on 127.0.0.1 presenting "
+                                      "your operator certificate to the SuperLink's operator listener)")
+    p.add_argument("name", help="the connection name given to `deploy connection`")
+    p.add_argument("--dry-run", action="store_true", help="print the command, start nothing")
+    p.set_defaults(func=cmd_tunnel)
 
     p = dsub.add_parser("register", help="operator: register hospitals' SuperNode public keys")
     p.add_argument("public_keys", nargs="+", metavar="KEY.pub")

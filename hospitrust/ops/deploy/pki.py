@@ -99,13 +99,49 @@ def san_entries(names: list[str]) -> list[x509.GeneralName]:
 
 def create_server_cert(ca_cert: Path, ca_key: Path, out_dir: Path, sans: list[str], *, days: int = 825,
                        force: bool = False) -> tuple[Path, Path]:
-    """The SuperLink's certificate (``server.pem``, ``server.key`` 0600), signed by the CA, with exactly
-    the host names and IP addresses given as subject alternative names.
+    """The SuperLink's certificate (``server.pem``, ``server.key`` 0600), signed by the CA, with the host
+    names and IP addresses given as subject alternative names, and ``localhost`` and ``127.0.0.1`` (the
+    SuperLink listens there, behind the gateway).
     """
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca, ca_private = _load_ca(ca_cert, ca_key)
+    # the SuperLink listens on 127.0.0.1, where the gateway and its own ServerApps reach it by these names
+    entries = san_entries([*sans, "localhost", "127.0.0.1"])
+    common = next((str(e.value) for e in entries if isinstance(e, x509.DNSName)), str(entries[0].value))
+    out_dir = Path(out_dir).expanduser().resolve()
+    return _issue(ca, ca_private, x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)]), entries,
+                  [ExtendedKeyUsageOID.SERVER_AUTH], out_dir / "server.pem", out_dir / "server.key", days, force)
+
+
+def create_operator_cert(ca_cert: Path, ca_key: Path, out_dir: Path, name: str, *, days: int = 365,
+                         force: bool = False) -> tuple[Path, Path]:
+    """An operator's credential: ``NAME.crt`` and ``NAME.key`` (0600), signed by the consortium CA.
+
+    It opens the SuperLink machine's operator listener (client authentication, ``OU=hospitrust-operators``),
+    and the operator's local tunnel serves it on 127.0.0.1 to ``flwr`` (server authentication for
+    127.0.0.1 and localhost), so one file pair does both.
+    """
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    from hospitrust.ops.deploy.gateway import OPERATOR_OU
+
+    if not name or not all(ch.isalnum() or ch in "-_." for ch in name) or name.startswith("."):
+        raise DeployError(f"bad operator name {name!r}: letters, digits, '-', '_' and '.' only, e.g. 'alice'")
+    ca, ca_private = _load_ca(ca_cert, ca_key)
+    subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, OPERATOR_OU),
+                         x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    out_dir = Path(out_dir).expanduser().resolve()
+    return _issue(ca, ca_private, subject, san_entries(["127.0.0.1", "localhost"]),
+                  [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH],
+                  out_dir / f"{name}.crt", out_dir / f"{name}.key", days, force)
+
+
+def _load_ca(ca_cert: Path, ca_key: Path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
 
     ca_cert, ca_key = Path(ca_cert).expanduser().resolve(), Path(ca_key).expanduser().resolve()
     for p in (ca_cert, ca_key):
@@ -113,14 +149,20 @@ def create_server_cert(ca_cert: Path, ca_key: Path, out_dir: Path, sans: list[st
             raise DeployError(f"{p} not found (create the CA first: hospitrust deploy ca --out DIR)")
     ca = x509.load_pem_x509_certificate(ca_cert.read_bytes())
     # the CA's key: create_ca writes an EC key, which can sign certificates
-    ca_private = cast("CertificateIssuerPrivateKeyTypes", serialization.load_pem_private_key(ca_key.read_bytes(),
-                                                                                             password=None))
-    entries = san_entries(sans)
+    return ca, cast("CertificateIssuerPrivateKeyTypes", serialization.load_pem_private_key(ca_key.read_bytes(), password=None))
+
+
+def _issue(ca, ca_private, subject, entries, usages, cert_path: Path, key_path: Path, days: int,
+           force: bool) -> tuple[Path, Path]:
+    """A fresh EC P-384 key and its certificate, signed by the CA, written as ``cert_path`` / ``key_path`` (0600)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
     key = ec.generate_private_key(ec.SECP384R1())
-    common = next((str(e.value) for e in entries if isinstance(e, x509.DNSName)), str(entries[0].value))
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)]))
+        .subject_name(subject)
         .issuer_name(ca.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -128,12 +170,10 @@ def create_server_cert(ca_cert: Path, ca_key: Path, out_dir: Path, sans: list[st
         .not_valid_after(utc_now() + dt.timedelta(days=days))
         .add_extension(x509.SubjectAlternativeName(entries), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_private.public_key()), critical=False)
         .sign(ca_private, hashes.SHA384())
     )
-    out_dir = Path(out_dir).expanduser().resolve()
-    key_path, cert_path = out_dir / "server.key", out_dir / "server.pem"
     write_private(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                serialization.NoEncryption()), force)
     write_public(cert_path, cert.public_bytes(serialization.Encoding.PEM), force)

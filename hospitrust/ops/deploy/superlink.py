@@ -1,5 +1,6 @@
-"""The operator's side: ``flower-superlink`` with TLS and SuperNode authentication, and the
-``[superlink.NAME]`` connection in ``$FLWR_HOME/config.toml`` that ``flwr`` uses to reach it.
+"""The operator's side: ``flower-superlink`` with TLS and SuperNode authentication (on 127.0.0.1, behind
+the gateway of ``hospitrust.ops.deploy.gateway``), and the ``[superlink.NAME]`` connection in
+``$FLWR_HOME/config.toml`` that ``flwr`` uses to reach it (through the operator's tunnel).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from hospitrust.ops.deploy.errors import DeployError
 DEFAULT_PORT = 9093  # hospitrust's suggested SuperLink port (Flower's own default is 8000)
 
 
-def superlink_command(*, ca: Path, cert: Path, key: Path, database: Path, host: str = "0.0.0.0",
+def superlink_command(*, ca: Path, cert: Path, key: Path, database: Path, host: str = "127.0.0.1",
                       port: int = DEFAULT_PORT, log_file: Path | None = None) -> list[str]:
     cmd = [
         "flower-superlink",
@@ -40,14 +41,18 @@ FLWR_DEFAULT_CONFIG = {"superlink": {"default": "local", "supergrid": {"address"
                                      "local": {"address": ":local:"}}}
 
 
+def check_connection_name(name: str) -> None:
+    if not name or not all(ch.isalnum() or ch in "-_" for ch in name) or name in ("default",):
+        raise DeployError(f"bad connection name {name!r}: letters, digits, '-' and '_' only")
+
+
 def write_connection(name: str, address: str, ca: Path, *, make_default: bool = False, home: Path | None = None) -> Path:
     """Add or replace ``[superlink.NAME]`` (address, absolute root-certificates) in ``$FLWR_HOME/config.toml``,
     keeping every other entry.
     """
     import tomli_w
 
-    if not name or not all(ch.isalnum() or ch in "-_" for ch in name) or name in ("default",):
-        raise DeployError(f"bad connection name {name!r}: letters, digits, '-' and '_' only")
+    check_connection_name(name)
     ca = Path(ca).expanduser().resolve()
     if not ca.is_file():
         raise DeployError(f"CA certificate {ca} not found")

@@ -1,0 +1,115 @@
+"""Only the operator controls the federation: the locked-down SuperLink of `hospitrust deploy superlink`,
+played against by a stranger who holds the consortium's `ca.crt` (every hospital has it) and reaches the
+hospitals' address, and used by the operator through their certificate and local tunnel.
+
+Real processes on 127.0.0.1 (the session's federation, tests/federation.py): before the gateway, the same
+stranger registered a rogue SuperNode, ran a foreign app on every hospital and read every run's log.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import ssl
+import urllib.error
+import urllib.request
+
+import psutil
+import pytest
+
+from federation import HOSPITALS, flwr_env, run_config, task_keys
+from hospitrust.ops import deploy
+
+pytestmark = [pytest.mark.slow, pytest.mark.data]
+
+
+def _status(url: str, ca, method: str = "GET", cert=None) -> int:
+    """The HTTP status of one request (the body is an empty protobuf for POSTs)."""
+    context = ssl.create_default_context(cafile=str(ca))
+    if cert is not None:
+        context.load_cert_chain(*cert)
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None,
+                                 headers={"Content-Type": "application/protobuf"})
+    try:
+        with urllib.request.urlopen(req, timeout=30, context=context) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _refused(res) -> bool:
+    out = res.stdout + res.stderr
+    return res.returncode != 0 or '"success": false' in out
+
+
+def test_a_stranger_with_only_ca_crt_can_neither_register_nor_run_nor_read(federation):
+    fed = federation
+    stranger = fed.work / "cli-stranger"
+    deploy.write_connection("consortium", fed.address, fed.certs / "ca.crt", make_default=True, home=stranger)
+    attempts = {
+        "supernode register": fed.flwr("supernode", "register", str(fed.keys / "rogue.pub"), "consortium", home=stranger),
+        "run": fed.flwr("run", str(fed.app), "consortium", "--format", "json", home=stranger),
+        "ls": fed.flwr("ls", "consortium", "--format", "json", home=stranger),
+        "log": fed.flwr("log", "1", "consortium", "--show", home=stranger),
+        "supernode list": fed.flwr("supernode", "list", "consortium", "--format", "json", home=stranger),
+    }
+    for what, res in attempts.items():
+        out = res.stdout + res.stderr
+        assert _refused(res) and "403" in out, f"flwr {what} as a stranger was not refused:\n{out}"
+    # nor on the operators' listener without an operator certificate: TLS asks for one
+    deploy.write_connection("direct", fed.operator_address, fed.certs / "ca.crt", make_default=True, home=stranger)
+    res = fed.flwr("ls", "direct", "--format", "json", home=stranger)
+    assert _refused(res) and '"runs"' not in res.stdout, res.stdout + res.stderr
+    # and nothing changed: the operator sees the three hospitals' SuperNodes, no rogue one, and no run of the stranger
+    nodes = json.loads(fed.flwr("supernode", "list", "tls", "--format", "json").stdout)["nodes"]
+    assert {str(n["node-id"]) for n in nodes} == set(fed.node_ids.values()), nodes
+
+
+def test_the_superlink_listens_on_loopback_only_and_the_hospitals_listener_serves_only_the_fleet_api(federation):
+    fed = federation
+    superlinks = [p for p in psutil.Process(fed.procs["superlink"].pid).children(recursive=True)
+                  if any("flower-superlink" in part for part in p.cmdline()[:2])]
+    assert len(superlinks) == 1, [p.cmdline() for p in psutil.Process(fed.procs["superlink"].pid).children(recursive=True)]
+    listening = [c.laddr for c in superlinks[0].net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
+    assert {addr.port for addr in listening} == {fed.superlink_port}, listening
+
+    ca = fed.certs / "ca.crt"
+    base = f"https://{fed.address}"
+    for path in ("/v1/runtime/pull-messages", "/v1/runtime/push-messages", "/v1/control/list-runs", "/v1/control/start-run",
+                 "/v1/control/register-node", "/v1/control/stream-logs", "/docs", "/openapi.json", "/redoc", "/"):
+        for method in ("GET", "POST"):
+            assert _status(base + path, ca, method) == 403, f"{method} {path} was not refused on the hospitals' listener"
+    assert _status(base + "/health", ca) == 200
+    # a Fleet call reaches Flower (which answers the empty request itself); only POST, only the twelve paths
+    assert _status(base + "/v1/fleet/pull-messages", ca, "POST") not in (403, 404)
+    assert _status(base + "/v1/fleet/pull-messages", ca, "GET") == 403
+    assert _status(base + "/v1/fleet/not-a-fleet-call", ca, "POST") == 403
+    # the operators' listener: the Control API with an operator's certificate only (not with the SuperLink's own)
+    operator = f"https://{fed.operator_address}"
+    alice = (fed.operator / "alice.crt", fed.operator / "alice.key")
+    assert _status(operator + "/v1/control/list-runs", ca, "POST", cert=alice) not in (400, 403)
+    assert _status(operator + "/v1/runtime/pull-messages", ca, "POST", cert=alice) == 403
+    assert _status(operator + "/docs", ca, "GET", cert=alice) == 403
+    server = (fed.certs / "server.pem", fed.certs / "server.key")
+    assert _status(operator + "/v1/control/list-runs", ca, "POST", cert=server) in (400, 403)
+    try:
+        code = _status(operator + "/v1/control/list-runs", ca, "POST")
+    except (ssl.SSLError, urllib.error.URLError):  # TLS 1.3 may end the handshake before any HTTP status
+        code = 400
+    assert code == 400, code
+
+
+def test_with_the_operator_credential_register_run_ls_and_log_work(federation):
+    fed = federation
+    # registration went through the tunnel when the federation started; three SuperNodes joined
+    assert set(fed.node_ids) == set(HOSPITALS)
+    online = {str(n["node-id"]) for n in deploy.online_nodes("tls", env=flwr_env(fed.cli_home))}
+    assert online == set(fed.node_ids.values())
+    run_id = fed.submit(run_config(fed, "operator", task_keys(fed), rounds=1))
+    status, details = fed.wait(run_id)
+    assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}"
+    listed = json.loads(fed.flwr("ls", "tls", "--format", "json").stdout)
+    assert any(int(r["run-id"]) == run_id and r["status"] == deploy.COMPLETED for r in listed["runs"]), listed
+    log = fed.run_log(run_id)
+    assert re.search(r"round 1", log, re.IGNORECASE), log

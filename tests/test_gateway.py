@@ -1,0 +1,135 @@
+"""The gateway's and the tunnel's configurations, and the operator's certificate, without starting a federation
+(tests/test_control_plane.py plays the attacker against the real processes)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import subprocess
+import sys
+
+import pytest
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from hospitrust.ops import deploy
+from hospitrust.ops.deploy import gateway
+from hospitrust.ops.deploy.errors import DeployError
+from hospitrust.ops.deploy.tunnel import server_name, split_address, tunnel_dir, write_tunnel
+
+
+def test_the_fleet_paths_are_exactly_those_flower_uses():
+    """The hospitals' listener forwards these twelve: every path the installed SuperNode calls, and every
+    route of the SuperLink's fleet router (a new Flower that adds one fails here, not in a hospital)."""
+    from flwr.superlink.routers.fleet.router import router
+    from flwr.supernode import fleet_http_client
+
+    source = inspect.getsource(fleet_http_client)
+    called = set(re.findall(r'path="/v1/fleet/([a-z-]+)"', source))
+    served = {route.path.removeprefix("/v1/fleet/") for route in router.routes}
+    assert called == served == set(gateway.FLEET_PATHS), (called, served)
+    assert len(gateway.FLEET_PATHS) == 12
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    certs = tmp_path_factory.mktemp("pki")
+    deploy.create_ca(certs)
+    deploy.create_server_cert(certs / "ca.crt", certs / "ca.key", certs, ["superlink.example.org"])
+    deploy.create_operator_cert(certs / "ca.crt", certs / "ca.key", certs / "op", "alice")
+    return certs
+
+
+def test_the_operator_certificate_is_a_client_and_loopback_server_certificate(pki):
+    cert = x509.load_pem_x509_certificate((pki / "op" / "alice.crt").read_bytes())
+    usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert set(usages) == {ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH}
+    assert cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)[0].value == gateway.OPERATOR_OU
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "alice"
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {str(v) for v in sans.get_values_for_type(x509.IPAddress)} == {"127.0.0.1"}
+    assert (pki / "op" / "alice.key").stat().st_mode & 0o777 == 0o600
+    server = x509.load_pem_x509_certificate((pki / "server.pem").read_bytes())
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    # the gateway reaches the SuperLink as localhost; its own ServerApps as 127.0.0.1
+    assert {"superlink.example.org", "localhost"} <= set(names.get_values_for_type(x509.DNSName))
+    assert list(server.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    with pytest.raises(DeployError, match="bad operator name"):
+        deploy.create_operator_cert(pki / "ca.crt", pki / "ca.key", pki / "op", "../evil")
+
+
+def _nginx_location_blocks(conf: str) -> list[str]:
+    return re.findall(r"location ([^{]+)\{", conf)
+
+
+def test_the_gateway_configuration_publishes_only_fleet_and_control_and_nginx_accepts_it(pki, tmp_path):
+    layout = gateway.GatewayLayout(host="0.0.0.0", port=19093, operator_host="127.0.0.1", operator_port=19095,
+                                   superlink_port=19092)
+    text = gateway.gateway_config(layout, ca=pki / "ca.crt", cert=pki / "server.pem", key=pki / "server.key",
+                                  state=tmp_path / "gw")
+    conf = gateway.write_nginx_config(text, tmp_path / "gw")  # runs `nginx -t`
+    assert conf.stat().st_mode & 0o777 == 0o600 and (tmp_path / "gw").stat().st_mode & 0o777 == 0o700
+    hospitals, operators = text.split("# the operator's listener")
+    assert "listen 0.0.0.0:19093 ssl;" in hospitals and "ssl_verify_client" not in hospitals
+    assert [b.strip() for b in _nginx_location_blocks(hospitals)] == [
+        "~ ^/v1/fleet/(" + "|".join(gateway.FLEET_PATHS) + ")$", "= /health", "/"]
+    assert "location / { return 403; }" in hospitals
+    assert "listen 127.0.0.1:19095 ssl;" in operators and "ssl_verify_client on;" in operators
+    assert f",OU={gateway.OPERATOR_OU}(,|$)" in operators
+    assert [b.strip() for b in _nginx_location_blocks(operators)] == ["/v1/control/", "= /health", "/"]
+    assert "proxy_buffering off;" in operators  # flwr log --stream
+    assert text.count("proxy_pass https://127.0.0.1:19092;") == 4 and "/v1/runtime" not in text
+    assert f"client_max_body_size {gateway.MAX_BODY};" in text  # above Flower's 5 MB chunks and 10 MB bundles
+
+
+def test_bad_layouts_and_paths_are_refused(pki, tmp_path):
+    with pytest.raises(DeployError, match="must differ"):
+        gateway.GatewayLayout(port=9093, operator_port=9093).check()
+    with pytest.raises(DeployError, match="between 1 and 65535"):
+        gateway.GatewayLayout(port=70000).check()
+    with pytest.raises(DeployError, match="double quote"):
+        gateway.gateway_config(gateway.GatewayLayout(), ca=tmp_path / 'a"b.crt', cert=pki / "server.pem",
+                               key=pki / "server.key", state=tmp_path)
+
+
+def test_the_tunnel_and_its_connection(pki, tmp_path):
+    home = tmp_path / "flwr"
+    # nginx resolves the upstream when it reads its configuration: a name this machine resolves
+    conf, config = write_tunnel("consortium", "localhost:19095", ca=pki / "ca.crt", cert=pki / "op" / "alice.crt",
+                                key=pki / "op" / "alice.key", port=19096, home=home)
+    text = conf.read_text()
+    assert conf == tunnel_dir("consortium", home) / "nginx.conf"
+    assert "listen 127.0.0.1:19096 ssl;" in text and "proxy_pass https://localhost:19095;" in text
+    assert "proxy_ssl_name localhost;" in text and "proxy_ssl_verify on;" in text
+    assert text.count(str(pki / "op" / "alice.crt")) == 2  # served to flwr, and presented to the SuperLink
+    toml = config.read_text()
+    assert 'address = "127.0.0.1:19096"' in toml and f'root-certificates = "{pki / "ca.crt"}"' in toml
+    assert "insecure" not in toml
+    assert server_name("127.0.0.1", None) == "localhost" and server_name("203.0.113.10", "sl.example.org") == "sl.example.org"
+    with pytest.raises(DeployError, match="--server-name"):
+        server_name("203.0.113.10", None)
+    with pytest.raises(DeployError, match="HOST:PORT"):
+        split_address("superlink.example.org")
+    with pytest.raises(DeployError, match="bad connection name"):
+        tunnel_dir("../../etc", home)
+    with pytest.raises(DeployError, match="host not found"):  # nginx's own word, before anything starts
+        write_tunnel("other", "no-such-host.invalid:9095", ca=pki / "ca.crt", cert=pki / "op" / "alice.crt",
+                     key=pki / "op" / "alice.key", port=19097, home=home)
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hospitrust.ops.cli", *args], capture_output=True, text=True, timeout=60,
+                          env=env)
+
+
+def test_deploy_superlink_dry_run_and_own_proxy(pki, tmp_path):
+    res = _cli("deploy", "superlink", "--certs", str(pki), "--database", str(tmp_path / "db" / "state.db"), "--dry-run")
+    assert res.returncode == 0, res.stderr
+    superlink = res.stdout.splitlines()[0]
+    assert superlink.startswith("$ flower-superlink") and "--host 127.0.0.1 --port 9092" in superlink
+    assert "--enable-supernode-auth" in superlink and "--insecure" not in superlink
+    assert "listen 0.0.0.0:9093 ssl;" in res.stdout and "listen 127.0.0.1:9095 ssl;" in res.stdout
+    res = _cli("deploy", "superlink", "--certs", str(pki), "--database", str(tmp_path / "db" / "state.db"), "--gateway", "none",
+               "--dry-run")
+    assert res.returncode == 0 and "127.0.0.1:9092 only" in res.stdout and "--host 127.0.0.1" in res.stdout, res.stdout
+
