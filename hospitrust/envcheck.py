@@ -26,6 +26,8 @@ class EnvironmentProblem(RuntimeError):
 
 @dataclass(frozen=True)
 class Check:
+    """One check's outcome, as `hospitrust doctor` prints it."""
+
     name: str
     ok: bool
     detail: str  # what was found, or the problem and what to do
@@ -34,7 +36,8 @@ class Check:
 
 def torch_pair_problem() -> str | None:
     """None when torch and torchvision load together (torchvision's compiled operators are
-    registered in torch), else one line naming the two builds and the fix."""
+    registered in torch), else one line naming the two builds and the fix.
+    """
     try:
         import torch
     except Exception as exc:  # a broken torch install raises more than ImportError
@@ -65,6 +68,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def check_torch() -> Check:
+    """Torch and torchvision load together; which builds they are and the GPUs torch sees."""
     problem = torch_pair_problem()
     if problem:
         return Check("torch + torchvision", False, problem)
@@ -78,6 +82,7 @@ def check_torch() -> Check:
 
 
 def check_flower() -> Check:
+    """Flower is the release hospitrust is built on, and its commands are on PATH."""
     try:
         version = metadata.version("flwr")
     except metadata.PackageNotFoundError:
@@ -110,6 +115,7 @@ def data_folder() -> tuple[Path, str]:
 
 
 def check_data() -> Check:
+    """Which MedMNIST files are in the folder a run reads when no data-dir is given."""
     folder, why = data_folder()
     files = sorted(p.name for p in folder.glob("*.npz")) if folder.is_dir() else []
     if not files:
@@ -143,4 +149,5 @@ def check_browser() -> Check:
 
 
 def all_checks() -> list[Check]:
+    """Every check, in the order `hospitrust doctor` prints them."""
     return [check_torch(), check_flower(), check_data(), check_browser()]
