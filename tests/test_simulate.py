@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -146,3 +147,34 @@ def test_the_staged_app_builds_the_same_bundle_without_the_ignored_folders(tmp_p
         ".gitignore", "hospitrust/mod.py", "pyproject.toml", "tasks/t.toml"]
     assert build_fab_from_disk(staged) == build_fab_from_disk(app)
     assert build_fab_from_disk(stage_app(REPO, tmp_path / "repo")) == build_fab_from_disk(REPO)
+
+
+@pytest.mark.filterwarnings("ignore:GitWildMatchPattern:DeprecationWarning")  # Flower's own build, twice
+def test_an_installed_package_finds_its_own_app_from_any_folder_and_bundles_the_same_files(tmp_path, monkeypatch):
+    """A wheel carries pyproject.toml and tasks/ in hospitrust/_app (pyproject's force-include): from
+    a folder with no project above it, simulate finds that app, and its staged copy (the package's
+    source added) builds the bundle a clone builds."""
+    from flwr.cli.build import build_fab_from_disk
+
+    from hospitrust.ops import flwr as flwr_ops
+    from hospitrust.ops import simulate as sim
+    from hospitrust.ops.flwr import stage_app
+
+    packaged = tmp_path / "site" / "hospitrust" / "_app"
+    (packaged / "tasks").mkdir(parents=True)
+    shutil.copy(REPO / "pyproject.toml", packaged / "pyproject.toml")
+    for task in (REPO / "tasks").glob("*.toml"):
+        shutil.copy(task, packaged / "tasks" / task.name)
+    monkeypatch.setattr(flwr_ops, "PACKAGED_APP", packaged)
+    monkeypatch.setattr(sim, "SOURCE_CHECKOUT", tmp_path / "no-clone")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert sim.find_app_dir() == packaged
+    assert sim.app_config_defaults()["strategy"] == "fedavg"
+    with pytest.raises(sim.SimulationError, match="pass --app PATH"):
+        sim.find_app_dir(packaged=False)  # `hospitrust config generate` never writes into an installed copy
+    staged = stage_app(packaged, tmp_path / "stage")
+    assert (staged / "hospitrust" / "server_app" / "serverapp.py").is_file()
+    assert not (staged / "hospitrust" / "_app").exists() and not list(staged.rglob("__pycache__"))
+    assert build_fab_from_disk(staged) == build_fab_from_disk(REPO)

@@ -57,7 +57,7 @@ def _config(args: argparse.Namespace) -> int:
     from hospitrust.config import reference
     from hospitrust.ops.simulate import find_app_dir
 
-    root = Path(args.app).resolve() if args.app else find_app_dir()
+    root = Path(args.app).resolve() if args.app else find_app_dir(packaged=False)  # never an installed copy
     if args.config_command == "generate":
         changed = reference.generate(root)
         print("\n".join(f"wrote {p.relative_to(root)}" for p in changed) or "everything was current")
@@ -119,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
         "-c", "--run-config", action="append", default=[], metavar="'KEY=VALUE ...'",
         help="run config overrides, as for `flwr run` (e.g. -c 'num-server-rounds=3 dataset=retinamnist')",
     )
-    sim.add_argument("--app", help="Flower app folder (default: found from the current folder)")
+    sim.add_argument("--app", help="your own Flower app folder (default: the hospitrust project above the current "
+                                  "folder, else the app the installed package carries)")
     sim.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is stopped (default 3600)")
     sim.add_argument("--ray-address", help="run the hospitals on this existing Ray cluster (e.g. 10.0.0.5:6379) "
                                            "instead of a Ray instance started for this run")

@@ -52,12 +52,20 @@ def copy_lines(src, dst) -> None:
         dst.flush()
 
 
-def find_app_dir(start: Path | None = None) -> Path:
-    """The Flower app folder (the pyproject.toml with [tool.flwr.app]): from cwd upwards, else beside the package."""
+SOURCE_CHECKOUT = Path(__file__).resolve().parents[2]  # the project folder, when the package runs from a clone
+
+
+def find_app_dir(start: Path | None = None, *, packaged: bool = True) -> Path:
+    """The Flower app folder (the pyproject.toml with [tool.flwr.app]): from cwd upwards, else beside
+    the package (a source checkout), else, with ``packaged``, the app an installed wheel carries
+    (``flwr.PACKAGED_APP``: its pyproject.toml and task files; ``stage_app`` adds the package).
+    """
     candidates = []
     here = (start or Path.cwd()).resolve()
     candidates += [here, *here.parents]
-    candidates.append(Path(__file__).resolve().parent.parent)
+    candidates.append(SOURCE_CHECKOUT)
+    if packaged:
+        candidates.append(flwr.PACKAGED_APP)
     for folder in candidates:
         pyproject = folder / "pyproject.toml"
         if pyproject.is_file():
@@ -71,7 +79,8 @@ def find_app_dir(start: Path | None = None) -> Path:
                 return folder
     raise SimulationError(
         "cannot find the hospitrust Flower app (a pyproject.toml with [tool.flwr.app]); "
-        "run from the project folder or pass --app PATH"
+        "run from the project folder or pass --app PATH (an installed hospitrust carries its app in "
+        f"{flwr.PACKAGED_APP}: reinstall it if that folder is missing)"
     )
 
 
