@@ -25,6 +25,7 @@ def _simulate(args: argparse.Namespace) -> int:
             app_dir=Path(args.app) if args.app else None,
             timeout=args.timeout,
             ray_address=args.ray_address or "",
+            verbose=args.verbose,
         )
     except (ConfigError, SimulationError, DataMissingError) as exc:
         print(f"hospitrust simulate: {exc}", file=sys.stderr)
@@ -124,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is stopped (default 3600)")
     sim.add_argument("--ray-address", help="run the hospitals on this existing Ray cluster (e.g. 10.0.0.5:6379) "
                                            "instead of a Ray instance started for this run")
+    sim.add_argument("-v", "--verbose", action="store_true",
+                     help="the run's log as Flower streams it: Ray's and torch's warnings, Flower's install line, "
+                          "colour codes also when piped")
     sim.set_defaults(func=_simulate)
 
     doc = sub.add_parser("doctor", help="check this environment: torch and torchvision together, Flower, data, Chromium",
