@@ -78,6 +78,9 @@ def test_a_failing_clientapp_ends_failed_with_nonzero_exit(tmp_path, data_dir):
     assert res.returncode == 1, res.stdout[-4000:] + res.stderr[-4000:]
     assert "run ended finished:failed" in res.stdout
     assert "broken on purpose" in res.stdout
+    # the failed run's scratch folder (its staged copy of brokenapp among it) is gone without --keep
+    removed = re.search(r"removed the run folder (\S+);", res.stdout)
+    assert removed and not Path(removed.group(1)).exists()
 
 
 def test_bad_config_fails_before_starting_anything(tmp_path):
@@ -178,3 +181,39 @@ def test_an_installed_package_finds_its_own_app_from_any_folder_and_bundles_the_
     assert (staged / "hospitrust" / "server_app" / "serverapp.py").is_file()
     assert not (staged / "hospitrust" / "_app").exists() and not list(staged.rglob("__pycache__"))
     assert build_fab_from_disk(staged) == build_fab_from_disk(REPO)
+
+
+class _DeadSuperLink:
+    def __init__(self, log_file):
+        self.log_file = log_file
+
+    def stop(self):
+        pass
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_failed_simulation_keeps_its_folder_only_with_keep_and_says_where(tmp_path, monkeypatch, data_dir, keep):
+    """No Flower here: a SuperLink that never becomes healthy fails the run after the scratch folder was made."""
+    import io
+    import tempfile
+
+    from hospitrust.ops import flwr as flwr_ops
+    from hospitrust.ops import simulate as sim
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.setattr(flwr_ops, "start", lambda name, cmd, *, env, cwd, log_file: _DeadSuperLink(log_file))
+
+    def unhealthy(address, proc=None, **kwargs):
+        raise flwr_ops.FlowerProcessError(f"{address} did not answer /health")
+
+    monkeypatch.setattr(flwr_ops, "wait_healthy", unhealthy)
+    out = io.StringIO()
+    with pytest.raises(sim.SimulationError, match="did not answer"):
+        sim.simulate(hospitals=2, app_dir=REPO, out=out, keep=keep, overrides=[f"output-dir='{tmp_path / 'runs'}'"])
+    left = list(scratch.glob("hospitrust-sim-*"))
+    if keep:
+        assert len(left) == 1 and f"run folder kept at {left[0]}" in out.getvalue()
+    else:
+        assert left == [] and "rerun with --keep to keep it" in out.getvalue()

@@ -26,6 +26,7 @@ def _simulate(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             ray_address=args.ray_address or "",
             verbose=args.verbose,
+            keep=args.keep,
         )
     except (ConfigError, SimulationError, DataMissingError) as exc:
         print(f"hospitrust simulate: {exc}", file=sys.stderr)
@@ -128,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("-v", "--verbose", action="store_true",
                      help="the run's log as Flower streams it: Ray's and torch's warnings, Flower's install line, "
                           "colour codes also when piped")
+    sim.add_argument("--keep", action="store_true",
+                     help="a run that fails keeps its scratch folder (/tmp/hospitrust-sim-*: the SuperLink's log) "
+                          "and prints where it is; without it the folder is removed")
     sim.set_defaults(func=_simulate)
 
     doc = sub.add_parser("doctor", help="check this environment: torch and torchvision together, Flower, data, Chromium",

@@ -228,10 +228,13 @@ def simulate(
     out=sys.stdout,
     ray_address: str = "",
     verbose: bool = False,
+    keep: bool = False,
 ) -> tuple[str, Path | None]:
     """Run one simulation; returns (final status, run directory or None).
 
     ``verbose``: the run's log as Flower streams it (see :func:`copy_lines` for what is left out otherwise).
+    ``keep``: a run that did not complete keeps its scratch folder (the SuperLink's log, its FLWR_HOME,
+    the staged app), and says where; without it the folder is removed like a completed run's.
 
     ``ray_address``: an existing Ray cluster (``host:port``) for the hospitals' actors; Flower's
     simulation joins it through ``RAY_ADDRESS`` instead of starting a Ray instance of its own.
@@ -292,8 +295,12 @@ def simulate(
         file=out,
         flush=True,
     )
-    superlink = flwr.start("flower-superlink", flwr.simulation_superlink_command(port), env=env, cwd=work,
-                           log_file=work / "superlink.log")
+    try:
+        superlink = flwr.start("flower-superlink", flwr.simulation_superlink_command(port), env=env, cwd=work,
+                               log_file=work / "superlink.log")
+    except FlowerProcessError as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        raise SimulationError(str(exc)) from None
     status, details, run_dir = "not-started", "", None
     try:
         try:
@@ -343,10 +350,13 @@ def simulate(
             run_dir = candidates[-1] if candidates else None
     finally:
         superlink.stop()
-        if status != COMPLETED:
-            print(f"hospitrust simulate: SuperLink log kept at {superlink.log_file}", file=out)
+        if status != COMPLETED and keep:
+            print(f"hospitrust simulate: run folder kept at {work} (SuperLink log {superlink.log_file})", file=out)
         else:
             shutil.rmtree(work, ignore_errors=True)
+            if status != COMPLETED:
+                print(f"hospitrust simulate: removed the run folder {work}; rerun with --keep to keep it "
+                      "(the SuperLink's log)", file=out)
     print(f"hospitrust simulate: run ended {status}" + (f": {details}" if details and status != COMPLETED else ""),
           file=out, flush=True)
     if run_dir is not None and (run_dir / "summary.json").is_file():
