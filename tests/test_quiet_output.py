@@ -22,6 +22,7 @@ STREAM = (
     "/venv/x.py:1: UserWarning: something a user should see\n"
     "  warnings.warn(\n"
     f"{G}INFO {R}:      round   1/1  bal-acc 0.5000\n"
+    "(ClientAppActor pid=4242) \x1b[93mWARNING \x1b[0m:   Manually terminating ClientAppActor\n"
 )
 
 

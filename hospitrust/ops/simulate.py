@@ -45,9 +45,10 @@ MISLEADING = ("default simulated SuperNodes changed from 10 to 2", "To change fe
 
 CLEAR_LINE = "\r\x1b[K"  # back to the line's start and clear it: a progress line redrawn in place
 # Noise left out unless -v: Ray's tip about a future default (on every run), torch's deprecation of
-# script_method (a library HTA's imports load), Flower unpacking the app bundle into this run's FLWR_HOME
+# script_method (a library HTA's imports load), Flower unpacking the app bundle into this run's FLWR_HOME,
+# Flower stopping its actors at the end of every run
 NOISE = ("FutureWarning: Tip: In future versions of Ray", "`torch.jit.script_method` is deprecated",
-         "Successfully installed hospitrust to ")
+         "Successfully installed hospitrust to ", "Manually terminating ClientAppActor")  # the last: a normal end
 _WARNING_HEADER = re.compile(r"\S+\.py:\d+: \w*Warning: ")  # Python's warning line; its source line follows, indented
 _ACTOR_PREFIX = re.compile(r"^\(\w+ pid=\d+(?:, ip=[\d.]+)?\) ")  # Ray's prefix on an actor's output
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
