@@ -1,9 +1,9 @@
 """Shared test setup: the MedMNIST files, small run configs, Flower processes stopped on exit.
 
 The data tests (marker ``data``: every test that takes the ``data_dir`` fixture) read
-PneumoniaMNIST and RetinaMNIST from ``$HOSPITRUST_DATA_DIR``; when it is unset, from a cache
-folder (``$XDG_CACHE_HOME/hospitrust/medmnist``, default ``~/.cache/hospitrust/medmnist``) into
-which medmnist downloads them on the first run. Where the files can be had neither way, each
+PneumoniaMNIST and RetinaMNIST from ``$HOSPITRUST_DATA_DIR``; when it is unset, from the folder
+``hospitrust simulate`` uses too (medmnist's default, ``~/.medmnist``), into which medmnist
+downloads them on the first run. Where the files can be had neither way, each
 data test fails with one line saying what is missing and how to provide it (never a skip);
 ``python -m pytest -m "not data"`` runs the rest.
 """
@@ -22,10 +22,10 @@ DATA_FILES = ("pneumoniamnist", "retinamnist")  # the MedMNIST flags the tests u
 
 
 def _data_folder() -> Path:
-    if os.environ.get("HOSPITRUST_DATA_DIR"):
-        return Path(os.environ["HOSPITRUST_DATA_DIR"]).expanduser().resolve()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return (cache / "hospitrust" / "medmnist").resolve()
+    """Where the product looks when no data-dir is given: one default for the tests and simulate."""
+    from hospitrust.envcheck import data_folder
+
+    return data_folder()[0]
 
 
 DATA_DIR = _data_folder()

@@ -35,7 +35,15 @@ def test_malicious_set_is_fixed_by_seed_and_fraction():
     assert is_malicious(cfg, parse_node_config({"data-path": "/x", "malicious": True}))
 
 
-def test_update_attack_sign_flip_reaches_the_server(tmp_path, data_dir):
+def test_update_attack_sign_flip_reaches_the_server(tmp_path, data_dir, monkeypatch):
+    import hospitrust.server_app.loop as loop
+
+    logged: list[str] = []
+
+    def keep(level, msg, *args):
+        logged.append(msg % args if args else msg)
+
+    monkeypatch.setattr(loop, "log", keep)  # what the terminal shows: the ServerApp's log lines
     seen = {}
 
     def capture(index, incoming, reply):
@@ -56,6 +64,17 @@ def test_update_attack_sign_flip_reaches_the_server(tmp_path, data_dir):
     summary = read_summary(run_dir)
     assert summary["malicious_hospitals"] == ["hospital-0"] and summary["attack"] == "sign-flip"
     assert set(summary["security"]) >= {"tpr", "fpr", "rounds_to_detection", "honest_rare_class_flag_rate"}
+    # each round line says whom the rule flagged against the true attacker, the table ends with TPR and FPR
+    lines = [line for line in logged if line.startswith("round ") and "/2 " in line]
+    assert len(lines) == 2
+    for line, r in zip(lines, rounds):
+        caught = sum(1 for c in r["clients"] if c["malicious"] and (c.get("rejected") or not c["selected"] or c.get("flagged")))
+        assert f"| attackers flagged {caught}/1" in line
+        assert (f"(missed hospital-0)" in line) == (caught == 0)
+    sec = summary["security"]
+    final = next(line for line in logged if line.startswith("hospitrust: finished"))
+    assert (f"detection over all hospital-rounds: TPR {sec['tpr']:.3f} ({sec['tp']} of {sec['tp'] + sec['fn']} "
+            f"attacker replies flagged)  FPR {sec['fpr']:.3f}") in final
     # the flipped update points against the honest ones
     u0, u1 = seen[("dot", 0)][0], seen[("dot", 1)][0]
     assert torch.dot(u0, u1) < 0

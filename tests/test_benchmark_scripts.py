@@ -138,7 +138,7 @@ def test_metric_swing_by_hand(tmp_path, capsys):
         swing.main([str(tmp_path / "nowhere")])
 
 
-def test_centralized_baseline_uses_the_class_weights_and_reports_rare_class_f1(tmp_path, capsys):
+def test_centralized_baseline_uses_the_class_weights_and_reports_rare_class_f1(tmp_path, capsys, data_dir):
     centralized = _script("centralized")
     out = tmp_path / "central.json"
     assert centralized.main(["--hospitals", "3", "--json", str(out), "-c",

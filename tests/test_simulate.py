@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -77,6 +78,9 @@ def test_a_failing_clientapp_ends_failed_with_nonzero_exit(tmp_path, data_dir):
     assert res.returncode == 1, res.stdout[-4000:] + res.stderr[-4000:]
     assert "run ended finished:failed" in res.stdout
     assert "broken on purpose" in res.stdout
+    # the failed run's scratch folder (its staged copy of brokenapp among it) is gone without --keep
+    removed = re.search(r"removed the run folder (\S+);", res.stdout)
+    assert removed and not Path(removed.group(1)).exists()
 
 
 def test_bad_config_fails_before_starting_anything(tmp_path):
@@ -146,3 +150,70 @@ def test_the_staged_app_builds_the_same_bundle_without_the_ignored_folders(tmp_p
         ".gitignore", "hospitrust/mod.py", "pyproject.toml", "tasks/t.toml"]
     assert build_fab_from_disk(staged) == build_fab_from_disk(app)
     assert build_fab_from_disk(stage_app(REPO, tmp_path / "repo")) == build_fab_from_disk(REPO)
+
+
+@pytest.mark.filterwarnings("ignore:GitWildMatchPattern:DeprecationWarning")  # Flower's own build, twice
+def test_an_installed_package_finds_its_own_app_from_any_folder_and_bundles_the_same_files(tmp_path, monkeypatch):
+    """A wheel carries pyproject.toml and tasks/ in hospitrust/_app (pyproject's force-include): from
+    a folder with no project above it, simulate finds that app, and its staged copy (the package's
+    source added) builds the bundle a clone builds."""
+    from flwr.cli.build import build_fab_from_disk
+
+    from hospitrust.ops import flwr as flwr_ops
+    from hospitrust.ops import simulate as sim
+    from hospitrust.ops.flwr import stage_app
+
+    packaged = tmp_path / "site" / "hospitrust" / "_app"
+    (packaged / "tasks").mkdir(parents=True)
+    shutil.copy(REPO / "pyproject.toml", packaged / "pyproject.toml")
+    for task in (REPO / "tasks").glob("*.toml"):
+        shutil.copy(task, packaged / "tasks" / task.name)
+    monkeypatch.setattr(flwr_ops, "PACKAGED_APP", packaged)
+    monkeypatch.setattr(sim, "SOURCE_CHECKOUT", tmp_path / "no-clone")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert sim.find_app_dir() == packaged
+    assert sim.app_config_defaults()["strategy"] == "fedavg"
+    with pytest.raises(sim.SimulationError, match="pass --app PATH"):
+        sim.find_app_dir(packaged=False)  # `hospitrust config generate` never writes into an installed copy
+    staged = stage_app(packaged, tmp_path / "stage")
+    assert (staged / "hospitrust" / "server_app" / "serverapp.py").is_file()
+    assert not (staged / "hospitrust" / "_app").exists() and not list(staged.rglob("__pycache__"))
+    assert build_fab_from_disk(staged) == build_fab_from_disk(REPO)
+
+
+class _DeadSuperLink:
+    def __init__(self, log_file):
+        self.log_file = log_file
+
+    def stop(self):
+        pass
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_failed_simulation_keeps_its_folder_only_with_keep_and_says_where(tmp_path, monkeypatch, data_dir, keep):
+    """No Flower here: a SuperLink that never becomes healthy fails the run after the scratch folder was made."""
+    import io
+    import tempfile
+
+    from hospitrust.ops import flwr as flwr_ops
+    from hospitrust.ops import simulate as sim
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.setattr(flwr_ops, "start", lambda name, cmd, *, env, cwd, log_file: _DeadSuperLink(log_file))
+
+    def unhealthy(address, proc=None, **kwargs):
+        raise flwr_ops.FlowerProcessError(f"{address} did not answer /health")
+
+    monkeypatch.setattr(flwr_ops, "wait_healthy", unhealthy)
+    out = io.StringIO()
+    with pytest.raises(sim.SimulationError, match="did not answer"):
+        sim.simulate(hospitals=2, app_dir=REPO, out=out, keep=keep, overrides=[f"output-dir='{tmp_path / 'runs'}'"])
+    left = list(scratch.glob("hospitrust-sim-*"))
+    if keep:
+        assert len(left) == 1 and f"run folder kept at {left[0]}" in out.getvalue()
+    else:
+        assert left == [] and "rerun with --keep to keep it" in out.getvalue()

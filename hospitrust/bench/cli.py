@@ -28,6 +28,12 @@ def _bench(args: argparse.Namespace) -> int:
               "or --backend simulation): in-process cells do not use Ray", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else Path("runs") / "bench" / grid.name
+    if not args.dry_run:
+        from hospitrust.envcheck import torch_pair_problem
+
+        if (problem := torch_pair_problem()) is not None:  # before any cell starts Flower
+            print(f"hospitrust bench: {problem}", file=sys.stderr)
+            return 2
     if args.dry_run:
         from hospitrust.bench.runner import cell_state
 

@@ -29,12 +29,51 @@ from pathlib import Path
 
 import pandas as pd
 
-from hospitrust.bench.store import collect, overhead_table
+from hospitrust.bench.store import cell_dirs, collect, overhead_table
 from hospitrust.config.sections import is_hyperparameter
 
 NOT_SCENARIO = {"cell", "strategy", "attack", "malicious-fraction", "seed", "assumed-malicious", "run-name", "status"}
 METRIC_NAMES = {"balanced_accuracy": "balanced accuracy", "accuracy": "accuracy", "auc": "AUC", "macro_f1": "macro-F1",
                 "worst_class_recall": "worst-class recall", "rare_class_macro_f1": "rare-class macro-F1"}
+
+
+CHANCE_TOLERANCE = 0.01  # a cell's mean within this of chance level is marked: its model learned nothing
+TIE_RULE = ("A difference smaller than the larger of the two standard deviations over seeds is called a tie; "
+            "the leaderboard's statistics will replace this rule.")
+
+
+def chance_level(metric: str, num_classes: int | None) -> float | None:
+    """What a model that learned nothing scores: balanced accuracy 1/K (one class predicted, or
+    random guesses), AUC 0.5; None for a metric without a fixed chance level (accuracy depends on
+    the class balance) or an unknown K.
+    """
+    if metric == "auc":
+        return 0.5
+    if metric == "balanced_accuracy" and num_classes:
+        return 1.0 / num_classes
+    return None
+
+
+def at_chance(value: float, chance: float | None) -> bool:
+    """Whether ``value`` is within CHANCE_TOLERANCE of the chance level (never for an unknown one or NaN)."""
+    return chance is not None and value == value and abs(value - chance) <= CHANCE_TOLERANCE
+
+
+def rank_with_ties(names: list[str], means: list[float], stds: list[float]) -> list[str]:
+    """Per row of a table sorted best first, how it stands against the row above: ``tie with X``
+    when the difference is smaller than the larger of the two standard deviations, else ``below X``
+    (with both numbers); ``one seed: no spread`` when a standard deviation is unknown.
+    """
+    out = ["best"] if names else []
+    for i in range(1, len(names)):
+        diff, spread = means[i - 1] - means[i], max(stds[i - 1], stds[i])
+        if spread != spread:  # NaN: a single seed
+            out.append(f"below {names[i - 1]} by {diff:.3f} (one seed: no spread, no tie call)")
+        elif diff < spread or abs(diff) <= 1e-12:  # equal means tie whatever the spread
+            out.append(f"tie with {names[i - 1]} (difference {diff:.3f} < std {spread:.3f})")
+        else:
+            out.append(f"below {names[i - 1]} (difference {diff:.3f} >= std {spread:.3f})")
+    return out
 
 
 @dataclass
@@ -81,6 +120,7 @@ class ReportData:
         self.metric = metric or self.meta.get("metric", "balanced_accuracy")
         self.baseline = baseline or self.meta.get("baseline", "fedavg")
         self.rounds, self.cells, self.clients = collect(grid_dir)
+        self.cell_path = {p.name: p for p in cell_dirs(grid_dir)}
         cells = self.cells
         self.done = cells[cells["status"] == "done"].copy() if len(cells) else cells
         columns = list(cells.columns)
@@ -121,6 +161,20 @@ class ReportData:
     def attack_order(self, frame: pd.DataFrame) -> list[str]:
         labels = list(dict.fromkeys(frame["attack_label"]))
         return (["none"] if "none" in labels else []) + sorted(a for a in labels if a != "none")
+
+    def num_classes(self, frame: pd.DataFrame) -> int | None:
+        """The scenario's number of classes (from its cells' config.json), when they agree."""
+        found: set[int | None] = set()
+        for cell in frame["cell"].unique():
+            path = self.cell_path.get(str(cell))
+            if path is None:
+                found.add(None)
+                continue
+            try:
+                found.add(len(json.loads((path / "config.json").read_text()).get("class-names") or []) or None)
+            except (OSError, ValueError, TypeError, AttributeError):
+                found.add(None)
+        return found.pop() if len(found) == 1 else None
 
     def strategy_order(self, frame: pd.DataFrame) -> list[str]:
         names = sorted(set(frame["variant"]))
@@ -208,15 +262,27 @@ def section_heatmaps(data: ReportData, max_scenarios: int) -> Section:
     col = f"final_{data.metric}"
     sec = Section(f"Final {METRIC_NAMES.get(data.metric, data.metric)}: attack x strategy",
                   "The final model's metric on the test split, mean ± std over seeds.")
+    marked = everywhere = 0
     for s_i, (scenario, frame) in enumerate(data.done.groupby("scenario", sort=True)):
         if s_i >= max_scenarios:
             break
         rows, cols = data.strategy_order(frame), data.attack_order(frame)
         mean, text = _matrix(_final_stats(data, frame, col), rows, cols)
+        chance = chance_level(data.metric, data.num_classes(frame))
+        for i in range(len(rows)):
+            for j in range(len(cols)):
+                if at_chance(float(mean.iat[i, j]), chance):
+                    text.iat[i, j] += " (chance)"
+                    marked += 1
+                everywhere += int(mean.iat[i, j] == mean.iat[i, j])
         fig, ax = plt.subplots(figsize=(1.1 * len(cols) + 3, 0.45 * len(rows) + 1.8))
         _heatmap(ax, mean, text, f"{scenario}: final {data.metric}")
         sec.figures.append((f"heatmap_{s_i}_{_safe(scenario)}.png", _png(fig), f"{scenario}: final {data.metric}"))
         sec.tables.append((f"{scenario}: final {data.metric} (mean ± std over seeds)", text.rename_axis("strategy")))
+    if marked:
+        sec.text += (f" {'Every cell is' if marked == everywhere else f'{marked} of {everywhere} cells are'} at chance "
+                     f"level (marked \"(chance)\": within {CHANCE_TOLERANCE} of balanced accuracy 1/K, or AUC 0.5): "
+                     "the model learned nothing there, so the order of those cells means nothing.")
     return sec
 
 
@@ -247,7 +313,8 @@ def section_worst_case(data: ReportData, max_scenarios: int) -> Section:
     sec = Section("Worst case over attacks per strategy",
                   "The ByzFL protocol: for each strategy the hyperparameter setting with the best worst case over the "
                   "attacks is chosen (when the grid has several), and its worst-case final metric (mean over seeds) is "
-                  "reported; the clean run (no attack) is marked for comparison.")
+                  "reported; the clean run (no attack) is marked for comparison. The ranking column sets each strategy "
+                  f"against the one above it. {TIE_RULE}")
     for s_i, (scenario, frame) in enumerate(data.done.groupby("scenario", sort=True)):
         if s_i >= max_scenarios:
             break
@@ -266,7 +333,11 @@ def section_worst_case(data: ReportData, max_scenarios: int) -> Section:
         ax.grid(axis="y", alpha=0.3)
         sec.figures.append((f"worst_{s_i}_{_safe(scenario)}.png", _png(fig), f"{scenario}: worst case per strategy"))
         shown = table.copy()
-        shown["worst case"] = [_pm(m, s) for m, s in zip(table["worst case"], table["worst case std"])]
+        chance = chance_level(data.metric, data.num_classes(frame))
+        shown["worst case"] = [_pm(m, s) + (" (chance)" if at_chance(m, chance) else "")
+                               for m, s in zip(table["worst case"], table["worst case std"])]
+        shown["ranking"] = rank_with_ties(list(table["strategy"]), list(table["worst case"]),
+                                          list(table["worst case std"]))
         shown = shown.drop(columns=["worst case std"]).round(3)
         sec.tables.append((f"{scenario}: worst case over attacks", shown.set_index("strategy")))
     return sec

@@ -24,6 +24,9 @@ def resnet18(in_channels: int, num_classes: int, image_size: int = 28) -> nn.Mod
     3x3/stride-1 convolution without max-pool. At 128 and 224 the ImageNet stem is kept,
     with its input channels set to the dataset's.
     """
+    from hospitrust.envcheck import require_torch_pair
+
+    require_torch_pair()  # a torchvision of another build: one line, not "operator torchvision::nms does not exist"
     # imported here: torchvision costs seconds of start-up, and most runs use the small CNN
     from torchvision.models import resnet18 as tv_resnet18
 

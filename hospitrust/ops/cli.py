@@ -14,6 +14,9 @@ def _simulate(args: argparse.Namespace) -> int:
     from hospitrust.ops import flwr
     from hospitrust.ops.simulate import COMPLETED, SimulationError, simulate
 
+    if (problem := _environment_problem()) is not None:
+        print(f"hospitrust simulate: {problem}", file=sys.stderr)
+        return 2
     flwr.stop_on_signals()  # a stopped `hospitrust simulate` stops its SuperLink and what that started
     try:
         status, _ = simulate(
@@ -22,6 +25,8 @@ def _simulate(args: argparse.Namespace) -> int:
             app_dir=Path(args.app) if args.app else None,
             timeout=args.timeout,
             ray_address=args.ray_address or "",
+            verbose=args.verbose,
+            keep=args.keep,
         )
     except (ConfigError, SimulationError, DataMissingError) as exc:
         print(f"hospitrust simulate: {exc}", file=sys.stderr)
@@ -29,11 +34,32 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0 if status == COMPLETED else 1
 
 
+def _environment_problem() -> str | None:
+    """The torch/torchvision pair's problem, checked before any Flower process starts (see `hospitrust doctor`)."""
+    from hospitrust import envcheck
+
+    return envcheck.torch_pair_problem()
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from hospitrust import envcheck
+
+    checks = envcheck.all_checks()
+    for check in checks:
+        mark = "ok" if check.ok else ("PROBLEM" if check.required else "missing")
+        print(f"{mark:8s} {check.name}: {check.detail}")
+    failed = [c for c in checks if not c.ok and c.required]
+    if failed:
+        print(f"hospitrust doctor: {len(failed)} problem{'s' if len(failed) > 1 else ''} to fix before "
+              "`hospitrust simulate` can run", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def _config(args: argparse.Namespace) -> int:
     from hospitrust.config import reference
     from hospitrust.ops.simulate import find_app_dir
 
-    root = Path(args.app).resolve() if args.app else find_app_dir()
+    root = Path(args.app).resolve() if args.app else find_app_dir(packaged=False)  # never an installed copy
     if args.config_command == "generate":
         changed = reference.generate(root)
         print("\n".join(f"wrote {p.relative_to(root)}" for p in changed) or "everything was current")
@@ -95,11 +121,24 @@ def build_parser() -> argparse.ArgumentParser:
         "-c", "--run-config", action="append", default=[], metavar="'KEY=VALUE ...'",
         help="run config overrides, as for `flwr run` (e.g. -c 'num-server-rounds=3 dataset=retinamnist')",
     )
-    sim.add_argument("--app", help="Flower app folder (default: found from the current folder)")
+    sim.add_argument("--app", help="your own Flower app folder (default: the hospitrust project above the current "
+                                  "folder, else the app the installed package carries)")
     sim.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is stopped (default 3600)")
     sim.add_argument("--ray-address", help="run the hospitals on this existing Ray cluster (e.g. 10.0.0.5:6379) "
                                            "instead of a Ray instance started for this run")
+    sim.add_argument("-v", "--verbose", action="store_true",
+                     help="the run's log as Flower streams it: Ray's and torch's warnings, Flower's install line, "
+                          "colour codes also when piped")
+    sim.add_argument("--keep", action="store_true",
+                     help="a run that fails keeps its scratch folder (/tmp/hospitrust-sim-*: the SuperLink's log) "
+                          "and prints where it is; without it the folder is removed")
     sim.set_defaults(func=_simulate)
+
+    doc = sub.add_parser("doctor", help="check this environment: torch and torchvision together, Flower, data, Chromium",
+                         description="One line per check: torch and torchvision load together (the same build), "
+                                     "Flower's version, which MedMNIST files are in the data folder, and Chromium "
+                                     "for the browser tests. Exits 1 when simulate could not run.")
+    doc.set_defaults(func=_doctor)
 
     con = sub.add_parser("console", help="a live web page of runs: hospitals, trust decisions and why, round by round",
                          description="Serve a read-only page that follows a run directory (or an output directory of "

@@ -32,6 +32,9 @@ from typing import Protocol
 import psutil
 
 COMPLETED = "finished:completed"
+# An installed (non-editable) hospitrust carries its Flower app here: the project's pyproject.toml
+# and task files, put there by the wheel build ([tool.hatch.build.targets.wheel.force-include]).
+PACKAGED_APP = Path(__file__).resolve().parent.parent / "_app"
 _TRACKED: dict[int, "FlowerProcess"] = {}
 _LOCK = threading.Lock()
 
@@ -262,6 +265,9 @@ def stage_app(app: Path, into: Path) -> Path:
             dst = stage / rel / name
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst)
+    if app == PACKAGED_APP.resolve():  # the installed package's app: the bundle needs the package's source beside it
+        package = Path(__file__).resolve().parent.parent
+        shutil.copytree(package, stage / package.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "_app"))
     return stage
 
 

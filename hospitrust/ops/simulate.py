@@ -43,21 +43,77 @@ MISLEADING = ("default simulated SuperNodes changed from 10 to 2", "To change fe
               "flwr federation simulation-config")
 
 
-def copy_lines(src, dst) -> None:
-    """Copy a run's log stream line by line, leaving out Flower's lines about resizing the federation."""
+CLEAR_LINE = "\r\x1b[K"  # back to the line's start and clear it: a progress line redrawn in place
+# Noise left out unless -v: Ray's tip about a future default (on every run), torch's deprecation of
+# script_method (a library HTA's imports load), Flower unpacking the app bundle into this run's FLWR_HOME,
+# Flower stopping its actors at the end of every run
+NOISE = ("FutureWarning: Tip: In future versions of Ray", "`torch.jit.script_method` is deprecated",
+         "Successfully installed hospitrust to ", "Manually terminating ClientAppActor")  # the last: a normal end
+_WARNING_HEADER = re.compile(r"\S+\.py:\d+: \w*Warning: ")  # Python's warning line; its source line follows, indented
+_ACTOR_PREFIX = re.compile(r"^\(\w+ pid=\d+(?:, ip=[\d.]+)?\) ")  # Ray's prefix on an actor's output
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def copy_lines(src, dst, *, tty: bool | None = None, verbose: bool = False) -> None:
+    """Copy a run's log stream line by line, leaving out Flower's lines about resizing the federation.
+
+    On a terminal (``tty``; default: whether ``dst`` is one) the ServerApp's "k/n hospitals replied"
+    lines are redrawn in place, one line that counts up; piped, they stay plain lines. Unless
+    ``verbose``, the ``NOISE`` lines (a warning with the source line Python prints under it) are
+    left out, and piped output has no ANSI colour codes.
+    """
+    from hospitrust.server_app.transport import PROGRESS_MARK
+
+    tty = _isatty(dst) if tty is None else tty
+    progress_shown = skip_source_line = False
     for line in iter(src.readline, ""):
         if any(text in line for text in MISLEADING):
             continue
-        dst.write(line)
+        if not verbose:
+            if skip_source_line:
+                skip_source_line = False
+                if _ACTOR_PREFIX.sub("", _ANSI.sub("", line)).startswith((" ", "\t")):
+                    continue
+            if any(text in line for text in NOISE):
+                skip_source_line = bool(_WARNING_HEADER.search(_ANSI.sub("", line)))
+                continue
+            if not tty:
+                line = _ANSI.sub("", line)
+        if tty and PROGRESS_MARK in line:
+            dst.write(CLEAR_LINE + line.rstrip("\n"))
+            progress_shown = True
+        else:
+            if progress_shown:
+                dst.write(CLEAR_LINE)
+                progress_shown = False
+            dst.write(line)
+        dst.flush()
+    if progress_shown:
+        dst.write("\n")
         dst.flush()
 
 
-def find_app_dir(start: Path | None = None) -> Path:
-    """The Flower app folder (the pyproject.toml with [tool.flwr.app]): from cwd upwards, else beside the package."""
+SOURCE_CHECKOUT = Path(__file__).resolve().parents[2]  # the project folder, when the package runs from a clone
+
+
+def find_app_dir(start: Path | None = None, *, packaged: bool = True) -> Path:
+    """The Flower app folder (the pyproject.toml with [tool.flwr.app]): from cwd upwards, else beside
+    the package (a source checkout), else, with ``packaged``, the app an installed wheel carries
+    (``flwr.PACKAGED_APP``: its pyproject.toml and task files; ``stage_app`` adds the package).
+    """
     candidates = []
     here = (start or Path.cwd()).resolve()
     candidates += [here, *here.parents]
-    candidates.append(Path(__file__).resolve().parent.parent)
+    candidates.append(SOURCE_CHECKOUT)
+    if packaged:
+        candidates.append(flwr.PACKAGED_APP)
     for folder in candidates:
         pyproject = folder / "pyproject.toml"
         if pyproject.is_file():
@@ -71,7 +127,8 @@ def find_app_dir(start: Path | None = None) -> Path:
                 return folder
     raise SimulationError(
         "cannot find the hospitrust Flower app (a pyproject.toml with [tool.flwr.app]); "
-        "run from the project folder or pass --app PATH"
+        "run from the project folder or pass --app PATH (an installed hospitrust carries its app in "
+        f"{flwr.PACKAGED_APP}: reinstall it if that folder is missing)"
     )
 
 
@@ -171,8 +228,14 @@ def simulate(
     gpus: int | None = None,
     out=sys.stdout,
     ray_address: str = "",
+    verbose: bool = False,
+    keep: bool = False,
 ) -> tuple[str, Path | None]:
     """Run one simulation; returns (final status, run directory or None).
+
+    ``verbose``: the run's log as Flower streams it (see :func:`copy_lines` for what is left out otherwise).
+    ``keep``: a run that did not complete keeps its scratch folder (the SuperLink's log, its FLWR_HOME,
+    the staged app), and says where; without it the folder is removed like a completed run's.
 
     ``ray_address``: an existing Ray cluster (``host:port``) for the hospitals' actors; Flower's
     simulation joins it through ``RAY_ADDRESS`` instead of starting a Ray instance of its own.
@@ -233,8 +296,12 @@ def simulate(
         file=out,
         flush=True,
     )
-    superlink = flwr.start("flower-superlink", flwr.simulation_superlink_command(port), env=env, cwd=work,
-                           log_file=work / "superlink.log")
+    try:
+        superlink = flwr.start("flower-superlink", flwr.simulation_superlink_command(port), env=env, cwd=work,
+                               log_file=work / "superlink.log")
+    except FlowerProcessError as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        raise SimulationError(str(exc)) from None
     status, details, run_dir = "not-started", "", None
     try:
         try:
@@ -255,7 +322,7 @@ def simulate(
         stream = subprocess.Popen(["flwr", "log", str(run_id), CONNECTION, "--stream"], env=env, cwd=work,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                   start_new_session=True)
-        reader = threading.Thread(target=copy_lines, args=(stream.stdout, out), daemon=True)
+        reader = threading.Thread(target=copy_lines, args=(stream.stdout, out), kwargs={"verbose": verbose}, daemon=True)
         reader.start()
         try:
             stream.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -284,10 +351,13 @@ def simulate(
             run_dir = candidates[-1] if candidates else None
     finally:
         superlink.stop()
-        if status != COMPLETED:
-            print(f"hospitrust simulate: SuperLink log kept at {superlink.log_file}", file=out)
+        if status != COMPLETED and keep:
+            print(f"hospitrust simulate: run folder kept at {work} (SuperLink log {superlink.log_file})", file=out)
         else:
             shutil.rmtree(work, ignore_errors=True)
+            if status != COMPLETED:
+                print(f"hospitrust simulate: removed the run folder {work}; rerun with --keep to keep it "
+                      "(the SuperLink's log)", file=out)
     print(f"hospitrust simulate: run ended {status}" + (f": {details}" if details and status != COMPLETED else ""),
           file=out, flush=True)
     if run_dir is not None and (run_dir / "summary.json").is_file():

@@ -35,6 +35,7 @@ from hospitrust.server_app.records import (
 )
 from hospitrust.server_app.results import RunDirectory, default_run_name
 from hospitrust.server_app.secure import SecureTrainRound
+from hospitrust.server_app.story import detection_line, round_story
 from hospitrust.server_app.server_data import ServerSets, server_sets
 from hospitrust.server_app.services import CentralEvaluator, strategy_from_config
 from hospitrust.strategies.base import RoundRecord
@@ -299,7 +300,8 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
         run_dir.append_round(round_record)
         history.append(round_record)
         valid = sum(1 for c in record.clients if not c.get("rejected"))
-        log(INFO, "%s", _progress_line(rnd, cfg.num_server_rounds, central, valid, len(asked), round_record["round_seconds"]))
+        log(INFO, "%s", _progress_line(rnd, cfg.num_server_rounds, central, valid, len(asked), round_record["round_seconds"])
+            + round_story(record.clients, truth if attack is not None else None))
         if cfg.checkpoint:
             save_checkpoint(run_dir.path, round=rnd, model_state=arrays.to_torch_state_dict(),
                             strategy_name=cfg.strategy, strategy_state=cast(dict[str, Any], checkpoint_state),  # taken when cfg.checkpoint
@@ -340,7 +342,8 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
                       for name, e in copies.items()))
     log(INFO, "hospitrust: finished %d rounds in %.1f s\n%s\nfinal: accuracy %.4f  balanced accuracy %.4f  AUC %.4f  "
         "worst-class recall %.4f  (best round %d)\nresults: %s",
-        len(history), summary["wall_seconds"], format_summary_table(history), final["accuracy"],
+        len(history), summary["wall_seconds"],
+        format_summary_table(history) + (f"\n{detection_line(summary['security'])}" if attack is not None else ""), final["accuracy"],
         final["balanced_accuracy"], final["auc"], final["worst_class_recall"], summary["best_round"], run_dir.path)
     return run_dir
 

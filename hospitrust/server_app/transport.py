@@ -4,8 +4,9 @@ Flower 1.42's deployed Grid (``HttpGrid.send_and_receive``) sleeps a fixed 3 s b
 every exchange with SuperNodes waits up to 3 s after the last reply arrived (two exchanges a
 round). The ServerApp pushes and pulls through the Grid's own ``push_messages`` /
 ``pull_messages`` instead, polling every ``POLL_SECONDS`` (same semantics: replies until all
-arrived or ``timeout``), as does the in-process grid; the simulation's grid keeps its own
-``send_and_receive``.
+arrived or ``timeout``), as does the in-process grid; on the simulation's grid it pushes and pulls
+as that grid's ``send_and_receive`` does (its pull interval), so a long wait can say how many
+hospitals replied.
 """
 
 from __future__ import annotations
@@ -13,11 +14,24 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from logging import INFO
+
 from flwr.app import Message
+from flwr.common import log
 from flwr.serverapp import Grid
 
 #: Seconds between pulls while replies are outstanding (Flower's deployed Grid: 3).
 POLL_SECONDS = 0.1
+#: A wait longer than this logs "k/n hospitals replied" lines, one per this many seconds (a long
+#: first round, or a slow hospital, is not silence); ``hospitrust simulate`` redraws them in place
+#: on a terminal.
+PROGRESS_SECONDS = 15.0
+PROGRESS_MARK = "hospitrust: waiting for replies:"
+
+
+def progress_line(replied: int, asked: int, waited: float) -> str:
+    """The progress line logged while a wait for replies lasts."""
+    return f"{PROGRESS_MARK} {replied}/{asked} hospitals replied after {waited:.0f} s"
 
 
 def pipelines(grid: Grid) -> bool:
@@ -36,8 +50,8 @@ class Sent:
     """Messages pushed now; ``replies()`` pulls theirs until all arrived or ``timeout`` seconds
     after the push passed (the deadline runs from the push, also when pulling starts later).
 
-    On the simulation's grid the messages go out with ``send_and_receive`` when ``replies()`` is
-    called (its own wait), as they did before pipelining.
+    On the simulation's grid the messages go out when ``replies()`` is called (pushed, then pulled
+    as its ``send_and_receive`` does), as they did before pipelining.
     """
 
     def __init__(self, grid: Grid, messages: Iterable[Message], timeout: float | None) -> None:
@@ -48,19 +62,28 @@ class Sent:
     def replies(self) -> list[Message]:
         if not self.messages:
             return []
-        if not pipelines(self.grid):
-            return list(self.grid.send_and_receive(self.messages, timeout=self.timeout))
-        if type(self.grid).__name__ != "HttpGrid":  # the in-process grid answers in one pull
+        poll = POLL_SECONDS
+        if not pipelines(self.grid):  # the simulation's grid: push now, pull as its send_and_receive does
+            self.ids = list(self.grid.push_messages(self.messages))
+            self.deadline = None if self.timeout is None else time.monotonic() + self.timeout
+            poll = float(getattr(self.grid, "pull_interval", POLL_SECONDS))
+        elif type(self.grid).__name__ != "HttpGrid":  # the in-process grid answers in one pull
             return list(self.grid.pull_messages(self.ids))
         pending = set(self.ids)
         replies: list[Message] = []
+        started = time.monotonic()
+        next_progress = started + PROGRESS_SECONDS
         while pending:
             got = list(self.grid.pull_messages(pending))
             replies += got
             pending -= {m.metadata.reply_to_message_id for m in got}
-            if not pending or (self.deadline is not None and time.monotonic() >= self.deadline):
+            now = time.monotonic()
+            if not pending or (self.deadline is not None and now >= self.deadline):
                 break
-            time.sleep(POLL_SECONDS)
+            if now >= next_progress:
+                log(INFO, "%s", progress_line(len(self.ids) - len(pending), len(self.ids), now - started))
+                next_progress = now + PROGRESS_SECONDS
+            time.sleep(poll)
         return replies
 
 
