@@ -143,9 +143,11 @@ def test_the_watchdog_restarts_a_supernode_whose_clientapp_died_or_hung_and_the_
         assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}\n{fed.tail(name)}"
         log = fed.logs[name].read_text()
         restarts = [line for line in log.splitlines() if "hospitrust watchdog: restarting" in line]
-        assert len(restarts) == 2, fed.tail(name, 6000)
+        # what no load can produce: the injected death is the first restart, and the injected hang is caught by
+        # the bound. A loaded machine can also push a healthy message past 8 s: one more restart, not a failure
+        assert len(restarts) >= 2, fed.tail(name, 6000)
         assert "ended with exit code 17" in restarts[0] and "while the SuperNode waited for its reply" in restarts[0]
-        assert "in flight for" in restarts[1] and "bound 8 s" in restarts[1]
+        assert any("in flight for" in r and "bound 8 s" in r for r in restarts[1:]), restarts
         rounds = [json.loads(line) for line in (fed.work / "runs" / "watchdog" / "rounds.jsonl").read_text().splitlines()]
         assert [r["round"] for r in rounds] == [1, 2, 3, 4]
         # the SuperLink delivers the unanswered message again to the restarted SuperNode: hospital-2 answers
