@@ -207,6 +207,7 @@ def cmd_supernode(args) -> int:
         report = data_check.check_path(data_path, task_from_args(args), data_format=args.data_format,
                                        allow_odd_sizes=args.allow_odd_sizes)
         print(report.format(), flush=True)
+        args.hospital_images = sum(r.images for r in report.rows)  # the site policy's images-per-round rule
         if not report.ok:
             print("\nhospitrust deploy supernode: not starting the SuperNode: fix the problems above "
                   "(or pass --skip-data-check to start anyway)", file=sys.stderr)
@@ -238,6 +239,10 @@ def _start_supernode(args, node_config: dict[str, object]) -> int:
     if args.malicious:
         node_config["malicious"] = True
     warm = args.launcher == "warm"
+    gate_env = _gate_env(args)
+    if gate_env and not warm:
+        raise DeployError("--approved-apps, --trusted-signers, --policy and --audit-log need --launcher warm: Flower's own "
+                          "launcher has no hook to check a bundle before it runs")
     cmd = supernode_command(superlink=args.superlink, ca=Path(args.ca), key=Path(args.key), node_config=node_config,
                             port=args.port, host=args.host, max_retries=args.max_retries,
                             max_wait_time=args.max_wait_time, isolation="process" if warm else "subprocess")
@@ -252,7 +257,24 @@ def _start_supernode(args, node_config: dict[str, object]) -> int:
     from hospitrust.ops.deploy.supervisor import Supervisor
 
     runtime = f"{'127.0.0.1' if args.host in ('0.0.0.0', '') else args.host}:{args.port}"
-    return Supervisor(cmd, runtime, message_timeout=args.message_timeout, env=dict(os.environ)).run()
+    if gate_env:
+        print("  the hospital's gate: " + ", ".join(f"{k}={v}" for k, v in gate_env.items()), flush=True)
+    return Supervisor(cmd, runtime, message_timeout=args.message_timeout, env={**os.environ, **gate_env}).run()
+
+
+def _gate_env(args) -> dict[str, str]:
+    """The hospital's gate (approvals, signers, site policy, audit log) for the launcher's children, checked now."""
+    from hospitrust.ops.deploy import gate
+
+    paths = {gate.APPROVALS_ENV: args.approved_apps, gate.TRUSTED_ENV: args.trusted_signers,
+             gate.POLICY_ENV: args.policy, gate.AUDIT_ENV: args.audit_log}
+    env = {k: str(Path(v).expanduser().resolve()) for k, v in paths.items() if v}
+    if getattr(args, "hospital_images", None) is not None:
+        env[gate.IMAGES_ENV] = str(args.hospital_images)
+    if not env.keys() - {gate.IMAGES_ENV}:
+        return {}
+    gate.GateConfig.from_env(env).check_files()  # a bad policy or signers file: a clear error before anything starts
+    return env
 
 
 def cmd_data_check(args) -> int:
@@ -367,6 +389,11 @@ def add_deploy_parser(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the command, start nothing")
     p.set_defaults(func=cmd_tunnel)
 
+    p = dsub.add_parser("audit", help="hospital: print a SuperNode's audit log and verify its hash chain")
+    p.add_argument("path", help="the --audit-log file")
+    p.add_argument("--quiet", action="store_true", help="only verify")
+    p.set_defaults(func=cmd_audit)
+
     p = dsub.add_parser("register", help="operator: register hospitals' SuperNode public keys")
     p.add_argument("public_keys", nargs="+", metavar="KEY.pub")
     p.add_argument("--connection", required=True, help="flwr connection name (see `deploy connection`)")
@@ -403,6 +430,16 @@ def add_deploy_parser(sub) -> None:
                         "SuperExec (a fresh process per message)")
     p.add_argument("--malicious", action="store_true",
                    help="red team only: this node carries out the run's attack (runs with an attack configured)")
+    p.add_argument("--approved-apps", metavar="PATH",
+                   help="this hospital's approvals file (hospitrust app approve): only approved bundles, or bundles a "
+                        "trusted signer signed, run here (needs --launcher warm; without it any bundle the SuperLink "
+                        "sends runs)")
+    p.add_argument("--trusted-signers", metavar="FILE", help="public keys whose signed bundles count as approved (Flower's "
+                                                            "trusted-entities format: fpk_<id>: \"ssh-ed25519 ...\")")
+    p.add_argument("--policy", metavar="PATH", help="this hospital's site policy (TOML): what it accepts whatever a run "
+                                                   "config asks (docs/security.md#site-policy)")
+    p.add_argument("--audit-log", metavar="PATH", help="append every message (what ran, what went back) to this "
+                                                      "hash-chained log; verify it with hospitrust deploy audit PATH")
     p.add_argument("--message-timeout", type=float, default=1800.0,
                    help="watchdog: seconds a message may be in flight before the SuperNode is restarted (default 1800)")
     p.add_argument("--max-retries", type=int, help="reconnection attempts before giving up (default: unlimited)")
@@ -432,3 +469,97 @@ def add_data_parser(sub) -> None:
     p.add_argument("--privacy-max-epsilon", type=float, default=None, help="the node config's privacy-max-epsilon: "
                    "also print what is left of it")
     p.set_defaults(func=cmd_data_check)
+
+
+def cmd_audit(args) -> int:
+    from hospitrust.ops.deploy import audit
+
+    path = Path(args.path).expanduser()
+    if not path.is_file():
+        raise DeployError(f"audit log {path} not found")
+    entries, problem = audit.verify(path)
+    if not args.quiet:
+        for n, e in enumerate(entries, 1):
+            reply = e.get("reply", {})
+            sent = ", ".join(f"{k} {v['shape']}" for k, v in reply.get("arrays", {}).items()) or reply.get("error", "")[:80]
+            print(f"{n:>5}  {e.get('time', 0):.0f}  run {e.get('run')}  {e.get('message', '?'):<12} round {e.get('round')}  "
+                  f"app {str(e.get('app_sha256', ''))[:8]}  {e.get('decision')}"
+                  + (f" ({e['reason']})" if e.get("reason") else "") + (f"  -> {sent}" if sent else ""))
+    if problem:
+        print(f"hospitrust deploy audit: the chain is broken at {problem}", file=sys.stderr)
+        return 1
+    print(f"{len(entries)} entries; the hash chain verifies")
+    return 0
+
+
+def cmd_app(args) -> int:
+    from hospitrust.ops.deploy import approval
+
+    if args.app_command == "keygen":
+        key, pub, key_id = approval.create_signing_key(Path(args.out), args.name, force=args.force)
+        print(f"signing key: {key} (mode 0600; keep it with the release manager)\npublic key:  {pub}\n"
+              f"hospitals add this line to their trusted signers file:\n  {pub.read_text().strip()}")
+        return 0
+    if args.app_command == "build":
+        content = approval.build_fab(Path(args.app))
+        sha = approval.fab_sha256(content)
+        out = Path(args.out or f"{Path(args.app).resolve().name}.{approval.short(sha)}.fab")
+        out.write_bytes(content)
+        print(f"{out}  sha256 {sha}  (flwr run of the same folder sends this bundle: flwr shows {approval.short(sha)})")
+        return 0
+    if args.app_command == "revoke":
+        gone = approval.Approvals(Path(args.approvals)).revoke(args.sha256)
+        print(f"revoked {gone.sha256} (approved by {gone.by}, {gone.at})")
+        return 0
+    content = approval.read_fab(Path(args.bundle))
+    if args.app_command == "review":
+        print(approval.review(content, approval.Approvals(Path(args.approvals)) if args.approvals else None))
+        return 0
+    if args.app_command == "approve":
+        done = approval.Approvals(Path(args.approvals)).approve(content, by=args.by, comment=args.comment)
+        print(f"approved {done.sha256} (flwr shows {approval.short(done.sha256)}) by {done.by} at {done.at} in {args.approvals}")
+        return 0
+    # sign
+    value = approval.sign(content, Path(args.key), args.key_id or _key_id(Path(args.key)))
+    print(f"pass it with the run: flwr run ... --run-config '{approval.SIGNATURE_KEY}=\"{value}\"'\n{value}")
+    return 0
+
+
+def _key_id(key: Path) -> str:
+    pub = key.with_suffix(".pub")
+    if not pub.is_file():
+        raise DeployError(f"give --key-id (the fpk_... id in {pub.name}): {pub} not found")
+    return pub.read_text().split(":", 1)[0].strip()
+
+
+def add_app_parser(sub) -> None:
+    from hospitrust.ops.deploy.approval import default_approvals_path
+
+    app = sub.add_parser("app", help="review, approve, sign and build app bundles (which code a hospital runs)",
+                         description="A hospital runs only app bundles it approved, or that a signer it trusts signed "
+                                     "(hospitrust deploy supernode --approved-apps / --trusted-signers). See docs/security.md.")
+    asub = app.add_subparsers(dest="app_command", required=True)
+    default = str(default_approvals_path())
+    p = asub.add_parser("review", help="a bundle's hash, files (code marked) and diff against the last approved bundle")
+    p.add_argument("bundle", help="a .fab file, or an app folder (built as flwr run builds it)")
+    p.add_argument("--approvals", default=default, help=f"the approvals file to compare with (default {default})")
+    p = asub.add_parser("approve", help="approve a bundle: its full SHA-256, who, when, a comment")
+    p.add_argument("bundle", help="a .fab file, or an app folder")
+    p.add_argument("--approvals", default=default, help=f"the approvals file (default {default})")
+    p.add_argument("--by", help="who approves (default: this user)")
+    p.add_argument("--comment", default="", help="why, e.g. the review ticket")
+    p = asub.add_parser("revoke", help="remove an approval")
+    p.add_argument("sha256", help="the bundle's SHA-256 (all 64 hex digits, or a unique prefix of 8 or more)")
+    p.add_argument("--approvals", default=default, help=f"the approvals file (default {default})")
+    p = asub.add_parser("build", help="the exact bundle flwr run of an app folder sends (to hand to hospitals for review)")
+    p.add_argument("app", nargs="?", default=".", help="the app folder (default .)")
+    p.add_argument("--out", help="the .fab file (default NAME.HASH8.fab here)")
+    p = asub.add_parser("keygen", help="release manager: an Ed25519 signing key pair")
+    p.add_argument("--out", required=True)
+    p.add_argument("--name", required=True)
+    p.add_argument("--force", action="store_true")
+    p = asub.add_parser("sign", help="release manager: sign a bundle's hash; prints the run-config value that carries it")
+    p.add_argument("bundle", help="a .fab file, or an app folder")
+    p.add_argument("--key", required=True, help="the Ed25519 private key (hospitrust app keygen)")
+    p.add_argument("--key-id", help="its fpk_... id (default: read from KEY's .pub beside it)")
+    app.set_defaults(func=cmd_app)

@@ -87,8 +87,12 @@ def _fault(launched: int) -> str:
     return ""
 
 
-def _child(runtime_api_address: str, token: str, fault: str) -> None:
-    """In the forked child: run one ClientApp task with Flower's own runtime; never returns."""
+def _child(runtime_api_address: str, token: str, fault: str, gate_config=None) -> None:
+    """In the forked child: run one ClientApp task with Flower's own runtime; never returns.
+
+    With a ``gate_config`` (approvals, signers, site policy, audit log), the hospital's gate
+    (``hospitrust.ops.deploy.gate``) wraps Flower's task input, bundle installation and reply first.
+    """
     code = 0
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -98,6 +102,10 @@ def _child(runtime_api_address: str, token: str, fault: str) -> None:
         if fault == "hang":
             while True:
                 time.sleep(3600)
+        if gate_config is not None and gate_config.active:
+            from hospitrust.ops.deploy import gate
+
+            gate.install(gate_config)  # the hospital's own code, before the bundle's hospitrust replaces it
         for name in [m for m in sys.modules if m == "hospitrust" or m.startswith("hospitrust.")]:
             del sys.modules[name]  # the launcher's own modules: the ClientApp imports hospitrust from the app bundle
         threads = os.environ.get("OMP_NUM_THREADS", "")
@@ -134,6 +142,10 @@ def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int
     """Ask the SuperNode for ClientApp tasks and fork one child per task, until stopped (with
     ``gate``: when the supervisor signals a received message, see :class:`StdinGate`).
     """
+    from hospitrust.ops.deploy.gate import GateConfig
+
+    gate_config = GateConfig.from_env()
+    gate_config.check_files()  # a broken policy or signers file stops the SuperNode now, not at its first message
     seconds = preload()
     from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
     from flwr.supercore.app_utils import start_parent_process_monitor
@@ -181,7 +193,7 @@ def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int
             sys.stdout.flush()
             pid = os.fork()
             if pid == 0:
-                _child(runtime_api_address, res.token, fault)
+                _child(runtime_api_address, res.token, fault, gate_config)
             children[pid] = (time.time(), int(res.task.task_id))
             emit("started", pid=pid, task_id=int(res.task.task_id), run_id=int(res.task.run_id), n=launched,
                  **({"fault": fault} if fault else {}))

@@ -1,0 +1,154 @@
+"""The hospital's gate in each forked ClientApp: approval, signature and site policy before any bundle code runs,
+and the audit log of every message.
+
+Flower's ``run_clientapp`` (``flwr/supernode/runtime/run_clientapp.py``) pulls the task's inputs
+(``pull_task_input``: the message, the run's context and config, the app bundle), installs the bundle
+(``install_from_fab``), imports and runs the ClientApp, and pushes the reply (``push_message``). The warm
+launcher's child wraps those three module-level functions before it calls ``run_clientapp``:
+
+- ``pull_task_input``: remembers the message type and round, the run config and the bundle;
+- ``install_from_fab``: recomputes the bundle's SHA-256 from its bytes (never from the message) and checks it
+  against the hospital's approvals, a trusted signature, and the site policy. A refusal is raised *here*, so
+  nothing of the bundle is installed or imported, and Flower's own error path sends the server an error reply
+  with the reason (raised earlier, no reply would go and the server would wait out ``reply-timeout``);
+- ``push_message``: appends the audit entry with what the reply carries (names, shapes, bytes; no values).
+
+This module is the hospital's own installed hospitrust, imported by the launcher before it forks: the bundle's
+code cannot change it. Everything it needs is imported at module level for that reason (the child removes the
+launcher's hospitrust modules so that the ClientApp imports the bundle's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hospitrust.ops.deploy import audit
+from hospitrust.ops.deploy.approval import SIGNATURE_KEY, Approvals, load_trusted, short, verify
+from hospitrust.ops.deploy.errors import DeployError
+from hospitrust.ops.deploy.policy import load_policy, message_kind, refusal
+
+APPROVALS_ENV = "HOSPITRUST_APPROVED_APPS"
+TRUSTED_ENV = "HOSPITRUST_TRUSTED_SIGNERS"
+POLICY_ENV = "HOSPITRUST_SITE_POLICY"
+AUDIT_ENV = "HOSPITRUST_AUDIT_LOG"
+IMAGES_ENV = "HOSPITRUST_HOSPITAL_IMAGES"  # this hospital's image count, from the data check before it started
+
+
+class Refused(Exception):
+    """A message this hospital will not run; its text is the reason the server records."""
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    approvals: Path | None = None
+    trusted: Path | None = None
+    policy: Path | None = None
+    audit_log: Path | None = None
+    hospital_images: int | None = None
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> GateConfig:
+        env = dict(os.environ if env is None else env)
+
+        def path(key: str) -> Path | None:
+            return Path(env[key]).expanduser().resolve() if env.get(key) else None
+
+        images = env.get(IMAGES_ENV, "")
+        return cls(path(APPROVALS_ENV), path(TRUSTED_ENV), path(POLICY_ENV), path(AUDIT_ENV),
+                   int(images) if images.isdigit() else None)
+
+    @property
+    def active(self) -> bool:
+        return any((self.approvals, self.trusted, self.policy, self.audit_log))
+
+    def check_files(self) -> None:
+        """At the launcher's start: a broken policy or signers file stops the SuperNode, not the first message."""
+        if self.policy is not None:
+            load_policy(self.policy)
+        if self.trusted is not None:
+            load_trusted(self.trusted)
+        if self.approvals is not None:
+            Approvals(self.approvals).load()
+
+
+def decide(config: GateConfig, content: bytes, message_type: str, msg_config: dict[str, Any],
+           run_config: dict[str, Any]) -> str | None:
+    """None when this hospital runs the message, else the reason (a str starting ``refused``)."""
+    sha = hashlib.sha256(content).hexdigest()
+    max_age = None
+    try:
+        policy = load_policy(config.policy) if config.policy is not None else None
+        if policy is not None and policy.max_signature_age_days is not None:
+            max_age = policy.max_signature_age_days * 86400
+        if config.approvals is not None or config.trusted is not None:
+            signature = str(run_config.get(SIGNATURE_KEY, "") or "")
+            approved = config.approvals is not None and Approvals(config.approvals).is_approved(sha)
+            if not approved:
+                if not signature or config.trusted is None:
+                    return f"refused: app not approved (sha256 {sha})"
+                why = verify(signature, sha, load_trusted(config.trusted), max_age_seconds=max_age)
+                if why is not None:
+                    return f"refused: {why}"
+        if policy is not None:
+            rule = refusal(policy, message_type, msg_config, run_config, hospital_images=config.hospital_images)
+            if rule is not None:
+                return f"refused by site policy: {rule}"
+    except DeployError as exc:  # the hospital's own files are broken: refuse, and say so in its log
+        return f"refused: this hospital's gate configuration is broken ({exc})"
+    return None
+
+
+def install(config: GateConfig) -> None:
+    """Wrap Flower's ``pull_task_input``, ``install_from_fab`` and ``push_message`` in this (forked) process."""
+    from flwr.supernode.runtime import run_clientapp as rc
+
+    seen: dict[str, Any] = {}
+    pull, install_fab, push = rc.pull_task_input, rc.install_from_fab, rc.push_message
+
+    def pull_task_input(client):
+        message, context, run, fab = pull(client)
+        msg_config = dict(message.content.config_records.get("config", {})) if message.has_content() else {}
+        seen.update(message_type=str(message.metadata.message_type), run_id=int(run.run_id), fab=fab.content,
+                    msg_config=msg_config, run_config=dict(context.run_config),
+                    round=int(msg_config.get("server-round", 0) or 0),
+                    hospital=str(dict(context.node_config).get("hospital", "") or ""))
+        return message, context, run, fab
+
+    def install_from_fab(content, *args, **kwargs):
+        sha = hashlib.sha256(content).hexdigest()
+        seen["sha256"] = sha
+        reason = decide(config, content, seen.get("message_type", ""), seen.get("msg_config", {}), seen.get("run_config", {}))
+        if reason is not None:
+            seen["refused"] = reason
+            hint = ""
+            if reason.startswith("refused: app not approved") and config.approvals is not None:
+                pending = config.approvals.with_name(config.approvals.stem + ".d") / "pending" / f"{sha}.fab"
+                pending.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                pending.write_bytes(content)
+                hint = (f"; review it: hospitrust app review {pending} --approvals {config.approvals}, then "
+                        f"hospitrust app approve {pending} --approvals {config.approvals}")
+            print(f"hospitrust gate: {reason} (run {seen.get('run_id')}, {seen.get('message_type')} message, bundle "
+                  f"{short(sha)}){hint}", file=sys.stderr, flush=True)
+            # at the query round the server learns who refused the way it learns who cannot join (discovery)
+            query = message_kind(seen.get("message_type", ""), {}) == "query" and seen.get("hospital")
+            raise Refused(f"hospital '{seen['hospital']}' cannot join: {reason}" if query else reason)
+        return install_fab(content, *args, **kwargs)
+
+    def push_message(client, message, context):
+        if config.audit_log is not None:
+            audit.append(config.audit_log, {
+                "run": seen.get("run_id"), "app_sha256": seen.get("sha256") or hashlib.sha256(seen.get("fab", b"")).hexdigest(),
+                "message": message_kind(seen.get("message_type", ""), seen.get("msg_config", {})),
+                "round": seen.get("round"), "decision": "refused" if "refused" in seen else "accepted",
+                **({"reason": seen["refused"]} if "refused" in seen else {}),
+                "reply": audit.describe_reply(message),
+            })
+        return push(client, message, context)
+
+    rc.pull_task_input, rc.push_message = pull_task_input, push_message
+    rc.install_from_fab = install_from_fab  # type: ignore[assignment]  # same call, wrapped
