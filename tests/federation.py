@@ -161,9 +161,9 @@ class Federation:
         parts.append(self.tail("superlink", 1500))
         return "\n".join(parts)
 
-    def submit(self, run_config: str) -> int:
+    def submit(self, run_config: str, app: Path | None = None) -> int:
         self.wait_idle()
-        res = self.flwr("run", str(self.app), "tls", "--run-config", run_config, "--format", "json")
+        res = self.flwr("run", str(app or self.app), "tls", "--run-config", run_config, "--format", "json")
         assert res.returncode == 0, res.stdout + res.stderr
         return int(json.loads(res.stdout)["run-id"])
 

@@ -118,6 +118,11 @@ class CoreOptions(Options):
     resume_from: str = Field("", description=(
         "A run directory or checkpoint.pt to continue from; the run goes on in that directory."
     ))
+    # deployment
+    app_signature: str = Field("", description=(
+        "A consortium signature of this run's app bundle (hospitrust app sign): hospitals that trust its key run "
+        "the bundle without approving it themselves. Never read by the server."
+    ))
 
     @field_validator("strategy")
     @classmethod

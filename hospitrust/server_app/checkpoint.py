@@ -28,7 +28,7 @@ _NDARRAY = "__ndarray__"  # how a numpy array is stored: a tensor of its bytes, 
 # run config keys that may differ between a run and its continuation: everything else
 # changes what the rounds compute, so a resume with a different value is refused
 MAY_DIFFER = frozenset({
-    "num-server-rounds", "resume-from", "output-dir", "run-name", "reply-timeout", "min-hospitals", "data-dir",
+    "num-server-rounds", "resume-from", "output-dir", "run-name", "reply-timeout", "min-hospitals", "data-dir", "app-signature",
     "checkpoint",
 })
 

@@ -1,0 +1,146 @@
+"""A hospital decides which code runs on its machine and what leaves it, in the session's real federation
+(TLS, SuperNode authentication, the warm launcher): hospital-2 restarts with an approvals file, a trusted
+signer, a site policy and an audit log; the operator sends it bundles it did and did not approve.
+
+Each run is one round on the tiny export; the bundles differ from the approved one by one line, which
+writes a file in the importing SuperNode's FLWR_HOME: the file shows whose ClientApp imported the bundle.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from federation import run_config, supernode_cli, task_keys
+from hospitrust.ops import deploy
+from hospitrust.ops.deploy import approval
+
+pytestmark = [pytest.mark.slow, pytest.mark.data]
+NAME = "hospital-2"
+MARK = "imported-by-bundle"
+SIDE_EFFECT = ('import os as _os; open(_os.path.join(_os.environ.get("FLWR_HOME", "."), "{mark}"), "a").close()'
+               '  # {tag}\n')
+
+
+def _variant(fed, tag: str) -> Path:
+    """The federation's app with one line added to the ClientApp package: an import side effect."""
+    dst = fed.work / f"app-{tag}"
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(fed.app, dst)
+    init = dst / "hospitrust" / "client_app" / "__init__.py"
+    init.write_text(init.read_text() + SIDE_EFFECT.format(mark=MARK, tag=tag))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def guarded(federation):
+    """hospital-2 restarted with its gate; restored to the plain SuperNode afterwards."""
+    fed = federation
+    gate = fed.work / "gate"
+    gate.mkdir(exist_ok=True)
+    store = approval.Approvals(gate / "approved-apps.toml")
+    store.approve(approval.build_fab(fed.app), by="security-officer", comment="the consortium's release")
+    key, pub, key_id = approval.create_signing_key(gate, "release")
+    (gate / "policy.toml").write_text("max-local-epochs = 2\nallow-attacks = false\n")
+    extra = ["--approved-apps", str(store.path), "--trusted-signers", str(pub), "--policy", str(gate / "policy.toml"),
+             "--audit-log", str(gate / "audit.jsonl")]
+    fed.kill(NAME, signal.SIGTERM)
+    fed.restarted.append(f"{NAME} (with its gate)")
+    fed.start(NAME, supernode_cli(fed, NAME, fed.export[NAME], *extra), fed.work / f"sn-{NAME}")
+    fed.wait_connected(NAME)
+    fed.wait_online(list(fed.node_ids))
+    fed.gate = {"store": store, "key": key, "key_id": key_id, "audit": gate / "audit.jsonl"}
+    try:
+        yield fed
+    finally:
+        fed.kill(NAME, signal.SIGTERM)
+        fed.restarted.append(f"{NAME} (without its gate)")
+        fed.start(NAME, supernode_cli(fed, NAME, fed.export[NAME]), fed.work / f"sn-{NAME}")
+        fed.wait_connected(NAME)
+
+
+def _run(fed, name: str, app: Path, extra: str = "") -> tuple[dict, list[dict]]:
+    config = run_config(fed, name, f"{task_keys(fed)} {extra}", rounds=1)
+    if "local-epochs=" in extra:  # flwr refuses a key given twice: the federation's default gives way
+        config = config.replace("local-epochs=2 ", "", 1)
+    run_id = fed.submit(config, app=app)
+    status, details = fed.wait(run_id)
+    assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}\n{fed.tail(NAME)}"
+    run_dir = fed.work / "runs" / name
+    config = json.loads((run_dir / "config.json").read_text())
+    return config, [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+
+
+def _trained(rounds: list[dict]) -> set[str]:
+    return {c["hospital"] for c in rounds[0]["clients"] if not c.get("rejected")}
+
+
+def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refused_by_policy(guarded):
+    fed = guarded
+    marks = {h: fed.work / f"sn-{h}" / MARK for h in ("st-mary", NAME)}
+    for m in marks.values():
+        m.unlink(missing_ok=True)
+
+    # (a) one line differs from the approved bundle: hospital-2 refuses it, before any of its code is imported
+    changed = _variant(fed, "one-line")
+    sha = approval.fab_sha256(approval.build_fab(changed))
+    config, rounds = _run(fed, "gate-unapproved", changed)
+    refused = {f["hospital"]: f["reason"] for f in config["failed-hospitals"]}
+    assert refused == {NAME: f"refused: app not approved (sha256 {sha})"}, config["failed-hospitals"]
+    assert _trained(rounds) == {"st-mary", "hospital-1"}
+    assert marks["st-mary"].exists() and not marks[NAME].exists()  # the others imported it; hospital-2 did not
+    log = fed.logs[NAME].read_text()
+    assert f"hospitrust gate: refused: app not approved (sha256 {sha})" in log and "hospitrust app review" in log
+
+    # (b) the security officer reviews and approves the bundle the gate kept; the same run trains there
+    pending = fed.gate["store"].bundles / "pending" / f"{sha}.fab"
+    review = subprocess.run([sys.executable, "-m", "hospitrust.ops.cli", "app", "review", str(pending), "--approvals",
+                             str(fed.gate["store"].path)], capture_output=True, text=True, timeout=60)
+    assert review.returncode == 0 and "+import os as _os" in review.stdout, review.stdout + review.stderr
+    fed.gate["store"].approve(pending.read_bytes(), by="security-officer")
+    config, rounds = _run(fed, "gate-approved", changed)
+    assert config["failed-hospitals"] == [] and NAME in _trained(rounds)
+    assert marks[NAME].exists()
+
+    # (c) a bundle nobody approved, signed by the trusted key, runs; the same with a wrong signature is refused
+    signed = _variant(fed, "signed-release")
+    content = approval.build_fab(signed)
+    good = approval.sign(content, fed.gate["key"], fed.gate["key_id"])
+    config, rounds = _run(fed, "gate-signed", signed, f'app-signature="{good}"')
+    assert config["failed-hospitals"] == [] and NAME in _trained(rounds)
+    stranger_key, _, stranger_id = approval.create_signing_key(fed.work / "gate-stranger", "stranger")
+    bad = approval.sign(content, stranger_key, stranger_id)
+    config, rounds = _run(fed, "gate-wrong-signature", signed, f'app-signature="{bad}"')
+    assert [(f["hospital"], f["reason"]) for f in config["failed-hospitals"]] == [
+        (NAME, f"refused: app signed by an untrusted key ({stranger_id})")]
+
+    # (d) more local epochs than the policy allows: refused by policy at training, recorded as such
+    config, rounds = _run(fed, "gate-policy", fed.app, "local-epochs=3")
+    entry = next(c for c in rounds[0]["clients"] if c["hospital"] == NAME)
+    assert entry["rejected"] and "refused by site policy: max-local-epochs: 3 > 2" in entry["reason"], entry
+
+    # (e) hospital-2's audit log verifies, and an edited line is found
+    audit_log = fed.gate["audit"]
+    res = subprocess.run([sys.executable, "-m", "hospitrust.ops.cli", "deploy", "audit", str(audit_log)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "the hash chain verifies" in res.stdout, res.stdout + res.stderr
+    lines = audit_log.read_text().splitlines()
+    entries = [json.loads(line) for line in lines]
+    assert {e["decision"] for e in entries} == {"accepted", "refused"}
+    assert any(e["decision"] == "refused" and e["app_sha256"] == sha for e in entries)
+    trains = [e for e in entries if e["message"] == "train" and e["decision"] == "accepted"]
+    assert trains and all(set(trains[0]["reply"]) >= {"arrays", "metrics"} for _ in trains)
+    assert not any(str(fed.export[NAME]) in line for line in lines)  # no path of the hospital's data
+    edited = json.loads(lines[2])
+    edited["decision"] = "accepted" if edited["decision"] == "refused" else "refused"
+    audit_log.write_text("\n".join([*lines[:2], json.dumps(edited, sort_keys=True), *lines[3:]]) + "\n")
+    res = subprocess.run([sys.executable, "-m", "hospitrust.ops.cli", "deploy", "audit", str(audit_log), "--quiet"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "line 3:" in res.stderr, res.stdout + res.stderr
