@@ -294,7 +294,7 @@ def _check_file(path: Path, task: Task) -> _FileResult:
             with Image.fromarray(pixels) as img:
                 img.convert(mode).resize((task.image_size, task.image_size), Image.Resampling.BILINEAR)
         except DicomError as exc:
-            message = str(exc)
+            message = exc.detail  # the hospital's own terminal: the file's name may be shown here
             res.error = message[len(f"{path}: "):] if message.startswith(f"{path}: ") else message
             return res
         except Exception as exc:  # anything else pydicom or PIL raises is a file the ClientApp cannot use
@@ -318,7 +318,7 @@ def _check_file(path: Path, task: Task) -> _FileResult:
                 if hi > 255:
                     res.clipped = f"{img.mode}, values up to {hi:g}"
     except Exception as exc:  # HospitalDataError; PIL raises many kinds (and DecompressionBombError) on bad files
-        message = str(exc) if isinstance(exc, HospitalDataError) else f"{type(exc).__name__}: {exc}"
+        message = exc.detail if isinstance(exc, HospitalDataError) else f"{type(exc).__name__}: {exc}"
         message = message[len(f"{path}: "):] if message.startswith(f"{path}: ") else message
         res.error = _short(message.replace(str(path), path.name))
         if data[128:132] == b"DICM":
@@ -393,7 +393,7 @@ def _manifest_items(path: Path, report: DataReport) -> list[_Item] | None:
     try:
         listing = list_manifest(path, report.task.class_names, listing_problems)
     except HospitalDataError as exc:
-        report.problems.append(str(exc))
+        report.problems.append(exc.detail)
         return None
     report.problems += listing_problems
     rows = _class_rows(report)
@@ -761,7 +761,7 @@ def check_path(path: Path, task: Task, *, data_format: str = "auto", allow_odd_s
         try:
             list_samples(path, fmt, task.class_names)
         except Exception as exc:  # pragma: no cover - the rules above mirror it
-            report.problems.append(f"the ClientApp's reader refuses the data: {exc}")
+            report.problems.append(f"the ClientApp's reader refuses the data: {getattr(exc, 'detail', exc)}")
     return report
 
 
