@@ -198,7 +198,7 @@ def test_patients_never_straddle_the_split_and_a_given_split_is_kept(tmp_path):
 
 
 @pytest.mark.parametrize("problem, detail, public", [
-    ("missing-file", "row 3: img/1.png not found", "file not found (row 3 of the manifest)"),
+    ("missing-file", "row 3: img/1.png (file not found)", "file not found (row 3 of the manifest)"),
     ("bad-label", "label(s) outside the task's classes (0=healthy, 1=lesion): row 2: 'tumour'",
      "1 label(s) outside the task's classes (0=healthy, 1=lesion) (row 2 of the manifest)"),
     ("wrong-classes", "no folder for class(es) ['lesion']", "no folder for class(es) ['lesion']"),

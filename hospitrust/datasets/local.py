@@ -52,6 +52,7 @@ DICOM_SUFFIXES = (".dcm", ".dicom")
 NOT_IMAGES = (".txt", ".csv", ".json", ".md", ".xml", ".html", ".pdf", ".zip", ".npz", ".npy", ".db", ".ini", ".log")
 MAX_LISTED = 5  # files named per problem in an error message
 SPLIT_VALUES = ("train", "val")
+NOT_FOUND = " (file not found)"  # how a FileProblem's detail ends for a manifest row whose file is missing
 
 
 class HospitalDataError(HospitalError, ValueError):
@@ -283,7 +284,7 @@ def list_manifest(path: Path, class_names: Sequence[str], problems: list[str] | 
             split_rows.append(here)
         if not file.is_file():
             if not_found is not None and label is not None and split in ("", *SPLIT_VALUES):
-                not_found.append(FileProblem(here, "file not found", f"row {row_no}: {row['path']} not found"))
+                not_found.append(FileProblem(here, "file not found", f"row {row_no}: {row['path']}{NOT_FOUND}"))
                 continue
             missing.append(f"row {row_no}: {row['path']}")
             missing_rows.append(here)
