@@ -12,7 +12,8 @@ import argparse
 import sys
 
 
-def _share(text: str) -> float:
+def share_of_files(text: str) -> float:
+    """A share of the files, 0 <= x < 1: the argparse type of ``--skip-unreadable``."""
     try:
         value = float(text)
     except ValueError:
@@ -66,7 +67,7 @@ def add_data_parser(sub) -> None:
                    help="how PATH is laid out (default: detected from the path)")
     add_task_arguments(p)
     p.add_argument("--allow-odd-sizes", action="store_true", help="non-square or small images are warnings, not problems")
-    p.add_argument("--skip-unreadable", type=_share, default=0.0, metavar="SHARE",
+    p.add_argument("--skip-unreadable", type=share_of_files, default=0.0, metavar="SHARE",
                    help="the node config's skip-unreadable: up to this share of the files may be unreadable or missing "
                         "(the ClientApp skips them; warnings here); default 0: any such file is a problem")
     p.add_argument("--cache-dir", default=None, help="the node config's cache-dir (where the decoded images are cached)")
@@ -80,4 +81,4 @@ def add_data_parser(sub) -> None:
     p.set_defaults(func=cmd_data_check)
 
 
-__all__ = ["add_data_parser", "cmd_data_check"]
+__all__ = ["add_data_parser", "cmd_data_check", "share_of_files"]
