@@ -115,7 +115,18 @@ def _console_texts(runs_root: Path) -> dict[str, str]:
     return out
 
 
+#: Where the in-process run's hospital-side log lines come from (a deployment writes them on the
+#: hospital's machine); every other line is the ServerApp's, which `flwr log` would show.
+HOSPITAL_SIDE = ("hospitrust/client_app/", "hospitrust/datasets/", "hospitrust/privacy/", "hospitrust/contribution/client",
+                 "hospitrust/ops/inprocess.py", "flwr/clientapp/")
+
+
+def _hospital_side(record: logging.LogRecord) -> bool:
+    return any(part in record.pathname for part in HOSPITAL_SIDE)
+
+
 def test_no_path_file_name_or_patient_id_leaves_a_hospital(tmp_path, caplog):
+    """Every reply, the server's records, its log and the console API: no identifier of the planted ones."""
     sites = tmp_path / "site-files-ZX81"  # every hospital's files and caches; the server's are elsewhere
     cache = sites / "hcache-QX7"
     hospitals = {
@@ -154,7 +165,8 @@ def test_no_path_file_name_or_patient_id_leaves_a_hospital(tmp_path, caplog):
     for sender, kind, text in replies:
         if hit := find_identifiers(text, forbidden):
             leaks[f"{sender}'s {kind} reply"] = (hit, text[:300])
-    for name, text in {**_scan_records(run_dir), **_console_texts(runs_root)}.items():
+    server_log = "\n".join(caplog.handler.format(r) for r in caplog.records if not _hospital_side(r))
+    for name, text in {**_scan_records(run_dir), **_console_texts(runs_root), "the ServerApp's log": server_log}.items():
         if hit := find_identifiers(text, forbidden):
             leaks[name] = (hit, "")
     assert not leaks, f"identifying names left the hospitals: {leaks}"
@@ -175,3 +187,15 @@ def test_no_path_file_name_or_patient_id_leaves_a_hospital(tmp_path, caplog):
     # the full detail stays in the hospital's own log
     assert "P-SECRET-4711_DOE_JANE.dcm" in caplog.text and "MRN-5550123_ROE_RICHARD.png" in caplog.text
     assert "P-SECRET-0815_SMITH_JOHN.png" in caplog.text and "KEEP-OUT-9931.png" in caplog.text
+    assert "could not join" in server_log  # the scan saw the ServerApp's lines
+
+
+def test_the_scanner_finds_file_names_folders_paths_and_header_values(tmp_path):
+    """The scan is not vacuous: each kind of identifier it lists is found in a text that holds it."""
+    site = _bad_dicom_site(tmp_path / "pacs-export-2291")
+    forbidden = identifiers_under([site], CLASSES)
+    assert {"P-SECRET-4711_DOE_JANE.dcm", "ACC-99812", "DOE^JANE", "PID-31337", str(site)} <= forbidden
+    assert not {"healthy", "lesion"} & forbidden  # the task's class folders may be named
+    for leak in ("patient doe^jane", f"read {site}/x", '{"reason": "IMG-0003.dcm unreadable"}', "acc-99812/"):
+        assert find_identifiers(leak, forbidden), leak
+    assert find_identifiers("2 of 13 images cannot be used (file 1 in the folder of class 'healthy')", forbidden) == []
