@@ -194,3 +194,17 @@ def test_skip_unreadable_covers_a_manifest_row_whose_file_is_missing(tmp_path):
     rc, out, _ = _cli("data", "check", str(manifest), "--classes", ",".join(CLASSES), "--skip-unreadable", "0.1",
                       "--privacy-ledger", str(tmp_path / "l.json"))
     assert rc == 0 and "manifest list.csv: 1 file(s) not found: row 12: lesion/gone.png" in out, out
+
+
+def test_the_data_clis_formats_are_the_readers():
+    """The CLI repeats the formats so that building its parser imports no numpy."""
+    import subprocess
+    import sys
+
+    from hospitrust.datasets.local import FORMATS
+    from hospitrust.ops import data_cli
+
+    assert data_cli.FORMATS == FORMATS
+    code = ("import sys, argparse; from hospitrust.ops.data_cli import add_data_parser; "
+            "add_data_parser(argparse.ArgumentParser().add_subparsers()); print('numpy' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+# the layouts datasets.local reads (repeated so that building the parser imports no numpy; a test compares them)
+FORMATS = ("auto", "folder", "csv", "npz")
+
 
 def share_of_files(text: str) -> float:
     """A share of the files, 0 <= x < 1: the argparse type of ``--skip-unreadable``."""
@@ -49,7 +52,6 @@ def cmd_data_check(args) -> int:
 
 def add_data_parser(sub) -> None:
     """``hospitrust data check``."""
-    from hospitrust.datasets.local import FORMATS
     from hospitrust.tasks.cli import add_task_arguments
 
     data = sub.add_parser("data", help="check a hospital's own data before joining")
