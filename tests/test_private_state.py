@@ -21,7 +21,7 @@ from hospitrust.datasets.dicom import write_dicom
 from hospitrust.datasets.local import HospitalDataError, data_card, load_local, split_local
 from hospitrust.ops.cli import main as cli_main
 from hospitrust.ops.data_check import check_path
-from hospitrust.privacy.ledger import PrivacyLedger
+from hospitrust.privacy.ledger import PrivacyLedger, content_hash
 from hospitrust.privacy.local import PrivacyEvent
 from hospitrust.tasks.task import resolve_task
 
@@ -141,8 +141,12 @@ def test_data_check_writes_no_cache_unless_asked(tmp_path, monkeypatch):
     entries = list((tmp_path / "cache").iterdir())
     assert len(entries) == 1 and f"decoded image cache: {entries[0]} (6 images, decoded now" in out
     assert _mode(tmp_path / "cache") == 0o700 and _mode(entries[0]) == 0o700
-    # the ClientApp then reads it without decoding
-    assert not load_local(data, "auto", TASK, tmp_path / "cache").decoded
+    # the ClientApp then reads it without decoding, and keys its privacy ledger as the check did without a cache
+    cached = load_local(data, "auto", TASK, tmp_path / "cache")
+    in_memory = load_local(data, "auto", TASK, tmp_path / "other", write_cache=False)
+    assert not cached.decoded and in_memory.cache is None and not (tmp_path / "other").exists()
+    assert content_hash(in_memory.images, in_memory.labels, in_memory.digests) == \
+        content_hash(cached.images, cached.labels, cached.digests)
 
 
 def test_skip_unreadable_skips_up_to_its_share_and_refuses_above_it(tmp_path):
