@@ -17,3 +17,22 @@ def did_you_mean(key: str, known: Iterable[str]) -> str:
     if not close and "." not in key:  # an option named without its section: ema-rate -> hta.ema-rate
         close = [k for k in known if k.endswith("." + key)][:1]
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+class HospitalError(Exception):
+    """A failure on a hospital's side, in two texts.
+
+    ``public`` may leave the hospital: it names the problem, a count and an index ("file not found
+    (rows 4, 17 of the manifest)"), never a path, a file name, a folder name other than a task's
+    class folder, a patient id or a DICOM header value. ``detail`` says everything, paths included,
+    and goes only to the hospital's own log and terminal. ``str()`` is the public text, so an error
+    that reaches a reply by any road carries no more than that.
+    """
+
+    def __init__(self, public: str, detail: str | None = None) -> None:
+        super().__init__(public)
+        self.public = public
+        self.detail = public if detail is None else detail
+
+    def __str__(self) -> str:
+        return self.public

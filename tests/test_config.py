@@ -135,3 +135,18 @@ def test_node_config_needs_a_data_source():
         parse_node_config({"hospital": "x"})
     with pytest.raises(ConfigError, match="partition-id 3 must be < num-partitions 3"):
         parse_node_config({"partition-id": 3, "num-partitions": 3})
+
+
+def test_a_bad_node_config_says_which_key_and_leaves_its_value_on_the_hospital():
+    """A node config's values are the hospital's paths: its error's public text (what a reply may
+    carry) names the key and the problem; the detail (the hospital's own log) also the value.
+    """
+    with pytest.raises(ConfigError) as err:
+        parse_node_config({"data-path": "/srv/ACC-99812", "hospital": "x", "skip-unreadable": 1.5})
+    public, detail = str(err.value), err.value.detail
+    assert "skip-unreadable: " in public and "skip-unreadable = 1.5" in detail and "1.5" not in public
+    with pytest.raises(ConfigError) as err:
+        parse_node_config({"data-path": "/srv/ACC-99812", "cache-dri": "/srv/c"})
+    assert "did you mean 'cache-dir'" in str(err.value) and "/srv" not in str(err.value)
+    assert parse_node_config({"data-path": "/d", "skip-unreadable": 0.05}).skip_unreadable == 0.05
+    assert parse_node_config({"data-path": "/d"}).skip_unreadable == 0.0  # default: any unreadable file leaves it out

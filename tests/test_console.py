@@ -216,6 +216,6 @@ def test_a_hospital_that_could_not_join_is_the_first_alert():
 
     rounds = [{"round": 1, "clients": [], "offline": [], "missing": ["h2"]}]
     alerts = views.all_alerts(rounds, ground_truth=False, rare=set(), left_out=[
-        {"node_id": 7, "hospital": "st-broken", "reason": "manifest /srv/m.csv: 1 file(s) not found: row 4: img/2.png"}])
+        {"node_id": 7, "hospital": "st-broken", "reason": "1 of 6 images cannot be used: file not found (row 4 of the manifest)"}])
     assert [a["kind"] for a in alerts] == ["left-out", "missing"]
-    assert alerts[0]["text"] == "st-broken could not join: manifest /srv/m.csv: 1 file(s) not found: row 4: img/2.png"
+    assert alerts[0]["text"] == "st-broken could not join: 1 of 6 images cannot be used: file not found (row 4 of the manifest)"

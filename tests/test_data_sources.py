@@ -107,9 +107,12 @@ def test_class_folders_must_match_the_federation(tmp_path):
     _write_folder(root, ["normal", "covid"], per_class=1)
     with pytest.raises(HospitalDataError) as err:
         load_local(root, "auto", _task("pneumoniamnist"), tmp_path / "cache")
-    msg = str(err.value)
+    msg = err.value.detail  # the hospital's own log: names the folder
     assert "unknown class folder(s) ['covid']" in msg and "no folder for class(es) ['pneumonia']" in msg
     assert "0=normal" in msg
+    public = str(err.value)  # what may leave the hospital: a folder the task does not name is counted, not named
+    assert "class folder 1 of 2: unknown class" in public and "no folder for class(es) ['pneumonia']" in public
+    assert "covid" not in public and str(tmp_path) not in public
 
 
 def test_missing_data_path_is_a_clear_error(tmp_path):

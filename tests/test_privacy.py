@@ -240,7 +240,7 @@ def test_a_hospital_budget_of_zero_or_less_is_refused_in_its_node_config():
     from hospitrust.config import parse_node_config
     from hospitrust.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="privacy-max-epsilon = 0.0: epsilon must be > 0"):
+    with pytest.raises(ConfigError, match="privacy-max-epsilon: epsilon must be > 0"):
         parse_node_config({"partition-id": 0, "num-partitions": 2, "privacy-max-epsilon": 0.0})
 
 

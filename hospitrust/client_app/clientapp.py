@@ -13,6 +13,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from hospitrust.client_app.context import hospital_context, local_report, process_start_time
+from hospitrust.client_app.failures import public_failures_mod
 from hospitrust.client_app.secure import secure_train_mod
 from hospitrust.client_app.training import local_training_step
 from hospitrust.contribution.client import contribution_evaluate_mod, remember_round_mod
@@ -20,13 +21,15 @@ from hospitrust.fbd.client import FBD_ACTION, fbd_train
 from hospitrust.metrics import POOLED_KEY, classification_report, evaluation_counts
 from hospitrust.models.training import pick_device, predict_proba
 
-app = ClientApp()
+# outermost on every handler: a failure leaves the hospital as its public text only
+app = ClientApp(mods=[public_failures_mod])
 
 
 @app.query()
 def describe(msg: Message, context: Context) -> Message:
     """Who this node is and what it holds: the server maps node ids to hospitals with it. The data
-    card is counts and pixel statistics only: never an image, a path or a patient id.
+    card is counts and pixel statistics only (with the number of files skipped under
+    skip-unreadable): never an image, a path, a file name or a patient id.
     """
     hospital = hospital_context(context, msg)
     node, task, data, card = hospital.node, hospital.task, hospital.data, hospital.card
@@ -44,6 +47,7 @@ def describe(msg: Message, context: Context) -> Message:
             "patients": int(card.get("patients", 0)),
             "pixel-mean": [float(v) for v in card.get("pixel-mean", [])],
             "pixel-std": [float(v) for v in card.get("pixel-std", [])],
+            "skipped-files": int(card.get("skipped-files", 0)),
         }
     )
     return Message(RecordDict({"info": record}), reply_to=msg)

@@ -56,12 +56,14 @@ def load_hospital(cfg: RunConfig, node: NodeConfig, task: Task) -> tuple[Hospita
     """
     if node.data_path:
         try:
-            data = load_local(node.data_path, node.data_format, task, node.cache_dir)
+            data = load_local(node.data_path, node.data_format, task, node.cache_dir,
+                              skip_unreadable=node.skip_unreadable)
             # the local split is seeded by the hospital's name, so it is stable across messages
             name_seed = zlib.crc32(node.hospital_name.encode())
             train_idx, val_idx = split_local(data, cfg.val_fraction, seed=cfg.seed * 1000 + name_seed)
-        except HospitalDataError as exc:  # the server records the reason; the round goes on without it
-            raise HospitalDataError(f"hospital '{node.hospital_name}' cannot join: {exc}") from None
+        except HospitalDataError as exc:  # the server records the public reason; the round goes on without it
+            cannot = f"hospital '{node.hospital_name}' cannot join: "
+            raise HospitalDataError(cannot + exc.public, cannot + exc.detail) from None
         card = data_card(data, train_idx, val_idx, task.num_classes)
         # the key of its privacy ledger (on this machine only; the query round does not send it)
         card["content-hash"] = content_hash(data.images, data.labels, data.digests)

@@ -14,8 +14,14 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from hospitrust.errors import ConfigError, did_you_mean
+from hospitrust.errors import ConfigError, HospitalError, did_you_mean
 from hospitrust.options import Options, OptionsError, memo_key
+
+
+class NodeConfigError(HospitalError, ConfigError):
+    """A bad node config: the public text names the keys and what is wrong, the detail also their
+    values (a data-path or cache-dir value is a path on the hospital's machine).
+    """
 
 
 class NodeConfig(Options):
@@ -31,6 +37,11 @@ class NodeConfig(Options):
     data_format: str = Field("auto", description="How data-path is laid out: auto (detected), folder, csv or npz.")
     cache_dir: str | None = Field(None, description=(
         "Where decoded images are cached (default $HOSPITRUST_CACHE_DIR, else ~/.cache/hospitrust/images)."
+    ))
+    skip_unreadable: float = Field(0.0, ge=0.0, lt=1.0, description=(
+        "The share of the hospital's listed files that may be unreadable (or, in a manifest, missing) and is then "
+        "left out: 0.05 skips up to 5 %. The count skipped is reported, never the names. 0 (default): any such "
+        "file leaves the hospital out of the run, with the reason."
     ))
     hospital: str | None = Field(None, description="The hospital's name, as the federation records it.")
     malicious: bool | None = Field(None, description=(
@@ -88,13 +99,16 @@ def parse_node_config(raw: Mapping[str, Any]) -> NodeConfig:
         return NodeConfig.from_flat(dict(raw))  # type: ignore[return-value]
     except OptionsError as err:
         known = list(NodeConfig.flat_fields())
-        lines = []
+        lines, public = [], []
         for key, value, msg in err.problems:
             if msg == "unknown key":
                 lines.append(f"  - unknown key {key!r}{did_you_mean(key, known)} (known: {', '.join(known)})")
+                public.append(lines[-1])
             else:
                 lines.append(f"  - {key} = {value!r}: {msg}" if key else f"  - {msg}")
-        raise ConfigError("invalid node config:\n" + "\n".join(lines)) from None
+                public.append(f"  - {key}: {msg}" if key else f"  - {msg}")
+        raise NodeConfigError("invalid node config:\n" + "\n".join(public),
+                              "invalid node config:\n" + "\n".join(lines)) from None
 
 
 @functools.lru_cache(maxsize=4096)

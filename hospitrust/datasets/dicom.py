@@ -3,7 +3,8 @@
 Hospitals export images from their PACS as DICOM; the federation trains on uint8 arrays,
 ``(H, W)`` for grey and ``(H, W, 3)`` for RGB. ``read_dicom`` gets from one to the other with
 pydicom's own functions, in this order, and refuses a file it cannot use with a
-:class:`DicomError` that names the file and what was expected:
+:class:`DicomError` whose ``detail`` names the file and what was expected (its public text, which
+may leave the hospital, names the problem only):
 
 1. **Read** the file with ``pydicom.dcmread`` (a DICOM file has the ``DICM`` marker at byte 128);
    it must have a *Pixel Data* element.
@@ -59,6 +60,8 @@ from pydicom.uid import (
     generate_uid,
 )
 
+from hospitrust.errors import HospitalError
+
 DICOM_SUFFIXES = (".dcm", ".dicom")
 MAX_BITS_STORED = 16
 INSTALL_HINT = "pip install 'hospitrust[dicom]'"
@@ -66,12 +69,17 @@ INSTALL_HINT = "pip install 'hospitrust[dicom]'"
 # what the decoded pixels may be; YBR_* are turned into RGB while decoding
 _GREY = ("MONOCHROME1", "MONOCHROME2")
 _SUPPORTED = (*_GREY, "RGB", "YBR_FULL", "YBR_FULL_422", "PALETTE COLOR")
+# what a DicomError's public text says (no header value: the interpretation itself stays local)
+UNSUPPORTED_PHOTOMETRIC = f"an unsupported photometric interpretation (supported: {', '.join(_SUPPORTED)})"
+UNDECODABLE = "pixel data that could not be decoded"
 # JPEG 2000's colour transforms, which the JPEG 2000 decoders (Pillow, pylibjpeg-openjpeg, GDCM) undo themselves
 _J2K_COLOUR = ("YBR_ICT", "YBR_RCT")
 
 
-class DicomError(ValueError):
-    """A DICOM file the federation cannot use; the message names the file and what was expected."""
+class DicomError(HospitalError, ValueError):
+    """A DICOM file the federation cannot use: ``public`` names the problem only (no path, no header
+    value: it may leave the hospital), ``detail`` names the file and what was expected.
+    """
 
 
 def is_dicom(path: Path) -> bool:
@@ -169,9 +177,9 @@ def read_dicom(path: Path, *, frame: int | None = None) -> np.ndarray:
     except RuntimeError as exc:
         if "missing dependencies" in str(exc):  # pydicom's words when no plugin can decode the syntax
             raise _missing_decoder(path, tsyntax, decoder) from exc
-        raise DicomError(f"{path}: pixel data in {_syntax_name(tsyntax)} could not be decoded: {exc}") from exc
+        raise DicomError(UNDECODABLE, f"{path}: pixel data in {_syntax_name(tsyntax)} could not be decoded: {exc}") from exc
     except Exception as exc:  # pydicom and its plugins raise many kinds on corrupt pixel data
-        raise DicomError(f"{path}: pixel data in {_syntax_name(tsyntax)} could not be decoded: {exc}") from exc
+        raise DicomError(UNDECODABLE, f"{path}: pixel data in {_syntax_name(tsyntax)} could not be decoded: {exc}") from exc
 
     decoded = str(props.get("photometric_interpretation", photometric))
     if decoded in ("YBR_FULL", "YBR_FULL_422"):  # only if a decoder left it in YCbCr
@@ -188,9 +196,11 @@ def read_dicom(path: Path, *, frame: int | None = None) -> np.ndarray:
         try:
             rgb = apply_color_lut(arr, ds)
         except Exception as exc:  # a missing or malformed palette
-            raise DicomError(f"{path}: PALETTE COLOR image whose palette cannot be applied: {exc}") from exc
+            raise DicomError("a PALETTE COLOR image whose palette cannot be applied",
+                             f"{path}: PALETTE COLOR image whose palette cannot be applied: {exc}") from exc
         return (rgb >> 8).astype(np.uint8) if rgb.dtype.itemsize > 1 else rgb.astype(np.uint8)
-    raise DicomError(f"{path}: photometric interpretation {decoded!r} after decoding; supported: {', '.join(_SUPPORTED)}")
+    raise DicomError(UNSUPPORTED_PHOTOMETRIC,
+                     f"{path}: photometric interpretation {decoded!r} after decoding; supported: {', '.join(_SUPPORTED)}")
 
 
 def write_dicom(path: Path, pixels: np.ndarray, *, patient_id: str, label: str | None = None, bits: int = 8) -> None:
@@ -275,11 +285,12 @@ def _read(path: Path) -> Dataset:
     try:
         ds = pydicom.dcmread(path)
     except Exception as exc:  # pydicom raises InvalidDicomError, OSError, EOFError, struct.error, ... on bad files
-        raise DicomError(f"{path}: not a readable DICOM file (expected the 'DICM' marker at byte 128 and a valid dataset): {exc}") from exc
+        raise DicomError("not a readable DICOM file", f"{path}: not a readable DICOM file (expected the 'DICM' marker at "
+                         f"byte 128 and a valid dataset): {exc}") from exc
     if "PixelData" not in ds:
         other = [kw for kw in ("FloatPixelData", "DoubleFloatPixelData") if kw in ds]
         what = f"only {' and '.join(other)}, which the federation does not read" if other else f"no (7FE0,0010) Pixel Data element; SOP class {_sop_class(ds)}"
-        raise DicomError(f"{path}: no pixel data ({what}); expected an image")
+        raise DicomError("a DICOM file without pixel data", f"{path}: no pixel data ({what}); expected an image")
     return ds
 
 
@@ -291,7 +302,8 @@ def _sop_class(ds: Dataset) -> str:
 def _transfer_syntax(path: Path, ds: Dataset) -> UID:
     tsyntax = getattr(ds, "file_meta", Dataset()).get("TransferSyntaxUID")
     if not tsyntax:
-        raise DicomError(f"{path}: no (0002,0010) Transfer Syntax UID in the file meta information; expected a DICOM Part 10 file")
+        raise DicomError("no Transfer Syntax UID in the file meta information",
+                         f"{path}: no (0002,0010) Transfer Syntax UID in the file meta information; expected a DICOM Part 10 file")
     return UID(str(tsyntax))
 
 
@@ -303,7 +315,8 @@ def _decoder(path: Path, tsyntax: UID) -> Any:
     try:
         decoder = get_decoder(tsyntax)
     except NotImplementedError as exc:
-        raise DicomError(f"{path}: pixel data in {_syntax_name(tsyntax)}, which pydicom cannot decode") from exc
+        raise DicomError("pixel data in a transfer syntax pydicom cannot decode",
+                         f"{path}: pixel data in {_syntax_name(tsyntax)}, which pydicom cannot decode") from exc
     # a compressed syntax needs a plugin; pydicom knows which ones are installed
     if decoder.is_encapsulated and not decoder.is_available:
         raise _missing_decoder(path, tsyntax, decoder)
@@ -312,15 +325,17 @@ def _decoder(path: Path, tsyntax: UID) -> Any:
 
 def _missing_decoder(path: Path, tsyntax: UID, decoder: Any) -> DicomError:
     needs = "; ".join(decoder.missing_dependencies) or "a decoding plugin"
-    return DicomError(f"{path}: pixel data compressed in {_syntax_name(tsyntax)} and no decoder for it is installed ({needs}); run {INSTALL_HINT}")
+    return DicomError(f"compressed pixel data and no decoder for it installed (run {INSTALL_HINT})",
+                      f"{path}: pixel data compressed in {_syntax_name(tsyntax)} and no decoder for it is installed ({needs}); run {INSTALL_HINT}")
 
 
 def _bits_stored(path: Path, ds: Dataset) -> int:
     bits = ds.get("BitsStored")
     if bits is None:
-        raise DicomError(f"{path}: no (0028,0101) Bits Stored; expected 1 to {MAX_BITS_STORED}")
+        raise DicomError("no Bits Stored", f"{path}: no (0028,0101) Bits Stored; expected 1 to {MAX_BITS_STORED}")
     if int(bits) > MAX_BITS_STORED:
-        raise DicomError(f"{path}: {int(bits)}-bit pixels (Bits Stored {int(bits)}); the federation reads up to {MAX_BITS_STORED} bits")
+        raise DicomError(f"more than {MAX_BITS_STORED} bits stored",
+                         f"{path}: {int(bits)}-bit pixels (Bits Stored {int(bits)}); the federation reads up to {MAX_BITS_STORED} bits")
     return int(bits)
 
 
@@ -330,10 +345,12 @@ def _frame_index(path: Path, ds: Dataset, frame: int | None) -> int | None:
     n = max(n, 1)  # 0 is sometimes written for a single frame
     if frame is None:
         if n > 1:
-            raise DicomError(f"{path}: multi-frame ({n} frames); set the task's dicom-frame to choose one (0 to {n - 1})")
+            raise DicomError("a multi-frame file and no dicom-frame in the task",
+                             f"{path}: multi-frame ({n} frames); set the task's dicom-frame to choose one (0 to {n - 1})")
         return None
     if not 0 <= frame < n:
-        raise DicomError(f"{path}: dicom-frame {frame} is out of range; the file has {n} frame(s), 0 to {n - 1}")
+        raise DicomError(f"dicom-frame {frame} is out of the file's range of frames",
+                         f"{path}: dicom-frame {frame} is out of range; the file has {n} frame(s), 0 to {n - 1}")
     return frame
 
 
@@ -341,7 +358,8 @@ def _photometric(path: Path, ds: Dataset, tsyntax: UID) -> str:
     photometric = str(ds.get("PhotometricInterpretation", "")).strip().upper()
     if photometric in _SUPPORTED or (photometric in _J2K_COLOUR and tsyntax in JPEG2000TransferSyntaxes):
         return photometric
-    raise DicomError(f"{path}: photometric interpretation {photometric or 'missing'!r}; supported: {', '.join(_SUPPORTED)}")
+    raise DicomError(UNSUPPORTED_PHOTOMETRIC,
+                     f"{path}: photometric interpretation {photometric or 'missing'!r}; supported: {', '.join(_SUPPORTED)}")
 
 
 def _round_uint8(values: np.ndarray) -> np.ndarray:
@@ -390,7 +408,8 @@ def _grey_to_uint8(path: Path, arr: np.ndarray, ds: Dataset, bits: int) -> np.nd
     except DicomError:
         raise
     except Exception as exc:  # malformed LUTs or window values
-        raise DicomError(f"{path}: the modality LUT / VOI LUT / window cannot be applied: {exc}") from exc
+        raise DicomError("the modality LUT / VOI LUT / window cannot be applied",
+                         f"{path}: the modality LUT / VOI LUT / window cannot be applied: {exc}") from exc
     return _scale(values, float(values.min()), float(values.max()))
 
 

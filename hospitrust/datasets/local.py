@@ -13,9 +13,15 @@ Formats (``data-format``; ``auto`` detects them from the path):
 
 Decoded images (resized to the task's size, its channels) are written once to
 ``<cache-dir>/<key>/``: ``images.npy`` (uint8, read back memory-mapped) with labels, patient ids
-and per-image digests. The key covers every file's path, size and modification time, the labels,
-and the task's preprocessing, so changing a file or the task decodes again. Samples are kept in
-the order of their pixel digests: the same images give the same arrays in every format.
+and per-image digests, every file 0600 in a 0700 folder (``hospitrust.private``). The key covers
+every file's path, size and modification time, the labels, and the task's preprocessing, so
+changing a file or the task decodes again. Samples are kept in the order of their pixel digests:
+the same images give the same arrays in every format.
+
+Every error is a :class:`HospitalDataError` with two texts: ``public`` (its ``str``), which the
+ClientApp may send, names the problem, a count and where by index ("file not found (rows 4, 17 of
+the manifest)", "file 3 in the folder of class 'normal'"); ``detail``, with paths and file names,
+is for the hospital's own log and ``hospitrust data check``.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ from typing import Any
 
 import numpy as np
 
+from hospitrust.errors import HospitalError
+from hospitrust.private import private_dir, save_private_npy, tighten_path, write_private_text
+
 
 FORMATS = ("auto", "folder", "csv", "npz")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
@@ -43,10 +52,18 @@ DICOM_SUFFIXES = (".dcm", ".dicom")
 NOT_IMAGES = (".txt", ".csv", ".json", ".md", ".xml", ".html", ".pdf", ".zip", ".npz", ".npy", ".db", ".ini", ".log")
 MAX_LISTED = 5  # files named per problem in an error message
 SPLIT_VALUES = ("train", "val")
+NOT_FOUND = " (file not found)"  # how a FileProblem's detail ends for a manifest row whose file is missing
 
 
-class HospitalDataError(ValueError):
-    """Data that does not fit the task; the message names the file and what was expected."""
+class HospitalDataError(HospitalError, ValueError):
+    """Data that does not fit the task: ``public`` (also ``str``) names the problem and where by index,
+    ``detail`` names the file and what was expected.
+    """
+
+
+def _default_root(cache_dir: str | Path | None) -> bool:
+    """Whether the cache root is hospitrust's own default folder (which it may tighten to 0700)."""
+    return cache_dir is None and not os.environ.get(CACHE_ENV, "")
 
 
 def default_cache_dir() -> Path:
@@ -57,12 +74,66 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class Sample:
-    """One image file and what the layout says about it."""
+    """One image file and what the layout says about it; ``place`` and ``number`` say where it is
+    without naming it (``number`` of ``place``: row 14 of "the manifest", file 3 of "the folder of
+    class 'normal'" in name order, image 5 of "the archive").
+    """
 
     path: Path
     label: int
     patient: str = ""
     split: str = ""  # "", "train" or "val"
+    place: str = ""
+    number: int = 0
+
+
+@dataclass(frozen=True)
+class FileProblem:
+    """A listed file the federation cannot use: where it is (as a Sample says it), the problem in
+    public words, and the detail with its path.
+    """
+
+    sample: Sample
+    problem: str
+    detail: str
+
+
+_UNITS = {"the manifest": "row", "the archive": "image"}  # any other place: a class folder, counted in files
+
+
+def where_public(samples: Sequence[Sample]) -> str:
+    """Samples located without names: "rows 4, 17 of the manifest; file 3 in the folder of class 'normal'"."""
+    by_place: dict[str, list[int]] = {}
+    for s in samples:
+        by_place.setdefault(s.place, []).append(s.number)
+    parts = []
+    for place, numbers in by_place.items():
+        unit = _UNITS.get(place, "file")
+        shown = ", ".join(str(n) for n in sorted(numbers)[:MAX_LISTED])
+        more = f", ... ({len(numbers) - MAX_LISTED} more)" if len(numbers) > MAX_LISTED else ""
+        parts.append(f"{unit}{'s' if len(numbers) > 1 else ''} {shown}{more} {'in' if unit == 'file' else 'of'} {place}")
+    return "; ".join(parts)
+
+
+def problems_error(problems: Sequence[FileProblem], listed: int, skip_unreadable: float = 0.0) -> HospitalDataError:
+    """One error for the files that cannot be used: public by problem and index, detail with every file."""
+    by_problem: dict[str, list[FileProblem]] = {}
+    for p in problems:
+        by_problem.setdefault(p.problem, []).append(p)
+    allowed = f" (skip-unreadable = {skip_unreadable:g} allows {allowed_skips(listed, skip_unreadable)})" \
+        if skip_unreadable > 0 else ""
+    head = f"{len(problems)} of {listed} images cannot be used{allowed}: "
+    public = head + "; ".join(f"{what} ({where_public([p.sample for p in group])})" for what, group in by_problem.items())
+    public += "; hospitrust data check on the hospital's machine names the files"
+    details = [p.detail for p in problems]
+    detail = head + "; ".join(details[:MAX_LISTED]) + (f"; ... ({len(details) - MAX_LISTED} more)"
+                                                     if len(details) > MAX_LISTED else "")
+    return HospitalDataError(public, detail)
+
+
+def allowed_skips(listed: int, skip_unreadable: float) -> int:
+    """How many unreadable files ``skip-unreadable`` (a share of the listed files) lets a hospital skip."""
+    return int(np.floor(listed * skip_unreadable + 1e-9))
 
 
 @dataclass(frozen=True)
@@ -89,9 +160,13 @@ def detect_format(path: Path) -> str:
     if path.suffix.lower() == ".npz":
         return "npz"
     if not path.exists():
-        raise HospitalDataError(f"data path {path} does not exist (expected a folder of class folders, a .csv manifest "
+        raise HospitalDataError("the data path does not exist (expected a folder of class folders, a .csv manifest or "
+                                "a .npz archive)",
+                                f"data path {path} does not exist (expected a folder of class folders, a .csv manifest "
                                 "or a .npz archive)")
-    raise HospitalDataError(f"data path {path}: cannot tell its format from the name (expected a folder, a .csv "
+    raise HospitalDataError("cannot tell the data path's format from its name (expected a folder, a .csv manifest or "
+                            "a .npz archive); name it with data-format",
+                            f"data path {path}: cannot tell its format from the name (expected a folder, a .csv "
                             "manifest or a .npz archive); name it with data-format")
 
 
@@ -129,24 +204,31 @@ def list_folder(root: Path, class_names: Sequence[str], problems: list[str] | No
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     mapping: dict[str, int] = {}
     unknown = []
-    for folder in folders:
+    unknown_numbers = []  # 1-based among the sub-folders in name order: how the public text names them
+    for number, folder in enumerate(folders, start=1):
         idx = class_index(folder.name, class_names)
         if idx is None:
             unknown.append(folder.name)
+            unknown_numbers.append(number)
         else:
             mapping[folder.name] = idx
     missing = sorted(set(range(len(class_names))) - set(mapping.values()))
     doubled = sorted({n for n in mapping.values() if list(mapping.values()).count(n) > 1})
     if (unknown or missing or doubled) and problems is None:
-        parts = []
+        parts, public = [], []
         if unknown:
             parts.append(f"unknown class folder(s) {unknown}")
+            public.append(f"class folder{'s' if len(unknown) > 1 else ''} {', '.join(map(str, unknown_numbers))} of "
+                          f"{len(folders)}: unknown class")
         if missing:
             parts.append(f"no folder for class(es) {[class_names[i] for i in missing]}")
+            public.append(parts[-1])
         if doubled:
             parts.append(f"several folders for class(es) {[class_names[i] for i in doubled]}")
-        raise HospitalDataError(f"class folders in {root} do not match the task's classes: {'; '.join(parts)}; "
-                                f"expected one folder per class, named by name or index: {_expected(class_names)}")
+            public.append(parts[-1])
+        expected = f"expected one folder per class, named by name or index: {_expected(class_names)}"
+        raise HospitalDataError(f"class folders do not match the task's classes: {'; '.join(public)}; {expected}",
+                                f"class folders in {root} do not match the task's classes: {'; '.join(parts)}; {expected}")
     if problems is not None:
         problems += [f"unknown class folder '{u}': the task's classes are {_expected(class_names)}" for u in unknown]
         problems += [f"missing class {i}={class_names[i]}: no folder '{class_names[i]}' or '{i}'" for i in missing]
@@ -154,16 +236,19 @@ def list_folder(root: Path, class_names: Sequence[str], problems: list[str] | No
                      for i in doubled]
     samples = []
     for folder_name, cls in sorted(mapping.items()):
-        for file in sorted((root / folder_name).rglob("*")):
-            hidden = any(part.startswith(".") for part in file.relative_to(root).parts)  # .thumbnails/ and the like
-            if file.is_file() and not hidden and is_image_file(file):
-                samples.append(Sample(file, cls))
+        place = f"the folder of class '{class_names[cls]}'"
+        files = sorted((root / folder_name).rglob("*"))
+        numbered = [f for f in files if f.is_file() and not any(part.startswith(".") for part in f.relative_to(root).parts)
+                    and is_image_file(f)]  # not .thumbnails/ and the like
+        samples += [Sample(file, cls, place=place, number=i) for i, file in enumerate(numbered, start=1)]
     return Listing(root, "folder", tuple(samples))
 
 
-def list_manifest(path: Path, class_names: Sequence[str], problems: list[str] | None = None) -> Listing:
+def list_manifest(path: Path, class_names: Sequence[str], problems: list[str] | None = None,
+                  not_found: list[FileProblem] | None = None) -> Listing:
     """A CSV manifest's samples; HospitalDataError naming the row of each problem (with ``problems``:
-    appended there instead, and the usable rows are listed).
+    appended there instead, and the usable rows are listed; with ``not_found``: rows whose file is
+    missing are appended there, for the caller to skip or refuse).
     """
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:  # Excel's "CSV UTF-8" starts with a byte-order mark
@@ -171,39 +256,53 @@ def list_manifest(path: Path, class_names: Sequence[str], problems: list[str] | 
             columns = [c.strip() for c in (reader.fieldnames or [])]
             rows = list(reader)
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise HospitalDataError(f"manifest {path}: not readable as CSV ({exc})") from None
+        raise HospitalDataError(f"the manifest is not readable as CSV ({type(exc).__name__})",
+                                f"manifest {path}: not readable as CSV ({exc})") from None
     for required in ("path", "label"):
         if required not in columns:
-            raise HospitalDataError(f"manifest {path}: no '{required}' column (columns: {columns}); expected "
-                                    "path,label[,patient_id][,split]")
+            expected = "expected path,label[,patient_id][,split]"
+            raise HospitalDataError(f"the manifest has no '{required}' column ({len(columns)} columns); {expected}",
+                                    f"manifest {path}: no '{required}' column (columns: {columns}); {expected}")
     samples, missing, bad_labels, bad_splits = [], [], [], []
+    missing_rows, label_rows, split_rows = [], [], []
     for row_no, raw in enumerate(rows, start=2):  # row 1 is the header
         row = {str(k).strip(): (v or "").strip() for k, v in raw.items() if k is not None}
+        here = Sample(path, -1, place="the manifest", number=row_no)
         if not row["path"]:
             missing.append(f"row {row_no}: empty path")
+            missing_rows.append(here)
             continue
         file = Path(row["path"]).expanduser()
         file = file if file.is_absolute() else path.parent / file
         label = class_index(row["label"], class_names)
         split = row.get("split", "").lower()
-        if not file.is_file():
-            missing.append(f"row {row_no}: {row['path']}")
         if label is None:
             bad_labels.append(f"row {row_no}: {row['label']!r}")
+            label_rows.append(here)
         if split and split not in SPLIT_VALUES:
             bad_splits.append(f"row {row_no}: {split!r}")
+            split_rows.append(here)
+        if not file.is_file():
+            if not_found is not None and label is not None and split in ("", *SPLIT_VALUES):
+                not_found.append(FileProblem(here, "file not found", f"row {row_no}: {row['path']}{NOT_FOUND}"))
+                continue
+            missing.append(f"row {row_no}: {row['path']}")
+            missing_rows.append(here)
         if file.is_file() and label is not None and split in ("", *SPLIT_VALUES):
-            samples.append(Sample(file.resolve(), label, row.get("patient_id", ""), split))
-    found = []
+            samples.append(Sample(file.resolve(), label, row.get("patient_id", ""), split, "the manifest", row_no))
+    found, public = [], []
     if missing:
         found.append(f"{len(missing)} file(s) not found: {_listed(missing)}")
+        public.append(f"{len(missing)} file(s) not found ({where_public(missing_rows)})")
     if bad_labels:
-        found.append(f"{len(bad_labels)} label(s) outside the task's classes ({_expected(class_names)}): "
-                     f"{_listed(bad_labels)}")
+        classes = f"label(s) outside the task's classes ({_expected(class_names)})"
+        found.append(f"{len(bad_labels)} {classes}: {_listed(bad_labels)}")
+        public.append(f"{len(bad_labels)} {classes} ({where_public(label_rows)})")
     if bad_splits:
         found.append(f"{len(bad_splits)} split value(s) not 'train' or 'val': {_listed(bad_splits)}")
+        public.append(f"{len(bad_splits)} split value(s) not 'train' or 'val' ({where_public(split_rows)})")
     if found and problems is None:
-        raise HospitalDataError(f"manifest {path}: " + "; ".join(found))
+        raise HospitalDataError("manifest: " + "; ".join(public), f"manifest {path}: " + "; ".join(found))
     if problems is not None:
         problems += [f"manifest {path.name}: {f}" for f in found]
     return Listing(path.parent, "csv", tuple(samples))
@@ -211,38 +310,44 @@ def list_manifest(path: Path, class_names: Sequence[str], problems: list[str] | 
 
 def list_npz(path: Path, class_names: Sequence[str]) -> Listing:
     """An archive's samples (images stay in the archive's arrays)."""
+    def refuse(public: str, detail: str | None = None) -> HospitalDataError:
+        return HospitalDataError(f"the archive: {public}", f"{path}: {detail or public}")
+
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
     except (OSError, ValueError) as exc:
-        raise HospitalDataError(f"{path}: not a readable .npz archive ({exc})") from None
+        raise refuse(f"not a readable .npz archive ({type(exc).__name__})", f"not a readable .npz archive ({exc})") from None
     for key in ("images", "labels"):
         if key not in arrays:
-            raise HospitalDataError(f"{path}: no '{key}' array (arrays: {sorted(arrays)}); expected images, labels"
-                                    "[, patient_ids][, split]")
+            expected = "expected images, labels[, patient_ids][, split]"
+            raise refuse(f"no '{key}' array; {expected}", f"no '{key}' array (arrays: {sorted(arrays)}); {expected}")
     images, labels = arrays["images"], arrays["labels"].reshape(-1)
     if images.dtype != np.uint8 or images.ndim not in (3, 4) or images.shape[0] != labels.shape[0]:
-        raise HospitalDataError(f"{path}: images must be uint8 (N, H, W[, C]) with one label each; got {images.dtype} "
-                                f"{images.shape} and {labels.shape[0]} labels")
+        raise refuse(f"images must be uint8 (N, H, W[, C]) with one label each; got {images.dtype} {images.shape} and "
+                     f"{labels.shape[0]} labels")
     if not np.issubdtype(labels.dtype, np.integer):
-        raise HospitalDataError(f"{path}: labels must be integer class indices ({_expected(class_names)}), got "
-                                f"{labels.dtype} values such as {labels[:3].tolist()}")
+        expected = f"labels must be integer class indices ({_expected(class_names)}), got {labels.dtype}"
+        raise refuse(expected, f"{expected} values such as {labels[:3].tolist()}")
     bad = sorted({int(v) for v in labels if not (0 <= int(v) < len(class_names))})
     if bad:
-        raise HospitalDataError(f"{path}: labels {bad} outside the task's classes ({_expected(class_names)})")
+        raise refuse(f"labels {bad} outside the task's classes ({_expected(class_names)})")
     patients = arrays.get("patient_ids", np.full(labels.shape, "", dtype=object)).reshape(-1)
     splits = arrays.get("split", np.full(labels.shape, "", dtype=object)).reshape(-1)
     for name, values in (("patient_ids", patients), ("split", splits)):
         if values.shape[0] != labels.shape[0]:
-            raise HospitalDataError(f"{path}: {name} has {values.shape[0]} entries for {labels.shape[0]} images")
+            raise refuse(f"{name} has {values.shape[0]} entries for {labels.shape[0]} images")
     wrong = sorted({str(v) for v in splits if str(v) not in ("", *SPLIT_VALUES)})
     if wrong:
-        raise HospitalDataError(f"{path}: split values {wrong} are not 'train' or 'val'")
-    samples = tuple(Sample(path, int(lab), str(pat), str(spl)) for lab, pat, spl in zip(labels, patients, splits))
+        raise refuse(f"{sum(str(v) not in ('', *SPLIT_VALUES) for v in splits)} split values are not 'train' or 'val'",
+                     f"split values {wrong} are not 'train' or 'val'")
+    samples = tuple(Sample(path, int(lab), str(pat), str(spl), "the archive", i)
+                    for i, (lab, pat, spl) in enumerate(zip(labels, patients, splits)))
     return Listing(path, "npz", samples, arrays={"images": images})
 
 
-def list_samples(path: str | Path, data_format: str, class_names: Sequence[str]) -> Listing:
+def list_samples(path: str | Path, data_format: str, class_names: Sequence[str],
+                 not_found: list[FileProblem] | None = None) -> Listing:
     """The samples under ``path`` in ``data_format`` (``auto``: detected).
 
     Parameters
@@ -253,6 +358,8 @@ def list_samples(path: str | Path, data_format: str, class_names: Sequence[str])
         One of ``FORMATS``.
     class_names : sequence of str
         The task's classes, in label order.
+    not_found : list of FileProblem, optional
+        A manifest's rows whose file is missing are appended here instead of refused.
 
     Returns
     -------
@@ -265,18 +372,20 @@ def list_samples(path: str | Path, data_format: str, class_names: Sequence[str])
     fmt = detect_format(p) if data_format == "auto" else data_format
     if fmt == "folder":
         if not p.is_dir():
-            raise HospitalDataError(f"data path {p} is not a folder (data-format folder: one sub-folder per class)")
+            raise HospitalDataError("the data path is not a folder (data-format folder: one sub-folder per class)",
+                                    f"data path {p} is not a folder (data-format folder: one sub-folder per class)")
         listing = list_folder(p, class_names)
     elif fmt == "csv":
         if not p.is_file():
-            raise HospitalDataError(f"manifest {p} not found")
-        listing = list_manifest(p, class_names)
+            raise HospitalDataError("the manifest (the data path) was not found", f"manifest {p} not found")
+        listing = list_manifest(p, class_names, not_found=not_found)
     else:
         if not p.is_file():
-            raise HospitalDataError(f"archive {p} not found")
+            raise HospitalDataError("the archive (the data path) was not found", f"archive {p} not found")
         listing = list_npz(p, class_names)
-    if not listing.samples:
-        raise HospitalDataError(f"no images under {p} ({', '.join(IMAGE_SUFFIXES + DICOM_SUFFIXES)})")
+    if not listing.samples and not not_found:
+        suffixes = ", ".join(IMAGE_SUFFIXES + DICOM_SUFFIXES)
+        raise HospitalDataError(f"no images in the data path ({suffixes})", f"no images under {p} ({suffixes})")
     return listing
 
 
@@ -303,11 +412,12 @@ def decode_file(path: Path, image_size: int, channels: int, dicom_frame: int = -
         with img:
             arr = np.asarray(img.convert(mode).resize((image_size, image_size), Image.Resampling.BILINEAR), dtype=np.uint8)
     except DicomError as exc:
-        raise HospitalDataError(str(exc)) from None
+        raise HospitalDataError(exc.public, exc.detail) from None
     except Image.DecompressionBombError as exc:
-        raise HospitalDataError(f"{path}: {exc}"[:400]) from None
+        raise HospitalDataError("an image too large to decode (decompression bomb guard)", f"{path}: {exc}"[:400]) from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise HospitalDataError(f"{path}: not a readable image ({type(exc).__name__}: {exc})"[:400]) from None
+        raise HospitalDataError("not a readable image",
+                                f"{path}: not a readable image ({type(exc).__name__}: {exc})"[:400]) from None
     return arr if arr.ndim == 3 else arr[..., None]
 
 
@@ -379,8 +489,9 @@ class LocalData:
     patients: np.ndarray  # str (N,), "" where unknown
     splits: np.ndarray  # str (N,), "" where not given
     digests: np.ndarray  # str (N,): sha1 of each decoded image (duplicates, canonical order)
-    cache: Path
+    cache: Path | None  # None: decoded in memory, no cache written
     decoded: bool  # False when read from the cache
+    skipped: int = 0  # unreadable or missing files left out (node config skip-unreadable)
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -425,7 +536,7 @@ def _cache_key(listing: Listing, preprocessing: str) -> str:
 
 
 def load_local(path: str | Path, data_format: str, task: Any, cache_dir: str | Path | None = None,
-               progress_every: int = 2000) -> LocalData:
+               progress_every: int = 2000, *, skip_unreadable: float = 0.0, write_cache: bool = True) -> LocalData:
     """Decode (once) the images under ``path`` for ``task``; later calls read the cache.
 
     Parameters
@@ -440,26 +551,39 @@ def load_local(path: str | Path, data_format: str, task: Any, cache_dir: str | P
         The cache folder; default :func:`default_cache_dir`.
     progress_every : int
         Log a progress line every this many decoded images.
+    skip_unreadable : float
+        The share of the listed files that may be unreadable (or, in a manifest, missing) and is
+        then left out, counted in ``LocalData.skipped``; 0 (default): any such file refuses the data.
+    write_cache : bool
+        False: decode in memory and write nothing (an existing cache entry is still read).
 
     Returns
     -------
     LocalData
-        The decoded images; HospitalDataError naming every file that could not be used.
+        The decoded images; HospitalDataError naming every file that could not be used otherwise
+        (by index in its public text, by path in its detail).
     """
     from flwr.common import log
 
-    listing = list_samples(path, data_format, task.class_names)
+    not_found: list[FileProblem] = []
+    listing = list_samples(path, data_format, task.class_names, not_found=not_found)
     cache_root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     key = _cache_key(listing, task.preprocessing_key())
     entry = cache_root / key
+    listed = len(listing.samples) + len(not_found)
     file_types = tuple(sorted({_file_type(s.path) for s in listing.samples})) if listing.layout != "npz" else ("arrays",)
     if (entry / "complete").is_file():
-        return _read_entry(entry, listing, file_types, decoded=False)
+        _tighten_entry(entry, cache_root, _default_root(cache_dir))
+        meta = json.loads((entry / "meta.json").read_text())
+        stored = [FileProblem(listing.samples[p["index"]], p["problem"], p["detail"]) for p in meta.get("unreadable", [])
+                  if p["index"] < len(listing.samples)]
+        _refuse_or_skip([*not_found, *stored], listed, skip_unreadable, listing.root)
+        return _read_entry(entry, listing, file_types, decoded=False, skipped=len(not_found) + len(stored))
 
     start = time.perf_counter()
     n = len(listing.samples)
     images = np.empty((n, task.image_size, task.image_size, task.channels), dtype=np.uint8)
-    problems: list[str] = []
+    unreadable: list[tuple[int, FileProblem]] = []
     for i, s in enumerate(listing.samples):
         try:
             if listing.arrays is not None:
@@ -467,47 +591,80 @@ def load_local(path: str | Path, data_format: str, task: Any, cache_dir: str | P
             else:
                 images[i] = decode_file(s.path, task.image_size, task.channels, task.dicom_frame)
         except HospitalDataError as exc:
-            problems.append(str(exc))
+            unreadable.append((i, FileProblem(s, exc.public, exc.detail)))
         if progress_every and (i + 1) % progress_every == 0:
             log(INFO, "hospitrust: decoded %d/%d images of %s (%.0f s)", i + 1, n, listing.root, time.perf_counter() - start)
-    if problems:
-        raise HospitalDataError(f"{len(problems)} of {n} images under {listing.root} cannot be used: "
-                                + "; ".join(problems[:MAX_LISTED])
-                                + (f"; ... ({len(problems) - MAX_LISTED} more)" if len(problems) > MAX_LISTED else ""))
+    _refuse_or_skip([*not_found, *(p for _, p in unreadable)], listed, skip_unreadable, listing.root)
+    kept = np.setdiff1d(np.arange(n), [i for i, _ in unreadable]).astype(np.int64)
+    samples = [listing.samples[i] for i in kept]
+    images = images[kept]
     digests = np.array([hashlib.sha1(img.tobytes()).hexdigest() for img in images])
-    labels = np.array([s.label for s in listing.samples], dtype=np.int64)
-    patients = [s.patient for s in listing.samples]
+    labels = np.array([s.label for s in samples], dtype=np.int64)
+    patients = [s.patient for s in samples]
     if listing.layout == "folder" and not any(patients):
         # DICOM headers name the patient: with every image's PatientID the local split is by patient
-        header_ids = [_dicom_patient(s.path) for s in listing.samples]
+        header_ids = [_dicom_patient(s.path) for s in samples]
         if all(header_ids):
             patients = header_ids
     # canonical order: by pixels and label, so that the same images give the same arrays in any format
     order = np.lexsort((labels, digests))
+    arrays = {"images": images[order], "labels": labels[order],
+              "patients": np.array([patients[i] for i in order], dtype=str),
+              "splits": np.array([samples[i].split for i in order], dtype=str), "digests": digests[order]}
+    skipped = len(not_found) + len(unreadable)
+    if not write_cache:
+        return LocalData(root=listing.root, layout=listing.layout, file_types=file_types, images=arrays["images"],
+                         labels=arrays["labels"], patients=arrays["patients"], splits=arrays["splits"],
+                         digests=arrays["digests"], cache=None, decoded=True, skipped=skipped)
+    # every file 0600 in 0700 folders: patients.npy holds patient ids, meta.json the data's paths
+    private_dir(cache_root, tighten=_default_root(cache_dir))
     tmp = cache_root / f".{key}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    np.save(tmp / "images.npy", images[order])
-    np.save(tmp / "labels.npy", labels[order])
-    np.save(tmp / "patients.npy", np.array([patients[i] for i in order], dtype=str))
-    np.save(tmp / "splits.npy", np.array([listing.samples[i].split for i in order], dtype=str))
-    np.save(tmp / "digests.npy", digests[order])
-    (tmp / "meta.json").write_text(json.dumps({"root": str(listing.root), "layout": listing.layout, "images": n,
-                                               "file_types": list(file_types), "decode_seconds": time.perf_counter() - start}))
-    (tmp / "complete").write_text("")
+    private_dir(tmp)
+    for name, array in arrays.items():
+        save_private_npy(tmp / f"{name}.npy", array)
+    write_private_text(tmp / "meta.json", json.dumps({
+        "root": str(listing.root), "layout": listing.layout, "images": n, "file_types": list(file_types),
+        "decode_seconds": time.perf_counter() - start,
+        # a later run with another skip-unreadable decides again from these, without decoding
+        "unreadable": [{"index": i, "problem": p.problem, "detail": p.detail} for i, p in unreadable]}))
+    write_private_text(tmp / "complete", "")
     try:
         tmp.rename(entry)  # atomic: a crash mid-decode leaves no half entry behind
     except OSError:  # another process of the same hospital finished first: use its entry
         shutil.rmtree(tmp, ignore_errors=True)
-    return _read_entry(entry, listing, file_types, decoded=True)
+    return _read_entry(entry, listing, file_types, decoded=True, skipped=skipped)
 
 
-def _read_entry(entry: Path, listing: Listing, file_types: tuple[str, ...], decoded: bool) -> LocalData:
+def _refuse_or_skip(problems: Sequence[FileProblem], listed: int, skip_unreadable: float, root: Path) -> None:
+    """Raise for unreadable files beyond what ``skip_unreadable`` allows; log the ones skipped (locally)."""
+    if not problems:
+        return
+    if len(problems) > allowed_skips(listed, skip_unreadable):
+        raise problems_error(problems, listed, skip_unreadable)
+    from logging import WARNING
+
+    from flwr.common import log
+
+    log(WARNING, "hospitrust: %d of %d files under %s skipped (skip-unreadable %g): %s", len(problems), listed, root,
+        skip_unreadable, "; ".join(p.detail for p in problems[:MAX_LISTED]))
+
+
+def _tighten_entry(entry: Path, cache_root: Path, default_root: bool) -> None:
+    """An entry written before caches were private (0644): 0600 files in a 0700 folder."""
+    if default_root:
+        private_dir(cache_root, tighten=True)
+    tighten_path(entry, 0o700)
+    for file in entry.iterdir():
+        tighten_path(file, 0o600)
+
+
+def _read_entry(entry: Path, listing: Listing, file_types: tuple[str, ...], decoded: bool, skipped: int) -> LocalData:
     return LocalData(
         root=listing.root, layout=listing.layout, file_types=file_types,
         images=np.load(entry / "images.npy", mmap_mode="r"), labels=np.load(entry / "labels.npy"),
         patients=np.load(entry / "patients.npy"), splits=np.load(entry / "splits.npy"),
-        digests=np.load(entry / "digests.npy"), cache=entry, decoded=decoded,
+        digests=np.load(entry / "digests.npy"), cache=entry, decoded=decoded, skipped=skipped,
     )
 
 
@@ -537,7 +694,8 @@ def split_local(data: LocalData, val_fraction: float, seed: int) -> tuple[np.nda
         return (np.flatnonzero(data.splits == "train").astype(np.int64),
                 np.flatnonzero(data.splits == "val").astype(np.int64))
     if (data.splits != "").any():
-        raise HospitalDataError(f"{data.root}: the split column is set for some images only; set it for every row or none")
+        message = "the split column is set for some images only; set it for every row or none"
+        raise HospitalDataError(message, f"{data.root}: {message}")
     if (data.patients != "").all() and np.unique(data.patients).size < n:
         patients = np.unique(data.patients)
         rng = np.random.default_rng([seed, 11])
@@ -552,7 +710,8 @@ def split_local(data: LocalData, val_fraction: float, seed: int) -> tuple[np.nda
         val = np.isin(data.patients, val_patients)
         return np.flatnonzero(~val).astype(np.int64), np.flatnonzero(val).astype(np.int64)
     if (data.patients != "").any() and not (data.patients != "").all():
-        raise HospitalDataError(f"{data.root}: patient_id is set for some images only; set it for every row or none")
+        message = "patient_id is set for some images only; set it for every row or none"
+        raise HospitalDataError(message, f"{data.root}: {message}")
     # no patient ids, or one image per patient: by image (the same split either way)
     return split_train_val(np.arange(n), val_fraction, seed=seed)
 
@@ -574,7 +733,8 @@ def data_card(data: LocalData, train_idx: np.ndarray, val_idx: np.ndarray, num_c
     -------
     dict
         ``images``, ``train-class-counts``, ``val-class-counts``, ``pixel-mean`` and ``pixel-std``
-        (per channel, on [0, 1]), ``patients`` (0 when not given), ``format``.
+        (per channel, on [0, 1]), ``patients`` (0 when not given), ``format``, ``skipped-files``
+        (unreadable files left out under skip-unreadable: a count, never a name).
     """
     images = data.images
     mean, sq = np.zeros(images.shape[-1]), np.zeros(images.shape[-1])
@@ -593,4 +753,5 @@ def data_card(data: LocalData, train_idx: np.ndarray, val_idx: np.ndarray, num_c
         "pixel-std": [round(float(s), 4) for s in std],
         "patients": int(np.unique(data.patients).size) if (data.patients != "").all() else 0,
         "format": data.format,
+        "skipped-files": int(data.skipped),
     }

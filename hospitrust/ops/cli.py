@@ -168,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--yes", action="store_true", help="do not ask: you trust the file")
     ck.set_defaults(func=_checkpoint)
 
-    from hospitrust.ops.deploy.cli import add_app_parser, add_data_parser, add_deploy_parser
+    from hospitrust.ops.data_cli import add_data_parser
+    from hospitrust.ops.deploy.cli import add_app_parser, add_deploy_parser
 
     add_deploy_parser(sub)
     add_app_parser(sub)

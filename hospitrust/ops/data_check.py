@@ -20,6 +20,13 @@ at once:
 - image sizes: non-square images and images smaller than the task's image size (problems unless
   ``allow_odd_sizes``: the ClientApp squashes or upsamples them).
 
+Unreadable files (and a manifest's rows whose file is missing) are problems, unless
+``skip_unreadable`` (the node config's ``skip-unreadable``: a share of the listed files) allows
+that many: then they are warnings saying the ClientApp will skip them.
+
+This report is for the hospital's own terminal: it names files and folders. What the ClientApp
+sends names none (``hospitrust.errors.HospitalError``).
+
 It never raises on bad data: :func:`check_path` returns a :class:`DataReport` whose ``problems``
 are empty when the data is ready; ``format()`` is the report table the CLI prints.
 """
@@ -41,8 +48,11 @@ from hospitrust.datasets.local import IMAGE_SUFFIXES
 from hospitrust.datasets.local import (
     DICOM_SUFFIXES,
     FORMATS,
+    NOT_FOUND,
     SPLIT_VALUES,
+    FileProblem,
     HospitalDataError,
+    allowed_skips,
     class_index,
     decode_file,
     is_image_file,
@@ -106,6 +116,9 @@ class DataReport:
     dicom_photometric: Counter = field(default_factory=Counter)  # every DICOM file's header
     dicom_bits: Counter = field(default_factory=Counter)
     dicom_syntaxes: Counter = field(default_factory=Counter)
+    skippable: list[str] = field(default_factory=list)  # unreadable / missing files: problems or, if allowed, skipped
+    skippable_files: int = 0
+    listed_files: int = 0
     split_given: bool = False
     patients: int = 0  # distinct patient ids (0: none given)
     dicom_patients: int = 0  # distinct PatientIDs in the DICOM headers
@@ -294,7 +307,7 @@ def _check_file(path: Path, task: Task) -> _FileResult:
             with Image.fromarray(pixels) as img:
                 img.convert(mode).resize((task.image_size, task.image_size), Image.Resampling.BILINEAR)
         except DicomError as exc:
-            message = str(exc)
+            message = exc.detail  # the hospital's own terminal: the file's name may be shown here
             res.error = message[len(f"{path}: "):] if message.startswith(f"{path}: ") else message
             return res
         except Exception as exc:  # anything else pydicom or PIL raises is a file the ClientApp cannot use
@@ -318,7 +331,7 @@ def _check_file(path: Path, task: Task) -> _FileResult:
                 if hi > 255:
                     res.clipped = f"{img.mode}, values up to {hi:g}"
     except Exception as exc:  # HospitalDataError; PIL raises many kinds (and DecompressionBombError) on bad files
-        message = str(exc) if isinstance(exc, HospitalDataError) else f"{type(exc).__name__}: {exc}"
+        message = exc.detail if isinstance(exc, HospitalDataError) else f"{type(exc).__name__}: {exc}"
         message = message[len(f"{path}: "):] if message.startswith(f"{path}: ") else message
         res.error = _short(message.replace(str(path), path.name))
         if data[128:132] == b"DICM":
@@ -390,12 +403,18 @@ def _class_rows(report: DataReport) -> list[ClassRow]:
 
 def _manifest_items(path: Path, report: DataReport) -> list[_Item] | None:
     listing_problems: list[str] = []
+    not_found: list[FileProblem] = []
     try:
-        listing = list_manifest(path, report.task.class_names, listing_problems)
+        listing = list_manifest(path, report.task.class_names, listing_problems, not_found=not_found)
     except HospitalDataError as exc:
-        report.problems.append(str(exc))
+        report.problems.append(exc.detail)
         return None
     report.problems += listing_problems
+    if not_found:
+        missing = [p.detail.removesuffix(NOT_FOUND) for p in not_found]
+        report.skippable.append(f"manifest {path.name}: {len(not_found)} file(s) not found: {_listed(missing)}")
+        report.skippable_files += len(not_found)
+        report.listed_files += len(not_found)
     rows = _class_rows(report)
     base = path.parent.resolve()
     return [_Item(_rel(s.path, base), s.label, rows[s.label], s.path, s.patient, s.split) for s in listing.samples]
@@ -541,10 +560,13 @@ def _decode_items(items: list[_Item], report: DataReport) -> None:
             clipped.append(f"{item.name} ({res.clipped})")
         if res.blank:
             blank.append(item.name)
+    report.listed_files += len(items)
     for where, names in unreadable.items():
-        report.problems.append(f"{len(names)} unreadable image(s) {where}: {_listed(names)}")
+        report.skippable.append(f"{len(names)} unreadable image(s) {where}: {_listed(names)}")
+        report.skippable_files += len(names)
     for reason, names in dicom_bad.items():
-        report.problems.append(f"{len(names)} DICOM file(s) cannot be used: {reason}: {_listed(names)}")
+        report.skippable.append(f"{len(names)} DICOM file(s) cannot be used: {reason}: {_listed(names)}")
+        report.skippable_files += len(names)
     if clipped:
         report.warnings.append(f"{len(clipped)} image(s) have more than 8 bits per sample: the ClientApp scales each "
                                "over its own range (no window, unlike DICOM); export DICOM to keep a window: "
@@ -708,8 +730,23 @@ def _resolve_format(path: Path, data_format: str, report: DataReport) -> str | N
     return data_format
 
 
+def _settle_skippable(report: DataReport, skip_unreadable: float) -> None:
+    """Unreadable and missing files: warnings when ``skip_unreadable`` allows that many, else problems."""
+    if not report.skippable:
+        return
+    allowed = allowed_skips(report.listed_files, skip_unreadable)
+    if skip_unreadable > 0 and report.skippable_files <= allowed:
+        report.warnings += [f"{msg} (the ClientApp skips them: skip-unreadable {skip_unreadable:g} allows {allowed} of "
+                            f"{report.listed_files} files)" for msg in report.skippable]
+        return
+    report.problems += report.skippable
+    if skip_unreadable > 0:
+        report.problems.append(f"{report.skippable_files} of {report.listed_files} files cannot be used: more than "
+                               f"skip-unreadable {skip_unreadable:g} allows ({allowed})")
+
+
 def check_path(path: Path, task: Task, *, data_format: str = "auto", allow_odd_sizes: bool = False,
-               val_fraction: float = 0.1) -> DataReport:
+               val_fraction: float = 0.1, skip_unreadable: float = 0.0) -> DataReport:
     """Check a hospital's data against the task as the ClientApp will read it; never raises on bad data.
 
     Parameters
@@ -724,6 +761,9 @@ def check_path(path: Path, task: Task, *, data_format: str = "auto", allow_odd_s
         Non-square images and images smaller than the task's size are warnings instead of problems.
     val_fraction : float
         The run's ``val-fraction``, for what the report says about the local split.
+    skip_unreadable : float
+        The node config's ``skip-unreadable``: up to this share of the listed files may be
+        unreadable or missing (warnings: the ClientApp skips them); more is a problem.
 
     Returns
     -------
@@ -751,6 +791,7 @@ def check_path(path: Path, task: Task, *, data_format: str = "auto", allow_odd_s
     except OSError as exc:  # a folder or file that vanished or cannot be read while checking
         report.problems.append(f"{path}: cannot be read ({exc})")
         return report
+    _settle_skippable(report, skip_unreadable)
     if items is None:
         return report
     _class_checks(report, allow_odd_sizes)
@@ -759,9 +800,9 @@ def check_path(path: Path, task: Task, *, data_format: str = "auto", allow_odd_s
     if report.ok:
         # the ClientApp's own listing, as a cross-check: it must accept what passed here
         try:
-            list_samples(path, fmt, task.class_names)
+            list_samples(path, fmt, task.class_names, not_found=[])
         except Exception as exc:  # pragma: no cover - the rules above mirror it
-            report.problems.append(f"the ClientApp's reader refuses the data: {exc}")
+            report.problems.append(f"the ClientApp's reader refuses the data: {getattr(exc, 'detail', exc)}")
     return report
 
 
@@ -776,9 +817,10 @@ def check_folder(root: Path, dataset: str = "pneumoniamnist", image_size: int = 
 
 
 def main(path: str | Path, task: Task, data_format: str = "auto", allow_odd_sizes: bool = False,
-         out: TextIO | None = None) -> int:
+         out: TextIO | None = None, skip_unreadable: float = 0.0) -> int:
     """Print the report; 0 when the data is ready, 1 when it has problems."""
     stream = out if out is not None else sys.stdout
-    report = check_path(Path(path), task, data_format=data_format, allow_odd_sizes=allow_odd_sizes)
+    report = check_path(Path(path), task, data_format=data_format, allow_odd_sizes=allow_odd_sizes,
+                        skip_unreadable=skip_unreadable)
     print(report.format(), file=stream, flush=True)
     return 0 if report.ok else 1

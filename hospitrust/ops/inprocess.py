@@ -2,7 +2,8 @@
 
 For fast tests and for sweeps of many small runs on a few cores, where Ray's start-up
 and actor overhead would dominate. Messages are deep-copied on the way (like the wire);
-a ClientApp exception becomes an error reply, as in a real run. Hospitals train one
+a ClientApp exception becomes an error reply with Flower's own reason (``<class '...'>:<'text'>``,
+no traceback: that goes to the log, as a SuperNode logs it), as in a real run. Hospitals train one
 after the other. Real runs (``hospitrust simulate``, SuperNodes) serialize messages and
 give each hospital its own process.
 """
@@ -11,10 +12,11 @@ from __future__ import annotations
 
 import copy
 import itertools
-import traceback
 from collections.abc import Callable, Iterable
+from logging import ERROR
 
 from flwr.app import Context, Error, Message, RecordDict
+from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
@@ -71,9 +73,9 @@ class InProcessGrid(Grid):
             nid = msg.metadata.dst_node_id
             try:
                 reply = self._client_app(delivered, self.contexts[nid])
-            except Exception as ex:
-                reply = Message(Error(code=0, reason=f"{type(ex).__name__}: {ex}\n{traceback.format_exc()}"),
-                                reply_to=delivered)
+            except Exception as ex:  # what flwr's run_clientapp does: the reason is the exception's text
+                log(ERROR, "ClientApp raised an exception", exc_info=ex)
+                reply = Message(Error(code=2, reason=str(type(ex)) + ":<'" + str(ex) + "'>"), reply_to=delivered)
             if self.reply_filter is not None:
                 reply = self.reply_filter(self.node_ids.index(nid), delivered, reply)
                 if reply is None:

@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
+from hospitrust.errors import HospitalError
 from hospitrust.privacy.ledger import PrivacyLedger, Spending, content_hash, ledger_for
 from hospitrust.privacy.local import PrivacyEvent, epsilon_of, planned_event
 from hospitrust.privacy.options import PrivacyOptions
@@ -23,8 +24,8 @@ RUN_STATE = "hospitrust-privacy"
 REASON_RECORD = "privacy"
 
 
-class PrivacyInputError(ValueError):
-    """A DP setting that cannot hold for this hospital's data (the message names the key)."""
+class PrivacyInputError(HospitalError, ValueError):
+    """A DP setting that cannot hold for this hospital's data (the message names the key; counts only, so public)."""
 
 
 def check_delta(delta: float, num_examples: int, hospital: str) -> None:

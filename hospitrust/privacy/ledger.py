@@ -7,7 +7,9 @@ every round's DP-SGD event ``(sigma, q, steps)``; the epsilon spent is their RDP
 the asking run's delta, so it adds up across rounds, runs and restarts (``context.state``
 lives for one run only). A round is written *before* it trains (a crash mid-round counts as
 spent: over-counting is the safe side), atomically (a temporary file renamed over the old one,
-under an exclusive lock), so a killed process never leaves a half-written ledger.
+under an exclusive lock), so a killed process never leaves a half-written ledger. The ledger and
+its lock are 0600; a folder the ledger creates is 0700, and the default folder
+(``~/.local/share/hospitrust``) is set to 0700 when it exists.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from hospitrust.private import FILE_MODE, open_private, private_dir, tighten_path
 from hospitrust.privacy.local import PrivacyEvent, epsilon_of
 
 LEDGER_ENV = "HOSPITRUST_PRIVACY_LEDGER"
@@ -76,12 +79,15 @@ class PrivacyLedger:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).expanduser()
+        # hospitrust's own folder may be tightened; a folder the hospital chose is left as it is
+        self._own_folder = self.path == default_ledger_path() and not os.environ.get(LEDGER_ENV, "")
 
     # ---- reading ----------------------------------------------------------------------------
     def read(self) -> dict[str, Any]:
         """The whole ledger (an empty one when the file does not exist); ValueError for a corrupt file."""
         if not self.path.is_file():
             return {"format": FORMAT, "data": {}}
+        tighten_path(self.path, FILE_MODE)  # a ledger written before ledgers were private
         try:
             doc = json.loads(self.path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
@@ -100,8 +106,8 @@ class PrivacyLedger:
     def _locked(self) -> Iterator[None]:
         import fcntl
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
+        private_dir(self.path.parent, tighten=self._own_folder)
+        with open_private(self.path.with_name(self.path.name + ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
@@ -115,7 +121,8 @@ class PrivacyLedger:
                 json.dump(doc, f, indent=1, sort_keys=True)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            os.replace(tmp, self.path)  # mkstemp made it 0600
+            tighten_path(self.path, FILE_MODE)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -171,15 +178,21 @@ def ledger_for(node: Any) -> PrivacyLedger | None:
 
 
 def budget_report(path: str | Path, data_format: str, task: Any, *, cache_dir: str | Path | None = None,
-                  ledger: str | Path | None = None, max_epsilon: float | None = None) -> str:
+                  ledger: str | Path | None = None, max_epsilon: float | None = None, warm_cache: bool = False,
+                  skip_unreadable: float = 0.0) -> str:
     """What ``hospitrust data check`` prints about a hospital's privacy budget: the data read as the
-    ClientApp reads it (``load_local``, its decode cache), its content hash, and the ledger's line for it.
+    ClientApp reads it (``load_local``), its content hash, and the ledger's line for it. The decode
+    cache is read if it is there, and written only with ``warm_cache`` (then a line says where).
     """
     from hospitrust.datasets.local import load_local
 
-    data = load_local(path, data_format, task, cache_dir)
+    data = load_local(path, data_format, task, cache_dir, skip_unreadable=skip_unreadable, write_cache=warm_cache)
     key = content_hash(data.images, data.labels, data.digests)
-    return PrivacyLedger(ledger or default_ledger_path()).format(key, max_epsilon)
+    text = PrivacyLedger(ledger or default_ledger_path()).format(key, max_epsilon)
+    if warm_cache and data.cache is not None:
+        text += (f"\ndecoded image cache: {data.cache} ({len(data)} images, "
+                 f"{'decoded now' if data.decoded else 'already there'}; 0600 files in a 0700 folder)")
+    return text
 
 
 __all__ = ["LEDGER_ENV", "PrivacyLedger", "Spending", "budget_report", "content_hash", "default_ledger_path", "ledger_for"]

@@ -97,7 +97,7 @@ def discover_hospitals(grid: Grid, cfg: RunConfig, task: Any = None,
                 "val": [int(c) for c in cast(list[int], info.get("val-class-counts", []))],
                 "device": str(info.get("device", "")),
                 "format": str(info.get("data-format", "")),
-                "card": {k: info[k] for k in ("images", "patients", "pixel-mean", "pixel-std") if k in info},
+                "card": {k: info[k] for k in ("images", "patients", "pixel-mean", "pixel-std", "skipped-files") if k in info},
             }
         )
     if len(hospitals) < cfg.min_hospitals:

@@ -105,9 +105,12 @@ class ServerSets:
 
 
 def _load(path: str, cfg: Any, task: Any) -> tuple[LabelledImages, str]:
-    from hospitrust.datasets.local import load_local
+    from hospitrust.datasets.local import HospitalDataError, load_local
 
-    data = load_local(path, cfg.server_data.data_format, task, cfg.server_data.cache_dir or None)
+    try:
+        data = load_local(path, cfg.server_data.data_format, task, cfg.server_data.cache_dir or None)
+    except HospitalDataError as exc:  # the operator's own files, in the operator's log: the detail, with the paths
+        raise HospitalDataError(exc.detail) from None
     # in memory (the server's sets are evaluated every round), and writable for torch
     return LabelledImages(np.array(data.images), np.asarray(data.labels)), f"{data.root} ({data.format}, {len(data)} images)"
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from hospitrust.ops.deploy.errors import DeployError
 from hospitrust.ops.deploy.superlink import DEFAULT_PORT, superlink_command, write_connection
 from hospitrust.ops.deploy.supernode import supernode_command
+from hospitrust.ops.data_cli import share_of_files
 from hospitrust.tasks.cli import add_task_arguments, task_from_args
 
 # the layouts datasets.local reads (repeated here so that building the parser imports no numpy)
@@ -205,7 +206,7 @@ def cmd_supernode(args) -> int:
         from hospitrust.ops import data_check
 
         report = data_check.check_path(data_path, task_from_args(args), data_format=args.data_format,
-                                       allow_odd_sizes=args.allow_odd_sizes)
+                                       allow_odd_sizes=args.allow_odd_sizes, skip_unreadable=args.skip_unreadable)
         print(report.format(), flush=True)
         args.hospital_images = sum(r.images for r in report.rows)  # the site policy's images-per-round rule
         if not report.ok:
@@ -216,6 +217,8 @@ def cmd_supernode(args) -> int:
                                       "hospital": args.hospital}
     if args.cache_dir:
         node_config["cache-dir"] = str(Path(args.cache_dir).expanduser().resolve())
+    if args.skip_unreadable:
+        node_config["skip-unreadable"] = args.skip_unreadable
     return _start_supernode(args, node_config)
 
 
@@ -275,27 +278,6 @@ def _gate_env(args) -> dict[str, str]:
         return {}
     gate.GateConfig.from_env(env).check_files()  # a bad policy or signers file: a clear error before anything starts
     return env
-
-
-def cmd_data_check(args) -> int:
-    from hospitrust.errors import ConfigError
-
-    try:
-        task = task_from_args(args)
-    except ConfigError as exc:  # a bad task option: one line, exit 2 (problems in the data are exit 1)
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        detail = "; ".join(line.lstrip("- ") for line in lines[1:])
-        print(f"hospitrust data check: {lines[0] if lines else exc}{' ' + detail if detail else ''}", file=sys.stderr)
-        return 2
-    from hospitrust.ops import data_check
-
-    code = data_check.main(args.path, task, args.data_format, args.allow_odd_sizes)
-    if code == 0:  # the data reads as the ClientApp reads it: its privacy budget, from the hospital's ledger
-        from hospitrust.privacy.ledger import budget_report
-
-        print("\n" + budget_report(args.path, args.data_format, task, cache_dir=args.cache_dir, ledger=args.privacy_ledger,
-                                    max_epsilon=args.privacy_max_epsilon), flush=True)
-    return code
 
 
 def add_deploy_parser(sub) -> None:
@@ -423,6 +405,10 @@ def add_deploy_parser(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="the SuperNode's local Runtime API address (default 127.0.0.1)")
     add_task_arguments(p)
     p.add_argument("--allow-odd-sizes", action="store_true", help="non-square or small images are warnings, not problems")
+    p.add_argument("--skip-unreadable", type=share_of_files, default=0.0, metavar="SHARE",
+                   help="node config skip-unreadable: up to this share of the files may be unreadable or missing and "
+                        "is skipped (counted, never named, in what the hospital sends); default 0: any such file is a "
+                        "problem")
     p.add_argument("--skip-data-check", action="store_true", help="start even if the data check finds problems")
     p.add_argument("--launcher", choices=("warm", "flower"), default="warm",
                    help="warm (default): hospitrust forks each ClientApp from a process with torch already imported, "
@@ -446,29 +432,6 @@ def add_deploy_parser(sub) -> None:
     p.add_argument("--max-wait-time", type=float, help="seconds of reconnecting before giving up (default: unlimited)")
     p.add_argument("--dry-run", action="store_true", help="check and print the command, do not start it")
     p.set_defaults(func=cmd_supernode)
-
-
-def add_data_parser(sub) -> None:
-    data = sub.add_parser("data", help="check a hospital's own data before joining")
-    dsub = data.add_subparsers(dest="data_command", required=True)
-    p = dsub.add_parser("check", help="check a hospital's data (class folders, CSV manifest or .npz) against the task",
-                        description="Read the data as the ClientApp will (every file decoded) and report every problem: "
-                                    "class folders or labels that are not the task's, unreadable images and DICOM files, "
-                                    "empty classes, the same image under two classes, patients on both sides of a given "
-                                    "split, image sizes. Exit 0 when the data is ready, 1 when it has problems, 2 when a "
-                                    "task option is wrong.")
-    p.add_argument("path", help="a folder with one sub-folder per class, a CSV manifest (path,label[,patient_id][,split]) "
-                                "or a .npz archive (images, labels[, patient_ids][, split])")
-    p.add_argument("--format", "--data-format", dest="data_format", default="auto", choices=FORMATS,
-                   help="how PATH is laid out (default: detected from the path)")
-    add_task_arguments(p)
-    p.add_argument("--allow-odd-sizes", action="store_true", help="non-square or small images are warnings, not problems")
-    p.add_argument("--cache-dir", default=None, help="the node config's cache-dir (where the decoded images are cached)")
-    p.add_argument("--privacy-ledger", default=None, help="the node config's privacy-ledger (default: "
-                   "$HOSPITRUST_PRIVACY_LEDGER, else ~/.local/share/hospitrust/privacy-ledger.json)")
-    p.add_argument("--privacy-max-epsilon", type=float, default=None, help="the node config's privacy-max-epsilon: "
-                   "also print what is left of it")
-    p.set_defaults(func=cmd_data_check)
 
 
 def cmd_audit(args) -> int:
