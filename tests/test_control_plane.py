@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import ssl
+import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
-from federation import HOSPITALS, flwr_env, run_config, task_keys
+from federation import HOSPITALS, flwr_env, run_config, supernode_cli, task_keys
 from hospitrust.ops import deploy
 
 pytestmark = [pytest.mark.slow, pytest.mark.data]
@@ -100,16 +104,70 @@ def test_the_superlink_listens_on_loopback_only_and_the_hospitals_listener_serve
     assert code == 400, code
 
 
-def test_with_the_operator_credential_register_run_ls_and_log_work(federation):
+PLANTED = ("P-SECRET-4711", "DOE_JANE", "DOE^JANE", "PID-31337", "ACC-99812")
+
+
+def _bad_dicom_site(fed, root: Path) -> Path:
+    """hospital-2's DICOM folders plus one file without pixel data, in an accession-numbered folder, named after
+    its patient, with the patient's id and name in its header."""
+    import pydicom
+
+    from hospitrust.datasets.dicom import write_dicom
+
+    shutil.copytree(fed.export["hospital-2"], root)
+    first = sorted(p for p in root.iterdir() if p.is_dir())[0]
+    bad = first / "ACC-99812" / "P-SECRET-4711_DOE_JANE.dcm"
+    bad.parent.mkdir()
+    write_dicom(bad, np.zeros((28, 28), dtype=np.uint8), patient_id="PID-31337")
+    ds = pydicom.dcmread(bad)
+    ds.PatientName = "DOE^JANE"
+    del ds.PixelData
+    ds.save_as(bad)
+    return root
+
+
+def test_with_the_operator_credential_register_run_ls_and_log_work_and_no_identifier_leaves(federation):
+    from identifier_scan import as_text, find_identifiers, identifiers_under
+
     fed = federation
     # registration went through the tunnel when the federation started; three SuperNodes joined
     assert set(fed.node_ids) == set(HOSPITALS)
     online = {str(n["node-id"]) for n in deploy.online_nodes("tls", env=flwr_env(fed.cli_home))}
     assert online == set(fed.node_ids.values())
-    run_id = fed.submit(run_config(fed, "operator", task_keys(fed), rounds=1))
-    status, details = fed.wait(run_id)
-    assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}"
-    listed = json.loads(fed.flwr("ls", "tls", "--format", "json").stdout)
-    assert any(int(r["run-id"]) == run_id and r["status"] == deploy.COMPLETED for r in listed["runs"]), listed
-    log = fed.run_log(run_id)
-    assert re.search(r"round 1", log, re.IGNORECASE), log
+    # a fourth hospital with a bad DICOM file and patient-like names, started past its data check
+    site = _bad_dicom_site(fed, fed.work / "site-bad-dicom")
+    deploy.create_supernode_keys(fed.keys, "bad-dicom")
+    res = fed.flwr("supernode", "register", str(fed.keys / "bad-dicom.pub"), "tls")
+    assert res.returncode == 0 and "registered successfully" in res.stdout, res.stdout + res.stderr
+    bad_id = re.search(r"SuperNode (\d+) registered", res.stdout).group(1)
+    cmd = [*supernode_cli(fed, "bad-dicom", site), "--skip-data-check"]
+    cmd[cmd.index("--key") + 1] = str(fed.keys / "bad-dicom.key")
+    fed.start("bad-dicom", cmd, fed.work / "sn-bad-dicom")
+    try:
+        deadline = time.monotonic() + 240
+        while bad_id not in {str(n["node-id"]) for n in deploy.online_nodes("tls", env=flwr_env(fed.cli_home))}:
+            assert time.monotonic() < deadline and fed.procs["bad-dicom"].alive(), fed.tail("bad-dicom")
+            time.sleep(2)
+        run_id = fed.submit(run_config(fed, "operator", task_keys(fed), rounds=1))
+        status, details = fed.wait(run_id)
+        assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}"
+        listed = json.loads(fed.flwr("ls", "tls", "--format", "json").stdout)
+        assert any(int(r["run-id"]) == run_id and r["status"] == deploy.COMPLETED for r in listed["runs"]), listed
+        log = fed.run_log(run_id)
+        assert re.search(r"round 1", log, re.IGNORECASE), log
+    finally:
+        fed.kill("bad-dicom")
+        fed.procs.pop("bad-dicom")
+    res = fed.flwr("supernode", "unregister", bad_id, "tls")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+    # the bad hospital was left out with a reason that names the problem and an index, never a name or path
+    run_dir = fed.work / "runs" / "operator"
+    config = json.loads((run_dir / "config.json").read_text())
+    (failed,) = config["failed-hospitals"]
+    assert failed["hospital"] == "bad-dicom" and "without pixel data" in failed["reason"], failed
+    classes = [p.name for p in site.iterdir() if p.is_dir()]
+    forbidden = identifiers_under([site], classes, PLANTED)
+    texts = {"flwr log": log, **{name: (run_dir / name).read_text() for name in ("config.json", "summary.json", "rounds.jsonl")}}
+    leaks = {where: found for where, text in texts.items() if (found := find_identifiers(as_text(text), forbidden))}
+    assert not leaks, leaks

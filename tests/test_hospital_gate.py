@@ -189,3 +189,30 @@ def test_the_gate_decides_from_approvals_signatures_and_policy(tmp_path):
     policy.write_text("max-local-epochs = 'many'\n")
     assert "gate configuration is broken" in decide(cfg, content, "train", train, {})
     assert not GateConfig().active and GateConfig.from_env({"HOSPITRUST_SITE_POLICY": str(policy)}).active
+
+
+def test_the_server_records_a_refusal_as_the_hospital_stated_it():
+    from hospitrust.strategies.validation import error_reason
+
+    flower = "<class 'hospitrust.ops.deploy.gate.Refused'>:<'refused by site policy: max-local-epochs: 3 > 2'>"
+    assert error_reason(flower) == "refused by site policy: max-local-epochs: 3 > 2"
+    assert error_reason("<class 'ValueError'>:<'refused to converge'>").startswith("error reply: ")  # not the gate's
+    assert error_reason("<class 'RuntimeError'>:<'out of memory'>") == "error reply: <class 'RuntimeError'>:<'out of memory'>"
+
+
+def test_data_check_prints_what_the_policy_allows(tmp_path):
+    from PIL import Image
+
+    for k, c in enumerate(("normal", "pneumonia")):
+        (tmp_path / "data" / c).mkdir(parents=True)
+        for i in range(3):
+            Image.new("L", (28, 28), color=40 * i + 7 * k).save(tmp_path / "data" / c / f"{i}.png")
+    (tmp_path / "policy.toml").write_text('max-local-epochs = 3\nmessages = ["query", "train"]\n')
+    res = subprocess.run(["hospitrust", "data", "check", str(tmp_path / "data"), "--classes", "normal,pneumonia",
+                          "--image-size", "28", "--policy", str(tmp_path / "policy.toml")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = res.stdout.split("site policy")[1].splitlines()
+    assert any(line.split()[:2] == ["max-local-epochs", "3"] for line in lines)
+    assert any(line.split()[:3] == ["messages", "query,", "train"] for line in lines)
+    assert any(line.split()[:2] == ["allow-attacks", "false"] for line in lines)

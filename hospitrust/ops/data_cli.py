@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 # the layouts datasets.local reads (repeated so that building the parser imports no numpy; a test compares them)
 FORMATS = ("auto", "folder", "csv", "npz")
@@ -47,6 +48,10 @@ def cmd_data_check(args) -> int:
         print("\n" + budget_report(args.path, args.data_format, task, cache_dir=args.cache_dir, ledger=args.privacy_ledger,
                                     max_epsilon=args.privacy_max_epsilon, warm_cache=args.warm_cache,
                                     skip_unreadable=args.skip_unreadable), flush=True)
+    if args.policy:
+        from hospitrust.ops.deploy.policy import describe, load_policy
+
+        print(f"\nsite policy {args.policy}:\n" + describe(load_policy(Path(args.policy))), flush=True)
     return code
 
 
@@ -80,6 +85,7 @@ def add_data_parser(sub) -> None:
                    "$HOSPITRUST_PRIVACY_LEDGER, else ~/.local/share/hospitrust/privacy-ledger.json)")
     p.add_argument("--privacy-max-epsilon", type=float, default=None, help="the node config's privacy-max-epsilon: "
                    "also print what is left of it")
+    p.add_argument("--policy", metavar="PATH", help="also print what this site policy allows (deploy supernode --policy)")
     p.set_defaults(func=cmd_data_check)
 
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -69,6 +70,19 @@ class CheckedReply:
     update: torch.Tensor | None  # (d,) float32: returned minus global, over the float tensors; None once stacked
     num_examples: int
     metrics: dict
+
+
+#: A hospital's gate refusing a message (hospitrust.ops.deploy.gate), inside Flower's "<class '...'>:<'reason'>".
+_REFUSED = re.compile(r"^<class '[\w.]*\.Refused'>:<'(?P<why>refused[^\n]*?)'>\s*$", re.S)
+
+
+def error_reason(reason: object) -> str:
+    """An error reply's reason as recorded: a hospital's refusal (its approval or site policy) as the hospital
+    stated it, ``refused ...``; anything else as ``error reply: ...``.
+    """
+    text = str(reason or "").strip()
+    refused = _REFUSED.search(text)
+    return shorten(refused.group("why")) if refused else f"error reply: {shorten(text)}"
 
 
 def shorten(text: object, limit: int = 300) -> str:
@@ -141,7 +155,7 @@ def check_train_reply(
     """
     node_id = int(reply.metadata.src_node_id)
     if reply.has_error():
-        raise RejectedReply(f"error reply: {shorten(reply.error.reason)}")
+        raise RejectedReply(error_reason(reply.error.reason))
     if not reply.has_content():
         raise RejectedReply("empty reply")
     content = reply.content

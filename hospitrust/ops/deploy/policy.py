@@ -140,3 +140,17 @@ def _task(config: Mapping[str, object], run_config: Mapping[str, object]) -> tup
             return "", []
     classes = [c.strip() for c in str(run_config.get("task.classes", "")).split(",") if c.strip()]
     return str(run_config.get("task.name") or run_config.get("dataset") or ""), classes
+
+
+def describe(policy: SitePolicy) -> str:
+    """What the policy allows, one line a rule, in the file's own key names."""
+    lines = []
+    for name, field in SitePolicy.model_fields.items():
+        value = getattr(policy, name)
+        key = name.replace("_", "-")
+        if value is None or value == [] or (name == "messages" and list(value) == list(ALL_KINDS)):
+            shown = "any" if name not in ("allow_attacks", "require_local_dp") else str(value).lower()
+        else:
+            shown = ", ".join(value) if isinstance(value, list) else str(value).lower() if isinstance(value, bool) else f"{value:g}"
+        lines.append(f"  {key:<24} {shown:<20} {field.description}")
+    return "\n".join(lines)
