@@ -124,7 +124,7 @@ def config_markdown() -> str:
                 continue
             out += ["", f"### `{name}`", "", f"{section.summary} ([{section.doc}]({section.doc}))", "",
                     *options_table(section, section.options, f"{name}.")]
-    out += ["", "### Presets", "",
+    out += ["", "## Presets", "",
             "A published form or an ablation is a preset: `strategy = \"<preset>\"` selects its rule with the values",
             "below, over the rule's section (it has no section of its own). A value set in the rule's section other than",
             "the rule's default overrides the preset's, with a warning; one equal to the rule's default cannot be told",

@@ -427,6 +427,15 @@ def resolve_preset(strategy: str, values: Mapping[str, Any],
     Where the keys the user set are known (``explicit_keys``: ``hospitrust simulate -c``, a grid's
     cells), such a value on a key the preset sets is refused (ValueError), not silently dropped.
 
+    Parameters
+    ----------
+    strategy : str
+        A preset's name.
+    values : Mapping[str, Any]
+        The rule's section as the config gives it (flat keys relative to the section).
+    explicit_keys : set[str] or None
+        The keys the user set (full run-config names), when known.
+
     Returns
     -------
     tuple[Options, dict[str, tuple[Any, Any]]]
@@ -459,6 +468,18 @@ def preset_key_problems(flat: Mapping[str, Any], explicit_keys: Iterable[str]) -
     """For a translated flat config that selects a preset: the problems :func:`resolve_preset` finds
     with the keys a user set (``explicit_keys``, new names), one line each; [] otherwise. A bench
     grid checks its cells with it (it knows which keys a cell sets; the ServerApp does not).
+
+    Parameters
+    ----------
+    flat : Mapping[str, Any]
+        A flat run config in the current key names.
+    explicit_keys : Iterable[str]
+        The keys the user set, in the current names.
+
+    Returns
+    -------
+    list[str]
+        One line per problem (the key, its value and what to do instead).
     """
     strategy = str(flat.get("strategy", ""))
     preset = preset_of(strategy)

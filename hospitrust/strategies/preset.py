@@ -29,6 +29,18 @@ def flat_options(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """A mapping of option names (field or kebab names, a nested mapping for a sub-section) as
     flat run-config keys relative to the section: ``{"ablation": {"trim_norms": False}}`` ->
     ``{"ablation.trim-norms": False}``.
+
+    Parameters
+    ----------
+    values : Mapping[str, Any]
+        Option names -> values.
+    prefix : str
+        Put before every key (the sub-section's path, when recursing).
+
+    Returns
+    -------
+    dict[str, Any]
+        Flat kebab-case key -> value.
     """
     out: dict[str, Any] = {}
     for key, value in values.items():

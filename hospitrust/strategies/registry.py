@@ -117,13 +117,34 @@ def strategy_names() -> list[str]:
 
 
 def preset_of(name: str) -> Preset | None:
-    """The preset called ``name``, None when ``name`` is a rule, a plugin path or unknown."""
+    """The preset called ``name``, None when ``name`` is a rule, a plugin path or unknown.
+
+    Parameters
+    ----------
+    name : str
+        A strategy name.
+
+    Returns
+    -------
+    Preset or None
+        The preset.
+    """
     return PRESETS.get(name)
 
 
 def rule_name(name: str) -> str:
     """The rule a strategy name selects (its run-config section): the preset's rule for a preset,
     else ``name`` itself.
+
+    Parameters
+    ----------
+    name : str
+        A strategy name (a rule, a preset or a plugin path).
+
+    Returns
+    -------
+    str
+        The rule's registry name (``name`` when it is not a preset).
     """
     preset = PRESETS.get(name)
     return preset.rule.name if preset is not None else name
