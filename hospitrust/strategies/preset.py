@@ -69,6 +69,8 @@ class Preset:
         why is its line in the preset's table on its page.
     extends : str
         The preset it was derived from (``derive``), '' for none; its settings are included.
+    own : frozenset[str]
+        The keys this preset sets itself (the rest come from ``extends``); all of them when empty.
     """
 
     name: str
