@@ -89,6 +89,17 @@ def test_a_rule_with_one_option_is_picked_up_everywhere(extension, tmp_path):
     assert reference.stale(root) == []
     # the bench report: a rule's option is a variant of the rule, not a scenario
     assert is_hyperparameter("nearest-to-median.keep-fraction") and not is_hyperparameter("dirichlet.alpha")
+    # its preset: selectable by name, the rule's section with the preset's value, no key of its own, a generated table
+    from hospitrust.strategies import PRESETS
+
+    assert PRESETS["nearest-to-median-strict"].rule is STRATEGIES["nearest-to-median"]
+    assert parse_run_config({"strategy": "nearest-to-median-strict"}).strategy_options.keep_fraction == 0.25
+    assert parse_run_config({"strategy": "nearest-to-median-strict",
+                             "nearest-to-median.keep-fraction": 0.4}).strategy_options.keep_fraction == 0.4
+    assert "nearest-to-median-strict" not in (root / "pyproject.toml").read_text()
+    assert ("| `nearest-to-median.keep-fraction` | `0.25` | `0.5` | A quarter kept"
+            in (root / "docs" / "rules" / "nearest-to-median.md").read_text())
+    assert "| `nearest-to-median-strict` | `nearest-to-median` |" in (root / "docs" / "config.md").read_text()
 
 
 def test_the_new_rule_runs_a_federation(extension, tmp_path, data_dir):

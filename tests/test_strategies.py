@@ -12,7 +12,7 @@ from hospitrust.ops.inprocess import InProcessGrid
 from hospitrust.client_app import app as client_app
 from hospitrust.server_app.results import read_rounds
 from hospitrust.server_app import app as server_app
-from hospitrust.strategies import STRATEGIES, build_strategy
+from hospitrust.strategies import build_strategy, strategy_names
 
 D = 6
 
@@ -53,9 +53,9 @@ HONEST = [[1.0, 1, 1, 1, 1, 1], [1.2, 0.9, 1, 1.1, 1, 1], [0.9, 1.1, 1, 1, 0.9, 
 OUTLIER = [[-50.0, 40, -60, 50, -40, 60]]
 
 
-# every rule that aggregates a stack of updates into one model (fbd replaces blocks of a
-# warehouse of colors instead: tests/test_fbd.py)
-STACK_RULES = sorted(n for n in STRATEGIES if n != "fbd")
+# every rule and preset that aggregates a stack of updates into one model (fbd replaces blocks
+# of a warehouse of colors instead: tests/test_fbd.py)
+STACK_RULES = [n for n in strategy_names() if n != "fbd"]
 
 
 @pytest.mark.parametrize("name", STACK_RULES)

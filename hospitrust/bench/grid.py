@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from hospitrust.config import ConfigError, legacy, parse_run_config
-from hospitrust.config.run import restrict_to_active
+from hospitrust.config.run import preset_key_problems, restrict_to_active
 from hospitrust.errors import did_you_mean
 from hospitrust.ops.simulate import app_config_defaults, flatten_sections
 
@@ -216,6 +216,7 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
         config = {**defaults, **base}
         hospitals = default_hospitals
         labels: dict[str, Any] = {}
+        cell_keys = set(base)  # the keys this cell sets (a preset's value is overridden only by a set key)
         for key, value in zip(keys, combo):
             if isinstance(value, dict):
                 labels[key] = value["label"]
@@ -228,10 +229,12 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
                         errors.append(_unknown_key_message(f"[axes] {key} ({value['label']})", k, defaults))
                     else:
                         config[k] = v
+                        cell_keys.add(k)
             elif key == "hospitals":
                 hospitals = value
             else:
                 config[key] = value
+                cell_keys.add(key)
         skip = False
         for rule in rules:
             view = {**legacy.translate(config)[0], **config, **labels, "hospitals": hospitals}
@@ -246,6 +249,7 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
                         errors.append(_unknown_key_message("[[when]] set", k, defaults))
                     else:
                         config[k] = v
+                        cell_keys.add(k)
         if skip:
             grid.skipped += 1
             continue
@@ -258,7 +262,9 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
         name = cell_name(axis_values)
         # old flat keys under their new names (the cell's own selection decides the shared ones), and a
         # shared key of a component this cell does not select left out of its config
-        config = restrict_to_active(_translated(config, f"cell {name}", quiet=True))
+        translated = _translated(config, f"cell {name}", quiet=True)
+        errors += [f"cell {name}: {p}" for p in preset_key_problems(translated, legacy.translate_keys(cell_keys, translated))]
+        config = restrict_to_active(translated)
         config["run-name"] = name
         cell = Cell(name=name, axes=axis_values, run_config=config, hospitals=hospitals)
         if name in seen:

@@ -6,6 +6,11 @@ Wherever hospitrust reads a config (``hospitrust simulate -c``, grid files, ``ce
 new key. A few old keys were shared by several components (``attack-target`` by label-flip and
 backdoor); they go to the section of the component the config selects. Plain ``flwr run
 --run-config`` takes only the new names (Flower refuses keys pyproject does not declare).
+
+The published forms and ablations had sections of their own (``hta-published.ema-rate``) until
+they became presets, values over their rule's section (issue 31): such a key is translated to its
+rule's section (``hta.ema-rate``) where the config selects that preset, and refused otherwise
+(:func:`hospitrust.config.run.parse_run_config` names the preset and its rule).
 """
 
 from __future__ import annotations
@@ -113,13 +118,34 @@ SHARED: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 
+#: a preset's former section -> its rule's section (the sections these presets had until issue 31)
+PRESET_SECTIONS: dict[str, str] = {
+    "hta-published": "hta",
+    "hta-published-no-m": "hta",
+    "hta-published-no-memory": "hta",
+    "hta-published-no-direction": "hta",
+    "earn-published": "earn",
+    "fedagain-published": "fedagain",
+    "fedagain-authors-code": "fedagain",
+}
+
+
+def _preset_key(key: str) -> tuple[str, str] | None:
+    """``hta-published.ema-rate`` -> (``hta-published``, ``hta.ema-rate``); None for another key."""
+    section, dot, sub = key.partition(".")
+    if not dot or section not in PRESET_SECTIONS:
+        return None
+    return section, f"{PRESET_SECTIONS[section]}.{sub}"
+
+
 def new_names(old: str) -> list[str]:
     """The new key(s) of an old flat key ([] if it is not an old key)."""
     if old in RENAMED:
         return [RENAMED[old]]
     if old in SHARED:
         return list(SHARED[old][1].values())
-    return []
+    preset_key = _preset_key(old)
+    return [preset_key[1]] if preset_key is not None else []
 
 
 def _selected(raw: Mapping[str, Any], selector: str) -> set[str]:
@@ -134,14 +160,25 @@ def translate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """``raw`` with every old key under its new name, and one deprecation note per old key.
 
     An old key replaces its new key's value when both are there (a config built from
-    pyproject's defaults plus old-style overrides).
+    pyproject's defaults plus old-style overrides). A key of a preset's former section is
+    translated only where the config selects that preset (elsewhere it was inactive, and is left
+    for the run config's parser to refuse by name).
     """
     out: dict[str, Any] = {}
     notes: list[str] = []
+    strategy = str(raw.get("strategy", ""))
     for key, value in raw.items():
-        if key not in RENAMED and key not in SHARED:
+        preset_key = _preset_key(key)
+        if key not in RENAMED and key not in SHARED and (preset_key is None or preset_key[0] != strategy):
             out.setdefault(key, value)
     for key, value in raw.items():
+        preset_key = _preset_key(key)
+        if preset_key is not None and preset_key[0] == strategy:
+            out[preset_key[1]] = value
+            notes.append(f"run config key {key!r} is deprecated: {strategy} is a preset of {PRESET_SECTIONS[strategy]} now, "
+                         f"so it is {preset_key[1]!r} (a value other than {PRESET_SECTIONS[strategy]}'s default overrides "
+                         f"the preset's; docs/rules/{strategy}.md)")
+            continue
         if key in RENAMED:
             new = RENAMED[key]
         elif key in SHARED:
@@ -158,8 +195,12 @@ def translate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
 def translate_keys(keys: Iterable[str], translated: Mapping[str, Any]) -> set[str]:
     """The new names of a set of keys (old ones translated as ``translate`` did for ``translated``)."""
     out = set()
+    strategy = str(translated.get("strategy", ""))
     for key in keys:
-        if key in RENAMED:
+        preset_key = _preset_key(key)
+        if preset_key is not None and preset_key[0] == strategy:
+            out.add(preset_key[1])
+        elif key in RENAMED:
             out.add(RENAMED[key])
         elif key in SHARED:
             selector, by_component = SHARED[key]
@@ -174,4 +215,6 @@ def old_key_table() -> list[tuple[str, str]]:
     """(old key, new key or keys) for the config reference."""
     rows = [(old, new) for old, new in RENAMED.items()]
     rows += [(old, " / ".join(by.values()) + f" (by {selector})") for old, (selector, by) in SHARED.items()]
+    rows += [(f"{preset}.*", f"{rule}.* (with strategy = \"{preset}\", a preset of {rule})")
+             for preset, rule in PRESET_SECTIONS.items()]
     return sorted(rows)

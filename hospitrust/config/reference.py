@@ -4,13 +4,16 @@
   key that pyproject does not declare, so it must declare every component's options);
 - ``docs/config.md``, the config reference (every key, its default and meaning, and each old
   flat key's new name);
-- the options table of every rule's page (``docs/rules/<rule>.md``, between its markers).
+- the options table of every rule's page (``docs/rules/<rule>.md``, between its markers), and
+  the values table of every preset's page (``docs/rules/<preset>.md``, between its ``preset``
+  markers): a published form or an ablation, as its preset sets it.
 
 ``hospitrust config generate`` writes them; ``hospitrust config check`` exits 1 when one is stale.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from pathlib import Path
@@ -20,11 +23,13 @@ from hospitrust.config import legacy
 from hospitrust.config.run import CoreOptions
 from hospitrust.config.sections import Section, all_sections
 from hospitrust.options import Options, kebab
-from hospitrust.strategies.registry import STRATEGIES
+from hospitrust.strategies.preset import Preset
+from hospitrust.strategies.registry import PRESETS, STRATEGIES
 
 BANNER = ("# The run config, generated from the components' Options by `hospitrust config generate`:\n"
           "# edit the Options (beside each component's class), then regenerate. docs/config.md explains every key.")
 MARKER = re.compile(r"(<!-- options:begin (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- options:end -->)", re.S)
+PRESET_MARKER = re.compile(r"(<!-- preset:begin (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- preset:end -->)", re.S)
 
 
 def toml_value(value: Any) -> str:
@@ -119,6 +124,16 @@ def config_markdown() -> str:
                 continue
             out += ["", f"### `{name}`", "", f"{section.summary} ([{section.doc}]({section.doc}))", "",
                     *options_table(section, section.options, f"{name}.")]
+    out += ["", "## Presets", "",
+            "A published form or an ablation is a preset: `strategy = \"<preset>\"` selects its rule with the values",
+            "below, over the rule's section (it has no section of its own). A value set in the rule's section other than",
+            "the rule's default overrides the preset's, with a warning; one equal to the rule's default cannot be told",
+            "from unset (Flower passes every default) and is refused where the keys set are known (`hospitrust simulate",
+            "-c`, bench grids). Each preset's page has its table with the reasons.", "",
+            "| strategy | rule | values | what |", "|---|---|---|---|"]
+    out += [f"| `{name}` | `{p.rule.name}` | {', '.join(f'`{p.rule.name}.{k}` = `{toml_value(v)}`' for k, v in p.values.items())} "
+            f"| {_cell(p.summary.split('. ')[0].rstrip('.'))}. ([rules/{name}.md](rules/{name}.md)) |"
+            for name, p in PRESETS.items()]
     out += ["", "## Old flat keys", "",
             "hospitrust 0.1 had one flat list of keys. Wherever hospitrust reads a config (`hospitrust simulate -c`,",
             "grid files, `cells.csv`, `config.json`, checkpoints) an old key is translated with a deprecation line;",
@@ -128,8 +143,29 @@ def config_markdown() -> str:
     return "\n".join(out) + "\n"
 
 
+def preset_table(preset: Preset) -> list[str]:
+    """A preset's values beside its rule's defaults, with why (the preset's own settings first)."""
+    rule = preset.rule.name
+    defaults = preset.rule.Options.defaults_flat()
+    module = inspect.getmodule(preset.rule)
+    where = f"`{module.__name__.replace('.', '/')}.py`" if module is not None else "its rule's module"
+    rows = [f"`strategy = \"{preset.name}\"` is [`{rule}`]({rule}.md) with these values (the preset in {where}); every "
+            f"other key is `{rule}`'s, from its section. A value set there other than `{rule}`'s default overrides the "
+            "preset's, with a warning.", "",
+            f"| key | value | `{rule}`'s default | why |", "|---|---|---|---|"]
+    keys = sorted(preset.settings, key=lambda k: (k not in preset.own, list(preset.settings).index(k)))
+    for key in keys:
+        value, why = preset.settings[key]
+        if key not in preset.own:
+            why = f"{why.rstrip('.')} (as `{preset.extends}`)."
+        rows.append(f"| `{rule}.{key}` | `{toml_value(value)}` | `{toml_value(defaults[key])}` | {_cell(why)} |")
+    return rows
+
+
 def rule_options_block(name: str) -> str:
     sections = all_sections()
+    if name in PRESETS:
+        return "\n".join(preset_table(PRESETS[name])) + "\n"
     if name in sections:
         return "\n".join(options_table(sections[name], sections[name].options, f"{name}.")) + "\n"
     if name in STRATEGIES:
@@ -138,7 +174,8 @@ def rule_options_block(name: str) -> str:
 
 
 def render_rule_page(text: str) -> str:
-    return MARKER.sub(lambda m: m.group(1) + rule_options_block(m.group("name")) + m.group(4), text)
+    text = MARKER.sub(lambda m: m.group(1) + rule_options_block(m.group("name")) + m.group(4), text)
+    return PRESET_MARKER.sub(lambda m: m.group(1) + rule_options_block(m.group("name")) + m.group(4), text)
 
 
 def targets(root: Path) -> dict[Path, str]:

@@ -6,7 +6,9 @@ nested tables flattened to dotted keys (``hta.ema-rate``). ``parse_run_config`` 
 names the key, the value and what is allowed, and a section's options are refused when its
 component is not selected (``strategy = "krum"`` with ``hta.exclusion-fraction = 0.4``).
 Old flat keys (``hta-kappa``) are translated with one deprecation line
-(:mod:`hospitrust.config.legacy`).
+(:mod:`hospitrust.config.legacy`). A preset (``strategy = "hta-published"``) is its rule's
+section with the preset's values; a value set in that section overrides the preset's
+(:func:`resolve_preset`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from hospitrust.privacy.options import PrivacyOptions, check_privacy_settings
 from hospitrust.server_app.secure import SecAggOptions
 from hospitrust.server_app.server_data import ServerDataOptions, check_server_data, evaluation_mode
 from hospitrust.tasks.task import TaskOptions
-from hospitrust.strategies.registry import STRATEGIES, StrategyError, strategy_class
+from hospitrust.strategies.registry import STRATEGIES, StrategyError, preset_of, rule_name, strategy_class
 
 DATA_DIR_ENV = "HOSPITRUST_DATA_DIR"
 
@@ -190,6 +192,7 @@ class RunConfig(CoreOptions):
     """
 
     _sections: dict[str, Options] = PrivateAttr(default_factory=dict)
+    _preset_overrides: dict[str, tuple[Any, Any]] = PrivateAttr(default_factory=dict)
 
     # ---- sections ----------------------------------------------------------------
     def options(self, section: str) -> Options:
@@ -203,7 +206,16 @@ class RunConfig(CoreOptions):
 
     @property
     def strategy_options(self) -> Options:
-        return self.options(self.strategy) if self.strategy in all_sections() else strategy_class(self.strategy).Options()
+        """The selected rule's options (a preset's: its rule's section with the preset's values)."""
+        section = rule_name(self.strategy)
+        return self.options(section) if section in all_sections() else strategy_class(self.strategy).Options()
+
+    @property
+    def preset_overrides(self) -> dict[str, tuple[Any, Any]]:
+        """With a preset selected: each key of its rule's section set to another value than the
+        preset's, -> (the preset's value, the value used); empty otherwise.
+        """
+        return dict(self._preset_overrides)
 
     @property
     def train(self) -> TrainOptions:
@@ -280,12 +292,15 @@ class RunConfig(CoreOptions):
 
 def active_sections(core: CoreOptions, sections: Mapping[str, Options]) -> list[str]:
     known = all_sections()
+    preset = preset_of(core.strategy)
 
     def opts(name: str) -> Options:
-        return sections[name] if name in sections else known[name].options()
+        if name in sections:
+            return sections[name]
+        return preset.options() if preset is not None and name == preset.rule.name else known[name].options()
 
     active = [name for name in known if known[name].kind == "service"]
-    todo = [core.strategy, core.partitioner] + ([core.attack] if core.attack != "none" else [])
+    todo = [rule_name(core.strategy), core.partitioner] + ([core.attack] if core.attack != "none" else [])
     while todo:
         name = todo.pop(0)
         if name not in known or name in active:
@@ -346,6 +361,11 @@ def parse_run_config(raw: Mapping[str, Any], *, explicit: Iterable[str] | None =
                 section_raw.setdefault(section, {})[sub] = value
             else:
                 problems.append(f"  - unknown key {key!r}{did_you_mean(key, all_known)}")
+        elif section in legacy.PRESET_SECTIONS:  # a preset's section before presets were values over their rule's
+            rule, sub = legacy.PRESET_SECTIONS[section], key[len(section) + 1:]
+            problems.append(f"  - {key} = {value!r}: {section} is a preset of {rule} now, with no section of its own, and "
+                            f"the selected strategy is {translated.get('strategy', 'fedavg')!r}: with strategy = "
+                            f"{section!r} write {rule}.{sub}, or remove the key")
         else:
             problems.append(f"  - unknown key {key!r} (no section {section!r}){did_you_mean(key, all_known)}")
     core: CoreOptions | None = None
@@ -354,15 +374,29 @@ def parse_run_config(raw: Mapping[str, Any], *, explicit: Iterable[str] | None =
     except OptionsError as err:
         problems += [_problem(k, v, m) for k, v, m in err.problems]
     sections: dict[str, Options] = {}
+    preset = preset_of(str(core_raw.get("strategy", "")))
     for name, values in section_raw.items():
+        if preset is not None and name == preset.rule.name:
+            continue  # parsed over the preset's values (resolve_preset), once the core is
         try:
             sections[name] = known[name].options.from_flat(values)
         except OptionsError as err:
             problems += [_problem(f"{name}.{k}" if k else "", v, m) for k, v, m in err.problems]
     if problems or core is None:
         raise ConfigError("invalid run config:\n" + "\n".join(problems))
+    if preset is not None:
+        try:
+            sections[preset.rule.name], overrides = resolve_preset(core.strategy, section_raw.get(preset.rule.name, {}),
+                                                                   explicit_keys)
+        except ValueError as err:
+            raise ConfigError("invalid run config:\n" + str(err)) from None
     cfg = RunConfig.model_validate(core.model_dump())
     cfg._sections.update(sections)
+    if preset is not None:
+        cfg._preset_overrides = overrides
+        for key, (was, now) in overrides.items():
+            warnings.warn(f"strategy {core.strategy}: {preset.rule.name}.{key} = {now!r} overrides the preset's {was!r}",
+                          UserWarning, stacklevel=2)
     active = set(cfg.active_sections())
     for name, values in section_raw.items():
         if name in active:
@@ -376,6 +410,8 @@ def parse_run_config(raw: Mapping[str, Any], *, explicit: Iterable[str] | None =
         defaults = known[name].options.defaults_flat()
         set_keys = ({k[len(name) + 1:] for k in explicit_keys if section_of(k) == name} if explicit_keys is not None
                     else {k for k, v in options.to_flat().items() if v != defaults[k]})
+        if preset is not None and name == preset.rule.name:  # a preset's values count as set
+            set_keys |= set(preset.settings)
         try:
             options.check_dependencies(set_keys)
         except ValueError as err:
@@ -384,6 +420,82 @@ def parse_run_config(raw: Mapping[str, Any], *, explicit: Iterable[str] | None =
     if problems:
         raise ConfigError("invalid run config:\n" + "\n".join(problems))
     return cfg
+
+
+def resolve_preset(strategy: str, values: Mapping[str, Any],
+                   explicit_keys: set[str] | None = None) -> tuple[Options, dict[str, tuple[Any, Any]]]:
+    """The options of preset ``strategy``: its rule's defaults, the preset's values, then the values
+    set in the rule's section (``values``: its flat keys as the config gives them, ``ema-rate``).
+
+    A value counts as set when it differs from the rule's default: Flower passes every key at
+    pyproject's default, so a value equal to it cannot be told from unset and leaves the preset's.
+    Where the keys the user set are known (``explicit_keys``: ``hospitrust simulate -c``, a grid's
+    cells), such a value on a key the preset sets is refused (ValueError), not silently dropped.
+
+    Parameters
+    ----------
+    strategy : str
+        A preset's name.
+    values : Mapping[str, Any]
+        The rule's section as the config gives it (flat keys relative to the section).
+    explicit_keys : set[str] or None
+        The keys the user set (full run-config names), when known.
+
+    Returns
+    -------
+    tuple[Options, dict[str, tuple[Any, Any]]]
+        The options, and each key whose preset value was overridden -> (preset's value, value used).
+    """
+    preset = preset_of(strategy)
+    if preset is None:
+        raise KeyError(f"{strategy!r} is not a preset")
+    rule = preset.rule.name
+    defaults = preset.rule.Options.defaults_flat()
+    overrides = {k: v for k, v in values.items() if k not in defaults or v != defaults[k]}
+    problems = []
+    for key in sorted(explicit_keys or ()):
+        sub = key[len(rule) + 1:]
+        if section_of(key) == rule and sub in preset.settings and sub not in overrides and sub in values \
+                and values[sub] != preset.values[sub]:
+            problems.append(f"  - {key} = {values[sub]!r}: {rule}'s default, which the ServerApp cannot tell from unset, so "
+                            f"it cannot override preset {strategy}'s {preset.values[sub]!r}; select strategy = {rule!r} "
+                            f"with the preset's values instead (docs/rules/{strategy}.md lists them)")
+    try:
+        resolved = preset.options(overrides)
+    except OptionsError as err:
+        problems += [_problem(f"{rule}.{k}" if k else "", v, m) for k, v, m in err.problems]
+    if problems:
+        raise ValueError("\n".join(problems))
+    return resolved, preset.overridden(overrides)
+
+
+def preset_key_problems(flat: Mapping[str, Any], explicit_keys: Iterable[str]) -> list[str]:
+    """For a translated flat config that selects a preset: the problems :func:`resolve_preset` finds
+    with the keys a user set (``explicit_keys``, new names), one line each; [] otherwise. A bench
+    grid checks its cells with it (it knows which keys a cell sets; the ServerApp does not).
+
+    Parameters
+    ----------
+    flat : Mapping[str, Any]
+        A flat run config in the current key names.
+    explicit_keys : Iterable[str]
+        The keys the user set, in the current names.
+
+    Returns
+    -------
+    list[str]
+        One line per problem (the key, its value and what to do instead).
+    """
+    strategy = str(flat.get("strategy", ""))
+    preset = preset_of(strategy)
+    if preset is None:
+        return []
+    rule = preset.rule.name
+    try:
+        resolve_preset(strategy, {k[len(rule) + 1:]: v for k, v in flat.items() if section_of(k) == rule}, set(explicit_keys))
+    except ValueError as err:
+        return [line.removeprefix("  - ") for line in str(err).splitlines()]
+    return []
 
 
 def unselected_message(section: Section, cfg: CoreOptions) -> str:
@@ -442,18 +554,24 @@ def restrict_to_active(flat: Mapping[str, Any]) -> dict[str, Any]:
     known = all_sections()
     core_keys = set(CoreOptions.flat_fields())
     try:
-        core = CoreOptions.from_flat({k: v for k, v in flat.items() if k in core_keys})
+        core = cast(CoreOptions, CoreOptions.from_flat({k: v for k, v in flat.items() if k in core_keys}))
     except OptionsError:
         return dict(flat)
     parsed: dict[str, Options] = {}
+    preset = preset_of(core.strategy)
     for name in known:
         values = {k[len(name) + 1:]: v for k, v in flat.items() if section_of(k) == name}
         try:
-            parsed[name] = known[name].options.from_flat(values)
-        except OptionsError:
+            if preset is not None and name == preset.rule.name:
+                parsed[name] = resolve_preset(core.strategy, values)[0]
+            else:
+                parsed[name] = known[name].options.from_flat(values)
+        except (OptionsError, ValueError):
             pass
-    active = set(active_sections(core, parsed))  # type: ignore[arg-type]
-    return {k: v for k, v in flat.items() if section_of(k) not in known or section_of(k) in active}
+    active = set(active_sections(core, parsed))
+    preset_sections = {name for name in legacy.PRESET_SECTIONS if name != core.strategy}  # their keys were inactive here
+    return {k: v for k, v in flat.items()
+            if (section_of(k) not in known and section_of(k) not in preset_sections) or section_of(k) in active}
 
 
 def run_config_defaults() -> dict[str, Any]:
@@ -465,7 +583,7 @@ def run_config_defaults() -> dict[str, Any]:
 
 
 __all__ = ["CoreOptions", "DATA_DIR_ENV", "RunConfig", "active_sections", "cross_checks", "known_keys", "parse_run_config",
-           "restrict_to_active", "run_config_defaults"]
+           "preset_key_problems", "resolve_preset", "restrict_to_active", "run_config_defaults"]
 
 
 @functools.lru_cache(maxsize=16)

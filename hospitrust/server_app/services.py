@@ -6,7 +6,7 @@ benchmark, EARN's audit).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from logging import WARNING
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ from hospitrust.tasks.model import task_model
 from hospitrust.tasks.task import Task
 from hospitrust.models.training import balanced_class_weights, predict_proba, seed_everything, to_batch, train
 from hospitrust.strategies import HospitrustStrategy, build_strategy, strategy_class
+from hospitrust.strategies.registry import preset_of
 from hospitrust.strategies.base import SERVICES
 from hospitrust.strategies.validation import ReplyLimits
 
@@ -179,6 +180,8 @@ def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: t
                          sets: ServerSets) -> HospitrustStrategy:
     """The configured rule, built by the registry from its section and what it needs of the server.
     A rule's empty ``rare-classes`` option takes the task's rare classes, where the task names them.
+    A preset is its rule with the run config's resolved options; the log says which values of the
+    preset the run config overrode.
     """
     train_config = {
         "local-epochs": cfg.local_epochs,
@@ -187,6 +190,12 @@ def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: t
     }
     cls = strategy_class(cfg.strategy)
     options = cfg.strategy_options
+    preset = preset_of(cfg.strategy)
+    if preset is not None:
+        overrides = "; ".join(f"{preset.rule.name}.{k} = {now!r} instead of {was!r}" for k, (was, now) in
+                              cfg.preset_overrides.items())
+        log(WARNING if overrides else INFO, "Strategy %s: the preset of %s (%s)%s", cfg.strategy, preset.rule.name,
+            ", ".join(f"{k} = {v!r}" for k, v in preset.values.items()), f"; overridden: {overrides}" if overrides else "")
     if task.rare_classes and "rare_classes" in type(options).model_fields and not getattr(options, "rare_classes"):
         options = options.model_copy(update={"rare_classes": ",".join(map(str, task.rare_classes))})
     strategy = build_strategy(

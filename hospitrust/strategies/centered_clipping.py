@@ -47,7 +47,6 @@ class CenteredClipping(HospitrustStrategy):
 
     def __init__(self, hospitals, options=None, **kwargs) -> None:
         super().__init__(hospitals, options, **kwargs)
-        self.tau, self.iters = self.options.radius, self.options.iterations
         self.center: torch.Tensor | None = None  # state across rounds
 
     def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
@@ -56,8 +55,9 @@ class CenteredClipping(HospitrustStrategy):
             self.center = torch.zeros(d, dtype=updates.dtype, device=updates.device)
         self.center = self.center.to(device=updates.device, dtype=updates.dtype)  # a checkpoint loads on the CPU
         distances = torch.linalg.vector_norm(updates - self.center, dim=1)
-        tau = self.tau if self.tau > 0 else float(distances.median().clamp_min(1e-12))
-        update = centered_clipping(updates, self.center, tau, self.iters)
+        radius = self.options.radius
+        tau = radius if radius > 0 else float(distances.median().clamp_min(1e-12))
+        update = centered_clipping(updates, self.center, tau, self.options.iterations)
         self.center = update.detach().clone()
         clip = torch.clamp(tau / distances.double().clamp_min(1e-12), max=1.0)
         return Aggregate(update, clip / clip.sum(), torch.ones(n, dtype=torch.bool),

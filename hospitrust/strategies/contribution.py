@@ -55,12 +55,11 @@ class ContributionWeighted(HospitrustStrategy):
 
     def __init__(self, hospitals, options=None, **common) -> None:
         super().__init__(hospitals, options, **common)
-        self.contribution_score = self.options.score
         self.scores: dict[str, float] = {}
 
     def update_scores(self, totals: Mapping[str, Mapping[str, float]]) -> None:
         """Accumulated scores per hospital (``ContributionLedger.totals()``)."""
-        self.scores = {h: float(v[self.contribution_score]) for h, v in totals.items()}
+        self.scores = {h: float(v[self.options.score]) for h, v in totals.items()}
 
     def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
         names = [self._name_of(r.node_id) for r in replies]
@@ -70,7 +69,7 @@ class ContributionWeighted(HospitrustStrategy):
         if torch.isnan(raw).any() or float(raw.sum()) <= 0.0:
             weights, mode = fedavg, "fedavg"
         else:
-            weights, mode = raw / raw.sum(), self.contribution_score
+            weights, mode = raw / raw.sum(), self.options.score
         update = weights.to(updates.dtype) @ updates
         return Aggregate(
             update=update,

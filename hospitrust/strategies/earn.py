@@ -29,6 +29,7 @@ from hospitrust.metrics import rare_classes
 from hospitrust.options import Options
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 from hospitrust.strategies.hta import HTA, HTAOptions
+from hospitrust.strategies.preset import Preset
 
 FLAG_TRUST = 0.1  # a holder of a rare class whose trust on that row is below this, once its history is locked
 
@@ -251,6 +252,9 @@ class EARN(HospitrustStrategy):
     its update (m and v still apply; only with the audit on and HTA's v in use, which
     checks the whole update).
 
+    EARN with the holder and rare-class definitions of its description is the preset
+    ``earn-published`` (``PRESETS`` below).
+
     Rare classes: ``earn.rare-classes`` (e.g. '4'), or automatically those whose reported
     federation total is below ``earn.rare-fraction`` x the mean class total, plus the
     rarest; without reported counts, the classes with the fewest holders by evidence.
@@ -329,21 +333,18 @@ class EARN(HospitrustStrategy):
             log(WARNING, "earn: no %s callable (reference cohort): rows are not audited",
                 "candidate_logits" if o.audit_by == "model" else "head_features")
             audit = False
-        self.evidence_source, self.mode, self.cap, self.clip_rows = o.evidence, o.agreement, o.row_cap, o.clip_rows
-        self.nonholder_weight, self.nonholder_by_peers = o.nonholder_weight, o.ablation.nonholder_by_peers
-        self.history_len, self.agree_threshold, self.audit = o.history_rounds, o.agree_threshold, audit
-        self.rare_explicit = parse_class_list(o.rare_classes)
-        self.rare_fraction, self.base = o.rare_fraction, o.base
-        self.rare_by, self.holder_min_count = o.rare_by, o.holder_min_count
-        self.head_features, self.candidate_logits, self.audit_by = head_features, candidate_logits, o.audit_by
+        self.audit_in_effect = audit  # earn.audit, off without the callable that judges a row
+        self.given_rare_classes = parse_class_list(o.rare_classes)
+        self.head_features, self.candidate_logits = head_features, candidate_logits
         # earn.base hta: HTA (its hta.* options, reputation kept across rounds) weighs the body and
         # the other rows, and its weights replace FedAvg's in the rare rows
         self.base_rule = (HTA(hospitals, hta_options, candidate_scores=candidate_scores, **kwargs)
                           if o.base == "hta" else None)
         # only audited trust excuses (unaudited, a consistent faker earns trust from its own history),
         # and only where HTA's v checks the whole update on the reference cohort (the audit checks one row)
-        self.excuse_direction = (o.ablation.excuse_direction and self.audit and self.base_rule is not None
-                                 and self.base_rule.c > 0 and self.base_rule.candidate_scores is not None)
+        self.excuse_in_effect = (o.ablation.excuse_direction and self.audit_in_effect and self.base_rule is not None
+                                 and self.base_rule.options.validation_exponent > 0
+                                 and self.base_rule.candidate_scores is not None)
         self.trust: dict[str, dict[int, float]] = {}
         self.history_sum: dict[str, torch.Tensor] = {}
         self.history_rounds: dict[str, int] = {}
@@ -351,12 +352,13 @@ class EARN(HospitrustStrategy):
 
     def summary(self) -> None:
         super().summary()
+        o = self.options
         log(INFO, "\t└── EARN: evidence %s, mode %s, cap %g, rows clipped: %s, history %d rounds, audit %s, "
-            "rare %s, non-holders in a rare row x %g%s, base %s%s", self.evidence_source, self.mode, self.cap,
-            self.clip_rows, self.history_len, self.audit and self.audit_by,
-            list(self.rare_explicit) or f"auto (< {self.rare_fraction} x mean)", self.nonholder_weight,
-            " x (1 - p(c))" if self.nonholder_by_peers else "", self.base,
-            " (audited rare-class trust excuses HTA's direction signal)" if self.excuse_direction else "")
+            "rare %s, non-holders in a rare row x %g%s, base %s%s", o.evidence, o.agreement, o.row_cap,
+            o.clip_rows, o.history_rounds, self.audit_in_effect and o.audit_by,
+            list(self.given_rare_classes) or f"auto (< {o.rare_fraction} x mean)", o.nonholder_weight,
+            " x (1 - p(c))" if o.ablation.nonholder_by_peers else "", o.base,
+            " (audited rare-class trust excuses HTA's direction signal)" if self.excuse_in_effect else "")
 
     @property
     def base_state(self) -> dict[str, Any]:
@@ -382,9 +384,9 @@ class EARN(HospitrustStrategy):
               excuse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, Aggregate | None]:
         """The base rule's update and its per-hospital weights (what the rare rows start from)."""
         fedavg = (num_examples / num_examples.sum()).double().cpu()
-        if self.base == "fedavg":
+        if self.options.base == "fedavg":
             return fedavg.to(updates.dtype).to(updates.device) @ updates, fedavg, None
-        if self.base == "median":
+        if self.options.base == "median":
             return coordinate_median(updates), fedavg, None
         assert self.base_rule is not None  # earn.base hta
         self.base_rule.global_state = self.global_state
@@ -392,23 +394,25 @@ class EARN(HospitrustStrategy):
         return agg.update.clone(), agg.weights.double().cpu(), agg
 
     def _rare_classes(self, counts: torch.Tensor | None, holders: torch.Tensor, num_classes: int) -> list[int]:
-        if self.rare_explicit:
-            return [c for c in self.rare_explicit if c < num_classes]
-        if self.rare_by == "holders":
-            return rare_classes(holders.sum(dim=0).double().numpy(), self.rare_fraction)
+        o = self.options
+        if self.given_rare_classes:
+            return [c for c in self.given_rare_classes if c < num_classes]
+        if o.rare_by == "holders":
+            return rare_classes(holders.sum(dim=0).double().numpy(), o.rare_fraction)
         if counts is not None and float(counts.sum()) > 0:
-            return rare_classes(counts.sum(dim=0).numpy(), self.rare_fraction)
+            return rare_classes(counts.sum(dim=0).numpy(), o.rare_fraction)
         n_holders = holders.sum(dim=0)
         return sorted(torch.nonzero(n_holders == n_holders.min()).flatten().tolist())
 
     def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
         assert self.global_state is not None
+        o = self.options
         n = updates.shape[0]
         names = [self._name_of(r.node_id) for r in replies]
         try:
             w_off, C, H, b_off = classifier_head(self.global_state)
         except ValueError as err:  # no linear head: no class rows to judge, the base rule alone
-            log(WARNING, "Round %d: %s; aggregated with earn.base %s only", server_round, err, self.base)
+            log(WARNING, "Round %d: %s; aggregated with earn.base %s only", server_round, err, o.base)
             update, base_w, base_agg = self._base(server_round, updates, num_examples, replies)
             if base_agg is not None:
                 return base_agg
@@ -416,7 +420,7 @@ class EARN(HospitrustStrategy):
         W = updates[:, w_off : w_off + C * H].reshape(n, C, H).double().cpu()
         B = updates[:, b_off : b_off + C].double().cpu()
         counts = reported_counts(replies, C)
-        if self.evidence_source == "update-count":
+        if o.evidence == "update-count":
             global_bias = flatten_state(self.global_state)[0][b_off : b_off + C]
             derived = update_count_evidence(
                 B, num_examples.double().cpu(), global_bias,
@@ -427,19 +431,19 @@ class EARN(HospitrustStrategy):
             derived = update_evidence(B)
         spear = mean_class_spearman(derived, counts) if counts is not None else math.nan
         self.evidence_spearman[server_round] = spear
-        if self.evidence_source == "reported":
+        if o.evidence == "reported":
             evidence = counts if counts is not None else torch.zeros(n, C, dtype=torch.float64)
         else:
             evidence = derived
-        holders = holder_mask(evidence, self.holder_min_count)
+        holders = holder_mask(evidence, o.holder_min_count)
         rare = self._rare_classes(counts, holders, C)
 
-        excuse = self._direction_excuse(names, rare) if self.excuse_direction else None
+        excuse = self._direction_excuse(names, rare) if self.excuse_in_effect else None
         update, base_w, base_agg = self._base(server_round, updates, num_examples, replies, excuse)
         feats = labels = logits = None
-        if self.audit and rare:
-            # self.audit is on only with the judging callable (__init__)
-            if self.audit_by != "model":
+        if self.audit_in_effect and rare:
+            # self.audit_in_effect is on only with the judging callable (__init__)
+            if o.audit_by != "model":
                 assert self.head_features is not None
                 feats, labels = self.head_features(self.global_state)
             else:
@@ -456,20 +460,20 @@ class EARN(HospitrustStrategy):
         update_clip = (median_norm_clip(updates, None if base_agg is None else base_agg.selected,
                                         None if base_agg is None or self.base_rule is None
                                         else self.base_rule.norm_trim_tolerance)
-                       if self.clip_rows != "off" else torch.ones(n, dtype=torch.float64))
+                       if o.clip_rows != "off" else torch.ones(n, dtype=torch.float64))
         row_clip = {}
         # near-duplicate updates (HTA's groups) share one hospital's trust term, as they share its base weight
         group_size = (torch.ones(n, dtype=torch.float64) if base_agg is None
                       else torch.tensor(base_agg.extra["duplicate_group_size"], dtype=torch.float64))
         for c in rare:
             rows = torch.cat([W[:, c, :], B[:, c : c + 1]], dim=1)
-            ag = row_agreement(rows, holders[:, c], hist_rows[:, c, :], known, mode=self.mode)
+            ag = row_agreement(rows, holders[:, c], hist_rows[:, c, :], known, mode=o.agreement)
             a = ag["agreement"]
-            agrees = torch.nan_to_num(a, nan=-1.0) >= self.agree_threshold
+            agrees = torch.nan_to_num(a, nan=-1.0) >= o.agree_threshold
             if feats is not None or logits is not None:
                 if feats is not None:
                     assert labels is not None  # set with feats
-                    au = row_audit(W[:, c, :], feats, labels, c, shift_free=self.audit_by == "row-shift-free")
+                    au = row_audit(W[:, c, :], feats, labels, c, shift_free=o.audit_by == "row-shift-free")
                 else:
                     assert logits is not None
                     au = model_audit(logits[1], logits[0], logits[2], c)
@@ -480,12 +484,12 @@ class EARN(HospitrustStrategy):
             new = torch.where(judged, trust_step(old, agrees, gain=self.gain, decay=self.decay), old)
             for nm, t in zip(names, new.tolist()):
                 self.trust.setdefault(nm, {})[c] = t
-            nh = nonholder_factor(int(holders[:, c].sum()), self.nonholder_weight, by_peers=self.nonholder_by_peers)
+            nh = nonholder_factor(int(holders[:, c].sum()), o.nonholder_weight, by_peers=o.ablation.nonholder_by_peers)
             row_base = base_w * torch.where(holders[:, c], 1.0, nh)
             if float(row_base.sum()) <= 0:  # no holder with base weight: the base weights as they are
                 row_base = base_w
-            w = rare_row_weights(row_base, new / group_size, evidence[:, c], cap=self.cap)
-            row_clip[c] = (rare_row_clip(rows, holders[:, c], update_clip) if self.clip_rows == "holders"
+            w = rare_row_weights(row_base, new / group_size, evidence[:, c], cap=o.row_cap)
+            row_clip[c] = (rare_row_clip(rows, holders[:, c], update_clip) if o.clip_rows == "holders"
                            else update_clip)
             wt = (w * row_clip[c]).to(updates.dtype).to(updates.device)
             update[w_off + c * H : w_off + (c + 1) * H] = wt @ updates[:, w_off + c * H : w_off + (c + 1) * H]
@@ -494,12 +498,12 @@ class EARN(HospitrustStrategy):
 
         # the history: the mean of a hospital's rows over its first rounds, then locked
         for i, nm in enumerate(names):
-            if self.history_rounds.get(nm, 0) < self.history_len:
+            if self.history_rounds.get(nm, 0) < o.history_rounds:
                 rows_i = torch.cat([W[i], B[i].unsqueeze(1)], dim=1)
                 self.history_sum[nm] = self.history_sum.get(nm, torch.zeros_like(rows_i)) + rows_i
                 self.history_rounds[nm] = self.history_rounds.get(nm, 0) + 1
 
-        locked = [self.history_rounds.get(nm, 0) >= self.history_len for nm in names]
+        locked = [self.history_rounds.get(nm, 0) >= o.history_rounds for nm in names]
         flagged = [
             bool(locked[i] and any(bool(holders[i, c]) and float(trust_now[c][i]) < FLAG_TRUST for c in rare))
             for i in range(n)
@@ -525,41 +529,20 @@ class EARN(HospitrustStrategy):
         })
 
 
-class EARNPublishedOptions(EARNOptions):
-    """EARN with the holder and rare-class definitions of its description."""
-
-    evidence: Literal["update", "update-count", "reported"] = Field("reported", description=(
-        "Evidence of who holds a class: reported = the hospitals' training-image counts per class (the "
-        "published rule; fakeable), update-count = counts estimated from the bias update, update = the "
-        "positive part of the bias update (not a count)."
-    ))
-    rare_by: Literal["count", "holders"] = Field("holders", description=(
-        "Automatic rare classes by: holders = held by fewer than earn-published.rare-fraction x the mean "
-        "number of holders (and always the least held; the published rule); count = by reported image totals."
-    ))
-    holder_min_count: int = Field(20, ge=0, le=1_000_000, description=(
-        "A hospital holds a class when it has at least this many training images of it (20: the published "
-        "rule)."
-    ))
-
-
-class EARNPublished(EARN):
-    """EARN as described: a hospital holds class c when it has at least 20 training images of c (its
-    reported class counts), a rare class is one few hospitals hold (fewer than ``rare-fraction`` x the
-    mean number of holders, and always the least held), and peer reliability is
-    ``p(c) = clip((n(c) - 1) / 4, 0, 1)`` from the number of holders n(c). Everything the description
-    leaves open is ``earn``'s (docs/rules/earn.md lists each difference).
-
-    Parameters
-    ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options (its ``Options``, whose defaults are this form), or a mapping of field names.
-    **kwargs
-        As :class:`EARN`'s.
-    """
-
-    name = "earn-published"
-    Options = EARNPublishedOptions
-    options: EARNPublishedOptions
+#: EARN with the holder and rare-class definitions of its description (no EARN paper or code was found in public)
+PRESETS = (
+    Preset(
+        "earn-published", EARN,
+        "EARN as described: a hospital holds class c when it has at least 20 training images of c (its reported class "
+        "counts), a rare class is one few hospitals hold (fewer than earn.rare-fraction x the mean number of holders, "
+        "and always the least held), and peer reliability is p(c) = clip((n(c) - 1) / 4, 0, 1) from the number of "
+        "holders n(c). Everything the description leaves open is earn's (docs/rules/earn.md lists each difference).",
+        {
+            "evidence": ("reported", "Who holds a class: the hospitals' reported training-image counts per class "
+                                     "(fakeable; earn's evidence is the bias update)."),
+            "rare-by": ("holders", "A class is rare when few hospitals hold it (earn: when its reported image total is "
+                                   "small)."),
+            "holder-min-count": (20, "A hospital holds a class when it has at least 20 training images of it."),
+        },
+    ),
+)

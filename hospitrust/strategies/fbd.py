@@ -124,19 +124,18 @@ class FBD(HospitrustStrategy):
                  warehouse: Warehouse | None = None, stamp_log: StampLog | None = None,
                  **common: Any) -> None:
         super().__init__(hospitals, options, **common)
-        fbd_lambda = self.options.distill_weight
         if plan is None or warehouse is None:
             raise ValueError("strategy fbd needs a shipping plan and a warehouse (run it through hospitrust.fbd.server)")
         if plan.num_colors != warehouse.num_colors:
             raise ValueError(f"plan has {plan.num_colors} colors, warehouse {warehouse.num_colors}")
-        self.plan, self.warehouse, self.fbd_lambda, self.stamp_log = plan.validate(), warehouse, float(fbd_lambda), stamp_log
+        self.plan, self.warehouse, self.stamp_log = plan.validate(), warehouse, stamp_log
         self.seed = int(common.get("seed", 0))
         self._shipped: dict[int, dict[str, Any]] = {}
 
     def summary(self) -> None:
         log(INFO, "\t├── Strategy: fbd (block ownership, direct replacement)")
         log(INFO, "\t├── Colors: %d, redundancy %d, lambda %.3g, blocks %s", self.plan.num_colors, self.plan.redundancy,
-            self.fbd_lambda, ", ".join(self.warehouse.block_names))
+            self.options.distill_weight, ", ".join(self.warehouse.block_names))
         for h in self.plan.hospitals:
             log(INFO, "\t│   %s writes colors %s", h, list(self.plan.colors_of[h]))
         log(INFO, "\t└── Reply bounds: update norm <= %g, num-examples <= %d", self.limits.max_update_norm,
@@ -169,7 +168,7 @@ class FBD(HospitrustStrategy):
             teacher = self.warehouse.color_influences(sibling) if sibling >= 0 else set()
             self._shipped[nid] = {"hospital": hospital, "color": color, "sibling": sibling, "teacher_influences": teacher}
             cfg = ConfigRecord({**self.train_config, **dict(config), "server-round": server_round, "fbd-color": color,
-                                "fbd-sibling": sibling, "fbd-lambda": self.fbd_lambda})
+                                "fbd-sibling": sibling, "fbd-lambda": float(self.options.distill_weight)})
             content = RecordDict({"arrays": self.warehouse.to_arrays(colors), "config": cfg})
             messages.append(Message(content, dst_node_id=nid, message_type=f"{MessageType.TRAIN}.fbd"))
         return messages

@@ -14,6 +14,7 @@ from pydantic import Field
 from hospitrust.aggregation import fedagain_divergence, fedagain_trust, flatten_state
 from hospitrust.options import Options
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
+from hospitrust.strategies.preset import Preset
 
 
 class FedAgainOptions(Options):
@@ -42,32 +43,6 @@ class FedAgainOptions(Options):
     flag_low_trust: bool = Field(True, description=(
         "Record a hospital as flagged when its trust is below half the round's median trust (a record only; "
         "the published rule has no outlier detection: false)."
-    ))
-
-
-class FedAgainPublishedOptions(FedAgainOptions):
-    """FedAgain as the paper describes it: E and D unfloored, no flagging."""
-
-    divergence_quantile: float = Field(0.0, ge=0.0, le=1.0, description=(
-        "D is floored at this quantile of the round's divergences; 0, the paper: unfloored."
-    ))
-    error_quantile: float = Field(0.0, ge=0.0, le=1.0, description=(
-        "E is floored at this quantile of the round's errors; 0, the paper: unfloored."
-    ))
-    error_floor: float = Field(0.0, ge=0.0, le=1.0, description="Absolute floor of E; 0, the paper.")
-    flag_low_trust: bool = Field(False, description=(
-        "Record low-trust hospitals as flagged; false, the paper (no outlier detection)."
-    ))
-
-
-class FedAgainAuthorsCodeOptions(FedAgainPublishedOptions):
-    """FedAgain as the authors' public code computes it: cosine divergence, eps on each factor."""
-
-    divergence: Literal["l2", "cosine", "median"] = Field("cosine", description=(
-        "D: cosine = 1 - cos(returned, global) on the full parameter vectors (the authors' code)."
-    ))
-    eps_placement: Literal["product", "factors"] = Field("factors", description=(
-        "factors = 1 / ((E + 1e-6)(D + 1e-6)), the authors' code."
     ))
 
 
@@ -115,7 +90,8 @@ class FedAgain(HospitrustStrategy):
 
     ``candidate_scores``: callable (global state, (n, d) updates) -> (n,) balanced
     accuracies on the reference cohort (built by the ServerApp); needed for ``server``.
-    A hospital is ``flagged`` when its trust is below half the round's median trust.
+    A hospital is ``flagged`` when its trust is below half the round's median trust. The paper's
+    form and the authors' code's are presets of this rule (``PRESETS`` below).
 
     Parameters
     ----------
@@ -150,38 +126,34 @@ class FedAgain(HospitrustStrategy):
         o = self.options
         if o.benchmark == "server" and candidate_scores is None:
             raise ValueError("fedagain.benchmark 'server' needs a candidate_scores callable (the reference cohort)")
-        self.benchmark = o.benchmark
-        self.divergence = o.divergence
-        self.divergence_quantile = o.divergence_quantile
-        self.error_quantile = o.error_quantile
-        self.error_floor = o.error_floor
-        self.eps_placement, self.flag_low_trust = o.eps_placement, o.flag_low_trust
         self.candidate_scores = candidate_scores
 
     def summary(self) -> None:
         super().summary()
+        o = self.options
         log(INFO, "\t└── FedAgain: benchmark %s%s, divergence %s, floors: D at q%.2f, E at max(q%.2f, %g), trust %s",
-            self.benchmark, " (variant: server-measured)" if self.benchmark == "server" else "", self.divergence,
-            self.divergence_quantile, self.error_quantile, self.error_floor,
-            "1 / (E D + eps)" if self.eps_placement == "product" else "1 / ((E + eps)(D + eps))")
+            o.benchmark, " (variant: server-measured)" if o.benchmark == "server" else "", o.divergence,
+            o.divergence_quantile, o.error_quantile, o.error_floor,
+            "1 / (E D + eps)" if o.eps_placement == "product" else "1 / ((E + eps)(D + eps))")
 
     def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
         assert self.global_state is not None
+        o = self.options
         global_vec = flatten_state(self.global_state)[0].to(updates.device)
-        if self.benchmark == "client":
+        if o.benchmark == "client":
             errors, notes = reported_errors(replies)
         else:
             assert self.candidate_scores is not None  # __init__ refuses benchmark 'server' without it
             errors = 1.0 - torch.as_tensor(self.candidate_scores(self.global_state, updates), dtype=torch.float64).cpu()
             notes = [""] * len(replies)
-        divergence = fedagain_divergence(updates, global_vec, self.divergence)
-        res = fedagain_trust(errors, divergence, divergence_quantile=self.divergence_quantile,
-                             error_quantile=self.error_quantile, error_floor=self.error_floor,
-                             eps_placement=self.eps_placement)
+        divergence = fedagain_divergence(updates, global_vec, o.divergence)
+        res = fedagain_trust(errors, divergence, divergence_quantile=o.divergence_quantile,
+                             error_quantile=o.error_quantile, error_floor=o.error_floor,
+                             eps_placement=o.eps_placement)
         weights = res["weights"]
         update = weights.to(updates.dtype).to(updates.device) @ updates
         trust = res["trust"]
-        flagged = (trust < 0.5 * float(torch.quantile(trust, 0.5)) if self.flag_low_trust
+        flagged = (trust < 0.5 * float(torch.quantile(trust, 0.5)) if o.flag_low_trust
                    else torch.zeros(len(replies), dtype=torch.bool))
         return Aggregate(update, weights, torch.ones(len(replies), dtype=torch.bool), extra={
             "benchmark_error_used": [float(e) for e in errors],
@@ -194,48 +166,31 @@ class FedAgain(HospitrustStrategy):
         })
 
 
-class FedAgainPublished(FedAgain):
-    """FedAgain as published (arXiv:2603.19512): ``T_k = 1 / (E_k D_k + eps)``, ``D_k = ||w_k - w||``,
-    ``E_k`` the incoming global model's error on hospital k's validation set before local training
-    (reported by the hospital), weights ``T / sum T``, no floors and no outlier detection.
+#: FedAgain as the paper describes it (arXiv:2603.19512)
+FEDAGAIN_PUBLISHED = Preset(
+    "fedagain-published", FedAgain,
+    "FedAgain as published (arXiv:2603.19512): T_k = 1 / (E_k D_k + eps), D_k = ||w_k - w||, E_k the incoming global "
+    "model's error on hospital k's validation set before local training (reported by the hospital), weights "
+    "T / sum T, no floors and no outlier detection. A free-rider (D = 0) or a hospital that reports E = 0 takes "
+    "nearly the whole aggregate here, as in the paper (docs/rules/fedagain.md).",
+    {
+        "divergence-quantile": (0.0, "D unfloored (fedagain floors it at the round's median: a free-rider has D = 0)."),
+        "error-quantile": (0.0, "E unfloored (fedagain floors it at the round's median)."),
+        "error-floor": (0.0, "No absolute floor of E (fedagain: 0.01)."),
+        "flag-low-trust": (False, "No outlier detection: nobody is flagged."),
+    },
+)
 
-    ``fedagain`` is the same rule with E and D floored at the round's medians (and E at 0.01); the
-    differences and what measured them are on docs/rules/fedagain.md. A free-rider (D = 0) or a
-    hospital that reports E = 0 takes nearly the whole aggregate here, as in the paper.
-
-    Parameters
-    ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options (its ``Options``, whose defaults are this form), or a mapping of field names.
-    **kwargs
-        As :class:`FedAgain`'s.
-    """
-
-    name = "fedagain-published"
-    Options = FedAgainPublishedOptions
-    options: FedAgainPublishedOptions
-
-
-class FedAgainAuthorsCode(FedAgain):
-    """FedAgain as the authors' public code computes it (github.com/Ivanrs297/federated-kidney-stone-
-    corruption-detection, ``robust_divergence_experiments/train.py``): ``D_k = 1 - cos(w_k, w)`` on the
-    full parameter vectors and ``T_k = 1 / ((E_k + 1e-6)(D_k + 1e-6))``, no floors, no flagging.
-
-    One difference remains: the code's E is the incoming model's error on the client's *training*
-    loader; hospitrust's hospitals report it on their validation split (the paper's choice).
-
-    Parameters
-    ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options (its ``Options``, whose defaults are this form), or a mapping of field names.
-    **kwargs
-        As :class:`FedAgain`'s.
-    """
-
-    name = "fedagain-authors-code"
-    Options = FedAgainAuthorsCodeOptions
-    options: FedAgainAuthorsCodeOptions
+PRESETS = (
+    FEDAGAIN_PUBLISHED,
+    FEDAGAIN_PUBLISHED.derive(
+        "fedagain-authors-code",
+        "FedAgain as the authors' public code computes it (github.com/Ivanrs297/federated-kidney-stone-corruption-"
+        "detection, robust_divergence_experiments/train.py): D_k = 1 - cos(w_k, w) on the full parameter vectors and "
+        "T_k = 1 / ((E_k + 1e-6)(D_k + 1e-6)), no floors, no flagging. One difference remains: the code's E is the "
+        "incoming model's error on the client's training loader; hospitrust's hospitals report it on their "
+        "validation split (the paper's choice).",
+        {"divergence": ("cosine", "D = 1 - cos(returned, global) on the full parameter vectors (the paper: ||u_k||)."),
+         "eps-placement": ("factors", "T = 1 / ((E + 1e-6)(D + 1e-6)) (the paper: 1 / (E D + 1e-6)).")},
+    ),
+)

@@ -41,5 +41,4 @@ class FedProx(FedAvg):
 
     def __init__(self, hospitals, options=None, **kwargs) -> None:
         super().__init__(hospitals, options, **kwargs)
-        self.proximal_mu = self.options.proximal_mu
-        self.train_config["proximal-mu"] = float(self.proximal_mu)
+        self.train_config["proximal-mu"] = float(self.options.proximal_mu)

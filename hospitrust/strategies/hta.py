@@ -14,6 +14,7 @@ from hospitrust.aggregation.duplicates import duplicate_groups
 from hospitrust.aggregation import excused_direction, hta_fusion, hta_signals, hta_weights, mad_exclusion, reputation_update
 from hospitrust.options import Options
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
+from hospitrust.strategies.preset import Preset
 
 
 class HTAAblation(Options):
@@ -87,7 +88,9 @@ class HTA(HospitrustStrategy):
     and clipping to the kept median norm on by default (caps what a scaler that slips
     through can do). That median norm, and m's, leaves out the norms above the tolerance
     x the plain median first (default on; ``hta.ablation.trim-norms``), so scalers cannot raise the
-    threshold every honest update is clipped to.
+    threshold every honest update is clipped to. The method as first described and its three
+    ablations are presets of this rule (``PRESETS`` below: ``hta-published``, ``-no-m``,
+    ``-no-memory``, ``-no-direction``).
 
     Parameters
     ----------
@@ -122,12 +125,6 @@ class HTA(HospitrustStrategy):
         o = self.options
         if o.validation_exponent > 0 and candidate_scores is None:  # the ServerApp always gives one; bare use (tests) runs without v
             log(WARNING, "hta: no candidate_scores callable (reference cohort): v = 1, as with hta.validation-exponent = 0")
-        self.a, self.b, self.c = o.direction_exponent, o.magnitude_exponent, o.validation_exponent
-        self.rate, self.variance_penalty = o.ema_rate, o.variance_penalty
-        self.lam, self.kappa, self.clip = o.exclusion_mads, o.exclusion_fraction, o.clip_to_median_norm
-        self.magnitude_tolerance = o.magnitude_tolerance
-        self.merge_duplicates, self.duplicate_cosine = o.ablation.merge_duplicates, o.duplicate_cosine
-        self.trim_norms = o.ablation.trim_norms
         self.candidate_scores = candidate_scores
         self.ema: dict[str, float] = {}
         self.var: dict[str, float] = {}
@@ -136,14 +133,17 @@ class HTA(HospitrustStrategy):
     @property
     def norm_trim_tolerance(self) -> float | None:
         """The factor the median norm is trimmed at (m and the clip), None for the plain median."""
-        return self.magnitude_tolerance if self.trim_norms else None
+        return self.options.magnitude_tolerance if self.options.ablation.trim_norms else None
 
     def summary(self) -> None:
         super().summary()
+        o = self.options
         log(INFO, "\t└── HTA: a %g b %g c %g, EMA rate %g, variance penalty %g, lambda %g, kappa %g, clip %s, %s, %s",
-            self.a, self.b, self.c, self.rate, self.variance_penalty, self.lam, self.kappa, self.clip,
-            f"median norm of those at most {self.magnitude_tolerance:g}x the median" if self.trim_norms else "plain median norm",
-            f"updates with cosine >= {self.duplicate_cosine:g} count as one voice" if self.merge_duplicates
+            o.direction_exponent, o.magnitude_exponent, o.validation_exponent, o.ema_rate, o.variance_penalty,
+            o.exclusion_mads, o.exclusion_fraction, o.clip_to_median_norm,
+            f"median norm of those at most {o.magnitude_tolerance:g}x the median" if o.ablation.trim_norms
+            else "plain median norm",
+            f"updates with cosine >= {o.duplicate_cosine:g} count as one voice" if o.ablation.merge_duplicates
             else "near-duplicate updates not merged")
 
     def aggregate_updates(self, server_round, updates, num_examples, replies, *,
@@ -153,40 +153,43 @@ class HTA(HospitrustStrategy):
         hospital has earned on the reference cohort); m and v still apply.
         """
         assert self.global_state is not None
+        o = self.options
+        merge = o.ablation.merge_duplicates
         names = [self._name_of(r.node_id) for r in replies]
         bacc = None
-        if self.c > 0 and self.candidate_scores is not None:
+        if o.validation_exponent > 0 and self.candidate_scores is not None:
             bacc = torch.as_tensor(self.candidate_scores(self.global_state, updates), dtype=torch.float64).cpu()
-        dup = duplicate_groups(updates, self.duplicate_cosine)
-        group = dup["group"] if self.merge_duplicates else None
-        group_size = dup["size"] if self.merge_duplicates else torch.ones_like(dup["size"])
-        sig = hta_signals(updates, bacc, magnitude_tolerance=self.magnitude_tolerance, group=group,
-                          trim_norms=self.trim_norms)
+        dup = duplicate_groups(updates, o.duplicate_cosine)
+        group = dup["group"] if merge else None
+        group_size = dup["size"] if merge else torch.ones_like(dup["size"])
+        sig = hta_signals(updates, bacc, magnitude_tolerance=o.magnitude_tolerance, group=group,
+                          trim_norms=o.ablation.trim_norms)
         s_raw = sig["s"]
         if direction_excuse is not None:
             sig["s"] = excused_direction(s_raw, direction_excuse)
-        tau = hta_fusion(sig["s"], sig["m"], sig["v"], self.a, self.b, self.c)
+        tau = hta_fusion(sig["s"], sig["m"], sig["v"], o.direction_exponent, o.magnitude_exponent, o.validation_exponent)
         reps = []
         for name, t in zip(names, tau.tolist()):
-            ema, var, rep_i = reputation_update(t, self.ema.get(name), self.var.get(name, 0.0), rate=self.rate,
-                                                variance_penalty=self.variance_penalty)
+            ema, var, rep_i = reputation_update(t, self.ema.get(name), self.var.get(name, 0.0), rate=o.ema_rate,
+                                                variance_penalty=o.variance_penalty)
             self.ema[name], self.var[name], self.reputation[name] = ema, var, rep_i
             reps.append(rep_i)
         rep = torch.tensor(reps, dtype=torch.float64)
-        ex = mad_exclusion(rep, lam=self.lam, kappa=self.kappa)
+        lam, kappa = o.exclusion_mads, o.exclusion_fraction
+        ex = mad_exclusion(rep, lam=lam, kappa=kappa)
         excluded = ex["excluded"]
-        update, weights = hta_weights(updates, rep, num_examples, ~excluded, clip_to_median_norm=self.clip,
+        update, weights = hta_weights(updates, rep, num_examples, ~excluded, clip_to_median_norm=o.clip_to_median_norm,
                                       group_size=group_size, trim_tolerance=self.norm_trim_tolerance)
         mu, mad = float(ex["mu"]), float(ex["mad"])
         reasons = [
-            (f"reputation {r:.3f} < mu - lambda MAD = {mu - self.lam * mad:.3f} and < kappa mu = {self.kappa * mu:.3f}"
+            (f"reputation {r:.3f} < mu - lambda MAD = {mu - lam * mad:.3f} and < kappa mu = {kappa * mu:.3f}"
              if e else "") for r, e in zip(reps, excluded.tolist())
         ]
         together = [[names[j] for j in range(len(names)) if int(dup["group"][j]) == int(g) and j != i]
                     for i, g in enumerate(dup["group"].tolist())]
-        if self.merge_duplicates and int(group_size.max()) > 1:
+        if merge and int(group_size.max()) > 1:
             log(WARNING, "hta round %d: near-duplicate updates (cosine >= %g) counted as one voice: %s", server_round,
-                self.duplicate_cosine, "; ".join(sorted({", ".join(sorted([n, *t])) for n, t in zip(names, together) if t})))
+                o.duplicate_cosine, "; ".join(sorted({", ".join(sorted([n, *t])) for n, t in zip(names, together) if t})))
         return Aggregate(update, weights, ~excluded, extra={
             "s": [float(x) for x in sig["s"]],
             **({} if direction_excuse is None else {"s_raw": [float(x) for x in s_raw]}),
@@ -201,148 +204,46 @@ class HTA(HospitrustStrategy):
             "exclusion_reason": reasons,
             "max_peer_cosine": [float(c) for c in dup["max_cosine"]],
             "duplicate_group_size": [int(k) for k in group_size],
-            "duplicates_of": together if self.merge_duplicates else [[] for _ in names],
+            "duplicates_of": together if merge else [[] for _ in names],
             # flagged: excluded, or sending what another hospital sent (no two hospitals' data train the same update)
             "flagged": [bool(e) or int(k) > 1 for e, k in zip(excluded.tolist(), group_size.tolist())],
         })
 
 
-class HTAPublishedAblation(HTAAblation):
-    """The published HTA has neither trimming nor duplicate merging (both added here later)."""
+#: HTA as first described (the project's seed text; no HTA paper or code was found in public)
+HTA_PUBLISHED = Preset(
+    "hta-published", HTA,
+    "HTA as first described: tau = s m v (unit exponents), m = exp(-|ln(||u|| / median norm)|) with no dead zone, "
+    "the reputation (EMA minus the variance penalty) and the dual MAD exclusion, weights reputation x examples over "
+    "the kept updates, unclipped; no norm trimming and no near-duplicate merging. The description does not fix the "
+    "EMA rate, the variance penalty or the exclusion constants: they are hta's (0.3, 1, lambda 2, kappa 0.5).",
+    {
+        "direction-exponent": (1.0, "a = 1: tau = s m v, as described (hta's square root softens the direction signal)."),
+        "magnitude-tolerance": (1.0, "No dead zone: every norm away from the median norm lowers m."),
+        "clip-to-median-norm": (False, "The kept updates are not clipped to their median norm."),
+        "ablation.trim-norms": (False, "The median norm behind m is the plain median (scaled norms not trimmed out)."),
+        "ablation.merge-duplicates": (False, "Every update is its own voice (near-duplicates not merged)."),
+    },
+)
 
-    subsection = True
-    trim_norms: bool = Field(False, description=(
-        "Trim scaled norms out of the median norm behind m and the clip; false, the published rule (the plain "
-        "median)."
-    ))
-    merge_duplicates: bool = Field(False, description=(
-        "Count near-duplicate updates as one voice; false, the published rule (not merged)."
-    ))
-
-
-class HTAPublishedOptions(HTAOptions):
-    """HTA as first described: s, m and v fused with unit exponents, the reputation and the dual exclusion;
-    no dead zone in m, no clip to the median norm, no trimming, no duplicate merging.
-    """
-
-    direction_exponent: float = Field(1.0, ge=0.0, le=10.0, description=(
-        "a, the exponent of s; 1, the published rule (0 drops the signal: hta-published-no-direction)."
-    ))
-    magnitude_exponent: float = Field(1.0, ge=0.0, le=10.0, description=(
-        "b, the exponent of m; 1, the published rule (0 drops the signal: hta-published-no-m)."
-    ))
-    clip_to_median_norm: bool = Field(False, description=(
-        "Clip each kept update to the kept updates' median norm; false, the published rule."
-    ))
-    magnitude_tolerance: float = Field(1.0, ge=1.0, description=(
-        "m: norms within this factor of the median norm are not penalized; 1, the published rule (no dead "
-        "zone)."
-    ))
-    ablation: HTAPublishedAblation = Field(default_factory=HTAPublishedAblation,
-                                           description="Ablations of HTA.")
-
-
-class HTAPublishedNoMagnitudeOptions(HTAPublishedOptions):
-    """The published HTA without its magnitude signal m (b = 0)."""
-
-    magnitude_exponent: float = Field(0.0, ge=0.0, le=10.0, description=(
-        "b, the exponent of m; 0: the signal dropped (the ablation)."
-    ))
-
-
-class HTAPublishedNoMemoryOptions(HTAPublishedOptions):
-    """The published HTA without reputation memory: each round's tau is the reputation."""
-
-    ema_rate: float = Field(1.0, gt=0.0, le=1.0, description=(
-        "Reputation EMA rate; 1: the reputation is this round's tau (the ablation)."
-    ))
-    variance_penalty: float = Field(0.0, ge=0.0, description=(
-        "The penalty on tau's exponentially weighted standard deviation; 0 (with rate 1 there is none)."
-    ))
-
-
-class HTAPublishedNoDirectionOptions(HTAPublishedOptions):
-    """The published HTA without its direction signal s (a = 0)."""
-
-    direction_exponent: float = Field(0.0, ge=0.0, le=10.0, description=(
-        "a, the exponent of s; 0: the signal dropped (the ablation)."
-    ))
-
-
-class HTAPublished(HTA):
-    """HTA as first described: ``tau = s m v`` (unit exponents), ``m = exp(-|ln(||u|| / median norm)|)``
-    with no dead zone, the reputation (EMA minus the variance penalty) and the dual MAD exclusion,
-    weights reputation x examples over the kept updates, unclipped; no norm trimming and no
-    near-duplicate merging. ``hta`` differs in a = 0.5, a dead zone of 2 in m, the clip to the
-    median norm, the trimmed median norm and duplicate merging (docs/rules/hta.md lists each with
-    its measurement). The description does not fix the EMA rate, the variance penalty or the
-    exclusion constants: they are hta's (0.3, 1, lambda 2, kappa 0.5).
-
-    Parameters
-    ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options (its ``Options``, whose defaults are this form), or a mapping of field names.
-    **kwargs
-        As :class:`HTA`'s.
-    """
-
-    name = "hta-published"
-    Options = HTAPublishedOptions
-    options: HTAPublishedOptions
-
-
-class HTAPublishedNoMagnitude(HTAPublished):
-    """The ablation of HTA's magnitude signal: ``hta-published`` with b = 0 (``tau = s v``).
-
-    Parameters
-    ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options (its ``Options``, whose defaults are this form), or a mapping of field names.
-    **kwargs
-        As :class:`HTA`'s.
-    """
-
-    name = "hta-published-no-m"
-    Options = HTAPublishedNoMagnitudeOptions
-    options: HTAPublishedNoMagnitudeOptions
-
-
-class HTAPublishedNoMemory(HTAPublished):
-    """The ablation of HTA's reputation memory: ``hta-published`` with EMA rate 1 and no variance
-    penalty, so each round's reputation is that round's tau.
-
-    Parameters
-    ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options (its ``Options``, whose defaults are this form), or a mapping of field names.
-    **kwargs
-        As :class:`HTA`'s.
-    """
-
-    name = "hta-published-no-memory"
-    Options = HTAPublishedNoMemoryOptions
-    options: HTAPublishedNoMemoryOptions
-
-
-class HTAPublishedNoDirection(HTAPublished):
-    """The ablation of HTA's direction signal: ``hta-published`` with a = 0 (``tau = m v``).
-
-    Parameters
-    ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options (its ``Options``, whose defaults are this form), or a mapping of field names.
-    **kwargs
-        As :class:`HTA`'s.
-    """
-
-    name = "hta-published-no-direction"
-    Options = HTAPublishedNoDirectionOptions
-    options: HTAPublishedNoDirectionOptions
+#: the published HTA and its three ablations (benchmarks/hta-ablation.toml)
+PRESETS = (
+    HTA_PUBLISHED,
+    HTA_PUBLISHED.derive(
+        "hta-published-no-m",
+        "The ablation of HTA's magnitude signal: hta-published with b = 0 (tau = s v).",
+        {"magnitude-exponent": (0.0, "b = 0: the magnitude signal dropped (the ablation).")},
+    ),
+    HTA_PUBLISHED.derive(
+        "hta-published-no-memory",
+        "The ablation of HTA's reputation memory: hta-published with EMA rate 1 and no variance penalty, so each "
+        "round's reputation is that round's tau.",
+        {"ema-rate": (1.0, "EMA rate 1: the reputation is this round's tau (the ablation)."),
+         "variance-penalty": (0.0, "No penalty on tau's spread (with rate 1 there is none).")},
+    ),
+    HTA_PUBLISHED.derive(
+        "hta-published-no-direction",
+        "The ablation of HTA's direction signal: hta-published with a = 0 (tau = m v).",
+        {"direction-exponent": (0.0, "a = 0: the direction signal dropped (the ablation).")},
+    ),
+)

@@ -1,8 +1,11 @@
 """The strategy registry, derived from the classes: every ``HospitrustStrategy`` subclass with a
 ``name`` in a module of this package (a new rule is a new file here; nothing else lists it), plus
-a user's own class by ``"package.module:Name"``.
+a user's own class by ``"package.module:Name"``; and the presets (published forms, ablations:
+named option values over one rule, ``hospitrust.strategies.preset``), from each module's
+``PRESETS``.
 
-``build_strategy`` makes one from its options and what it ``needs`` of the server.
+``build_strategy`` makes one from its options and what it ``needs`` of the server; a preset's
+name makes its rule with the preset's values.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from typing import Any
 
 from hospitrust.options import Options
 from hospitrust.strategies.base import SERVICES, HospitrustStrategy
+from hospitrust.strategies.preset import Preset, flat_options
+
+NOT_RULES = ("base", "preset", "registry", "validation")  # modules of the package that hold no rule
 
 
 class StrategyError(ValueError):
@@ -38,9 +44,9 @@ def discover(package: ModuleType) -> dict[str, type[HospitrustStrategy]]:
     """
     found: dict[str, type[HospitrustStrategy]] = {}
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        if info.name.startswith("_") or info.name in ("base", "registry", "validation"):
+        module = _rule_module(package, info.name)
+        if module is None:
             continue
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if issubclass(cls, HospitrustStrategy) and cls.__module__ == module.__name__ and cls.name:
                 if cls.name in found and found[cls.name] is not cls:
@@ -50,18 +56,98 @@ def discover(package: ModuleType) -> dict[str, type[HospitrustStrategy]]:
     return dict(sorted(found.items()))
 
 
+def _rule_module(package: ModuleType, name: str) -> ModuleType | None:
+    if name.startswith("_") or name in NOT_RULES:
+        return None
+    return importlib.import_module(f"{package.__name__}.{name}")
+
+
+def discover_presets(package: ModuleType, rules: Mapping[str, type[HospitrustStrategy]]) -> dict[str, Preset]:
+    """Every ``Preset`` in the ``PRESETS`` tuple of a module of ``package``, by name.
+
+    Parameters
+    ----------
+    package : ModuleType
+        A package of strategy modules (``hospitrust.strategies``).
+    rules : Mapping[str, type[HospitrustStrategy]]
+        The rules found there (``discover``): a preset may not take a rule's name.
+
+    Returns
+    -------
+    dict[str, Preset]
+        Preset name -> preset, sorted by name.
+    """
+    found: dict[str, Preset] = {}
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        module = _rule_module(package, info.name)
+        for preset in getattr(module, "PRESETS", ()) if module is not None else ():
+            if not isinstance(preset, Preset):
+                raise StrategyError(f"{module.__name__}.PRESETS holds {preset!r}, not a Preset")  # type: ignore[union-attr]
+            if preset.name in rules or (preset.name in found and found[preset.name] is not preset):
+                raise StrategyError(f"two strategies or presets are named {preset.name!r} (one a preset of "
+                                    f"{preset.rule.name})")
+            found[preset.name] = preset
+    return dict(sorted(found.items()))
+
+
 def _package() -> ModuleType:
     return importlib.import_module("hospitrust.strategies")
 
 
+#: rule name -> class (each is a run-config section)
 STRATEGIES: dict[str, type[HospitrustStrategy]] = discover(_package())
+#: preset name -> preset (values over a rule's section; no section of its own)
+PRESETS: dict[str, Preset] = discover_presets(_package(), STRATEGIES)
 
 
 def refresh() -> dict[str, type[HospitrustStrategy]]:
-    """Search the package again (after a module was added to its path); returns the registry."""
+    """Search the package again (after a module was added to its path); returns the rules
+    (``PRESETS`` is searched again too).
+    """
     STRATEGIES.clear()
     STRATEGIES.update(discover(_package()))
+    PRESETS.clear()
+    PRESETS.update(discover_presets(_package(), STRATEGIES))
     return STRATEGIES
+
+
+def strategy_names() -> list[str]:
+    """Every name ``strategy`` takes from the registry: the rules and the presets, sorted."""
+    return sorted([*STRATEGIES, *PRESETS])
+
+
+def preset_of(name: str) -> Preset | None:
+    """The preset called ``name``, None when ``name`` is a rule, a plugin path or unknown.
+
+    Parameters
+    ----------
+    name : str
+        A strategy name.
+
+    Returns
+    -------
+    Preset or None
+        The preset.
+    """
+    return PRESETS.get(name)
+
+
+def rule_name(name: str) -> str:
+    """The rule a strategy name selects (its run-config section): the preset's rule for a preset,
+    else ``name`` itself.
+
+    Parameters
+    ----------
+    name : str
+        A strategy name (a rule, a preset or a plugin path).
+
+    Returns
+    -------
+    str
+        The rule's registry name (``name`` when it is not a preset).
+    """
+    preset = PRESETS.get(name)
+    return preset.rule.name if preset is not None else name
 
 
 def load_plugin(path: str) -> type[HospitrustStrategy]:
@@ -91,12 +177,13 @@ def load_plugin(path: str) -> type[HospitrustStrategy]:
 
 
 def strategy_class(name: str) -> type[HospitrustStrategy]:
-    """The class registered as ``name`` (or a plugin path); StrategyError with the allowed names.
+    """The class registered as ``name`` (a preset's rule for a preset, or a plugin path);
+    StrategyError with the allowed names.
 
     Parameters
     ----------
     name : str
-        A registry name or ``"package.module:Name"``.
+        A registry name (a rule or a preset) or ``"package.module:Name"``.
 
     Returns
     -------
@@ -105,10 +192,12 @@ def strategy_class(name: str) -> type[HospitrustStrategy]:
     """
     if ":" in name:
         return load_plugin(name)
+    if name in PRESETS:
+        return PRESETS[name].rule
     try:
         return STRATEGIES[name]
     except KeyError:
-        raise StrategyError(f"unknown strategy {name!r}; allowed: {', '.join(STRATEGIES)}, "
+        raise StrategyError(f"unknown strategy {name!r}; allowed: {', '.join(strategy_names())}, "
                             "or 'package.module:ClassName'") from None
 
 
@@ -116,6 +205,9 @@ def build_strategy(name: str, hospitals: Mapping[int, str], *, options: Options 
                    composed: Mapping[str, Options] | None = None,
                    services: Mapping[str, Callable[..., Any]] | None = None, **common: Any) -> HospitrustStrategy:
     """Strategy ``name`` with ``options`` (its Options, or a mapping of its field names).
+
+    A preset's name: its rule with the preset's values, then those of ``options`` when it is a
+    mapping (an Options instance is taken as already resolved, as the run config resolves it).
 
     ``composed``: the options of the rules it composes (EARN's HTA base), by section name.
     ``services``: what the server offers (keys of ``SERVICES``); the strategy gets exactly the
@@ -126,7 +218,7 @@ def build_strategy(name: str, hospitals: Mapping[int, str], *, options: Options 
     Parameters
     ----------
     name : str
-        A registry name or ``"package.module:Name"``.
+        A registry name (a rule or a preset) or ``"package.module:Name"``.
     hospitals : Mapping[int, str]
         Node id -> hospital name.
     options : Options or Mapping or None
@@ -144,6 +236,9 @@ def build_strategy(name: str, hospitals: Mapping[int, str], *, options: Options 
         The strategy.
     """
     cls = strategy_class(name)
+    preset = PRESETS.get(name)
+    if preset is not None and not isinstance(options, Options):
+        options = _nested({**preset.values, **flat_options(options or {})})
     opts = cls.parse_options(options)
     composed = dict(composed or {})
     kwargs = dict(common)
@@ -164,4 +259,19 @@ def build_strategy(name: str, hospitals: Mapping[int, str], *, options: Options 
     return cls(hospitals, opts, **kwargs)
 
 
-__all__ = ["STRATEGIES", "StrategyError", "build_strategy", "discover", "load_plugin", "refresh", "strategy_class"]
+def _nested(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """Flat keys relative to a section (``ablation.trim-norms``) as the nested mapping of field
+    names that ``parse_options`` validates (its errors name the run-config keys).
+    """
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        *path, last = key.replace("-", "_").split(".")
+        node = out
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return out
+
+
+__all__ = ["PRESETS", "Preset", "STRATEGIES", "StrategyError", "build_strategy", "discover", "discover_presets",
+           "load_plugin", "preset_of", "refresh", "rule_name", "strategy_class", "strategy_names"]
