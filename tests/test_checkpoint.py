@@ -47,7 +47,7 @@ def test_resumed_run_ends_with_the_unbroken_runs_model(tmp_path, data_dir, monke
 
     stopped = small_run_config(tmp_path, **{**common, "run-name": "stopped"})
     cls = STRATEGIES[strategy]
-    original = cls.aggregate_train
+    original = cls.aggregate_round
 
     # killed while round 3's replies come in: its hospitals were sampled already (with round 2's
     # evaluation, on this grid), after round 2's checkpoint kept the sampling rng
@@ -56,10 +56,10 @@ def test_resumed_run_ends_with_the_unbroken_runs_model(tmp_path, data_dir, monke
             raise ServerStopped("killed")
         return original(self, server_round, *args, **kwargs)
 
-    monkeypatch.setattr(cls, "aggregate_train", dies_in_round_3)
+    monkeypatch.setattr(cls, "aggregate_round", dies_in_round_3)
     with pytest.raises(ServerStopped):
         _serve(stopped, 4)
-    monkeypatch.setattr(cls, "aggregate_train", original)
+    monkeypatch.setattr(cls, "aggregate_round", original)
     run_dir = tmp_path / "runs" / "stopped"
     assert load_checkpoint(run_dir)["round"] == 2 and not (run_dir / "summary.json").exists()
 

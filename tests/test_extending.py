@@ -34,8 +34,10 @@ def extension(tmp_path, monkeypatch):
     import hospitrust.aggregation
     import hospitrust.attacks
     import hospitrust.datasets
+    import hospitrust.features
     import hospitrust.strategies
     from hospitrust.attacks import registry as attack_registry
+    from hospitrust.features import registry as feature_registry
     from hospitrust.strategies import registry as strategy_registry
 
     ext = tmp_path / "ext"
@@ -44,15 +46,18 @@ def extension(tmp_path, monkeypatch):
             target = ext / path
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
-    for package in (hospitrust.aggregation, hospitrust.strategies, hospitrust.attacks, hospitrust.datasets):
+    for package in (hospitrust.aggregation, hospitrust.strategies, hospitrust.attacks, hospitrust.datasets,
+                    hospitrust.features):
         folder = ext / Path(*package.__name__.split("."))
         monkeypatch.setattr(package, "__path__", [*package.__path__, str(folder)])
     strategy_registry.refresh()
     attack_registry.refresh()
+    feature_registry.refresh()
     yield ext
     monkeypatch.undo()
     strategy_registry.refresh()
     attack_registry.refresh()
+    feature_registry.refresh()
 
 
 def test_the_rule_takes_three_files():
@@ -137,3 +142,25 @@ def test_a_dataset_source_serves_a_federation(extension, tmp_path, monkeypatch):
     run_inprocess(cfg, 3)
     summary = read_summary(tmp_path / "runs" / cfg["run-name"])
     assert summary["dataset"] == "noise" and summary["final"]["balanced_accuracy"] > 0.9  # bright vs dark is easy
+
+
+def test_a_round_feature_takes_one_file_and_records_every_round(extension, tmp_path, data_dir):
+    from hospitrust.features.registry import FEATURES
+    from hospitrust.ops.inprocess import run_inprocess
+    from hospitrust.server_app.results import read_rounds, read_summary
+
+    assert [p for p in doc_files() if p.startswith("hospitrust/features/")] == ["hospitrust/features/weight_concentration.py"]
+    assert "weight-concentration" in FEATURES
+    cfg = small_run_config(tmp_path, strategy="fedavg", **{"num-server-rounds": 2})
+    run_inprocess(cfg, 3)
+    run_dir = tmp_path / "runs" / cfg["run-name"]
+    largest = []
+    for rec in read_rounds(run_dir):
+        weights = [c["weight"] for c in rec["clients"] if c["selected"]]
+        shares = [w / sum(weights) for w in weights]
+        assert len(shares) == 3  # FedAvg: every hospital, weighed by its example count
+        assert rec["weight_concentration"]["largest"] == pytest.approx(max(shares))
+        assert rec["weight_concentration"]["effective_hospitals"] == pytest.approx(1 / sum(s * s for s in shares))
+        assert 1.0 < rec["weight_concentration"]["effective_hospitals"] <= 3.0
+        largest.append((max(shares), rec["round"]))
+    assert read_summary(run_dir)["weight_concentration"] == pytest.approx({"largest": max(largest)[0], "round": max(largest)[1]})

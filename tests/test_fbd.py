@@ -298,8 +298,7 @@ def test_writes_outside_the_plan_are_rejected_and_recorded(tmp_path):
     partial = {color_key(h3_color, "classifier.4.weight"): wh.states[h3_color]["classifier.4.weight"] + 1}
     replies = [_reply(messages[11], payload), _reply(messages[12], bad), _reply(messages[14], partial),
                _reply(messages[13], {}, n=0)]
-    strategy.aggregate_train(1, replies)
-    clients = {c["hospital"]: c for c in strategy.records[1].clients}
+    clients = {c["hospital"]: c for c in strategy.aggregate_round(1, replies).clients}
     c0 = clients["hospital-0"]
     assert c0["selected"] and c0["accepted_blocks"] == wh.block_names
     reasons = sorted(r["reason"] for r in c0["rejected_writes"])

@@ -37,8 +37,8 @@ def _replies(strategy, vectors, num_examples=None, order=None):
         replies.append(Message(content, reply_to=msg))
     if order is not None:
         replies = [replies[i] for i in order]
-    arrays, _ = strategy.aggregate_train(1, replies)
-    return arrays, strategy.records[1]
+    result = strategy.aggregate_round(1, replies)
+    return result.arrays, result
 
 
 def _strategy(name, n, **kwargs):

@@ -46,8 +46,8 @@ def _send(strategy, rnd, global_state, deltas, metrics=None, num_examples=None):
         m = {"num-examples": 10 if num_examples is None else num_examples[i], "train-loss": 0.5}
         m.update((metrics or [{}] * len(msgs))[i])
         replies.append(Message(RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(m)}), reply_to=msg))
-    arrays, _ = strategy.aggregate_train(rnd, replies)
-    by_name = {c["hospital"]: c for c in strategy.records[rnd].clients}
+    result = strategy.aggregate_round(rnd, replies)
+    arrays, by_name = result.arrays, {c["hospital"]: c for c in result.clients}
     return arrays, by_name
 
 

@@ -13,6 +13,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from hospitrust.client_app.context import hospital_context, local_report, process_start_time
+from hospitrust.client_app.attack import update_attack_mod
 from hospitrust.client_app.failures import public_failures_mod
 from hospitrust.client_app.secure import secure_train_mod
 from hospitrust.client_app.training import local_training_step
@@ -54,8 +55,9 @@ def describe(msg: Message, context: Context) -> Message:
 
 
 # SecAgg+ train messages (secagg.enabled) go through Flower's secaggplus_mod; with
-# contribution-scoring.enabled the hospital keeps M0 and its sent model to evaluate counterfactuals later
-@app.train(mods=[secure_train_mod, remember_round_mod])
+# contribution-scoring.enabled the hospital keeps M0 and its sent model to evaluate counterfactuals later;
+# a simulated update attacker's reply is rewritten innermost (what it sends is what is masked and kept)
+@app.train(mods=[secure_train_mod, remember_round_mod, update_attack_mod])
 def train_handler(msg: Message, context: Context) -> Message:
     """Local training; the reply's metrics also say where this message's time went (``timing-*``:
     the process's age when the handler started, setup, the training step, and wall-clock stamps),
@@ -69,7 +71,7 @@ def train_handler(msg: Message, context: Context) -> Message:
         reply.content.metric_records["metrics"].update({
             "timing-process-age": float(started - process_start_time()),  # process start and imports
             "timing-setup": float(set_up - started),  # configs, data (cache), model
-            "timing-step": float(time.time() - set_up),  # benchmark error, training, attack
+            "timing-step": float(time.time() - set_up),  # benchmark error, training
             "timing-started-at": float(started),
             "timing-finished-at": float(time.time()),
         })

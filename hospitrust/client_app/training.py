@@ -1,5 +1,5 @@
-"""A hospital's local training step: poison its data if it is a simulated attacker, train,
-rewrite its update if it is one, and report what the server needs.
+"""A hospital's local training step: poison its data if it is a simulated data attacker, train,
+and report what the server needs (an update attacker's rewrite is a mod: ``client_app.attack``).
 """
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from typing import cast
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from hospitrust.attacks.apply import attack_state_dict
-from hospitrust.attacks.interfaces import DataAttack, UpdateAttack
+from hospitrust.attacks.interfaces import DataAttack
 from hospitrust.attacks.threat_model import data_rng, hospital_attack
 from hospitrust.client_app.context import HospitalContext, local_report
 from hospitrust.datasets.federation import LabelledImages
@@ -40,7 +39,6 @@ def local_training_step(msg: Message, context: Context, hospital: HospitalContex
     server_round = int(cast(int, server_cfg.get("server-round", 0)))
     device = pick_device()
     seed_everything(cfg.seed, node.partition_id if node.partition_id is not None else 0, server_round)
-    global_state = cast(ArrayRecord, msg.content["arrays"]).to_torch_state_dict()
     model = hospital.model_from(msg).to(device)
     attack = hospital_attack(cfg, node)  # None unless this hospital is one of the run's attackers
     train_images, train_labels = data.train.images, data.train.labels
@@ -113,7 +111,4 @@ def local_training_step(msg: Message, context: Context, hospital: HospitalContex
         }
     )
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    if isinstance(attack, UpdateAttack):
-        generator = torch.Generator().manual_seed(cfg.seed * 7919 + server_round)
-        state = attack_state_dict(attack, global_state, state, server_round=server_round, generator=generator)
     return Message(RecordDict({"arrays": ArrayRecord(state), "metrics": reply_metrics}), reply_to=msg)

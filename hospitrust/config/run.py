@@ -38,7 +38,7 @@ from hospitrust.models import MODELS
 from hospitrust.models.training import TrainOptions
 from hospitrust.options import Options, OptionsError, memo_key
 from hospitrust.privacy.options import PrivacyOptions, check_privacy_settings
-from hospitrust.server_app.secure import SecAggOptions
+from hospitrust.features.secagg import SecAggOptions
 from hospitrust.server_app.server_data import ServerDataOptions, check_server_data, evaluation_mode
 from hospitrust.tasks.task import TaskOptions
 from hospitrust.strategies.registry import STRATEGIES, StrategyError, preset_of, rule_name, strategy_class

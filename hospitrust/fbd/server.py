@@ -203,8 +203,7 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
         offline = offline_hospitals(rnd, grid, strategy.hospitals)
         messages = list(strategy.configure_train(rnd, None, ConfigRecord(), grid))
         replies = exchange(grid, messages, cfg.reply_timeout)
-        strategy.aggregate_train(rnd, replies)
-        record = strategy.records[rnd]
+        record = strategy.aggregate_round(rnd, replies)
         fail_if_every_hospital_crashed(rnd, record.clients, len(messages))
         warehouse.save(run_dir.path / WAREHOUSE_FILE)
         central, fbd = evaluator(warehouse)

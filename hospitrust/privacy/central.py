@@ -14,7 +14,7 @@ same event, ``GaussianPrivacyEvent(z, n, hospitals)``, into Flower's ``RdpAccoun
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from logging import INFO, WARNING
 from typing import Any
 
@@ -25,6 +25,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping
 
 from hospitrust.privacy.options import PrivacyOptions
+from hospitrust.strategies.base import RoundResult, UpdateStep
 
 ACCOUNTANT_DESCRIPTION = ("flwr RdpAccountant (dp-accounting RDP), GaussianPrivacyEvent per release, "
                           "SamplingMethod.NO_AMPLIFICATION, neighbours: one hospital's update added or removed")
@@ -36,6 +37,20 @@ def _accountant(delta: float, hospitals: int):
     return RdpAccountant(PrivacyConfig(target_delta=delta, population_size=hospitals,
                                        neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
                                        sampling_method=SamplingMethod.NO_AMPLIFICATION))
+
+
+class _TypedRound:
+    """What Flower's wrapper calls as its strategy during one ``aggregate_round``: the inner rule's
+    typed round (with the round's update steps), its result kept for the wrapper's caller.
+    """
+
+    def __init__(self, inner: Any, update_steps: Sequence[UpdateStep], results: list[RoundResult]) -> None:
+        self.inner, self.update_steps, self.results = inner, update_steps, results
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        result = self.inner.aggregate_round(server_round, replies, self.update_steps)
+        self.results.append(result)
+        return result.arrays, result.metrics
 
 
 class CentralPrivacy(DifferentialPrivacyServerSideFixedClipping):
@@ -62,42 +77,63 @@ class CentralPrivacy(DifferentialPrivacyServerSideFixedClipping):
         self.released: dict[int, int] = {}  # round -> n of its release
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        messages = list(super().configure_train(server_round, arrays, config, grid))
-        self.num_sampled_clients = max(len(messages), 1)  # the noise is for the n asked
+        return self.configure_round(server_round, arrays, config, grid)
+
+    def configure_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
+                        excluded: Collection[str] = ()) -> list[Message]:
+        """Flower's ``configure_train`` with the inner rule's exclusions; the noise is for the n asked."""
+        self.current_arrays = arrays  # what Flower's wrapper clips the replies against
+        messages = list(self._prepare_accounting(server_round, self.inner.configure_round(
+            server_round, arrays, config, grid, excluded)))
+        self.num_sampled_clients = max(len(messages), 1)
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        from hospitrust.strategies.base import RoundRecord
+        result = self.aggregate_round(server_round, replies)
+        return result.arrays, result.metrics
 
+    def aggregate_round(self, server_round: int, replies: Iterable[Message],
+                        update_steps: Sequence[UpdateStep] = ()) -> RoundResult:
+        """Flower's clipping and noise around the inner rule's ``aggregate_round``; a round with fewer
+        valid updates than asked releases nothing.
+        """
         replies = list(replies)
-        arrays, metrics = super().aggregate_train(server_round, replies)
-        record = self.inner.records.get(server_round)
-        if record is None:  # Flower's wrapper aggregates nothing when any reply is an error
-            record = self.inner.records[server_round] = RoundRecord()
+        inner_results: list[RoundResult] = []
+        # Flower's wrapper clips the replies, calls its strategy's aggregate_train and noises the
+        # result: the strategy it calls here is the inner rule's typed round, kept for this call
+        self.strategy = _TypedRound(self.inner, update_steps, inner_results)  # type: ignore[assignment]
+        try:
+            arrays, metrics = super().aggregate_train(server_round, replies)
+        finally:
+            self.strategy = self.inner
+        if inner_results:
+            result = inner_results[0]
+        else:  # Flower's wrapper aggregates nothing when any reply is an error
+            result = RoundResult()
             for reply in replies:
                 node_id = int(reply.metadata.src_node_id)
                 reason = (f"error reply: {(reply.error.reason or '').strip()[:300]}" if reply.has_error()
                           else "not aggregated: another hospital's reply was an error")
-                record.clients.append(self.inner._client_entry(node_id, rejected=reply.has_error(), reason=reason))
-        valid = sum(1 for c in record.clients if c.get("selected"))
+                result.clients.append(self.inner._client_entry(node_id, rejected=reply.has_error(), reason=reason))
+        result.arrays, result.metrics = arrays, metrics
+        valid = sum(1 for c in result.clients if c.get("selected"))
         if arrays is None or valid != self.num_sampled_clients:
             why = (f"central DP: {valid} valid updates of the {self.num_sampled_clients} asked; the noise (z C / n) is "
                    "calibrated for all n, so nothing is released this round: kept the previous model")
-            record.kept_previous_model, record.note = True, (record.note + "; " if record.note else "") + why
-            record.update_norm = None
-            for c in record.clients:
+            result.keep_previous(why)
+            for c in result.clients:
                 c["selected"], c["weight"] = False, 0.0
             log(WARNING, "Round %d: %s", server_round, why)
-            return None, metrics
+            return result
         self._compose(server_round, self.num_sampled_clients)
         if self.inner.global_state is not None:  # the step as released: Flower's wrapper noised it after the rule
             from hospitrust.aggregation.vectorize import flatten_state
 
             before, _ = flatten_state(self.inner.global_state)
             after, _ = flatten_state(arrays.to_torch_state_dict())
-            record.update_norm = float(torch.linalg.vector_norm(after.double() - before.double()))
-        return arrays, metrics
+            result.update_norm = float(torch.linalg.vector_norm(after.double() - before.double()))
+        return result
 
     def _compose(self, server_round: int, n: int) -> None:
         from flwr.serverapp import GaussianPrivacyEvent

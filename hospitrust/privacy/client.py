@@ -16,8 +16,9 @@ from hospitrust.errors import HospitalError
 from hospitrust.privacy.ledger import PrivacyLedger, Spending, content_hash, ledger_for
 from hospitrust.privacy.local import PrivacyEvent, epsilon_of, planned_event
 from hospitrust.privacy.options import PrivacyOptions
-from hospitrust.strategies.base import BUDGET_SPENT_KEY  # the reply metric that says a hospital refused to train
 
+#: The reply metric that says a hospital refused to train: its privacy budget is spent.
+BUDGET_SPENT_KEY = "privacy-budget-spent"
 #: ``context.state`` key of this run's DP-SGD events at this hospital.
 RUN_STATE = "hospitrust-privacy"
 #: The reply's config record that carries the reason in words.

@@ -83,8 +83,10 @@ def restore_rng_states(states: dict[str, Any]) -> None:
 
 def save_checkpoint(run_dir: str | Path, *, round: int, model_state: dict[str, torch.Tensor], strategy_name: str,
                     strategy_state: dict[str, Any], config: dict[str, Any], history: list[dict[str, Any]],
-                    flags_per_round: list[dict[str, bool]], resumed_at: list[int] | None = None) -> Path:
-    """Write the checkpoint atomically (a crash mid-write leaves the previous one intact)."""
+                    features: dict[str, dict[str, Any]] | None = None, resumed_at: list[int] | None = None) -> Path:
+    """Write the checkpoint atomically (a crash mid-write leaves the previous one intact); ``features``:
+    each round feature's state by its name.
+    """
     target = Path(run_dir) / CHECKPOINT_FILE
     tmp = target.with_suffix(".pt.tmp")
     torch.save(to_plain({
@@ -95,7 +97,7 @@ def save_checkpoint(run_dir: str | Path, *, round: int, model_state: dict[str, t
         "strategy_state": strategy_state,
         "config": dict(config),
         "history": history,
-        "flags_per_round": flags_per_round,
+        "features": dict(features or {}),
         "rng": rng_states(),
         "resumed_at": list(resumed_at or []),
     }), tmp)

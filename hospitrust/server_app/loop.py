@@ -1,47 +1,39 @@
 """The round loop: validated config -> hospitals -> strategy -> rounds -> results.
 
-It follows ``Strategy.start`` (train, federated evaluation, central evaluation) and adds
-what a consortium needs on the record: per-round progress, the run directory
-(rounds.jsonl, summary.json, model.pt) and a summary table at the end.
+It follows ``Strategy.start`` (train, federated evaluation, central evaluation) and adds what a
+consortium needs on the record: per-round progress, the run directory (rounds.jsonl,
+summary.json, model.pt) and a summary table at the end. Everything optional (privacy,
+contribution scoring, SecAgg+, overlapping rounds, the simulated adversary) is a round feature
+(``hospitrust.features``): the loop calls their hooks at named points and knows none by name.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from logging import INFO, WARNING
-from typing import Any, cast
+from typing import Any
 
-import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+from flwr.app import ArrayRecord, Context
 from flwr.common import log
 from flwr.serverapp import Grid
 
 from hospitrust import metrics
-from hospitrust.attacks.interfaces import ColludingAttack
-from hospitrust.attacks.threat_model import ColludingAdversary, configured_attack, ground_truth
 from hospitrust.config import RunConfig, parse_run_config
-from hospitrust.contribution.federation import ContributionTracker
-from hospitrust.fbd.server import run_fbd_federation
-from hospitrust.metrics import POOLED_KEY, pooled_report
+from hospitrust.features import Round
 from hospitrust.models.training import pick_device, seed_everything
 from hospitrust.server_app.checkpoint import check_compatible, load_checkpoint, restore_rng_states, save_checkpoint
-from hospitrust.server_app.discovery import discover_hospitals, offline_hospitals
+from hospitrust.server_app.discovery import offline_hospitals
+from hospitrust.server_app.evaluation import reply_timing
 from hospitrust.server_app.plots import plot_trust
-from hospitrust.server_app.records import (
-    log_hospitals, run_record,
-    absences, fail_if_every_hospital_crashed, flagged_hospitals, rare_class_holders, round_detection, run_security, summary_head,
-)
+from hospitrust.server_app.records import absences, fail_if_every_hospital_crashed, summary_head
 from hospitrust.server_app.results import RunDirectory, default_run_name
-from hospitrust.server_app.secure import SecureTrainRound
 from hospitrust.server_app.story import detection_line, round_story
 from hospitrust.server_app.server_data import ServerSets, server_sets
-from hospitrust.server_app.services import CentralEvaluator, strategy_from_config
-from hospitrust.strategies.base import RoundRecord
-from hospitrust.tasks.model import load_pretrained, task_model
-from hospitrust.tasks.task import TASK_KEY, Task, resolve_task
-from hospitrust.server_app.transport import Sent, pipelines
+from hospitrust.server_app.setup import RunSetup, set_up_run
+from hospitrust.server_app.transport import Sent
+from hospitrust.tasks.task import Task, resolve_task
 
 RUN_DIR_LOCK_TIMEOUT = 300.0  # seconds a resumed run waits for the stopped run's ServerApp to exit
 
@@ -66,45 +58,13 @@ def format_summary_table(history: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def reply_timing(replies: Iterable[Any], hospitals: Mapping[int, str]) -> dict[str, dict[str, float]]:
-    """Per hospital, the ``timing-*`` metrics of its reply (where its time went)."""
-    out: dict[str, dict[str, float]] = {}
-    for reply in replies:
-        if reply.has_error() or not reply.has_content() or "metrics" not in reply.content.metric_records:
-            continue
-        m = reply.content.metric_records["metrics"]
-        timing = {k[len("timing-"):]: float(cast(float, v)) for k, v in m.items() if k.startswith("timing-")}
-        if timing:
-            out[hospitals.get(int(reply.metadata.src_node_id), str(reply.metadata.src_node_id))] = timing
-    return out
-
-
-def federated_report(replies: Iterable[Any], num_classes: int, rare: list[int]) -> dict[str, Any]:
-    """The round's metrics from the hospitals' evaluation counts (no server test set); a hospital
-    whose counts are missing or malformed is left out of the pool, not the round.
-    """
-    counts = []
-    for reply in replies:
-        if reply.has_error() or not reply.has_content() or "metrics" not in reply.content.metric_records:
-            continue
-        m = reply.content.metric_records["metrics"]
-        try:
-            c: dict[str, Any] = {"confusion": list(m["confusion"]), "score-histogram": list(m["score-histogram"]),
-                 "loss-sum": float(m["loss-sum"])}
-            pooled_report([c], num_classes)  # shape and values check, on its own
-        except (KeyError, TypeError, ValueError) as exc:
-            log(WARNING, "hospitrust: node %s sent no usable evaluation counts (%s): left out of the pooled metrics",
-                reply.metadata.src_node_id, exc)
-            continue
-        counts.append(c)
-    return pooled_report(counts, num_classes, rare)
-
-
 def run_federation(grid: Grid, context: Context) -> RunDirectory:
     """The whole run; returns its directory. Raises on bad config or missing data before any round."""
     started = time.time()
     cfg = parse_run_config(context.run_config)
     if cfg.strategy == "fbd":  # block ownership keeps a warehouse of colors, not one global model
+        from hospitrust.fbd.server import run_fbd_federation
+
         return run_fbd_federation(grid, context)
     task = resolve_task(cfg)
     log(INFO, "hospitrust: %s", task.describe())
@@ -134,199 +94,132 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
 
 def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: torch.device, run_dir: RunDirectory,
               resume: dict[str, Any] | None, started: float) -> RunDirectory:
-    info = task
-    failed: list[dict[str, Any]] = []
-    hospitals, rows = discover_hospitals(grid, cfg, task, failed)
-    log_hospitals(hospitals, rows, failed, cfg, task)
-    run_dir.write_class_counts(info.class_names, rows)
-    record_of_run = run_record(cfg, task, sets, hospitals, rows, failed, device)
-    run_dir.write_config(record_of_run)
-
-    # the threat model (simulation ground truth; all honest when no attack is configured)
-    attack = configured_attack(cfg)
-    partition_of = {r["hospital"]: r["partition_id"] for r in rows}
-    num_partitions = max([r.get("num_partitions", -1) for r in rows] + [len(rows)])
-    truth = ground_truth(cfg, partition_of, num_partitions)
-    rare_class, rare_holders = rare_class_holders(rows)
-    if attack is not None:
-        log(INFO, "hospitrust: attack %s by %s", attack, sorted(h for h, bad in truth.items() if bad) or "nobody")
-
-    model = task_model(task)
-    privacy = None
-    if cfg.privacy.mode != "off":  # refused here, before any round: delta against every hospital's size, the model
-        from hospitrust.privacy.records import PrivacyRecords, check_before_training
-
-        check_before_training(cfg.privacy, task_model(task), rows)
-        privacy = PrivacyRecords(cfg.privacy, list(hospitals.values()))
-    if task.pretrained and resume is None:  # read here only, on the SuperLink machine: round 1's global model
-        load_pretrained(model, task.pretrained)
-    arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
-    strategy = strategy_from_config(cfg, hospitals, device, task, sets)
-    strategy.train_config[TASK_KEY] = task.to_json()  # every train message carries the task
-    if cfg.train.class_weighted_loss and cfg.train.class_weights_from == "federation":
-        # every hospital weighs its classes by the federation's totals from the query round
-        strategy.train_config["federation-class-counts"] = [float(c) for c in np.sum([r["train"] for r in rows], axis=0)]
-    if isinstance(attack, ColludingAttack):
-        strategy.adversary = ColludingAdversary(attack, {h for h, bad in truth.items() if bad}, cfg.seed)
-    central_dp = None
-    if cfg.privacy.central:  # Flower's server-side fixed-clipping wrapper around FedAvg
-        from hospitrust.privacy.central import CentralPrivacy
-
-        central_dp = CentralPrivacy(strategy, cfg.privacy, len(hospitals))
-    trainer = central_dp if central_dp is not None else strategy
-    trainer.summary()
-    if cfg.privacy.mode != "off":  # the accountants and their settings, once the wrapper is built
-        from hospitrust.privacy.records import settings as privacy_settings
-
-        run_dir.write_config({**record_of_run, "privacy": privacy_settings(cfg.privacy, central_dp)})
-    evaluator = CentralEvaluator(cfg, info, device, sets.test, attack) if sets.test is not None else None
-    rare = list(task.rare_classes) or metrics.rare_classes(np.sum([r["train"] for r in rows], axis=0))
-    if evaluator is not None:
-        evaluator.rare_classes = rare
-    else:
-        log(INFO, "hospitrust: no server test set: federated evaluation (the hospitals' held-out images, pooled)")
-
-    history: list[dict[str, Any]] = []
-    flags_per_round: list[dict[str, bool]] = []
-    resumed_at: list[int] = []
+    run = set_up_run(grid, cfg, task, sets, device, run_dir, resuming=resume is not None)
+    rounds = RoundLoop(run, run_dir)
     if resume is None:
-        if evaluator is not None:
-            initial = evaluator(arrays)
-            log(INFO, "round   0 (initial model)  bal-acc %.4f  auc %.4f", initial["balanced_accuracy"], initial["auc"])
+        run.evaluation.initial(run.arrays)
     else:
-        arrays = ArrayRecord(resume["model"])
-        strategy.load_state_dict(resume["strategy_state"])
-        history, flags_per_round = list(resume["history"]), list(resume["flags_per_round"])
-        resumed_at = [*resume.get("resumed_at", []), resume["round"]]
-        run_dir.rewrite_rounds(history)  # rounds after the checkpoint (a crash mid-round) are dropped
-        restore_rng_states(resume["rng"])
-        if privacy is not None:
-            privacy.restore(history)
-        if central_dp is not None:
-            central_dp.restore(history)
-    train_config = ConfigRecord()
-    evaluate_config = ConfigRecord({TASK_KEY: task.to_json(), **({POOLED_KEY: True} if evaluator is None else {})})
-    # contribution scores from hospitals' reported scalars; SecAgg+ hands the server the sum only
-    contribution = ContributionTracker(hospitals) if cfg.contribution_scoring.enabled else None
-    if contribution is not None:
-        contribution.restore(history)  # a resumed run keeps its earlier rounds' scores
-    secure = (SecureTrainRound(cfg.secagg, hospitals, strategy.train_config, reply_timeout=cfg.reply_timeout,
-                               min_hospitals=cfg.min_hospitals, train_sizes=[sum(r["train"]) for r in rows])
-              if cfg.secagg.enabled else None)
-    # on a deployed grid the next round's train messages go out with this round's evaluation (one idle
-    # SuperNode poll a round instead of two); not with SecAgg+ (its own stages), contribution scoring
-    # (it asks with the evaluation) or central DP (Flower's wrapper keeps the round's sample size)
-    pipelined = pipelines(grid) and secure is None and contribution is None and central_dp is None
-    ahead: tuple[float, list[str], float, list[Message], Sent] | None = None  # this round's, pushed already
-    for rnd in range(len(history) + 1, cfg.num_server_rounds + 1):
-        if ahead is not None:
-            round_start, offline, train_pushed_at, messages, sent = ahead
-            ahead = None
-        else:
-            round_start = time.perf_counter()
-            offline = offline_hospitals(rnd, grid, strategy.hospitals)
-            train_pushed_at = time.time()
-            if secure is None:
-                messages = list(trainer.configure_train(rnd, arrays, train_config, grid))
-                sent = Sent(grid, messages, cfg.reply_timeout)
-        if secure is None:
-            replies = sent.replies()
-            new_arrays, _ = trainer.aggregate_train(rnd, replies)
-            asked = [m.metadata.dst_node_id for m in messages]
-        else:
-            new_arrays, asked = secure(grid, rnd, arrays, strategy.records.setdefault(rnd, RoundRecord()))
-        fail_if_every_hospital_crashed(rnd, strategy.records[rnd].clients, len(asked))
-        if new_arrays is not None:
-            arrays = new_arrays
-        # the hospitals evaluate every federated-evaluation-every rounds, and always the last one
-        hospitals_evaluate = rnd % cfg.federated_evaluation_every == 0 or rnd == cfg.num_server_rounds
-        eval_messages = list(strategy.configure_evaluate(rnd, arrays, evaluate_config, grid)) if hospitals_evaluate else []
-        if contribution is not None:
-            eval_messages = contribution.ask(rnd, strategy.records[rnd], eval_messages)
-        train_seconds = time.time() - train_pushed_at  # push, the hospitals' work, replies, aggregation
-        evaluate_pushed_at = time.time()
-        eval_sent = Sent(grid, eval_messages, cfg.reply_timeout)
-        checkpoint_state = strategy.state_dict() if cfg.checkpoint else None  # before the next round samples
-        if pipelined and rnd < cfg.num_server_rounds:
-            next_start, next_pushed_at = time.perf_counter(), time.time()
-            next_offline = offline_hospitals(rnd + 1, grid, strategy.hospitals)
-            next_messages = list(trainer.configure_train(rnd + 1, arrays, train_config, grid))
-            ahead = (next_start, next_offline, next_pushed_at, next_messages,
-                     Sent(grid, next_messages, cfg.reply_timeout))
-        eval_replies = eval_sent.replies()
-        evaluate_seconds = time.time() - evaluate_pushed_at
-        strategy.aggregate_evaluate(rnd, eval_replies)
-        central_started = time.perf_counter()
-        central = evaluator(arrays) if evaluator is not None else federated_report(eval_replies, task.num_classes, rare)
-        record = strategy.records[rnd]
-        answered = {c["node_id"] for c in record.clients} | {b["node_id"] for b in record.budget_spent}
-        missing = [strategy.hospitals[nid] for nid in asked if nid not in answered]
-        per_hospital = {h: v["accuracy"] for h, v in record.evaluation.items()}
-        for c in record.clients:
-            c["malicious"] = truth.get(c["hospital"], False)
-        flags = flagged_hospitals(record.clients)
-        flags_per_round.append(flags)
-        round_record: dict[str, Any] = {
-            "round": rnd,
-            "central": central,
-            "evaluation": "central" if evaluator is not None else "federated",
-            "hospitals_evaluated": hospitals_evaluate,
-            "clients": record.clients,
-            "aggregation_seconds": record.aggregation_seconds,
-            "update_norm": record.update_norm,
-            "round_seconds": time.perf_counter() - round_start,
-            # where the round's time went: the train exchange (with aggregation), the evaluate exchange, and
-            # the server's own evaluation; *_pushed_at are wall-clock stamps (the hospitals' timing is per client)
-            "timing": {"train_pushed_at": train_pushed_at, "train_seconds": train_seconds,
-                       "evaluate_pushed_at": evaluate_pushed_at, "evaluate_seconds": evaluate_seconds,
-                       "central_evaluation_seconds": time.perf_counter() - central_started,
-                       "finished_at": time.time(), "next_round_pushed_with_evaluation": ahead is not None,
-                       "evaluate_clients": reply_timing(eval_replies, strategy.hospitals)},
-            "asked": len(asked),
-            "missing": missing,
-            "offline": offline,
-            "kept_previous_model": record.kept_previous_model,
-            "note": record.note,
-            "hospital_accuracy": per_hospital,
-            "fairness": metrics.fairness(per_hospital) if per_hospital else None,
-            "detection": round_detection(flags, truth),
-        }
-        if record.budget_spent:  # their own privacy budget: not failed, not asked again
-            round_record["budget_spent"] = record.budget_spent
-        if privacy is not None:
-            round_record["privacy"] = privacy.round_entry(record.clients, record.budget_spent, central_dp, rnd)
-        if contribution is not None:
-            round_record["contribution"] = contribution.score(rnd, eval_replies, strategy)
-        run_dir.append_round(round_record)
-        history.append(round_record)
-        valid = sum(1 for c in record.clients if not c.get("rejected"))
-        log(INFO, "%s", _progress_line(rnd, cfg.num_server_rounds, central, valid, len(asked), round_record["round_seconds"])
-            + round_story(record.clients, truth if attack is not None else None))
-        if cfg.checkpoint:
-            save_checkpoint(run_dir.path, round=rnd, model_state=arrays.to_torch_state_dict(),
-                            strategy_name=cfg.strategy, strategy_state=cast(dict[str, Any], checkpoint_state),  # taken when cfg.checkpoint
-                            config=cfg.to_flat(),
-                            history=history, flags_per_round=flags_per_round, resumed_at=resumed_at)
+        rounds.restore(resume)
+    rounds.run_rounds()
+    return _finish(run, rounds, run_dir, started)
 
-    final_state = arrays.to_torch_state_dict()
-    run_dir.save_model(final_state)
+
+class RoundLoop:
+    """The rounds of a run: for each, configure, send, receive, aggregate, evaluate, record and
+    checkpoint, with the features' hooks at each point (``hospitrust.features.base`` lists them).
+    """
+
+    def __init__(self, run: RunSetup, run_dir: RunDirectory) -> None:
+        self.run, self.run_dir, self.features = run, run_dir, run.features
+        self.arrays: ArrayRecord = run.arrays
+        self.history: list[dict[str, Any]] = []
+        self.resumed_at: list[int] = []
+        self.ahead: dict[int, tuple[Round, Any]] = {}  # rounds whose train messages went out already
+
+    def restore(self, checkpoint: dict[str, Any]) -> None:
+        """A resumed run: the model, the strategy's and the features' state, the history so far."""
+        self.arrays = ArrayRecord(checkpoint["model"])
+        self.run.strategy.load_state_dict(checkpoint["strategy_state"])
+        self.history = list(checkpoint["history"])
+        self.resumed_at = [*checkpoint.get("resumed_at", []), checkpoint["round"]]
+        self.run_dir.rewrite_rounds(self.history)  # rounds after the checkpoint (a crash mid-round) are dropped
+        restore_rng_states(checkpoint["rng"])
+        self.features.restore({**checkpoint, "history": self.history})
+
+    def run_rounds(self) -> None:
+        for number in range(len(self.history) + 1, self.run.cfg.num_server_rounds + 1):
+            rnd, sent = self.ahead.pop(number) if number in self.ahead else self.send(number)
+            rnd.result = self.features.on_aggregate(rnd, self.run.trainer.receive(rnd, sent))
+            fail_if_every_hospital_crashed(number, rnd.result.clients, len(rnd.asked))
+            if rnd.result.arrays is not None:
+                self.arrays = rnd.result.arrays
+            central, strategy_state = self.evaluate(rnd)
+            record = self.record(rnd, central)
+            self.run_dir.append_round(record)
+            self.history.append(record)
+            valid = sum(1 for c in rnd.result.clients if not c.get("rejected"))
+            log(INFO, "%s", _progress_line(number, self.run.cfg.num_server_rounds, central, valid, len(rnd.asked),
+                                           record["round_seconds"])
+                + round_story(rnd.result.clients, self.run.truth if self.run.attack is not None else None))
+            if self.run.cfg.checkpoint:
+                save_checkpoint(self.run_dir.path, round=number, model_state=self.arrays.to_torch_state_dict(),
+                                strategy_name=self.run.cfg.strategy, strategy_state=strategy_state,
+                                features=self.features.state(), config=self.run.cfg.to_flat(), history=self.history,
+                                resumed_at=self.resumed_at)
+
+    def send(self, number: int) -> tuple[Round, Any]:
+        """Start a round: who is offline, the features' ``before_round``, the train messages out."""
+        rnd = Round(number, self.arrays, started=time.perf_counter())
+        rnd.offline = offline_hospitals(number, self.run.grid, self.run.strategy.hospitals)
+        self.features.before_round(rnd)
+        rnd.timing["train_pushed_at"] = time.time()
+        return rnd, self.run.trainer.send(rnd)
+
+    def send_ahead(self, number: int) -> None:
+        self.ahead[number] = self.send(number)
+
+    def overlaps_rounds(self) -> bool:
+        return self.features.overlaps_rounds()
+
+    def evaluate(self, rnd: Round) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The hospitals' and the server's evaluation of the new model; the strategy's state as it was
+        before any next round sampled (for the checkpoint).
+        """
+        run, timing = self.run, rnd.timing
+        rnd.hospitals_evaluate = run.evaluation.hospitals_evaluate(rnd.number)
+        messages = (list(run.strategy.configure_evaluate(rnd.number, self.arrays, run.evaluation.config, run.grid))
+                    if rnd.hospitals_evaluate else [])
+        messages = self.features.on_evaluate(rnd, messages)
+        timing["train_seconds"] = time.time() - timing["train_pushed_at"]  # push, the hospitals' work, replies, aggregation
+        timing["evaluate_pushed_at"] = time.time()
+        sent = Sent(run.grid, messages, run.cfg.reply_timeout)
+        strategy_state = run.strategy.state_dict() if run.cfg.checkpoint else {}
+        self.features.while_evaluating(rnd, self)
+        rnd.evaluate_replies = sent.replies()
+        timing["evaluate_seconds"] = time.time() - timing["evaluate_pushed_at"]
+        central_started = time.perf_counter()
+        central = run.evaluation(self.arrays, rnd.evaluate_replies)
+        timing["central_evaluation_seconds"] = time.perf_counter() - central_started
+        return central, strategy_state
+
+    def record(self, rnd: Round, central: dict[str, Any]) -> dict[str, Any]:
+        """The round's line in rounds.jsonl: the loop's entries, then the features'."""
+        result, hospitals = rnd.result, self.run.strategy.hospitals
+        assert result is not None
+        answered = {c["node_id"] for c in result.clients} | rnd.answered
+        per_hospital = {h: v["accuracy"] for h, v in
+                        self.run.strategy.hospital_evaluation(rnd.number, rnd.evaluate_replies).items()}
+        # *_pushed_at are wall-clock stamps (the hospitals' timing is per client)
+        rnd.timing.update(finished_at=time.time(), next_round_pushed_with_evaluation=rnd.number + 1 in self.ahead,
+                          evaluate_clients=reply_timing(rnd.evaluate_replies, hospitals))
+        return {
+            "round": rnd.number, "central": central, "evaluation": self.run.evaluation.name,
+            "hospitals_evaluated": rnd.hospitals_evaluate, "clients": result.clients,
+            "aggregation_seconds": result.aggregation_seconds, "update_norm": result.update_norm,
+            "round_seconds": time.perf_counter() - rnd.started, "timing": rnd.timing, "asked": len(rnd.asked),
+            "missing": [hospitals[nid] for nid in rnd.asked if nid not in answered], "offline": rnd.offline,
+            "kept_previous_model": result.kept_previous_model, "note": result.note, "hospital_accuracy": per_hospital,
+            "fairness": metrics.fairness(per_hospital) if per_hospital else None,
+            **self.features.record(rnd),
+        }
+
+
+def _finish(run: RunSetup, rounds: RoundLoop, run_dir: RunDirectory, started: float) -> RunDirectory:
+    """The final model, summary.json, the trust plot and the closing log."""
+    cfg, history = run.cfg, rounds.history
+    run_dir.save_model(rounds.arrays.to_torch_state_dict())
     summary = {
-        **summary_head(cfg, history, len(hospitals), run_dir, started),
+        **summary_head(cfg, history, len(run.hospitals), run_dir, started),
         "fairness": history[-1]["fairness"],
-        "malicious_hospitals": sorted(h for h, bad in truth.items() if bad),
-        "rare_class": rare_class,
-        "rare_classes": rare,
-        "task": task.name,
-        "evaluation": "central" if evaluator is not None else "federated",
-        "failed_hospitals": failed,
-        "security": run_security(flags_per_round, truth, rare_holders),
-        "resumed_at": resumed_at,
+        "rare_class": run.rare_class,
+        "rare_classes": run.evaluation.rare,
+        "task": run.task.name,
+        "evaluation": run.evaluation.name,
+        "failed_hospitals": run.failed,
+        "resumed_at": rounds.resumed_at,
+        **run.features.summary(),
     }
-    if privacy is not None:
-        summary["privacy"] = privacy.summary(central_dp)
-    if contribution is not None:
-        summary["contribution"] = contribution.summary()
-        contribution.write(run_dir.path)
+    run.features.finish(run_dir.path)
     run_dir.write_summary(summary)
     if cfg.strategy not in ("fedavg", "fedprox"):  # rules that weigh hospitals: draw whose update counted
         try:
@@ -343,7 +236,7 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
     log(INFO, "hospitrust: finished %d rounds in %.1f s\n%s\nfinal: accuracy %.4f  balanced accuracy %.4f  AUC %.4f  "
         "worst-class recall %.4f  (best round %d)\nresults: %s",
         len(history), summary["wall_seconds"],
-        format_summary_table(history) + (f"\n{detection_line(summary['security'])}" if attack is not None else ""), final["accuracy"],
+        format_summary_table(history) + (f"\n{detection_line(summary['security'])}" if run.attack is not None else ""),
+        final["accuracy"],
         final["balanced_accuracy"], final["auc"], final["worst_class_recall"], summary["best_round"], run_dir.path)
     return run_dir
-

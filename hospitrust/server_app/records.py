@@ -11,79 +11,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from logging import INFO, WARNING
 from typing import Any
 
-import numpy as np
 import torch
 from flwr.common import log
 
-from hospitrust.attacks.metrics import detection_rates, rounds_to_detection
 from hospitrust.config import RunConfig
+# the security bookkeeping moved to the detection feature; importable from here as before
+from hospitrust.features.detection import flagged_hospitals, rare_class_holders, round_detection, run_security  # noqa: F401
 from hospitrust.server_app.discovery import format_class_counts
 from hospitrust.server_app.results import RunDirectory
 from hospitrust.server_app.server_data import ServerSets
 from hospitrust.tasks.task import Task
-
-def flagged_hospitals(clients: Sequence[Mapping[str, Any]]) -> dict[str, bool]:
-    return {
-        c["hospital"]: bool(c["flagged"]) if "flagged" in c else bool(c.get("rejected") or not c.get("selected", True))
-        for c in clients
-    }
-
-
-def rare_class_holders(rows: Sequence[Mapping[str, Any]]) -> tuple[int | None, set[str]]:
-    """The rarest class in the federation's training data, and the hospitals holding at least
-    an equal share of it (total / hospitals): the specialists a robust rule must not exclude.
-    """
-    if not rows or not rows[0].get("train"):
-        return None, set()
-    counts = np.array([r["train"] for r in rows], dtype=float)
-    totals = counts.sum(axis=0)
-    present = np.flatnonzero(totals > 0)
-    if present.size == 0:
-        return None, set()
-    rare = int(present[np.argmin(totals[present])])
-    fair = totals[rare] / len(rows)
-    return rare, {r["hospital"] for r, c in zip(rows, counts[:, rare]) if c > 0 and c >= fair}
-
-
-def round_detection(flags: Mapping[str, bool], truth: Mapping[str, bool]) -> dict[str, Any]:
-    population = {h: truth.get(h, False) for h in flags}
-    return detection_rates(flags, population)
-
-
-def run_security(
-    flags_per_round: Sequence[Mapping[str, bool]],
-    truth: Mapping[str, bool],
-    rare_holders: set[str],
-) -> dict[str, Any]:
-    """Whole-run detection (all hospital-rounds pooled), rounds to detection, and how often an
-    honest rare-class holder was flagged.
-    """
-    tp = fp = fn = tn = 0
-    for flags in flags_per_round:
-        r = round_detection(flags, truth)
-        tp, fp, fn, tn = tp + r["tp"], fp + r["fp"], fn + r["fn"], tn + r["tn"]
-    honest_rare = sorted(h for h in rare_holders if not truth.get(h, False))
-    rare_flags = sum(1 for flags in flags_per_round for h in honest_rare if flags.get(h, False))
-    rare_rounds = sum(1 for flags in flags_per_round for h in honest_rare if h in flags)
-    nan = float("nan")
-    return {
-        "tpr": tp / (tp + fn) if tp + fn else nan,
-        "fpr": fp / (fp + tn) if fp + tn else nan,
-        "precision": tp / (tp + fp) if tp + fp else nan,
-        "tp": tp,
-        "fp": fp,
-        "fn": fn,
-        "tn": tn,
-        "rounds_to_detection": rounds_to_detection(list(flags_per_round), dict(truth)),
-        "honest_rare_class_holders": honest_rare,
-        "honest_rare_class_flagged": rare_flags,
-        "honest_rare_class_flag_rate": rare_flags / rare_rounds if rare_rounds else nan,
-    }
-
 
 def participation(history: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     """Per hospital, over the run's rounds: asked, answered with a valid update, rejected, asked

@@ -13,7 +13,7 @@ import copy
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any, ClassVar, cast
@@ -64,75 +64,53 @@ class Aggregate:
 
 
 @dataclass
-class RoundRecord:
-    """Per-round bookkeeping that ends up in rounds.jsonl.
+class RoundResult:
+    """What a round's aggregation decided, returned by ``HospitrustStrategy.aggregate_round``.
 
     Parameters
     ----------
+    arrays : ArrayRecord or None
+        The new global model; None keeps the previous one.
     clients : list[dict[str, Any]]
-        One entry per reply (accepted or rejected): hospital, weight, selected, reason, signals.
+        One entry per reply (accepted or rejected): hospital, weight, selected, reason, the
+        rule's per-hospital signals.
+    metrics : MetricRecord or None
+        Flower's aggregate metrics (valid replies, train loss).
     aggregation_seconds : float
         Time spent aggregating.
     kept_previous_model : bool
-        Whether too few valid replies kept the previous model.
+        Whether the previous model was kept (too few valid replies, nothing released).
     note : str
         Why the previous model was kept ('' otherwise).
-    evaluation : dict[str, Any]
-        Hospital name -> its evaluation of the global model (accuracy, num_examples, balanced_accuracy).
-    budget_spent : list[dict[str, Any]]
-        Hospitals that refused to train because the round would pass their own privacy budget
-        (not failed, not rejected): hospital, node id, their spent epsilon, budget and reason.
     update_norm : float or None
         L2 norm of the round's aggregated update (how far the global model moved); None when
         the previous model was kept.
     """
 
+    arrays: ArrayRecord | None = None
     clients: list[dict[str, Any]] = field(default_factory=list)
+    metrics: MetricRecord | None = None
     aggregation_seconds: float = 0.0
     kept_previous_model: bool = False
     note: str = ""
-    evaluation: dict[str, Any] = field(default_factory=dict)
-    budget_spent: list[dict[str, Any]] = field(default_factory=list)
     update_norm: float | None = None
 
+    def keep_previous(self, why: str) -> None:
+        """No new model this round, and why (appended to an earlier note)."""
+        self.arrays, self.update_norm, self.kept_previous_model = None, None, True
+        self.note = (self.note + "; " if self.note else "") + why
 
-#: The reply metric of a hospital whose privacy budget is spent (``hospitrust.privacy.client``).
-BUDGET_SPENT_KEY = "privacy-budget-spent"
+
+#: A step on the stacked updates before the rule sees them: (round, (n, d) updates, hospital
+#: names in row order) -> updates. Round features supply them (the simulated colluding adversary;
+#: pre-aggregation); ``aggregate_round`` applies them in order.
+UpdateStep = Callable[[int, torch.Tensor, list[str]], torch.Tensor]
+
+
 #: Reply metrics of local differential privacy -> their names in a client's ``privacy`` record.
 PRIVACY_METRICS = {"privacy-epsilon": "epsilon", "privacy-delta": "delta", "privacy-lifetime-epsilon": "lifetime_epsilon",
                    "privacy-max-epsilon": "max_epsilon", "privacy-noise-multiplier": "noise_multiplier",
                    "privacy-sample-rate": "sample_rate", "privacy-steps": "steps", "privacy-next-epsilon": "next_epsilon"}
-
-
-def budget_spent_entry(reply: Message, hospital: str) -> dict[str, Any] | None:
-    """The record of a reply that says the hospital's privacy budget is spent, else None.
-
-    Parameters
-    ----------
-    reply : Message
-        A train reply (untrusted: only finite numbers are kept, the reason is cut to 500 characters).
-    hospital : str
-        The replying hospital's name.
-
-    Returns
-    -------
-    dict or None
-        ``hospital``, ``node_id``, ``reason`` and the privacy metrics it sent (``PRIVACY_METRICS``' names).
-    """
-    if reply.has_error() or not reply.has_content() or "metrics" not in reply.content.metric_records:
-        return None
-    metrics = reply.content.metric_records["metrics"]
-    if not metrics.get(BUDGET_SPENT_KEY):
-        return None
-    reason_record = reply.content.config_records.get("privacy")
-    reason = str(reason_record.get("reason", "")) if reason_record is not None else ""
-    entry: dict[str, Any] = {"hospital": hospital, "node_id": int(reply.metadata.src_node_id),
-                             "reason": reason[:500] or "privacy budget spent"}
-    for key, name in PRIVACY_METRICS.items():
-        value = metrics.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            entry[name] = float(value)
-    return entry
 
 
 class HospitrustStrategy(Strategy):
@@ -231,28 +209,19 @@ class HospitrustStrategy(Strategy):
         self.rng = random.Random(seed)
         self.device = torch.device(device)
         self.global_state: dict[str, torch.Tensor] | None = None
-        self.records: dict[int, RoundRecord] = {}
-        # hospitals whose own privacy budget is spent: recorded, and not asked again in this run
-        self.budget_spent: dict[str, dict[str, Any]] = {}
-        # simulation only: (round, (n, d) updates, hospital names) -> updates, the colluding attackers' step
-        self.adversary: Callable[[int, torch.Tensor, list[str]], torch.Tensor] | None = None
 
     # attributes that carry over from round to round (trust, reputation, history): saved in
     # the server checkpoint with the sampling RNG; subclasses list theirs, keyed by hospital name
     state_attrs: tuple[str, ...] = ()
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"rng": self.rng.getstate(), **{a: copy.deepcopy(getattr(self, a)) for a in self.state_attrs}}
-        if self.budget_spent:
-            state["budget_spent"] = copy.deepcopy(self.budget_spent)
-        return state
+        return {"rng": self.rng.getstate(), **{a: copy.deepcopy(getattr(self, a)) for a in self.state_attrs}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         missing = [a for a in ("rng", *self.state_attrs) if a not in state]
         if missing:
             raise ValueError(f"{self.name}: checkpoint state lacks {missing} (saved by another strategy?)")
         self.rng.setstate(state["rng"])
-        self.budget_spent = copy.deepcopy(dict(state.get("budget_spent", {})))
         for a in self.state_attrs:
             setattr(self, a, copy.deepcopy(state[a]))
 
@@ -264,10 +233,12 @@ class HospitrustStrategy(Strategy):
         log(INFO, "\t└── Reply bounds: update norm <= %g, num-examples <= %d", self.limits.max_update_norm,
             self.limits.max_num_examples)
 
-    def sample_hospitals(self, grid: Grid) -> list[int]:
-        """Node ids to ask this round, chosen by hospital name with the seeded rng (node ids are random)."""
+    def sample_hospitals(self, grid: Grid, excluded: Collection[str] = ()) -> list[int]:
+        """Node ids to ask this round, chosen by hospital name with the seeded rng (node ids are random),
+        among the online hospitals not ``excluded`` (names a round feature keeps out, e.g. a spent budget).
+        """
         online = set(grid.get_node_ids())
-        candidates = sorted((name, nid) for nid, name in self.hospitals.items() if nid in online and name not in self.budget_spent)
+        candidates = sorted((name, nid) for nid, name in self.hospitals.items() if nid in online and name not in excluded)
         k = min(len(candidates), max(math.ceil(self.fraction_train * len(candidates)), self.min_hospitals))
         chosen = self.rng.sample(candidates, k) if k < len(candidates) else candidates
         return [nid for _, nid in sorted(chosen)]
@@ -275,19 +246,33 @@ class HospitrustStrategy(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        return self.configure_round(server_round, arrays, config, grid)
+
+    def configure_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
+                        excluded: Collection[str] = ()) -> list[Message]:
+        """The round's train messages, to the sampled hospitals not ``excluded`` (hospital names)."""
         self.global_state = arrays.to_torch_state_dict()
         cfg = ConfigRecord({**self.train_config, **dict(config), "server-round": server_round})
         content = RecordDict({"arrays": arrays, "config": cfg})
         return [
-            Message(content, dst_node_id=nid, message_type=MessageType.TRAIN) for nid in self.sample_hospitals(grid)
+            Message(content, dst_node_id=nid, message_type=MessageType.TRAIN)
+            for nid in self.sample_hospitals(grid, excluded)
         ]
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Flower's form of :meth:`aggregate_round`: (new model or None, metrics)."""
+        result = self.aggregate_round(server_round, replies)
+        return result.arrays, result.metrics
+
+    def aggregate_round(self, server_round: int, replies: Iterable[Message],
+                        update_steps: Sequence[UpdateStep] = ()) -> RoundResult:
+        """Check every reply, stack the accepted updates, apply ``update_steps`` to the stack, run the
+        rule; the result says what the round decided, per hospital and as a whole.
+        """
         started = time.perf_counter()
-        record = RoundRecord()
-        self.records[server_round] = record
+        record = RoundResult()
         accepted: list[CheckedReply] = []
         if self.global_state is not None:
             global_vec, spec = flatten_state(self.global_state)
@@ -300,12 +285,6 @@ class HospitrustStrategy(Strategy):
                 # the SuperLink answers for a node that is gone ("node unavailable"): that
                 # hospital is missing this round, not a hospital that sent something bad
                 log(WARNING, "Round %d: no reply from a hospital: %s", server_round, (reply.error.reason or "").strip()[:200])
-                continue
-            spent = budget_spent_entry(reply, self._name_of(node_id))
-            if spent is not None:  # the hospital's own privacy budget: not a failure, not a bad update
-                record.budget_spent.append(spent)
-                self.budget_spent[spent["hospital"]] = {"round": server_round, **spent}
-                log(WARNING, "Round %d: %s did not train: %s", server_round, spent["hospital"], spent["reason"])
                 continue
             try:
                 if self.global_state is None:
@@ -329,13 +308,14 @@ class HospitrustStrategy(Strategy):
             for r in accepted:
                 record.clients.append(self._client_entry(r.node_id, reply=r, weight=0.0, selected=False))
             record.aggregation_seconds = time.perf_counter() - started
-            return None, MetricRecord({"valid-replies": len(accepted)})
+            record.metrics = MetricRecord({"valid-replies": len(accepted)})
+            return record
 
         updates = torch.stack([cast(torch.Tensor, r.update) for r in accepted])  # set by check_train_reply
         for r in accepted:
             r.update = None  # the stacked copy is the only one kept
-        if self.adversary is not None:
-            updates = self.adversary(server_round, updates, [self._name_of(r.node_id) for r in accepted])
+        for step in update_steps:
+            updates = step(server_round, updates, [self._name_of(r.node_id) for r in accepted])
         num_examples = torch.tensor([r.num_examples for r in accepted], dtype=torch.float64, device=self.device)
         # what each hospital's update (as the rule saw it) and the aggregate weigh: step lengths for the record
         norms = torch.linalg.vector_norm(updates, dim=1).tolist()
@@ -356,9 +336,9 @@ class HospitrustStrategy(Strategy):
         losses = [float(r.metrics.get("train-loss", float("nan"))) for r in accepted]
         total = float(num_examples.sum())
         train_loss = float(sum(loss * n for loss, n in zip(losses, num_examples.tolist())) / total) if total else math.nan
-        return ArrayRecord(new_state), MetricRecord(
-            {"valid-replies": len(accepted), "train-loss": train_loss}
-        )
+        record.arrays = ArrayRecord(new_state)
+        record.metrics = MetricRecord({"valid-replies": len(accepted), "train-loss": train_loss})
+        return record
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -373,7 +353,17 @@ class HospitrustStrategy(Strategy):
         ]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Per-hospital accuracy of the global model on local validation sets (fairness)."""
+        """Flower's form of :meth:`hospital_evaluation`: the mean and spread of the hospitals' accuracy."""
+        per_hospital = self.hospital_evaluation(server_round, replies)
+        if not per_hospital:
+            return None
+        accs = np.array([v["accuracy"] for v in per_hospital.values()])
+        return MetricRecord({"mean-accuracy": float(accs.mean()), "accuracy-spread": float(accs.max() - accs.min())})
+
+    def hospital_evaluation(self, server_round: int, replies: Iterable[Message]) -> dict[str, dict[str, float]]:
+        """Hospital name -> its accuracy, example count and balanced accuracy of the global model on
+        its local validation set (fairness); malformed replies are left out.
+        """
         per_hospital: dict[str, dict[str, float]] = {}
         for reply in self._in_hospital_order(replies):
             if reply.has_error() or not reply.has_content() or "metrics" not in reply.content.metric_records:
@@ -391,12 +381,7 @@ class HospitrustStrategy(Strategy):
                     "num_examples": n,
                     "balanced_accuracy": float(cast(float, m.get("balanced-accuracy", float("nan")))),
                 }
-        record = self.records.setdefault(server_round, RoundRecord())
-        record.evaluation = per_hospital
-        if not per_hospital:
-            return None
-        accs = np.array([v["accuracy"] for v in per_hospital.values()])
-        return MetricRecord({"mean-accuracy": float(accs.mean()), "accuracy-spread": float(accs.max() - accs.min())})
+        return per_hospital
 
     # ---- what a rule implements ----------------------------------------------------------
     def required_replies(self) -> int:

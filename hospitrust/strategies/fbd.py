@@ -8,14 +8,14 @@ write them. Every other write (a color it does not own, a color it was not sched
 write this round, an incomplete block, a bad tensor) is rejected and recorded, in
 ``rounds.jsonl`` and in the stamp log. Nothing is averaged.
 
-``aggregate_train`` returns ``(None, metrics)``: the new state is ``self.warehouse``.
+``aggregate_round`` returns a result without arrays: the new state is ``self.warehouse``.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from logging import INFO, WARNING
 from typing import Any, Literal
 
@@ -32,7 +32,7 @@ from hospitrust.fbd.routing import parse_color_list
 from hospitrust.options import Options
 from hospitrust.fbd.stamps import StampLog
 from hospitrust.fbd.warehouse import Warehouse, parse_color_key
-from hospitrust.strategies.base import HospitrustStrategy, RoundRecord
+from hospitrust.strategies.base import HospitrustStrategy, RoundResult, UpdateStep
 from hospitrust.strategies.validation import CheckedReply, RejectedReply, shorten, negative_running_var
 
 
@@ -255,10 +255,15 @@ class FBD(HospitrustStrategy):
                 return f"array {k!r} (a BatchNorm variance) has negative entries"
         return ""
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_round(self, server_round: int, replies: Iterable[Message],
+                        update_steps: Sequence[UpdateStep] = ()) -> RoundResult:
+        """Write the accepted blocks into the warehouse; the result's ``arrays`` is None (the new state
+        is the warehouse). ``update_steps`` take a stack of whole-model updates, which FED-FBD has not.
+        """
+        if update_steps:
+            raise ValueError("fbd: update steps (pre-aggregation, a colluding adversary) need whole-model updates")
         started = time.perf_counter()
-        record = RoundRecord()
-        self.records[server_round] = record
+        record = RoundResult()
         stamps: list[dict] = []
         writes = 0
         for reply in self._in_hospital_order(replies):  # stamps and writes in a fixed order
@@ -306,7 +311,8 @@ class FBD(HospitrustStrategy):
         if not writes:
             record.kept_previous_model = True
             record.note = "no block was written this round"
-        return None, MetricRecord({"blocks-written": writes, "valid-replies": sum(1 for c in record.clients if c["selected"])})
+        record.metrics = MetricRecord({"blocks-written": writes, "valid-replies": sum(1 for c in record.clients if c["selected"])})
+        return record
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord | None, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:

@@ -1,4 +1,4 @@
-"""Secure aggregation with Flower's SecAgg+: the server only ever holds the sum.
+"""Secure aggregation with Flower's SecAgg+ as a round feature: the server only ever holds the sum.
 
 Flower 1.42 has no Message-API SecAgg strategy; the supported path is the legacy
 ``SecAggPlusWorkflow`` driving a legacy strategy through a ``LegacyContext``, with
@@ -12,12 +12,16 @@ server learns per hospital is its ``num-examples`` and its scalar train metrics.
 Precision: model values are clipped to ``[-secagg-clipping-range, +range]`` and quantized
 to ``secagg.quantization-range`` levels, so the aggregate differs from plain FedAvg by up
 to about ``2 * range / levels`` per value (about 4e-6 with the defaults).
+
+As a round feature (:class:`SecureAggregation`) it replaces the round's train exchange
+(``wrap_trainer``): configure, send, receive and aggregate run in the workflow's own stages.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from logging import INFO
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,8 +32,9 @@ from flwr.serverapp import Grid
 
 from pydantic import Field
 
+from hospitrust.features.base import Round, RoundFeature, RunFacts, Trainer
 from hospitrust.options import Options
-from hospitrust.strategies.base import PRIVACY_METRICS, RoundRecord
+from hospitrust.strategies.base import PRIVACY_METRICS, RoundResult
 
 
 class SecAggOptions(Options):
@@ -95,7 +100,7 @@ def _legacy_strategy_class():
 
 
 class SecureTrainRound:
-    """Runs one SecAgg+ training round per call and writes the strategy's RoundRecord."""
+    """Runs one SecAgg+ training round per call: configure, send, receive and aggregate in Flower's workflow."""
 
     def __init__(self, options: SecAggOptions, hospitals: dict[int, str], train_config: dict[str, Any], *,
                  reply_timeout: float, min_hospitals: int, train_sizes: list[int] | None = None) -> None:
@@ -119,8 +124,8 @@ class SecureTrainRound:
             timeout=self.reply_timeout,
         )
 
-    def __call__(self, grid: Grid, server_round: int, arrays: ArrayRecord, record: RoundRecord) -> tuple[ArrayRecord | None, list[int]]:
-        """(new global model or None, node ids asked). Fills ``record.clients``."""
+    def __call__(self, grid: Grid, server_round: int, arrays: ArrayRecord) -> tuple[RoundResult, list[int]]:
+        """(the round's result, node ids asked)."""
         from flwr.server import LegacyContext, ServerConfig
         from flwr.server.client_manager import SimpleClientManager
         from flwr.server.compat.grid_client_proxy import GridClientProxy
@@ -147,6 +152,7 @@ class SecureTrainRound:
         log(INFO, "Round %d: SecAgg+ over %d hospitals", server_round, len(node_ids))
         self.workflow()(grid, context)
 
+        record = RoundResult()
         answered = {nid for nid, _, _ in strategy.results}
         total = float(sum(n for _, n, _ in strategy.results))
         for nid, n, metrics in strategy.results:
@@ -165,9 +171,68 @@ class SecureTrainRound:
                                        "selected": False, "rejected": True,
                                        "reason": "error reply: dropped out of the SecAgg+ round"})
         if strategy.aggregate is None or len(answered) < self.min_hospitals:
-            record.kept_previous_model = True
-            record.note = f"SecAgg+ produced no aggregate from {len(answered)} hospital(s): kept the previous model"
-            return None, node_ids
+            record.keep_previous(f"SecAgg+ produced no aggregate from {len(answered)} hospital(s): kept the previous model")
+            return record, node_ids
         mean = parameters_to_ndarrays(strategy.aggregate)
         new_state = OrderedDict((k, torch.from_numpy(np.asarray(a)).to(dtypes[k]).reshape(state[k].shape)) for k, a in zip(names, mean))
-        return ArrayRecord(new_state), node_ids
+        record.arrays = ArrayRecord(new_state)
+        return record, node_ids
+
+
+class SecureTrainer:
+    """The train exchange of a SecAgg+ round: nothing goes out before ``receive``, which runs the workflow."""
+
+    def __init__(self, strategy: Any, grid: Grid, secure: SecureTrainRound) -> None:
+        self.strategy, self.grid, self.secure = strategy, grid, secure
+
+    def send(self, rnd: Round) -> None:
+        return None
+
+    def receive(self, rnd: Round, sent: Any) -> RoundResult:
+        result, rnd.asked = self.secure(self.grid, rnd.number, rnd.arrays)
+        return result
+
+
+class SecureAggregation(RoundFeature):
+    """The ``secagg`` section (enabled).
+
+    Parameters
+    ----------
+    options : SecAggOptions
+        The ``secagg`` section.
+    hospitals : Mapping[int, str]
+        Node id -> hospital name.
+    grid : Grid
+        The ServerApp's grid.
+    reply_timeout : float
+        Seconds each stage waits for replies.
+    min_hospitals : int
+        Fewest hospitals for an aggregate.
+    train_sizes : Sequence[int]
+        The hospitals' training-set sizes from the query round (the tightest weight bound).
+    """
+
+    name = "secagg"
+    overlaps_rounds = False  # its own stages
+    order = 50
+
+    @classmethod
+    def for_run(cls, run: RunFacts) -> SecureAggregation | None:
+        if not run.cfg.secagg.enabled:
+            return None
+        return cls(run.cfg.secagg, run.hospitals, run.grid, reply_timeout=run.cfg.reply_timeout,
+                   min_hospitals=run.cfg.min_hospitals, train_sizes=[sum(r["train"]) for r in run.rows])
+
+    def __init__(self, options: SecAggOptions, hospitals: Mapping[int, str], grid: Grid, *, reply_timeout: float,
+                 min_hospitals: int, train_sizes: Sequence[int]) -> None:
+        self.options, self.hospitals, self.grid = options, dict(hospitals), grid
+        self.reply_timeout, self.min_hospitals, self.train_sizes = reply_timeout, min_hospitals, list(train_sizes)
+
+    def wrap_trainer(self, trainer: Trainer) -> Trainer:
+        secure = SecureTrainRound(self.options, self.hospitals, trainer.strategy.train_config,
+                                  reply_timeout=self.reply_timeout, min_hospitals=self.min_hospitals,
+                                  train_sizes=self.train_sizes)
+        return SecureTrainer(trainer.strategy, self.grid, secure)
+
+
+__all__ = ["SecAggOptions", "SecureAggregation", "SecureTrainRound", "SecureTrainer"]

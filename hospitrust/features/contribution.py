@@ -1,0 +1,59 @@
+"""Contribution scoring as a round feature: each hospital in the aggregate is told its weight with
+the evaluate message and reports the scalars of its contribution; the server scores them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Message
+
+from hospitrust.contribution.federation import ContributionTracker
+from hospitrust.features.base import Round, RoundFeature, RunFacts
+
+
+class ContributionScoring(RoundFeature):
+    """The ``contribution-scoring`` section (enabled).
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name.
+    """
+
+    name = "contribution"
+    overlaps_rounds = False  # it asks with the evaluation, which needs the round's aggregate first
+    order = 40
+
+    @classmethod
+    def for_run(cls, run: RunFacts) -> ContributionScoring | None:
+        return cls(run.hospitals) if run.cfg.contribution_scoring.enabled else None
+
+    def __init__(self, hospitals: Mapping[int, str]) -> None:
+        self.tracker = ContributionTracker(hospitals)
+        self.strategy: Any = None
+
+    def wrap_strategy(self, strategy: Any) -> Any:
+        self.strategy = strategy  # a rule with ``update_scores`` (contribution) gets the new totals
+        return strategy
+
+    def restore(self, checkpoint: Mapping[str, Any]) -> None:
+        self.tracker.restore(checkpoint["history"])  # a resumed run keeps its earlier rounds' scores
+
+    def on_evaluate(self, rnd: Round, messages: list[Message]) -> list[Message]:
+        assert rnd.result is not None
+        return self.tracker.ask(rnd.number, rnd.result, messages)
+
+    def record(self, rnd: Round) -> dict[str, Any]:
+        return {"contribution": self.tracker.score(rnd.number, rnd.evaluate_replies, self.strategy)}
+
+    def summary(self) -> dict[str, Any]:
+        return {"contribution": self.tracker.summary()}
+
+    def finish(self, run_dir: Path) -> None:
+        self.tracker.write(run_dir)
+
+
+__all__ = ["ContributionScoring"]
