@@ -206,7 +206,17 @@ def test_a_hospital_that_never_replies_is_recorded_missing(tmp_path, data_dir):
     run_dir, _ = _run(tmp_path, reply_filter=lambda i, incoming, reply: None if i == 2 and _is_train_reply(reply) else reply)
     for r in read_rounds(run_dir):
         assert r["missing"] == ["hospital-2"] and len(r["clients"]) == 2
+        assert r["unresponsive"] == ["hospital-2"]  # still online at the (in-process) SuperLink: unresponsive
     assert read_summary(run_dir)["participation"]["hospital-2"]["missing"] == 2
+    assert read_summary(run_dir)["participation"]["hospital-2"]["unresponsive"] == 2
+
+
+def test_a_hospital_that_never_answers_the_query_is_on_the_record_as_unresponsive(tmp_path, data_dir):
+    silent = lambda i, incoming, reply: None if i == 2 and str(reply.metadata.message_type) == "query" else reply  # noqa: E731
+    run_dir, _ = _run(tmp_path, reply_filter=silent)
+    (entry,) = json.loads((run_dir / "config.json").read_text())["failed-hospitals"]
+    assert entry["hospital"].startswith("node ") and entry["reason"].startswith("unresponsive: online at the SuperLink")
+    assert read_summary(run_dir)["failed_hospitals"] == [entry]
 
 
 def test_too_few_valid_replies_keep_the_previous_model(tmp_path, data_dir):
@@ -260,8 +270,8 @@ def test_a_hospital_offline_after_the_query_round_is_recorded_offline_and_not_as
         assert r["asked"] == 2 and r["missing"] == []
         assert sorted(c["hospital"] for c in r["clients"]) == ["hospital-0", "hospital-1"]
     parts = read_summary(tmp_path / "runs" / cfg["run-name"])["participation"]
-    assert parts["hospital-2"] == {"asked": 0, "valid": 0, "rejected": 0, "missing": 0, "offline": 2}
-    assert parts["hospital-0"] == {"asked": 2, "valid": 2, "rejected": 0, "missing": 0, "offline": 0}
+    assert parts["hospital-2"] == {"asked": 0, "valid": 0, "rejected": 0, "missing": 0, "unresponsive": 0, "offline": 2}
+    assert parts["hospital-0"] == {"asked": 2, "valid": 2, "rejected": 0, "missing": 0, "unresponsive": 0, "offline": 0}
 
 
 def test_near_duplicates_by_hand():
@@ -286,17 +296,18 @@ def test_participation_counts_every_way_a_hospital_can_miss_a_round():
     from hospitrust.server_app.records import absences, participation
 
     history = [
-        {"clients": [{"hospital": "a"}, {"hospital": "b", "rejected": True}], "missing": ["c"], "offline": []},
+        {"clients": [{"hospital": "a"}, {"hospital": "b", "rejected": True}], "missing": ["c"], "unresponsive": ["c"],
+         "offline": []},
         {"clients": [{"hospital": "a"}, {"hospital": "b"}], "missing": [], "offline": ["c"]},
         {"clients": [{"hospital": "a"}, {"hospital": "c"}], "missing": ["b"]},  # a record from before `offline`
     ]
     parts = participation(history)
     assert parts == {
-        "a": {"asked": 3, "valid": 3, "rejected": 0, "missing": 0, "offline": 0},
-        "b": {"asked": 3, "valid": 1, "rejected": 1, "missing": 1, "offline": 0},
-        "c": {"asked": 2, "valid": 1, "rejected": 0, "missing": 1, "offline": 1},
+        "a": {"asked": 3, "valid": 3, "rejected": 0, "missing": 0, "unresponsive": 0, "offline": 0},
+        "b": {"asked": 3, "valid": 1, "rejected": 1, "missing": 1, "unresponsive": 0, "offline": 0},
+        "c": {"asked": 2, "valid": 1, "rejected": 0, "missing": 1, "unresponsive": 1, "offline": 1},
     }
     assert absences(parts, 3).splitlines() == [
         "b: valid in 1 of 3 rounds (1 rejected, 1 silent, 0 offline)",
-        "c: valid in 1 of 3 rounds (0 rejected, 1 silent, 1 offline)",
+        "c: valid in 1 of 3 rounds (0 rejected, 1 silent (1 of them online: unresponsive), 1 offline)",
     ]

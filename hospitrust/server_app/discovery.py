@@ -68,8 +68,10 @@ def discover_hospitals(grid: Grid, cfg: RunConfig, task: Any = None,
     queries = [Message(content, dst_node_id=nid, message_type=MessageType.QUERY) for nid in nodes]
     hospitals: dict[int, str] = {}
     rows: list[dict[str, Any]] = []
+    replied: set[int] = set()
     for reply in exchange(grid, queries, cfg.reply_timeout):
         nid = int(reply.metadata.src_node_id)
+        replied.add(nid)
         if reply.has_error():
             name, why = failure_reason(reply.error.reason or "")
             log(WARNING, "hospitrust: %s could not join and is left out: %s", name or f"node {nid}", why)
@@ -86,26 +88,34 @@ def discover_hospitals(grid: Grid, cfg: RunConfig, task: Any = None,
             continue
         hospitals[nid] = name
         assert info is not None  # the name came from it
-        # the ClientApp's query reply (client_app.context): ints and lists of ints
-        rows.append(
-            {
-                "hospital": name,
-                "node_id": nid,
-                "partition_id": int(cast(int, info.get("partition-id", -1))),
-                "num_partitions": int(cast(int, info.get("num-partitions", -1))),
-                "train": [int(c) for c in cast(list[int], info.get("train-class-counts", []))],
-                "val": [int(c) for c in cast(list[int], info.get("val-class-counts", []))],
-                "device": str(info.get("device", "")),
-                "format": str(info.get("data-format", "")),
-                "card": {k: info[k] for k in ("images", "patients", "pixel-mean", "pixel-std", "skipped-files") if k in info},
-            }
-        )
+        rows.append(_query_row(name, nid, info))
+    # online at the SuperLink but silent for the whole reply-timeout: on the record, not just absent
+    for name in unresponsive_hospitals(0, grid, {nid: f"node {nid}" for nid in nodes if nid not in replied}):
+        if failed is not None:
+            failed.append({"node_id": int(name.split()[1]), "hospital": name, "reason": (
+                f"unresponsive: online at the SuperLink but did not answer the query within reply-timeout "
+                f"({cfg.reply_timeout:g} s)")})
     if len(hospitals) < cfg.min_hospitals:
         left_out = "".join(f"\n  {f['hospital']}: {f['reason']}" for f in (failed or []))
         raise RuntimeError(f"only {len(hospitals)} hospital(s) answered the query round; min-hospitals is "
                            f"{cfg.min_hospitals}" + (f"; left out:{left_out}" if left_out else ""))
     rows.sort(key=lambda r: (r["partition_id"], r["hospital"]))
     return hospitals, rows
+
+
+def _query_row(name: str, nid: int, info: Any) -> dict[str, Any]:
+    """A hospital's query reply (client_app.context: ints and lists of ints) as its class-count row."""
+    return {
+        "hospital": name,
+        "node_id": nid,
+        "partition_id": int(cast(int, info.get("partition-id", -1))),
+        "num_partitions": int(cast(int, info.get("num-partitions", -1))),
+        "train": [int(c) for c in cast(list[int], info.get("train-class-counts", []))],
+        "val": [int(c) for c in cast(list[int], info.get("val-class-counts", []))],
+        "device": str(info.get("device", "")),
+        "format": str(info.get("data-format", "")),
+        "card": {k: info[k] for k in ("images", "patients", "pixel-mean", "pixel-std", "skipped-files") if k in info},
+    }
 
 
 def format_class_counts(rows: list[dict[str, Any]], class_names: tuple[str, ...]) -> str:
@@ -121,6 +131,20 @@ def format_class_counts(rows: list[dict[str, Any]], class_names: tuple[str, ...]
     lines.append(f"{'total':<{width}} " + " ".join(f"{int(c):>10}" for c in totals)
                  + f" {sum(sum(r['train']) for r in rows):>7} {sum(sum(r['val']) for r in rows):>6}")
     return "\n".join(lines)
+
+
+def unresponsive_hospitals(rnd: int, grid: Grid, silent: dict[int, str]) -> list[str]:
+    """Of the hospitals asked and silent this round, those the SuperLink still lists online: alive to Flower
+    (heartbeats) but not answering, e.g. a SuperNode whose ClientApp launcher died. Said in the log.
+    """
+    if not silent:
+        return []
+    online = set(grid.get_node_ids())
+    out = sorted(name for nid, name in silent.items() if nid in online)
+    if out:
+        log(WARNING, "round %d: %s online at the SuperLink but did not answer within reply-timeout (unresponsive)",
+            rnd, ", ".join(out))
+    return out
 
 
 def offline_hospitals(rnd: int, grid: Grid, hospitals: dict[int, str]) -> list[str]:

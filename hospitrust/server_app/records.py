@@ -34,7 +34,7 @@ def participation(history: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
 
     def row(name: str) -> dict[str, int]:
-        return out.setdefault(name, {"asked": 0, "valid": 0, "rejected": 0, "missing": 0, "offline": 0})
+        return out.setdefault(name, {"asked": 0, "valid": 0, "rejected": 0, "missing": 0, "unresponsive": 0, "offline": 0})
 
     for rec in history:
         for b in rec.get("budget_spent", []):  # asked, refused: its own privacy budget (counted only when it happens)
@@ -48,6 +48,8 @@ def participation(history: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
         for name in rec.get("missing", []):
             row(name)["asked"] += 1
             row(name)["missing"] += 1
+        for name in rec.get("unresponsive", []):  # missing, and still online at the SuperLink
+            row(name)["unresponsive"] += 1
         for name in rec.get("offline", []):
             row(name)["offline"] += 1
     return dict(sorted(out.items()))
@@ -55,7 +57,8 @@ def participation(history: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
 
 def absences(parts: dict[str, dict[str, int]], rounds: int) -> str:
     """One line per hospital that missed rounds, for the end-of-run log ('' if none did)."""
-    lines = [f"{name}: valid in {p['valid']} of {rounds} rounds ({p['rejected']} rejected, {p['missing']} silent, "
+    lines = [f"{name}: valid in {p['valid']} of {rounds} rounds ({p['rejected']} rejected, {p['missing']} silent"
+             + (f" ({p['unresponsive']} of them online: unresponsive)" if p.get("unresponsive") else "") + f", "
              f"{p['offline']} offline" + (", its privacy budget spent" if p.get("budget_spent") else "") + ")"
              for name, p in parts.items() if p["valid"] < rounds]
     return "\n".join(lines)

@@ -193,6 +193,21 @@ def cmd_status(args) -> int:
     return 0 if status == COMPLETED else 1
 
 
+def cmd_run(args) -> int:
+    import tempfile
+
+    from hospitrust.ops.deploy.runner import RunSupervisor
+
+    with tempfile.TemporaryDirectory(prefix="hospitrust-run-") as work:
+        supervisor = RunSupervisor(Path(args.app), args.connection, args.run_config, work=Path(work),
+                                   record=Path(args.record) if args.record else Path.cwd() / "attempts.jsonl",
+                                   attempts=args.attempts, poll=args.poll, unreachable_timeout=args.unreachable_timeout,
+                                   say=lambda line: print(line, flush=True))
+        if not args.record:
+            supervisor.record = Path.cwd() / f"{supervisor.name}.attempts.jsonl"
+        return supervisor.run()
+
+
 def cmd_supernode(args) -> int:
     if (args.data_path is None) == (args.partition is None):
         raise DeployError("give either --data-path (this hospital's images) or --partition I/N (a rehearsal hospital "
@@ -387,6 +402,21 @@ def add_deploy_parser(sub) -> None:
     p.add_argument("--wait", action="store_true", help="wait until the run has finished")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait (default 3600)")
     p.set_defaults(func=cmd_status)
+
+    p = dsub.add_parser("run", help="operator: submit a run and resume it by itself after a SuperLink or ServerApp crash",
+                        description="Submits APP with --run-config through the connection, watches its status, and when "
+                                    "it ends finished:failed (a crash) resubmits it with resume-from set to its run "
+                                    "directory (output-dir/run-name, both required in --run-config). Exit 0 only when "
+                                    "the run completed. Every attempt is appended to --record.")
+    p.add_argument("app", nargs="?", default=".", help="the Flower app folder (default .)")
+    p.add_argument("--connection", required=True, help="flwr connection name (see `deploy connection`)")
+    p.add_argument("--run-config", required=True, help="the run config; must set run-name and an absolute output-dir")
+    p.add_argument("--attempts", type=int, default=5, help="submissions at most, the first included (default 5)")
+    p.add_argument("--record", help="the attempts' record, JSON lines (default ./RUN-NAME.attempts.jsonl)")
+    p.add_argument("--poll", type=float, default=5.0, help="seconds between status checks (default 5)")
+    p.add_argument("--unreachable-timeout", type=float, default=3600.0,
+                   help="seconds to wait for a SuperLink that does not answer before giving up (default 3600)")
+    p.set_defaults(func=cmd_run)
 
     p = dsub.add_parser("supernode", help="hospital: check the data, then start flower-supernode")
     p.add_argument("--superlink", required=True, metavar="HOST:PORT")
