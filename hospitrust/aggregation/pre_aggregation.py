@@ -1,10 +1,10 @@
-"""Pre-aggregation steps that compose with any rule: NNM, ARC, bucketing and static clipping.
+r"""Pre-aggregation steps that compose with any rule: NNM, ARC, bucketing and static clipping.
 
 Each step maps the stacked updates ``x`` ``(n, d)`` to a new stack ``y = M x`` ``(n', d)`` with a
 mixing matrix ``M`` ``(n', n)`` that depends on ``x`` only through its Gram matrix
-:math:`G = X X^\\top` (the norms and distances of the rows). So a chain of steps needs one pass
+:math:`G = X X^\top` (the norms and distances of the rows). So a chain of steps needs one pass
 over the data for ``G``, the small ``(n, n)`` algebra of every step (the Gram matrix of a step's
-output is :math:`M G M^\\top`), and one product ``M_k \\cdots M_1 x`` at the end: :func:`chain`.
+output is :math:`M G M^\top`), and one product ``M_k \cdots M_1 x`` at the end: :func:`chain`.
 
 Every step returns its :class:`StepRecord`: which input rows each output row mixes (NNM's
 neighbours, the buckets), the scale each input row got (ARC's and static clipping's factors)

@@ -168,12 +168,12 @@ def monna(x: torch.Tensor, f: int, trusted_index: int = 0) -> tuple[torch.Tensor
 
 
 def _top_eigen(h: torch.Tensor, c: torch.Tensor) -> tuple[float, torch.Tensor]:
-    """Largest eigenvalue of the weighted covariance and every row's projection on its eigenvector.
+    r"""Largest eigenvalue of the weighted covariance and every row's projection on its eigenvector.
 
     ``h`` is the Gram matrix of the rows centred on the weighted mean, ``c`` the weights: the
-    covariance :math:`\\Sigma = \\sum_i c_i u_i u_i^\\top / \\sum c` shares its non-zero spectrum
-    with :math:`D^{1/2} H D^{1/2} / \\sum c`; for its eigenvector :math:`a`,
-    :math:`v \\propto \\sum_j \\sqrt{c_j} a_j u_j` and :math:`u_i \\cdot v = (H D^{1/2} a)_i / \\sqrt{\\lambda \\sum c}`.
+    covariance :math:`\Sigma = \sum_i c_i u_i u_i^\top / \sum c` shares its non-zero spectrum
+    with :math:`D^{1/2} H D^{1/2} / \sum c`; for its eigenvector :math:`a`,
+    :math:`v \propto \sum_j \sqrt{c_j} a_j u_j` and :math:`u_i \cdot v = (H D^{1/2} a)_i / \sqrt{\lambda \sum c}`.
     """
     total = float(c.sum())
     root = c.clamp_min(0.0).sqrt()

@@ -1,4 +1,4 @@
-"""Attacks whose strength is searched against the aggregation rule in use.
+r"""Attacks whose strength is searched against the aggregation rule in use.
 
 * :func:`tailored_alie`, :func:`tailored_ipm`: ALIE's z or IPM's epsilon chosen, per round, to
   maximise the distance between the rule's output (with the malicious rows in) and the honest
@@ -6,7 +6,7 @@
   search of ByzFL's ``Optimal_ALittleIsEnough`` / ``Optimal_InnerProductManipulation``);
 * :func:`agr_tailored_selection`, :func:`agr_tailored_distance` and their wrappers for Krum,
   Multi-Krum, Bulyan, trimmed mean and median: Shejwalkar and Houmansadr's AGR-tailored attacks
-  (NDSS 2021), :math:`\\bar u + \\gamma p` with the largest :math:`\\gamma` their halving search finds.
+  (NDSS 2021), :math:`\bar u + \gamma p` with the largest :math:`\gamma` their halving search finds.
 
 The rule is any callable from an ``(n, d)`` stack to a ``(d,)`` aggregate (see
 :func:`with_pre_aggregation` for a pre-aggregation chain in front of it). The malicious rows are
@@ -202,7 +202,8 @@ def tailored_ipm(honest: torch.Tensor, rule: Rule, num_malicious: int, *, start:
 def _halving_search(success: Callable[[float], bool], gamma_init: float, tol: float, max_iter: int = 200) -> float:
     """Shejwalkar and Houmansadr's search (NDSS 2021, Algorithm 1): from ``gamma_init``, step up by
     half the last step on success, down on failure, the step halving each time; the last
-    successful gamma (0 if none)."""
+    successful gamma (0 if none).
+    """
     gamma, step, best = gamma_init, gamma_init, 0.0
     for _ in range(max_iter):
         if abs(best - gamma) <= tol:
