@@ -97,8 +97,10 @@ def dnc(x: torch.Tensor, f: int, *, sub_dim: int = 10_000, iters: int = 1, filte
         r = random_coordinates(d, sub_dim, generator).to(x.device)
         sub = x.index_select(1, r).double().cpu()
         centred = sub - sub.mean(0)
-        v = torch.linalg.svd(centred, full_matrices=False).Vh[0]
-        scores = (centred @ v).square()
+        # (c_i . v)^2 for the top right singular vector v of C is lambda a_i^2, (lambda, a) the top
+        # eigenpair of C C^T: an (n, n) problem instead of an SVD of the (n, b) block
+        vals, vecs = torch.linalg.eigh(centred @ centred.T)
+        scores = vals[-1].clamp_min(0.0) * vecs[:, -1].square()
         keep = torch.zeros(n, dtype=torch.bool)
         keep[torch.sort(scores, stable=True).indices[: n - removed]] = True
         good &= keep
