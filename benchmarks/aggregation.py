@@ -9,7 +9,7 @@ on the same data:
   (trimmed mean 2f < n, Krum and Multi-Krum n >= 2f + 3, Bulyan n >= 4f + 3), the others
   once per n;
 * the field's defences (issue 34): the pre-aggregation steps alone (their output is an
-  ``(n', d)`` stack) and the chain ``arc+nnm``, and the rules FLAME, FoolsGold (with a fixed
+  ``(n', d)`` stack, written into a reused buffer as a round loop would) and the chain ``arc+nnm``, and the rules FLAME, FoolsGold (with a fixed
   history, writing the new one into a reused buffer), DnC, SignGuard, clipped clustering, MDA,
   SMEA, MoNNA and CAF (``FIELD_F_RULES`` at every f they admit; MDA and SMEA only where
   C(n, f) <= ``MAX_SUBSETS``);
@@ -119,10 +119,11 @@ def field_f_rule(name: str, x: torch.Tensor, f: int):
     callable
         Without arguments; deterministic (the random rules get a fresh seeded generator).
     """
-    return {"nnm": lambda: pre.nnm(x, f)[0],
-            "arc": lambda: pre.arc(x, f)[0],
+    out = torch.empty_like(x)  # the pre-aggregation steps write their stack into a reused buffer
+    return {"nnm": lambda: pre.nnm(x, f, out=out)[0],
+            "arc": lambda: pre.arc(x, f, out=out)[0],
             "arc+nnm": lambda: pre.chain(x, [functools.partial(pre.arc_mixing, f=f),
-                                             functools.partial(pre.nnm_mixing, f=f)])[0],
+                                             functools.partial(pre.nnm_mixing, f=f)], out=out)[0],
             "dnc": lambda: agg.dnc(x, f, generator=torch.Generator().manual_seed(0))[0],
             "mda": lambda: agg.mda(x, f)[0],
             "smea": lambda: agg.smea(x, f)[0],
@@ -140,7 +141,8 @@ def field_rule(name: str, x: torch.Tensor, buffers: dict):
     x : torch.Tensor
         Stacked updates.
     buffers : dict
-        FoolsGold's fixed history and the buffer its new history is written to (made on first use).
+        Reused buffers (made on first use): FoolsGold's fixed history, and the ``(n, d)`` buffer
+        FoolsGold's new history and the pre-aggregation steps' stacks are written to.
 
     Returns
     -------
@@ -150,10 +152,14 @@ def field_rule(name: str, x: torch.Tensor, buffers: dict):
     if name == "foolsgold":
         if "history" not in buffers:
             buffers["history"] = x * 0.5
-            buffers["out"] = torch.empty_like(x)
+        buffers.setdefault("out", torch.empty_like(x))
         return lambda: agg.foolsgold(x, buffers["history"], out=buffers["out"])[0]
-    return {"static_clipping": lambda: pre.static_clipping(x, 1.0)[0],
-            "bucketing": lambda: pre.bucketing(x, 2, generator=torch.Generator().manual_seed(0))[0],
+    if "out" not in buffers:
+        buffers["out"] = torch.empty_like(x)
+    out = buffers["out"]
+    return {"static_clipping": lambda: pre.static_clipping(x, 1.0, out=out)[0],
+            "bucketing": lambda: pre.bucketing(x, 2, generator=torch.Generator().manual_seed(0),
+                                               out=out[: -(-x.shape[0] // 2)])[0],
             "flame": lambda: agg.flame(x, generator=torch.Generator().manual_seed(0))[0],
             "signguard": lambda: agg.signguard(x, generator=torch.Generator().manual_seed(0))[0],
             "clipped_clustering": lambda: agg.clipped_clustering(x)[0]}[name]

@@ -72,6 +72,11 @@ def test_chain_is_the_steps_in_order_and_origin_traces_the_hospitals():
     assert [r.step for r in recs] == ["arc", "nnm", "bucketing"] and y.shape == (5, 6)
     close(P.origin(recs) @ x, y, atol=1e-10)
     assert P.chain(x, [])[0] is x
+    buf = torch.empty_like(y)
+    assert P.chain(x, steps, out=buf)[0] is buf and P.nnm(x, 2, out=torch.empty_like(x))[0].shape == x.shape
+    close(buf, y, atol=1e-10)
+    with pytest.raises(ValueError, match="out must have shape"):
+        P.arc(x, 2, out=buf)
     with pytest.raises(ValueError, match="f < n"):
         P.nnm(x, 9)
 

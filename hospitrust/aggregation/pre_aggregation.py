@@ -245,20 +245,29 @@ def bucketing_mixing(g: torch.Tensor, bucket_size: int, generator: torch.Generat
     return m, StepRecord("bucketing", m, buckets, torch.ones(n, dtype=torch.float64), None, {"permutation": perm})
 
 
-def _apply(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """``M @ x`` in ``x``'s dtype; a diagonal ``M`` scales the rows (one read, one write)."""
+def _apply(x: torch.Tensor, m: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``M @ x`` in ``x``'s dtype (into ``out`` when given); a diagonal ``M`` scales the rows (one
+    read, one write). Writing a fresh ``(n', d)`` tensor is dominated by page-faulting new memory
+    for large models: pass a reusable ``out``.
+    """
+    if out is not None and (tuple(out.shape) != (m.shape[0], x.shape[1]) or out.dtype != x.dtype or out.device != x.device):
+        raise ValueError(f"out must have shape ({m.shape[0]}, {x.shape[1]}), dtype {x.dtype} and device {x.device}; "
+                         f"got {tuple(out.shape)}, {out.dtype}, {out.device}")
     if m.shape[0] == m.shape[1] and bool((m == torch.diag(torch.diagonal(m))).all()):
-        return x * torch.diagonal(m).to(dtype=x.dtype, device=x.device)[:, None]
-    return m.to(dtype=x.dtype, device=x.device) @ x
+        scale = torch.diagonal(m).to(dtype=x.dtype, device=x.device)[:, None]
+        return x * scale if out is None else torch.mul(x, scale, out=out)
+    w = m.to(dtype=x.dtype, device=x.device)
+    return w @ x if out is None else torch.mm(w, x, out=out)
 
 
-def _one(x: torch.Tensor, mixing: Callable[[torch.Tensor], tuple[torch.Tensor, StepRecord]]) -> tuple[torch.Tensor, StepRecord]:
+def _one(x: torch.Tensor, mixing: Callable[[torch.Tensor], tuple[torch.Tensor, StepRecord]],
+         out: torch.Tensor | None) -> tuple[torch.Tensor, StepRecord]:
     check_updates(x)
     m, rec = mixing(gram(x))
-    return _apply(x, m), rec
+    return _apply(x, m, out), rec
 
 
-def nnm(x: torch.Tensor, f: int) -> tuple[torch.Tensor, StepRecord]:
+def nnm(x: torch.Tensor, f: int, out: torch.Tensor | None = None) -> tuple[torch.Tensor, StepRecord]:
     r"""Nearest-neighbour mixing (NNM): every update replaced by the mean of its ``n - f``
     nearest updates (itself included).
 
@@ -276,16 +285,19 @@ def nnm(x: torch.Tensor, f: int) -> tuple[torch.Tensor, StepRecord]:
         Stacked updates ``(n, d)``.
     f : int
         Assumed number of Byzantine updates, ``0 <= f < n``.
+    out : torch.Tensor or None
+        Where the ``(n', d)`` result goes (a reusable buffer: a fresh tensor of a large model costs
+        more to page in than to compute); None: a new tensor.
 
     Returns
     -------
     tuple of torch.Tensor and StepRecord
         The mixed ``(n, d)`` stack and the record (``members[i]``: hospital ``i``'s neighbours).
     """
-    return _one(x, lambda g: nnm_mixing(g, f))
+    return _one(x, lambda g: nnm_mixing(g, f), out)
 
 
-def arc(x: torch.Tensor, f: int) -> tuple[torch.Tensor, StepRecord]:
+def arc(x: torch.Tensor, f: int, out: torch.Tensor | None = None) -> tuple[torch.Tensor, StepRecord]:
     r"""Adaptive robust clipping (ARC): the :math:`k = \lfloor 2f(n-f)/n \rfloor` largest updates
     are clipped to the norm of the :math:`(k+1)`-th largest.
 
@@ -302,16 +314,19 @@ def arc(x: torch.Tensor, f: int) -> tuple[torch.Tensor, StepRecord]:
         Stacked updates ``(n, d)``.
     f : int
         Assumed number of Byzantine updates, ``0 <= f <= n``.
+    out : torch.Tensor or None
+        Where the ``(n', d)`` result goes (a reusable buffer: a fresh tensor of a large model costs
+        more to page in than to compute); None: a new tensor.
 
     Returns
     -------
     tuple of torch.Tensor and StepRecord
         The clipped ``(n, d)`` stack and the record (``clipped``, ``factors``, ``threshold``).
     """
-    return _one(x, lambda g: arc_mixing(g, f))
+    return _one(x, lambda g: arc_mixing(g, f), out)
 
 
-def static_clipping(x: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, StepRecord]:
+def static_clipping(x: torch.Tensor, max_norm: float, out: torch.Tensor | None = None) -> tuple[torch.Tensor, StepRecord]:
     r"""Static clipping: :math:`y_i = \min(1, C / \lVert x_i\rVert) x_i` (ByzFL ``Clipping``; the
     clipping of :func:`~hospitrust.aggregation.clip_rows` with a record).
 
@@ -321,17 +336,21 @@ def static_clipping(x: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, Ste
         Stacked updates ``(n, d)``.
     max_norm : float
         The bound :math:`C > 0`.
+    out : torch.Tensor or None
+        Where the ``(n', d)`` result goes (a reusable buffer: a fresh tensor of a large model costs
+        more to page in than to compute); None: a new tensor.
 
     Returns
     -------
     tuple of torch.Tensor and StepRecord
         The clipped ``(n, d)`` stack and the record.
     """
-    return _one(x, lambda g: static_clipping_mixing(g, max_norm))
+    return _one(x, lambda g: static_clipping_mixing(g, max_norm), out)
 
 
 def bucketing(x: torch.Tensor, bucket_size: int, generator: torch.Generator | None = None,
-              permutation: Sequence[int] | torch.Tensor | None = None) -> tuple[torch.Tensor, StepRecord]:
+              permutation: Sequence[int] | torch.Tensor | None = None, out: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, StepRecord]:
     r"""Bucketing: the updates in a random order, averaged in buckets of ``bucket_size``.
 
     .. math:: y_b = \frac{1}{|B_b|} \sum_{i \in B_b} x_{i},\qquad
@@ -350,6 +369,9 @@ def bucketing(x: torch.Tensor, bucket_size: int, generator: torch.Generator | No
         Draws the order; None: the global generator.
     permutation : sequence of int or None
         The order itself (overrides ``generator``).
+    out : torch.Tensor or None
+        Where the ``(n', d)`` result goes (a reusable buffer: a fresh tensor of a large model costs
+        more to page in than to compute); None: a new tensor.
 
     Returns
     -------
@@ -359,11 +381,11 @@ def bucketing(x: torch.Tensor, bucket_size: int, generator: torch.Generator | No
     check_updates(x)
     m, rec = bucketing_mixing(torch.zeros(x.shape[0], x.shape[0], dtype=torch.float64), bucket_size, generator,
                               permutation)
-    return _apply(x, m), rec
+    return _apply(x, m, out), rec
 
 
-def chain(x: torch.Tensor, steps: Sequence[Callable[[torch.Tensor], tuple[torch.Tensor, StepRecord]]]
-          ) -> tuple[torch.Tensor, list[StepRecord]]:
+def chain(x: torch.Tensor, steps: Sequence[Callable[[torch.Tensor], tuple[torch.Tensor, StepRecord]]],
+          out: torch.Tensor | None = None) -> tuple[torch.Tensor, list[StepRecord]]:
     r"""Apply pre-aggregation steps in order: :math:`y = M_k \cdots M_1 x`.
 
     Each step is a ``*_mixing`` function with its options bound (``functools.partial(nnm_mixing,
@@ -377,6 +399,9 @@ def chain(x: torch.Tensor, steps: Sequence[Callable[[torch.Tensor], tuple[torch.
         Stacked updates ``(n, d)``.
     steps : sequence of callables
         ``gram -> (mixing, StepRecord)``; empty: ``x`` unchanged.
+    out : torch.Tensor or None
+        Where the ``(n', d)`` result goes (a reusable buffer: a fresh tensor of a large model costs
+        more to page in than to compute); None: a new tensor.
 
     Returns
     -------
@@ -397,7 +422,7 @@ def chain(x: torch.Tensor, steps: Sequence[Callable[[torch.Tensor], tuple[torch.
         g = m @ g @ m.T
         total = m @ total
         records.append(rec)
-    return _apply(x, total), records
+    return _apply(x, total, out), records
 
 
 def origin(records: Sequence[StepRecord]) -> torch.Tensor:
