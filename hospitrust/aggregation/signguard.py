@@ -5,11 +5,35 @@ from __future__ import annotations
 import torch
 
 from ._validation import check_updates
-from .dnc import random_coordinates
 from .kernels import weighted_row_sum
 from .records import RuleRecord
 
-__all__ = ["sign_statistics", "largest_sign_cluster", "signguard"]
+__all__ = ["random_share", "sign_statistics", "largest_sign_cluster", "signguard"]
+
+
+def random_share(d: int, fraction: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Each of the ``d`` coordinates kept independently with probability ``fraction`` (at least one).
+
+    A uniform random subset whose size is binomial around ``fraction * d``: one uniform draw per
+    coordinate, where drawing an exact count of a tenth of 11 million coordinates without
+    repeats cost 0.5 s on 2 cores.
+
+    Parameters
+    ----------
+    d : int
+        Number of coordinates.
+    fraction : float
+        Probability of keeping a coordinate, in (0, 1].
+    generator : torch.Generator or None
+        The random source; None: the global generator.
+
+    Returns
+    -------
+    torch.Tensor
+        int64 sorted indices on the CPU.
+    """
+    keep = torch.nonzero(torch.rand(d, generator=generator) < fraction).flatten()
+    return keep if keep.numel() else torch.randint(d, (1,), generator=generator)
 
 
 def sign_statistics(x: torch.Tensor, coordinates: torch.Tensor | None = None) -> torch.Tensor:
@@ -86,7 +110,7 @@ def signguard(x: torch.Tensor, *, lower: float = 0.1, upper: float = 3.0, coordi
         \quad S = S_1 \cap S_2
 
     with :math:`p^\pm_i, p^0_i` the shares of positive, zero and negative entries of :math:`g_i` on
-    a random ``coordinate_fraction`` of the coordinates. Xu, Huang, Wang, Lin, Wu, "SignGuard:
+    a random ``coordinate_fraction`` of the coordinates (:func:`random_share`). Xu, Huang, Wang, Lin, Wu, "SignGuard:
     Byzantine-robust Federated Learning through Collaborative Malicious Gradient Filtering",
     ICDCS 2022 (the plain variant; L = 0.1, R = 3.0, mean-shift clustering). If ``S`` is empty the
     norm filter's set is used (the median-norm update is always in it).
@@ -123,7 +147,7 @@ def signguard(x: torch.Tensor, *, lower: float = 0.1, upper: float = 3.0, coordi
     med = float(torch.quantile(norms, 0.5))
     ratio = norms / med if med > 0 else torch.ones_like(norms)
     norm_ok = (ratio >= lower) & (ratio <= upper)
-    coords = None if coordinate_fraction >= 1.0 else random_coordinates(d, max(1, int(coordinate_fraction * d)), generator)
+    coords = None if coordinate_fraction >= 1.0 else random_share(d, coordinate_fraction, generator)
     feats = sign_statistics(x, coords)
     cluster, labels = largest_sign_cluster(feats, bandwidth_quantile)
     selected = norm_ok & cluster
