@@ -201,6 +201,8 @@ def caf(x: torch.Tensor, f: int) -> tuple[torch.Tensor, RuleRecord]:
     from a random vector, exact only in one dimension (where the test against ByzFL runs).
     Edge cases ByzFL leaves open: f = 0 (the loop never runs; ByzFL returns None) gives the
     mean, and a covariance of zero (all updates equal along every direction) stops with its mean.
+    As in ByzFL the largest :math:`\tau_j` runs over every update, weight 0 included: once far
+    outliers are at 0 the others shrink slowly (thousands of iterations, all on ``(n, n)`` numbers).
 
     Parameters
     ----------
