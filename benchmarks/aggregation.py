@@ -8,6 +8,11 @@ on the same data:
   an f (trimmed mean, Krum, Multi-Krum, Bulyan) at every f given that the rule admits
   (trimmed mean 2f < n, Krum and Multi-Krum n >= 2f + 3, Bulyan n >= 4f + 3), the others
   once per n;
+* the field's defences (issue 34): the pre-aggregation steps alone (their output is an
+  ``(n', d)`` stack, written into a reused buffer as a round loop would) and the chain ``arc+nnm``, and the rules FLAME, FoolsGold (with a fixed
+  history, writing the new one into a reused buffer), DnC, SignGuard, clipped clustering, MDA,
+  SMEA, MoNNA and CAF (``FIELD_F_RULES`` at every f they admit; MDA and SMEA only where
+  C(n, f) <= ``MAX_SUBSETS``);
 * a one-pass read of the stacked updates, ``x.sum(0)``, timed right before every call of a
   rule, so that each ratio compares two runs made under the same machine load (other
   processes may share the cores);
@@ -38,10 +43,15 @@ import statistics
 import sys
 import time
 
+import functools
+import math
+
 import numpy as np
 import torch
 
 from hospitrust import aggregation as agg
+from hospitrust.aggregation import pre_aggregation as pre
+from hospitrust.aggregation.subset_rules import MAX_SUBSETS
 
 # Layer shapes: a small CNN (~0.2M) and CIFAR ResNet-18 (11.17M float params).
 SMALL_CNN = [(32, 3, 3, 3), (32,), (64, 32, 3, 3), (64,), (128, 64, 3, 3), (128,),
@@ -75,6 +85,84 @@ F_RULES = {
     "multi_krum": lambda n, f: n >= 2 * f + 3,
     "bulyan": lambda n, f: n >= 4 * f + 3,
 }
+
+
+#: The field's defences (issue 34) that take f, with the condition on (n, f) under which they run.
+FIELD_F_RULES = {
+    "nnm": lambda n, f: f < n,
+    "arc": lambda n, f: f <= n,
+    "arc+nnm": lambda n, f: f < n,
+    "dnc": lambda n, f: f < n,
+    "mda": lambda n, f: 2 * f < n and math.comb(n, f) <= MAX_SUBSETS,
+    "smea": lambda n, f: 2 * f < n and math.comb(n, f) <= MAX_SUBSETS,
+    "monna": lambda n, f: 2 * f < n,
+    "caf": lambda n, f: 2 * f < n,
+}
+#: The field's defences without f (measured once per n).
+FIELD_RULES = ["static_clipping", "bucketing", "flame", "foolsgold", "signguard", "clipped_clustering"]
+
+
+def field_f_rule(name: str, x: torch.Tensor, f: int):
+    """The call of a field rule that takes f, returning its ``(d,)`` aggregate or ``(n', d)`` stack.
+
+    Parameters
+    ----------
+    name : str
+        Key of ``FIELD_F_RULES``.
+    x : torch.Tensor
+        Stacked updates.
+    f : int
+        Byzantine count.
+
+    Returns
+    -------
+    callable
+        Without arguments; deterministic (the random rules get a fresh seeded generator).
+    """
+    out = torch.empty_like(x)  # the pre-aggregation steps write their stack into a reused buffer
+    return {"nnm": lambda: pre.nnm(x, f, out=out)[0],
+            "arc": lambda: pre.arc(x, f, out=out)[0],
+            "arc+nnm": lambda: pre.chain(x, [functools.partial(pre.arc_mixing, f=f),
+                                             functools.partial(pre.nnm_mixing, f=f)], out=out)[0],
+            "dnc": lambda: agg.dnc(x, f, generator=torch.Generator().manual_seed(0))[0],
+            "mda": lambda: agg.mda(x, f)[0],
+            "smea": lambda: agg.smea(x, f)[0],
+            "monna": lambda: agg.monna(x, f)[0],
+            "caf": lambda: agg.caf(x, f)[0]}[name]
+
+
+def field_rule(name: str, x: torch.Tensor, buffers: dict):
+    """The call of a field rule without f (see :func:`field_f_rule`).
+
+    Parameters
+    ----------
+    name : str
+        One of ``FIELD_RULES``.
+    x : torch.Tensor
+        Stacked updates.
+    buffers : dict
+        Reused buffers (made on first use): FoolsGold's fixed history, and the ``(n, d)`` buffer
+        FoolsGold's new history and the pre-aggregation steps' stacks are written to.
+
+    Returns
+    -------
+    callable
+        Without arguments.
+    """
+    if name == "foolsgold":
+        if "history" not in buffers:
+            buffers["history"] = x * 0.5
+        buffers.setdefault("out", torch.empty_like(x))
+        return lambda: agg.foolsgold(x, buffers["history"], out=buffers["out"])[0]
+    if "out" not in buffers:
+        buffers["out"] = torch.empty_like(x)
+    out = buffers["out"]
+    return {"static_clipping": lambda: pre.static_clipping(x, 1.0, out=out)[0],
+            "bucketing": lambda: pre.bucketing(x, 2, generator=torch.Generator().manual_seed(0),
+                                               out=out[: -(-x.shape[0] // 2)])[0],
+            "flame": lambda: agg.flame(x, generator=torch.Generator().manual_seed(0))[0],
+            "signguard": lambda: agg.signguard(x, generator=torch.Generator().manual_seed(0))[0],
+            "clipped_clustering": lambda: agg.clipped_clustering(x)[0]}[name]
 
 
 def f_values(spec: str, n: int) -> list[int]:
@@ -273,7 +361,7 @@ def run(size: str, n: int, fs: list[int], repeats: int, flower: bool, seed: int,
     server = (x[min(1, n - 1):].mean(0) + noise.to(device))
     once = True
     for f in fs:
-        if not any(ok(n, f) for ok in F_RULES.values()):
+        if not any(ok(n, f) for ok in (*F_RULES.values(), *FIELD_F_RULES.values())):
             continue
         x[:f] += 5.0  # f "attackers" far away
         fl = flower_baselines(_layers(x, shapes, numels), n, f) if flower and device.type == "cpu" else {}
@@ -286,12 +374,20 @@ def run(size: str, n: int, fs: list[int], repeats: int, flower: bool, seed: int,
             measure("centered_clipping_3", None, lambda: agg.centered_clipping(x, center, 1.0, iters=3))
             measure("norm_clip", None, lambda: agg.norm_clip(x, 1.0))
             measure("fltrust", None, lambda: agg.fltrust(x, server))
+            buffers: dict = {}
+            for name in FIELD_RULES:
+                if rules_filter is None or name in rules_filter:
+                    measure(name, None, field_rule(name, x, buffers))
+            buffers.clear()
         for name, ok in F_RULES.items():
             if not ok(n, f):
                 continue
             fn = {"trimmed_mean": lambda: agg.trimmed_mean(x, f), "krum": lambda: agg.krum(x, f),
                   "multi_krum": lambda: agg.multi_krum(x, f), "bulyan": lambda: agg.bulyan(x, f)}[name]
             measure(name, f, fn, fl.get(name))
+        for name, ok in FIELD_F_RULES.items():
+            if ok(n, f) and (rules_filter is None or name in rules_filter):
+                measure(name, f, field_f_rule(name, x, f))
         x[:f] -= 5.0
     return records
 

@@ -57,3 +57,17 @@ __all__ += [
     "fedagain_divergence", "fedagain_trust", "hta_signals", "excused_direction", "hta_fusion", "reputation_update", "mad_exclusion",
     "hta_weights", "median_norm_clip", "plausible_median_norm", "earn",
 ]
+
+# the field's defences (issue 34): the math only; not yet selectable in a run (the wiring comes with
+# the round-features redesign)
+from . import pre_aggregation  # noqa: E402
+from .clipped_clustering import clipped_clustering  # noqa: E402
+from .dnc import dnc  # noqa: E402
+from .flame import flame  # noqa: E402
+from .foolsgold import foolsgold  # noqa: E402
+from .records import RuleRecord  # noqa: E402
+from .signguard import signguard  # noqa: E402
+from .subset_rules import caf, mda, monna, smea  # noqa: E402
+
+__all__ += ["pre_aggregation", "RuleRecord", "flame", "foolsgold", "dnc", "signguard", "clipped_clustering", "mda", "smea",
+            "monna", "caf"]

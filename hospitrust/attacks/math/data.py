@@ -236,6 +236,86 @@ def backdoor(
     return out_images, out_labels, mask
 
 
+def dba_part_slices(h: int, w: int, part: int, parts: int, patch_size: int = 3,
+                    position: str | tuple[int, int] = "bottom-right") -> tuple[slice, slice]:
+    """Rows and columns of part ``part`` of ``parts`` of the square trigger: the trigger's rows cut
+    into ``parts`` horizontal stripes, ``[floor(i s / k), floor((i + 1) s / k))`` of its ``s``
+    rows. The stripes are disjoint and together are the whole trigger (:func:`apply_trigger`).
+
+    Parameters
+    ----------
+    h : int
+        Image height.
+    w : int
+        Image width.
+    part : int
+        ``i`` in ``[0, parts)``: which colluding hospital.
+    parts : int
+        ``k``, the colluding hospitals, ``1 <= k <= patch_size``.
+    patch_size : int
+        The whole trigger's side ``s``.
+    position : str or tuple of int
+        Where the whole trigger sits (as :func:`apply_trigger`).
+
+    Returns
+    -------
+    tuple of slice
+        ``(rows, cols)`` of the part.
+    """
+    rows, cols = _patch_slices(h, w, patch_size, position)
+    if isinstance(parts, bool) or int(parts) != parts or not 1 <= int(parts) <= int(patch_size):
+        raise ValueError(f"parts must be an integer in [1, patch_size={patch_size}], got {parts!r}")
+    if isinstance(part, bool) or int(part) != part or not 0 <= int(part) < int(parts):
+        raise ValueError(f"part must be an integer in [0, {parts}), got {part!r}")
+    s, k, i = int(patch_size), int(parts), int(part)
+    return slice(rows.start + (i * s) // k, rows.start + ((i + 1) * s) // k), cols
+
+
+def dba_trigger(
+    images,
+    part: int,
+    parts: int,
+    patch_size: int = 3,
+    patch_value: int = 255,
+    position: str | tuple[int, int] = "bottom-right",
+) -> np.ndarray:
+    """Distributed backdoor attack (DBA): hospital ``part`` of ``parts`` colluders stamps only its
+    stripe of the trigger (:func:`dba_part_slices`) on its poisoned images; the test set gets the
+    whole trigger (:func:`apply_trigger`), which no single hospital trained on.
+
+    Xie, Huang, Chen, Li, "DBA: Distributed Backdoor Attacks against Federated Learning", ICLR
+    2020. The paper splits its global trigger into local patterns (four bars); here the square
+    trigger of the existing backdoor is split into horizontal stripes so the two attacks share
+    one test trigger.
+
+    Parameters
+    ----------
+    images : numpy.ndarray
+        uint8 ``(N, H, W, C)``.
+    part : int
+        This hospital's part, in ``[0, parts)``.
+    parts : int
+        The colluding hospitals, ``1 <= parts <= patch_size``.
+    patch_size : int
+        The whole trigger's side.
+    patch_value : int
+        The trigger's value in [0, 255].
+    position : str or tuple of int
+        Where the whole trigger sits.
+
+    Returns
+    -------
+    numpy.ndarray
+        A copy of ``images`` with the part stamped.
+    """
+    images = _check_images(images)
+    value = _check_patch_value(patch_value)
+    rows, cols = dba_part_slices(images.shape[1], images.shape[2], part, parts, patch_size, position)
+    out = images.copy()
+    out[:, rows, cols, :] = value
+    return out
+
+
 # -------------------------------------------------------------------------- corruption
 def _gaussian_kernel(sigma: float) -> np.ndarray:
     radius = max(1, int(math.ceil(3.0 * sigma)))
@@ -367,6 +447,8 @@ __all__ = [
     "POSITIONS",
     "apply_trigger",
     "backdoor",
+    "dba_part_slices",
+    "dba_trigger",
     "corrupt",
     "flip_all_to_one",
     "flip_permutation",

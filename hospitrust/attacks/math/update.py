@@ -471,8 +471,76 @@ def jittered_copies(
     return copies + r * torch.linalg.vector_norm(update) * noise
 
 
+# ------------------------------------------------------------------- backdoor projection
+def neurotoxin_mask(honest: torch.Tensor, top_fraction: float) -> torch.Tensor:
+    r"""The coordinates a Neurotoxin attacker may use: all but the ``top_fraction`` the honest
+    updates change most (largest :math:`|\bar u_j|`, ``honest`` averaged over its rows when 2-D).
+
+    Parameters
+    ----------
+    honest : torch.Tensor
+        ``(n, d)`` honest updates, or ``(d,)`` an estimate of their mean (Neurotoxin's attacker
+        uses the last round's global update).
+    top_fraction : float
+        Share of the coordinates masked out, in [0, 1); ``ceil(top_fraction * d)`` of them.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(d,)`` bool: True where the backdoor may go. Ties at the cut keep the lower index out.
+    """
+    honest = _as_tensor(honest, "honest")
+    if honest.dim() not in (1, 2):
+        raise ValueError(f"honest must be (n, d) or (d,), got shape {tuple(honest.shape)}")
+    frac = check_finite_number(top_fraction, "top_fraction", nonneg=True)
+    if frac >= 1.0:
+        raise ValueError(f"top_fraction must be in [0, 1), got {frac}")
+    benign = honest.double().mean(dim=0) if honest.dim() == 2 else honest.double()
+    d = benign.numel()
+    k = math.ceil(frac * d)
+    mask = torch.ones(d, dtype=torch.bool, device=benign.device)
+    if k:
+        mask[torch.sort(benign.abs(), descending=True, stable=True).indices[:k]] = False
+    return mask
+
+
+def neurotoxin(backdoor: torch.Tensor, honest: torch.Tensor, top_fraction: float = 0.1) -> torch.Tensor:
+    r"""Neurotoxin: the backdoor update projected onto the coordinates the honest updates change
+    least, :math:`\tilde u = b \odot \mathbb 1[j \notin \mathrm{top}_k(|\bar u|)]`
+    (:func:`neurotoxin_mask`).
+
+    Zhang, Panda, Song, Yang, Mahoney, Mittal, Ramchandran, Gonzalez, "Neurotoxin: Durable
+    Backdoors in Federated Learning", ICML 2022: coordinates that benign training rarely moves
+    are rarely overwritten after the attacker stops, so the backdoor lasts. The paper projects
+    every local gradient step (projected gradient descent on the mask); projecting the final
+    update is the same projection applied once, which is what an update-level attack can do.
+    ``top_fraction`` is hospitrust's default (the paper sweeps the masked share).
+
+    Parameters
+    ----------
+    backdoor : torch.Tensor
+        ``(d,)`` the attacker's backdoor update (trained on triggered data).
+    honest : torch.Tensor
+        ``(n, d)`` honest updates or ``(d,)`` an estimate of their mean.
+    top_fraction : float
+        Share of the coordinates masked out, in [0, 1).
+
+    Returns
+    -------
+    torch.Tensor
+        ``(d,)`` the projected update, ``backdoor``'s dtype.
+    """
+    backdoor = _as_tensor(backdoor, "backdoor")
+    mask = neurotoxin_mask(honest, top_fraction)
+    if backdoor.shape != mask.shape:
+        raise ValueError(f"backdoor must have shape ({mask.numel()},) like the honest updates, got {tuple(backdoor.shape)}")
+    return backdoor * mask.to(backdoor.device)
+
+
 __all__ = [
     "PERTURBATIONS",
+    "neurotoxin",
+    "neurotoxin_mask",
     "jittered_copies",
     "alie",
     "alie_z_from_formula",
