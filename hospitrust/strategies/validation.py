@@ -79,6 +79,16 @@ _REFUSED = re.compile(r"^<class '[\w.]*\.Refused'>:<'(?P<why>refused[^\n]*?)'>\s
 def error_reason(reason: object) -> str:
     """An error reply's reason as recorded: a hospital's refusal (its approval or site policy) as the hospital
     stated it, ``refused ...``; anything else as ``error reply: ...``.
+
+    Parameters
+    ----------
+    reason : object
+        The error reply's reason (Flower wraps an exception as ``<class '...'>:<'message'>``).
+
+    Returns
+    -------
+    str
+        One line for the round's record.
     """
     text = str(reason or "").strip()
     refused = _REFUSED.search(text)
