@@ -43,6 +43,10 @@ def runs(tmp_path) -> Path:
          {"st-mary": {"format": "folder (dicom)", "images": 12, "train-class-counts": [5, 5], "val-class-counts": [1, 1]}},
          [{"hospital": "city", "node_id": 222, "reason": "1 of 20 images cannot be used: file not found (row 3)"}],
          age=100)
+    # a card without counts (what a deployed query round gives): the counts come from the run's class_counts.csv
+    _run(runs, "third", {"111": "st-mary"}, {"st-mary": {"format": "folder (dicom)", "images": 14}}, [], age=50)
+    (runs / "third" / "class_counts.csv").write_text(
+        "hospital,split,benign,malignant,total\nst-mary,train,6,6,12\nst-mary,val,1,1,2\n")
     (runs / "not-a-run").mkdir()  # no config.json: ignored
     return runs
 
@@ -50,8 +54,9 @@ def runs(tmp_path) -> Path:
 def test_hospitals_are_named_from_the_newest_runs_with_their_last_query_data_and_runs(runs):
     records = hs.read_runs(runs)
     assert set(records) == {"st-mary", "city"}
-    assert records["st-mary"].runs == ["first", "second"] and records["st-mary"].data_run == "second"
-    assert records["st-mary"].data["format"] == "folder (dicom)" and records["st-mary"].data["images"] == 12
+    assert records["st-mary"].runs == ["first", "second", "third"] and records["st-mary"].data_run == "third"
+    assert records["st-mary"].data["format"] == "folder (dicom)" and records["st-mary"].data["images"] == 14
+    assert records["st-mary"].data["train-class-counts"] == [6, 6] and records["st-mary"].data["val-class-counts"] == [1, 1]
     # city answered the first run's query; the second left it out: its data is still the first run's
     assert records["city"].runs == ["first"] and records["city"].data_run == "first"
     assert records["city"].left_out == ["second: 1 of 20 images cannot be used: file not found (row 3)"]
@@ -59,11 +64,11 @@ def test_hospitals_are_named_from_the_newest_runs_with_their_last_query_data_and
     rows = {r["node-id"]: r for r in hs.federation_hospitals(NODES, records)}
     assert rows["111"]["hospital"] == "st-mary" and rows["111"]["status"] == "online"
     assert rows["111"]["last-seen"] == "now (online since 2026-12-01T10:00:00Z)"
-    assert rows["111"]["train-class-counts"] == [5, 5] and rows["111"]["runs"] == ["first", "second"]
+    assert rows["111"]["train-class-counts"] == [6, 6] and rows["111"]["runs"] == ["first", "second", "third"]
     assert rows["222"]["hospital"] == "city" and rows["222"]["last-seen"] == "2026-12-01T11:30:00Z"
     assert rows["333"]["hospital"] == "" and rows["333"]["last-seen"] == "never connected"
     table = hs.format_table(list(rows.values()))
-    assert "(no run yet)" in table and "folder (dicom): 12 images, train [5, 5] val [1, 1]" in table
+    assert "(no run yet)" in table and "folder (dicom): 14 images, train [6, 6] val [1, 1]" in table
     assert "city: left out of second: 1 of 20 images" in table
 
 
@@ -93,7 +98,7 @@ def test_the_command_prints_the_table_and_json(tmp_path, runs, monkeypatch):
         assert cli_main(["deploy", "hospitals", "--connection", "consortium", "--runs-dir", str(runs)]) == 0
     assert out.getvalue().splitlines()[0].split() == ["hospital", "node", "id", "status", "last", "seen", "data",
                                                         "(last", "query)", "runs"]
-    assert "st-mary: took part in first, second" in out.getvalue()
+    assert "st-mary: took part in first, second, third" in out.getvalue()
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert cli_main(["deploy", "hospitals", "--connection", "consortium", "--runs-dir", str(runs),

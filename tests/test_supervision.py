@@ -148,3 +148,15 @@ def test_no_colour_codes_in_log_files(tmp_path):
     _wait(lambda: (tmp_path / "flower.log").read_text(), 10, "the log written")
     assert (tmp_path / "flower.log").read_text() == "INFO :      Starting Flower SuperNode\n"
     proc.stop()
+
+
+def test_a_session_that_cannot_be_deactivated_says_why(tmp_path):
+    from hospitrust.ops import deploy
+
+    deploy.create_ca(tmp_path)
+    deploy.create_supernode_keys(tmp_path, "x")
+    cmd = ["flower-supernode", "--superlink", f"127.0.0.1:{flwr.free_port()}", "--root-certificates",
+           str(tmp_path / "ca.crt"), "--auth-supernode-private-key", str(tmp_path / "x.key")]
+    said = sv.deactivate_session(cmd, 5)
+    assert said.startswith("its session (node 5) not deactivated (ConnectError") and "heartbeats lapse" in said, said
+    assert "not deactivated: no --superlink" in sv.deactivate_session(["flower-supernode"], 5)

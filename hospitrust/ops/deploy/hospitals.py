@@ -39,6 +39,27 @@ def _run_dirs(runs_dir: Path) -> list[Path]:
     return sorted(dirs, key=lambda d: ((d / "config.json").stat().st_mtime, d.name))
 
 
+def _class_counts(run: Path) -> dict[str, dict[str, Any]]:
+    """``class_counts.csv`` of a run: hospital -> {"train-class-counts": [...], "val-class-counts": [...],
+    "class-names": [...]}; empty when the run has none.
+    """
+    import csv
+
+    path = run / "class_counts.csv"
+    if not path.is_file():
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        names = [c for c in (reader.fieldnames or []) if c not in ("hospital", "split", "total")]
+        for row in reader:
+            split = row.get("split", "")
+            if split in ("train", "val"):
+                entry = out.setdefault(row["hospital"], {"class-names": names})
+                entry[f"{split}-class-counts"] = [int(row[c]) for c in names]
+    return out
+
+
 def read_runs(runs_dir: Path) -> dict[str, HospitalRecord]:
     """Every hospital named in the runs under ``runs_dir``, by name."""
     out: dict[str, HospitalRecord] = {}
@@ -53,8 +74,8 @@ def read_runs(runs_dir: Path) -> dict[str, HospitalRecord]:
             rec = out.setdefault(name, HospitalRecord(name))
             rec.node_id = str(node_id)
             rec.runs.append(run.name)
-            if name in data:
-                rec.data, rec.data_run = dict(data[name]), run.name
+            if name in data:  # counts from the data card, or else the run's class_counts.csv
+                rec.data, rec.data_run = {**_class_counts(run).get(name, {}), **data[name]}, run.name
         for failed in config.get("failed-hospitals") or []:
             name = str(failed.get("hospital", ""))
             if not name:

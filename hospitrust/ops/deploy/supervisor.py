@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from hospitrust.ops import flwr
 
@@ -129,6 +130,44 @@ def port_in_use(host: str, port: int) -> str | None:
     return f"port {port} on {host} is already in use by {who}"
 
 
+def _flag(cmd: Sequence[str], flag: str) -> str | None:
+    cmd = list(cmd)
+    return cmd[cmd.index(flag) + 1] if flag in cmd and cmd.index(flag) + 1 < len(cmd) else None
+
+
+def deactivate_session(supernode_cmd: Sequence[str], node_id: int) -> str:
+    """End a killed SuperNode's session at the SuperLink, as the SuperNode itself does when it stops: the
+    Fleet API's DeactivateNode, signed with the SuperNode's own key (``--auth-supernode-private-key``).
+
+    Without it the SuperLink counts the node as online until two heartbeat intervals (60 s in Flower 1.42)
+    pass since its last heartbeat, and refuses the restarted SuperNode until then. Returns what happened.
+    """
+    superlink, ca, key = (_flag(supernode_cmd, f) for f in ("--superlink", "--root-certificates",
+                                                            "--auth-supernode-private-key"))
+    if not (superlink and key):
+        return "not deactivated: no --superlink or --auth-supernode-private-key in the command"
+    try:
+        from pathlib import Path
+
+        from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+        from flwr.proto.fleet_pb2 import DeactivateNodeRequest  # pylint: disable=E0611
+        from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+        from flwr.supernode.fleet_http_client import FleetHttpClient
+        from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
+
+        private = load_ssh_private_key(Path(key).read_bytes(), None)
+        interceptors: list[Any] = [RuntimeVersionHttpInterceptor(component_name="SuperNode"),
+                                   NodeAuthHttpInterceptor(private, private.public_key())]  # type: ignore[arg-type]
+        insecure = "--insecure" in supernode_cmd
+        with FleetHttpClient.from_server_address(superlink, insecure, None if insecure else ca,
+                                                 interceptors=interceptors) as client:
+            client.DeactivateNode(DeactivateNodeRequest(node_id=node_id))
+        return f"its session (node {node_id}) deactivated at the SuperLink"
+    except Exception as exc:  # noqa: BLE001 - the restart goes on; the SuperLink then waits for the heartbeats to lapse
+        return f"its session (node {node_id}) not deactivated ({type(exc).__name__}: {str(exc)[:200]}): the SuperLink " \
+               f"may refuse the restart until the old session's heartbeats lapse"
+
+
 def restart_delay(attempt: int) -> float:
     """Seconds before the ``attempt``-th consecutive restart (1-based) of a killed SuperNode."""
     first, cap = RESTART_BACKOFF
@@ -205,6 +244,7 @@ class Supervisor:
         self._stopping = False
         self.started_at = time.monotonic()
         self.killed_in_a_row = 0  # consecutive restarts of a killed SuperNode: its backoff
+        self.node_id: int | None = None  # from the SuperNode's "SuperNode ID:" line
 
     # ---- processes ---------------------------------------------------------------------
     def _popen(self, cmd: Sequence[str], sink: Callable[[str], None], stdin: bool = False) -> subprocess.Popen:
@@ -222,6 +262,8 @@ class Supervisor:
             self.refused = True
         elif ACTIVATED in line:
             self.activated = True
+            if (match := re.search(rf"{ACTIVATED}\s*(\d+)", plain(line))) is not None:
+                self.node_id = int(match.group(1))
         if RECEIVED in line and self.launcher is not None and self.launcher.stdin is not None:
             try:  # the launcher's StdinGate: ask for the task now
                 self.launcher.stdin.write("received\n")
@@ -326,6 +368,8 @@ class Supervisor:
                                  f"the same key in {delay:g} s (restart {self.killed_in_a_row} in a row)")
                         self.restarts.append(f"flower-supernode killed by signal {-rc}")
                         self.stop()
+                        if self.node_id is not None:
+                            self.out(f"hospitrust supervisor: {deactivate_session(self.supernode_cmd, self.node_id)}")
                         if self._sleep(delay):
                             break
                         self.start()
