@@ -158,3 +158,4 @@ def test_deploy_hospitals_names_the_federations_hospitals_with_their_data_and_ru
                             "--runs-dir", str(runs)], env=flwr_env(fed.cli_home), capture_output=True, text=True,
                            timeout=120)
     assert table.returncode == 0 and "st-mary: took part in" in table.stdout, table.stdout + table.stderr
+    (fed.work / "deploy-hospitals.txt").write_text(table.stdout)  # what docs/operators.md shows
