@@ -160,3 +160,20 @@ def test_a_session_that_cannot_be_deactivated_says_why(tmp_path):
     said = sv.deactivate_session(cmd, 5)
     assert said.startswith("its session (node 5) not deactivated (ConnectError") and "heartbeats lapse" in said, said
     assert "not deactivated: no --superlink" in sv.deactivate_session(["flower-supernode"], 5)
+
+
+def test_each_keys_node_id_is_remembered_for_the_next_supervisor(tmp_path):
+    env = {"FLWR_HOME": str(tmp_path / "flwr")}
+    assert sv.remembered_node_id(env, str(tmp_path / "a.key")) is None
+    sv.remember_node_id(env, str(tmp_path / "a.key"), 12345678901234567890)
+    sv.remember_node_id(env, str(tmp_path / "b.key"), 7)
+    assert sv.remembered_node_id(env, str(tmp_path / "a.key")) == 12345678901234567890
+    assert sv.remembered_node_id(env, str(tmp_path / "b.key")) == 7
+    assert (tmp_path / "flwr" / "hospitrust" / "node-ids.json").is_file()
+    # a supervisor picks it up from its SuperNode's log line and at start
+    s = sv.Supervisor(["flower-supernode", "--auth-supernode-private-key", str(tmp_path / "c.key")], "127.0.0.1:1",
+                      message_timeout=30.0, env=env, out=lambda line: None)
+    assert s.node_id is None
+    s._supernode_line("\x1b[92mINFO \x1b[0m:      SuperNode ID: 99")
+    assert s.node_id == 99 and sv.remembered_node_id(env, str(tmp_path / "c.key")) == 99
+    assert sv.Supervisor(s.supernode_cmd, "127.0.0.1:1", message_timeout=30.0, env=env, out=lambda line: None).node_id == 99

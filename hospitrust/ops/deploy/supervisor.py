@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hospitrust.ops import flwr
@@ -168,6 +169,39 @@ def deactivate_session(supernode_cmd: Sequence[str], node_id: int) -> str:
                f"may refuse the restart until the old session's heartbeats lapse"
 
 
+def node_id_file(env: dict[str, str]) -> Path:
+    """Where the supervisor remembers each key's node id: ``$FLWR_HOME/hospitrust/node-ids.json``."""
+    home = env.get("FLWR_HOME") or os.environ.get("FLWR_HOME") or str(Path.home() / ".flwr")
+    return Path(home).expanduser() / "hospitrust" / "node-ids.json"
+
+
+def remembered_node_id(env: dict[str, str], key: str | None) -> int | None:
+    """The node id the SuperLink last gave the SuperNode with this private key, if remembered."""
+    if not key:
+        return None
+    try:
+        value = json.loads(node_id_file(env).read_text()).get(str(Path(key).expanduser().resolve()))
+    except (OSError, ValueError, AttributeError):
+        return None
+    return int(value) if isinstance(value, int) else None
+
+
+def remember_node_id(env: dict[str, str], key: str | None, node_id: int) -> None:
+    if not key:
+        return
+    path = node_id_file(env)
+    try:
+        known = json.loads(path.read_text()) if path.is_file() else {}
+        known = known if isinstance(known, dict) else {}
+        known[str(Path(key).expanduser().resolve())] = node_id
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(known))
+        os.replace(tmp, path)
+    except (OSError, ValueError):
+        pass  # only a faster restart is lost
+
+
 def restart_delay(attempt: int) -> float:
     """Seconds before the ``attempt``-th consecutive restart (1-based) of a killed SuperNode."""
     first, cap = RESTART_BACKOFF
@@ -244,7 +278,8 @@ class Supervisor:
         self._stopping = False
         self.started_at = time.monotonic()
         self.killed_in_a_row = 0  # consecutive restarts of a killed SuperNode: its backoff
-        self.node_id: int | None = None  # from the SuperNode's "SuperNode ID:" line
+        # from the SuperNode's "SuperNode ID:" line; at start, what an earlier supervisor remembered for this key
+        self.node_id: int | None = remembered_node_id(env, _flag(self.supernode_cmd, "--auth-supernode-private-key"))
 
     # ---- processes ---------------------------------------------------------------------
     def _popen(self, cmd: Sequence[str], sink: Callable[[str], None], stdin: bool = False) -> subprocess.Popen:
@@ -264,6 +299,7 @@ class Supervisor:
             self.activated = True
             if (match := re.search(rf"{ACTIVATED}\s*(\d+)", plain(line))) is not None:
                 self.node_id = int(match.group(1))
+                remember_node_id(self.env, _flag(self.supernode_cmd, "--auth-supernode-private-key"), self.node_id)
         if RECEIVED in line and self.launcher is not None and self.launcher.stdin is not None:
             try:  # the launcher's StdinGate: ask for the task now
                 self.launcher.stdin.write("received\n")
@@ -351,12 +387,18 @@ class Supervisor:
                     time.sleep(0.2)  # the last lines of its output
                     now = time.monotonic()
                     if self.refused and (refused_since is None or now - refused_since < ACTIVATION_RETRY_SECONDS):
+                        first_refusal = refused_since is None
                         refused_since = refused_since if refused_since is not None else now
                         self.out("hospitrust deploy supernode: the SuperLink refused this SuperNode (an unregistered key, "
                                  "or its previous session still counts as online until its heartbeats lapse): retrying "
                                  f"for up to {ACTIVATION_RETRY_SECONDS - (now - refused_since):.0f} s more")
                         self.stop()
-                        time.sleep(5)
+                        if first_refusal and self.node_id is not None:  # a session left by a killed supervisor, a reboot
+                            self.out(f"hospitrust supervisor: ending this key's previous session: "
+                                     f"{deactivate_session(self.supernode_cmd, self.node_id)}")
+                            time.sleep(0.5)
+                        else:
+                            time.sleep(5)
                         self.start()
                         continue
                     if rc < 0 and not self._stopping:  # killed by a signal (kill -9, the OOM killer): back, same key
