@@ -94,6 +94,8 @@ class Federation:
         for name in HOSPITALS:
             if name in self.procs and self.procs[name].popen.poll() is None:
                 text = self.logs[name].read_text(errors="replace")
+                # the current session only: the supervisor restarts a killed SuperNode into the same log
+                text = text[text.rfind("SuperNode ID:") + 1:] if "SuperNode ID:" in text else text
                 if text.count("Receiving:") > sum(text.count(m) for m in _MESSAGE_DONE):
                     out.append(name)
         return out

@@ -70,3 +70,21 @@ def test_round_periods_by_hand():
     assert round_periods(rounds) == [5.0, 7.0, 4.0]
     # a run written before the stamps: its round_seconds
     assert round_periods([{"round": 1, "round_seconds": 2.5}, {"round": 2, "round_seconds": 3.0}]) == [2.5, 3.0]
+
+
+def test_the_serverapps_log_is_kept_in_the_run_directory_without_colour_codes(tmp_path):
+    from logging import INFO
+
+    from flwr.common.logger import log
+
+    run = RunDirectory.create(tmp_path, "logged")
+    log(INFO, "before the directory is held: not in the file")
+    with run.exclusive():
+        log(INFO, "hospitrust: round 1 done")
+    log(INFO, "after: not in the file")
+    with run.exclusive():  # a resumed run appends
+        log(INFO, "hospitrust: resuming")
+    text = (run.path / "server.log").read_text()
+    lines = text.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("INFO ") and lines[0].endswith(": hospitrust: round 1 done"), text
+    assert lines[1].endswith(": hospitrust: resuming") and "\x1b[" not in text

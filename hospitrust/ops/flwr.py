@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -75,12 +76,16 @@ class FlowerProcess:
     def __init__(self, name: str, cmd: Sequence[str], *, env: dict[str, str], cwd: Path, log_file: Path) -> None:
         self.name, self.cmd, self.log_file = name, list(cmd), Path(log_file)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_file, "w") as fh:
-            try:
-                self.popen = subprocess.Popen(self.cmd, env=env, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT,
-                                              start_new_session=True)
-            except FileNotFoundError:
-                raise FlowerProcessError(f"{self.cmd[0]} not found on PATH (pip install 'flwr>=1.42,<2')") from None
+        fh = open(self.log_file, "wb", buffering=0)  # noqa: SIM115 - closed by the copier at the process's end
+        try:
+            self.popen = subprocess.Popen(self.cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
+        except FileNotFoundError:
+            fh.close()
+            raise FlowerProcessError(f"{self.cmd[0]} not found on PATH (pip install 'flwr>=1.42,<2')") from None
+        # Flower's console handler always colours its level names: the file gets the lines without the codes
+        threading.Thread(target=_copy_plain, args=(self.popen.stdout, fh), daemon=True,
+                         name=f"log {name}").start()
         with _LOCK:
             _TRACKED[self.popen.pid] = self
 
@@ -107,6 +112,18 @@ class FlowerProcess:
             self.popen.wait(timeout=10)
         with _LOCK:
             _TRACKED.pop(self.popen.pid, None)
+
+
+_ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _copy_plain(stream, fh) -> None:
+    """Copy a process's output to its log file line by line, without ANSI colour codes."""
+    try:
+        for line in iter(stream.readline, b""):
+            fh.write(_ANSI.sub(b"", line))
+    finally:
+        fh.close()
 
 
 def stop_tree(pid: int, *, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:

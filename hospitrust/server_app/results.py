@@ -8,6 +8,8 @@
   - ``model.pt``           the final global model (torch state_dict)
   - ``checkpoint.pt``      server state after the last finished round (hospitrust.server_app.checkpoint)
   - ``failed.json``        only when the run stopped on an error: the error and its traceback
+  - ``server.log``         the ServerApp's log (hospitrust's and Flower's lines) while it held the directory,
+                           appended by a resumed run, without colour codes
 
 Later features add fields; none is ever renamed. NaN and infinities are written as null
 (JSON has no NaN).
@@ -94,9 +96,31 @@ class RunDirectory:
                         raise RuntimeError(f"run directory {self.path} is in use by another ServerApp "
                                            f"(waited {timeout:.0f} s for its lock)") from None
                     time.sleep(poll)
-            yield self
+            with self.server_log():
+                yield self
         finally:
             fh.close()  # releases the lock
+
+    @contextlib.contextmanager
+    def server_log(self):
+        """Copy Flower's logger (the ServerApp's lines: hospitrust's and Flower's) to ``server.log`` meanwhile.
+
+        A deployed ServerApp's output otherwise reaches only ``flwr log`` and the SuperLink's own log;
+        the file keeps it beside the records, plain (Flower colours only its console handler).
+        """
+        import logging
+
+        from flwr.common.logger import FLOWER_LOGGER
+
+        handler = logging.FileHandler(self.path / "server.log", encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s: %(message)s"))
+        handler.setLevel(logging.INFO)
+        FLOWER_LOGGER.addHandler(handler)
+        try:
+            yield
+        finally:
+            FLOWER_LOGGER.removeHandler(handler)
+            handler.close()
 
     def _write_atomic(self, name: str, text: str) -> Path:
         target = self.path / name

@@ -13,6 +13,7 @@ Operator (runs the SuperLink):
 - ``deploy tunnel``        run that tunnel
 - ``deploy register``      ``flwr supernode register`` for each hospital's public key
 - ``deploy status``        wait for a run and exit 0 only if it ended ``finished:completed``
+- ``deploy hospitals``     the federation's hospitals by name: online or offline, last seen, data, runs
 
 Hospital (runs a SuperNode):
 

@@ -208,6 +208,23 @@ def cmd_run(args) -> int:
         return supervisor.run()
 
 
+def cmd_hospitals(args) -> int:
+    import json
+
+    from hospitrust.ops.deploy import hospitals
+
+    records = hospitals.read_runs(Path(args.runs_dir).expanduser().resolve()) if args.runs_dir else {}
+    rows = hospitals.federation_hospitals(hospitals.list_nodes(args.connection), records)
+    if args.format == "json":
+        print(json.dumps({"hospitals": rows}, indent=1))
+    else:
+        print(hospitals.format_table(rows))
+        if not args.runs_dir:
+            print("(names, data and runs come from the runs' records: pass --runs-dir, the runs' output-dir on the "
+                  "SuperLink machine)")
+    return 0
+
+
 def cmd_supernode(args) -> int:
     if (args.data_path is None) == (args.partition is None):
         raise DeployError("give either --data-path (this hospital's images) or --partition I/N (a rehearsal hospital "
@@ -261,23 +278,40 @@ def _start_supernode(args, node_config: dict[str, object]) -> int:
     if gate_env and not warm:
         raise DeployError("--approved-apps, --trusted-signers, --policy and --audit-log need --launcher warm: Flower's own "
                           "launcher has no hook to check a bundle before it runs")
+    if args.log_file and not warm:
+        raise DeployError("--log-file needs --launcher warm (with --launcher flower, Flower's SuperNode replaces this "
+                          "command: redirect its output instead)")
     cmd = supernode_command(superlink=args.superlink, ca=Path(args.ca), key=Path(args.key), node_config=node_config,
                             port=args.port, host=args.host, max_retries=args.max_retries,
                             max_wait_time=args.max_wait_time, isolation="process" if warm else "subprocess")
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    from hospitrust.ops.deploy.supervisor import port_in_use
+
+    if (held := port_in_use(args.host, args.port)) is not None:  # instead of Flower's "[Errno 98] address already in use"
+        message = (f"{held}. The SuperNode's Runtime API needs it: stop that process (an earlier SuperNode of this "
+                   f"hospital?) or pass another --port")
+        if not args.dry_run:
+            raise DeployError(message)
+        print(f"warning: {message}", file=sys.stderr)
     if not warm:
         return _exec(cmd, args.dry_run)
     print("$ " + shlex.join(cmd), flush=True)
     print(f"  with ClientApps forked by hospitrust's warm launcher from 127.0.0.1:{args.port}; watchdog bound "
           f"{args.message_timeout:g} s per message", flush=True)
+    from hospitrust.ops.deploy.supervisor import Supervisor, console_and_file
+
     if args.dry_run:
         return 0
-    from hospitrust.ops.deploy.supervisor import Supervisor
-
     runtime = f"{'127.0.0.1' if args.host in ('0.0.0.0', '') else args.host}:{args.port}"
     if gate_env:
         print("  the hospital's gate: " + ", ".join(f"{k}={v}" for k, v in gate_env.items()), flush=True)
-    return Supervisor(cmd, runtime, message_timeout=args.message_timeout, env={**os.environ, **gate_env}).run()
+    log_file = None
+    if args.log_file:
+        log_file = Path(args.log_file).expanduser().resolve()
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        print(f"  logging to {log_file} too (without colour codes)", flush=True)
+    return Supervisor(cmd, runtime, message_timeout=args.message_timeout, env={**os.environ, **gate_env},
+                      out=console_and_file(log_file)).run()
 
 
 def _gate_env(args) -> dict[str, str]:
@@ -418,6 +452,17 @@ def add_deploy_parser(sub) -> None:
                    help="seconds to wait for a SuperLink that does not answer before giving up (default 3600)")
     p.set_defaults(func=cmd_run)
 
+    p = dsub.add_parser("hospitals", help="operator: the federation's hospitals by name, online or offline, their data "
+                                         "and runs",
+                        description="Every SuperNode the SuperLink lists (flwr supernode list, through the operator's "
+                                    "connection), named from the runs' records (config.json in --runs-dir), with its "
+                                    "status, when it was last seen, its data format and counts from the newest query "
+                                    "round it answered, the runs it took part in and the runs that left it out.")
+    p.add_argument("--connection", required=True, help="flwr connection name (see `deploy connection`)")
+    p.add_argument("--runs-dir", help="the runs' output-dir on the SuperLink machine (names, data and runs come from there)")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.set_defaults(func=cmd_hospitals)
+
     p = dsub.add_parser("supernode", help="hospital: check the data, then start flower-supernode")
     p.add_argument("--superlink", required=True, metavar="HOST:PORT")
     p.add_argument("--ca", required=True, help="the federation's CA certificate")
@@ -460,6 +505,8 @@ def add_deploy_parser(sub) -> None:
                    help="watchdog: seconds a message may be in flight before the SuperNode is restarted (default 1800)")
     p.add_argument("--max-retries", type=int, help="reconnection attempts before giving up (default: unlimited)")
     p.add_argument("--max-wait-time", type=float, help="seconds of reconnecting before giving up (default: unlimited)")
+    p.add_argument("--log-file", help="also write the SuperNode's, the launcher's and the watchdog's log to this file "
+                                      "(appended, without colour codes)")
     p.add_argument("--dry-run", action="store_true", help="check and print the command, do not start it")
     p.set_defaults(func=cmd_supernode)
 

@@ -95,6 +95,9 @@ def _child(runtime_api_address: str, token: str, fault: str, gate_config=None) -
     """
     code = 0
     try:
+        from hospitrust.ops.deploy.supervisor import die_with_parent
+
+        die_with_parent()  # the launcher killed with SIGKILL: its ClientApps go too
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         if fault == "die-before-read":

@@ -16,12 +16,20 @@ the launcher when a child died with a message open, or when a message has been o
 ``message_timeout``. The SuperLink delivers the unanswered message again to the restarted
 SuperNode, so the hospital usually still answers within the round's reply timeout; otherwise the
 round records it as missing and the run goes on. Every restart is logged with its reason.
+
+No orphans: both processes get the parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGTERM)``), so a
+supervisor killed with SIGKILL takes them with it (Flower's SuperNode leaves gracefully on SIGTERM,
+and the launcher stops its ClientApps). A ``flower-supernode`` killed by a signal (SIGKILL, the OOM
+killer) is restarted with the same key after a backoff (``RESTART_BACKOFF``); one that exits by
+itself (a refused key, a bad certificate, its retries spent) is not restarted in a loop.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,6 +37,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from hospitrust.ops import flwr
 
@@ -42,7 +52,160 @@ DIED_GRACE_SECONDS = 3.0  # after a ClientApp died: time for the SuperNode to lo
 #: or a kill) its previous session still counting as online until its heartbeats lapse.
 ACTIVATION_REFUSED = "Failed to activate SuperNode"
 ACTIVATION_RETRY_SECONDS = 90.0
-ACTIVATED = "SuperNode ID:"  # flower-supernode's line once the SuperLink accepted it  # how long a refused activation is retried before giving up
+ACTIVATED = "SuperNode ID:"  # flower-supernode's line once the SuperLink accepted it
+#: seconds before restarting a flower-supernode that a signal killed: doubling from the first, up to the last
+RESTART_BACKOFF = (2.0, 60.0)
+#: a SuperNode up this long since its last restart starts its backoff afresh
+BACKOFF_RESET_SECONDS = 300.0
+_PR_SET_PDEATHSIG = 1
+#: ANSI colour codes (Flower's console handler always colours the level names)
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def plain(text: str) -> str:
+    """``text`` without ANSI colour codes (what hospitrust writes to files)."""
+    return ANSI.sub("", text)
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """In a child before exec (a ``preexec_fn``): receive ``sig`` when the parent dies (Linux).
+
+    Flower's SuperNode handles SIGTERM by leaving the SuperLink gracefully; the launcher by stopping
+    its ClientApps. On a system without prctl this does nothing (the supervisor's own stop still runs).
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def console_and_file(log_file: str | os.PathLike | None) -> Callable[[str], None]:
+    """A line sink: stdout (without colour codes unless it is a terminal) and, when given, ``log_file``
+    (appended, line-buffered, never with colour codes).
+    """
+    keep_colour = sys.stdout.isatty()
+    fh = open(log_file, "a", buffering=1, encoding="utf-8") if log_file else None  # noqa: SIM115 - lives as long as the supervisor
+    lock = threading.Lock()
+
+    def out(line: str) -> None:
+        text = line if keep_colour else plain(line)
+        with lock:
+            print(text, flush=True)
+            if fh is not None:
+                fh.write(plain(line) + "\n")
+
+    return out
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """None when ``host:port`` can be listened on; else what holds it, with its owner's pid and command
+    (psutil), for a message instead of Flower's "[Errno 98] address already in use".
+    """
+    import errno
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free for a server
+        try:
+            s.bind((host, port))
+            return None
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return f"{host}:{port} cannot be bound: {exc.strerror}"
+    import psutil
+
+    owners = []
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError):
+        conns = []
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+            try:
+                cmd = " ".join(psutil.Process(c.pid).cmdline())
+            except psutil.Error:
+                cmd = "?"
+            owners.append(f"pid {c.pid} ({cmd[:240]})")
+    who = ", ".join(sorted(set(owners))) or "a process this user cannot see"
+    return f"port {port} on {host} is already in use by {who}"
+
+
+def _flag(cmd: Sequence[str], flag: str) -> str | None:
+    cmd = list(cmd)
+    return cmd[cmd.index(flag) + 1] if flag in cmd and cmd.index(flag) + 1 < len(cmd) else None
+
+
+def deactivate_session(supernode_cmd: Sequence[str], node_id: int) -> str:
+    """End a killed SuperNode's session at the SuperLink, as the SuperNode itself does when it stops: the
+    Fleet API's DeactivateNode, signed with the SuperNode's own key (``--auth-supernode-private-key``).
+
+    Without it the SuperLink counts the node as online until two heartbeat intervals (60 s in Flower 1.42)
+    pass since its last heartbeat, and refuses the restarted SuperNode until then. Returns what happened.
+    """
+    superlink, ca, key = (_flag(supernode_cmd, f) for f in ("--superlink", "--root-certificates",
+                                                            "--auth-supernode-private-key"))
+    if not (superlink and key):
+        return "not deactivated: no --superlink or --auth-supernode-private-key in the command"
+    try:
+        from pathlib import Path
+
+        from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+        from flwr.proto.fleet_pb2 import DeactivateNodeRequest  # pylint: disable=E0611
+        from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+        from flwr.supernode.fleet_http_client import FleetHttpClient
+        from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
+
+        private = load_ssh_private_key(Path(key).read_bytes(), None)
+        interceptors: list[Any] = [RuntimeVersionHttpInterceptor(component_name="SuperNode"),
+                                   NodeAuthHttpInterceptor(private, private.public_key())]  # type: ignore[arg-type]
+        insecure = "--insecure" in supernode_cmd
+        with FleetHttpClient.from_server_address(superlink, insecure, None if insecure else ca,
+                                                 interceptors=interceptors) as client:
+            client.DeactivateNode(DeactivateNodeRequest(node_id=node_id))
+        return f"its session (node {node_id}) deactivated at the SuperLink"
+    except Exception as exc:  # noqa: BLE001 - the restart goes on; the SuperLink then waits for the heartbeats to lapse
+        return f"its session (node {node_id}) not deactivated ({type(exc).__name__}: {str(exc)[:200]}): the SuperLink " \
+               f"may refuse the restart until the old session's heartbeats lapse"
+
+
+def node_id_file(env: dict[str, str]) -> Path:
+    """Where the supervisor remembers each key's node id: ``$FLWR_HOME/hospitrust/node-ids.json``."""
+    home = env.get("FLWR_HOME") or os.environ.get("FLWR_HOME") or str(Path.home() / ".flwr")
+    return Path(home).expanduser() / "hospitrust" / "node-ids.json"
+
+
+def remembered_node_id(env: dict[str, str], key: str | None) -> int | None:
+    """The node id the SuperLink last gave the SuperNode with this private key, if remembered."""
+    if not key:
+        return None
+    try:
+        value = json.loads(node_id_file(env).read_text()).get(str(Path(key).expanduser().resolve()))
+    except (OSError, ValueError, AttributeError):
+        return None
+    return int(value) if isinstance(value, int) else None
+
+
+def remember_node_id(env: dict[str, str], key: str | None, node_id: int) -> None:
+    if not key:
+        return
+    path = node_id_file(env)
+    try:
+        known = json.loads(path.read_text()) if path.is_file() else {}
+        known = known if isinstance(known, dict) else {}
+        known[str(Path(key).expanduser().resolve())] = node_id
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(known))
+        os.replace(tmp, path)
+    except (OSError, ValueError):
+        pass  # only a faster restart is lost
+
+
+def restart_delay(attempt: int) -> float:
+    """Seconds before the ``attempt``-th consecutive restart (1-based) of a killed SuperNode."""
+    first, cap = RESTART_BACKOFF
+    return float(min(cap, first * 2 ** max(0, attempt - 1)))
 
 
 @dataclass
@@ -91,15 +254,21 @@ class Supervisor:
     env : dict[str, str]
         Environment of both processes.
     out : Callable[[str], None]
-        Where log lines go (the hospital's log: stdout by default).
+        Where log lines go (the hospital's log: stdout by default, see :func:`console_and_file`).
+    launcher_cmd : Sequence[str], optional
+        The launcher's command (default: ``hospitrust.ops.deploy.launcher`` on ``runtime_api_address``).
     """
 
     def __init__(self, supernode_cmd: Sequence[str], runtime_api_address: str, *, message_timeout: float,
-                 env: dict[str, str], out: Callable[[str], None] | None = None) -> None:
+                 env: dict[str, str], out: Callable[[str], None] | None = None,
+                 launcher_cmd: Sequence[str] | None = None) -> None:
         self.supernode_cmd, self.address, self.message_timeout = list(supernode_cmd), runtime_api_address, message_timeout
         self.env = env
-        self.out = out or (lambda line: print(line, flush=True))
+        self.out = out or console_and_file(None)
         self.inflight = Inflight()
+        self.launcher_cmd = list(launcher_cmd) if launcher_cmd is not None else [
+            sys.executable, "-m", "hospitrust.ops.deploy.launcher", "--runtime-api-address", runtime_api_address,
+            "--parent-pid", str(os.getpid()), "--gate-stdin"]
         self.supernode: subprocess.Popen | None = None
         self.launcher: subprocess.Popen | None = None
         self.died: list[tuple[float, str]] = []  # (when, why) ClientApps that died
@@ -107,11 +276,18 @@ class Supervisor:
         self.refused = False  # the SuperLink refused the current SuperNode's activation
         self.activated = False  # the current SuperNode got its node id
         self._stopping = False
+        self.started_at = time.monotonic()
+        self.killed_in_a_row = 0  # consecutive restarts of a killed SuperNode: its backoff
+        # from the SuperNode's "SuperNode ID:" line; at start, what an earlier supervisor remembered for this key
+        self.node_id: int | None = remembered_node_id(env, _flag(self.supernode_cmd, "--auth-supernode-private-key"))
 
     # ---- processes ---------------------------------------------------------------------
     def _popen(self, cmd: Sequence[str], sink: Callable[[str], None], stdin: bool = False) -> subprocess.Popen:
+        # its own session (a Ctrl-C at the terminal reaches the supervisor, which stops both in order), and the
+        # parent-death signal: the supervisor's SIGKILL must not leave a SuperNode online that nobody watches
         proc = subprocess.Popen(list(cmd), env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                bufsize=1, start_new_session=True, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL)
+                                bufsize=1, start_new_session=True, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                preexec_fn=die_with_parent)
         threading.Thread(target=_pump, args=(proc.stdout, sink), daemon=True).start()
         return proc
 
@@ -121,6 +297,9 @@ class Supervisor:
             self.refused = True
         elif ACTIVATED in line:
             self.activated = True
+            if (match := re.search(rf"{ACTIVATED}\s*(\d+)", plain(line))) is not None:
+                self.node_id = int(match.group(1))
+                remember_node_id(self.env, _flag(self.supernode_cmd, "--auth-supernode-private-key"), self.node_id)
         if RECEIVED in line and self.launcher is not None and self.launcher.stdin is not None:
             try:  # the launcher's StdinGate: ask for the task now
                 self.launcher.stdin.write("received\n")
@@ -141,18 +320,24 @@ class Supervisor:
                                                  f"ended with {how} after {event.get('seconds')} s"))
         self.out(line)
 
+    def _sleep(self, seconds: float) -> bool:
+        """Sleep ``seconds`` unless asked to stop meanwhile; True when asked to stop."""
+        deadline = time.monotonic() + seconds
+        while not self._stopping and time.monotonic() < deadline:
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        return self._stopping
+
     def start(self) -> None:
         """Start the SuperNode and the launcher."""
+        self.started_at = time.monotonic()
         self.inflight.clear()
         self.died.clear()
         self.refused = self.activated = False
         self.supernode = self._popen(self.supernode_cmd, self._supernode_line)
-        launcher = [sys.executable, "-m", "hospitrust.ops.deploy.launcher", "--runtime-api-address", self.address,
-                    "--parent-pid", str(os.getpid()), "--gate-stdin"]
         env = self.env
         self.env = {**env, "HOSPITRUST_LAUNCHER_GENERATION": str(len(self.restarts))}
         try:
-            self.launcher = self._popen(launcher, self._launcher_line, stdin=True)
+            self.launcher = self._popen(self.launcher_cmd, self._launcher_line, stdin=True)
         finally:
             self.env = env
 
@@ -202,12 +387,33 @@ class Supervisor:
                     time.sleep(0.2)  # the last lines of its output
                     now = time.monotonic()
                     if self.refused and (refused_since is None or now - refused_since < ACTIVATION_RETRY_SECONDS):
+                        first_refusal = refused_since is None
                         refused_since = refused_since if refused_since is not None else now
                         self.out("hospitrust deploy supernode: the SuperLink refused this SuperNode (an unregistered key, "
                                  "or its previous session still counts as online until its heartbeats lapse): retrying "
                                  f"for up to {ACTIVATION_RETRY_SECONDS - (now - refused_since):.0f} s more")
                         self.stop()
-                        time.sleep(5)
+                        if first_refusal and self.node_id is not None:  # a session left by a killed supervisor, a reboot
+                            self.out(f"hospitrust supervisor: ending this key's previous session: "
+                                     f"{deactivate_session(self.supernode_cmd, self.node_id)}")
+                            time.sleep(0.5)
+                        else:
+                            time.sleep(5)
+                        self.start()
+                        continue
+                    if rc < 0 and not self._stopping:  # killed by a signal (kill -9, the OOM killer): back, same key
+                        if now - self.started_at > BACKOFF_RESET_SECONDS:
+                            self.killed_in_a_row = 0
+                        self.killed_in_a_row += 1
+                        delay = restart_delay(self.killed_in_a_row)
+                        self.out(f"hospitrust supervisor: flower-supernode was killed by signal {-rc}: restarting it with "
+                                 f"the same key in {delay:g} s (restart {self.killed_in_a_row} in a row)")
+                        self.restarts.append(f"flower-supernode killed by signal {-rc}")
+                        self.stop()
+                        if self.node_id is not None:
+                            self.out(f"hospitrust supervisor: {deactivate_session(self.supernode_cmd, self.node_id)}")
+                        if self._sleep(delay):
+                            break
                         self.start()
                         continue
                     # a SuperNode that gives up (refused key, bad certificate, retries spent) is not restarted in a loop

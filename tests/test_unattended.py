@@ -1,0 +1,161 @@
+"""A federation that runs unattended, on the shared deployed federation (tests/federation.py: TLS, SuperNode
+authentication, the locked-down SuperLink): a hospital's supervisor killed with SIGKILL leaves no Flower process
+behind and its restart joins the same run; a `flower-supernode` killed alone is restarted by its supervisor and
+the hospital is back within two rounds; `hospitrust deploy hospitals` names the federation's hospitals.
+Each test leaves the hospitals as it found them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from federation import HOSPITALS, RUN_TIMEOUT, flwr_env, run_config, task_keys
+from hospitrust.ops import deploy
+
+pytestmark = [pytest.mark.slow, pytest.mark.data]
+
+REPLY_TIMEOUT = 25  # a round waits this long for a hospital whose message died with its SuperNode
+
+
+def _flag(cmd: list[str], flag: str) -> str:
+    return cmd[cmd.index(flag) + 1]
+
+
+def _left_behind(key: str, port: str) -> list[str]:
+    """Processes whose command line carries the hospital's key or its Runtime API port: its SuperNode, its
+    launcher and the ClientApps forked from it."""
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        cmd = p.info["cmdline"] or []
+        if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
+            continue
+        text = " ".join(cmd)
+        if key in text or f"127.0.0.1:{port}" in text or ("--port" in cmd and port in cmd):
+            out.append(f"{p.pid}: {text[:200]}")
+    return out
+
+
+def _wait_round_one(fed, run_id: int, run_dir: Path) -> None:
+    """Until the query round is over (config.json written): round 1's messages are out."""
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while not (run_dir / "config.json").is_file():
+        assert time.monotonic() < deadline, "the run never got past its query round\n" + fed.run_log(run_id)
+        status, details = deploy.run_status(run_id, "tls", env=flwr_env(fed.cli_home))
+        assert not status.startswith("finished"), f"{status}: {details}\n{fed.run_log(run_id)}"
+        time.sleep(0.5)
+
+
+def _rounds(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+
+
+def _answered(record: dict) -> set[str]:
+    """Hospitals with a valid reply in the round: a training update, or the round's evaluation."""
+    return {c["hospital"] for c in record["clients"] if not c.get("rejected")} | set(record.get("hospital_accuracy", {}))
+
+
+def _restore(fed, name: str) -> None:
+    """The hospital as the federation started it, connected."""
+    if fed.procs[name].popen.poll() is None:
+        return
+    fed.restarted.append(f"{name} (restored after a test)")
+    fed.start(name, *fed.commands[name])
+    fed.wait_connected(name)
+    fed.wait_online(list(HOSPITALS))
+
+
+def test_a_killed_supervisor_leaves_no_flower_process_and_its_restart_joins_the_same_run(federation):
+    fed, name = federation, "st-mary"
+    cmd = fed.commands[name][0]
+    key, port = _flag(cmd, "--key"), _flag(cmd, "--port")
+    run_dir = fed.work / "runs" / "orphans"
+    run_id = fed.submit(run_config(fed, "orphans", f"min-hospitals=2 {task_keys(fed)}", reply_timeout=REPLY_TIMEOUT,
+                                   rounds=2))
+    try:
+        _wait_round_one(fed, run_id, run_dir)
+        supervisor = fed.procs[name].popen
+        assert [p for p in psutil.Process(supervisor.pid).children(recursive=True)
+                if any(a.endswith("flower-supernode") for a in p.cmdline())], "no flower-supernode under the supervisor"
+        os.kill(supervisor.pid, signal.SIGKILL)  # the supervisor alone: what it started must go by itself
+        supervisor.wait(30)
+        deadline = time.monotonic() + 30
+        while (left := _left_behind(key, port)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, f"left behind by the killed supervisor: {left}\n{fed.tail(name)}"
+        killed_after = round(30 - (deadline - time.monotonic()), 1)
+
+        # the hospital restarts it, as systemd would: same command, same key, same port (free again)
+        fed.restarted.append(f"{name} (supervisor killed)")
+        fed.start(name, *fed.commands[name])
+        status, details = fed.wait(run_id)
+        assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}\n{fed.tail(name)}"
+        rounds = _rounds(run_dir)
+        assert [r["round"] for r in rounds] == [1, 2]
+        # killed as round 1 began: back by the last round (it trains in it, or answers its evaluation)
+        assert name in _answered(rounds[-1]), f"gone {killed_after} s after the kill; not back\n" + fed.diagnostics(run_dir)
+        assert "already in use" not in fed.logs[name].read_text(), fed.tail(name)
+    finally:
+        _restore(fed, name)
+
+
+def test_a_killed_flower_supernode_is_restarted_by_its_supervisor_and_back_within_two_rounds(federation):
+    fed, name = federation, "hospital-2"
+    fed.wait_connected(name)
+    run_dir = fed.work / "runs" / "respawn"
+    run_id = fed.submit(run_config(fed, "respawn", f"min-hospitals=2 {task_keys(fed)}", reply_timeout=REPLY_TIMEOUT))
+    supervisor = fed.procs[name].popen
+    try:
+        _wait_round_one(fed, run_id, run_dir)
+        supernodes = [p for p in psutil.Process(supervisor.pid).children(recursive=True)
+                      if any(a.endswith("flower-supernode") for a in p.cmdline())]
+        assert len(supernodes) == 1, supernodes
+        supernodes[0].kill()
+        status, details = fed.wait(run_id)
+        assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}\n{fed.tail(name)}"
+        assert supervisor.poll() is None  # the supervisor stayed; it restarted flower-supernode itself
+        log = fed.logs[name].read_text()
+        assert "flower-supernode was killed by signal 9: restarting it with the same key" in log, fed.tail(name)
+        assert "deactivated at the SuperLink" in log, fed.tail(name)
+        assert "\x1b[" not in log  # no colour codes in the log file
+        rounds = _rounds(run_dir)
+        assert [r["round"] for r in rounds] == [1, 2, 3]
+        # killed during round 1: back by round 3 at the latest
+        assert name in _answered(rounds[2]), fed.diagnostics(run_dir)
+    finally:
+        if supervisor.poll() is not None:
+            _restore(fed, name)
+        else:
+            fed.wait_connected(name, sessions=2)
+
+
+def test_deploy_hospitals_names_the_federations_hospitals_with_their_data_and_runs(federation):
+    fed = federation
+    runs = fed.work / "runs"
+    if not list(runs.glob("*/config.json")):  # the tests above were deselected: one short run
+        assert fed.wait(fed.submit(run_config(fed, "one", task_keys(fed), rounds=1)))[0] == deploy.COMPLETED
+    res = subprocess.run([sys.executable, "-m", "hospitrust.ops.cli", "deploy", "hospitals", "--connection", "tls",
+                          "--runs-dir", str(runs), "--format", "json"], env=flwr_env(fed.cli_home), capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = {r["hospital"]: r for r in json.loads(res.stdout)["hospitals"]}
+    assert set(HOSPITALS) <= set(rows), rows.keys()
+    for name in HOSPITALS:
+        assert rows[name]["node-id"] == fed.node_ids[name] and rows[name]["status"] == "online", rows[name]
+        assert rows[name]["last-seen"].startswith("now") and rows[name]["runs"], rows[name]
+        assert 0 < sum(rows[name]["train-class-counts"]) + sum(rows[name]["val-class-counts"]) <= rows[name]["images"]
+    assert rows["st-mary"]["data-format"] == "folder (png)" and rows["hospital-2"]["data-format"] == "folder (dicom)"
+    assert rows["hospital-1"]["data-format"] == "csv (png)"
+    table = subprocess.run([sys.executable, "-m", "hospitrust.ops.cli", "deploy", "hospitals", "--connection", "tls",
+                            "--runs-dir", str(runs)], env=flwr_env(fed.cli_home), capture_output=True, text=True,
+                           timeout=120)
+    assert table.returncode == 0 and "st-mary: took part in" in table.stdout, table.stdout + table.stderr
+    (fed.work / "deploy-hospitals.txt").write_text(table.stdout)  # what docs/operators.md shows
