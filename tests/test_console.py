@@ -219,3 +219,101 @@ def test_a_hospital_that_could_not_join_is_the_first_alert():
         {"node_id": 7, "hospital": "st-broken", "reason": "1 of 6 images cannot be used: file not found (row 4 of the manifest)"}])
     assert [a["kind"] for a in alerts] == ["left-out", "missing"]
     assert alerts[0]["text"] == "st-broken could not join: 1 of 6 images cannot be used: file not found (row 4 of the manifest)"
+
+
+# ------------------------------------------------------------------ every state: left out, stopped, Flower's own
+def _copy_run(src, dst, *, left_out=None, finished=True, age=0.0, flower_run=None):
+    import shutil
+
+    shutil.copytree(src, dst)
+    if left_out is not None:
+        config = json.loads((dst / "config.json").read_text())
+        config["failed-hospitals"] = left_out
+        (dst / "config.json").write_text(json.dumps(config))
+    if not finished:  # the records end without a summary: a crash, or the operator's flwr stop
+        (dst / "summary.json").unlink()
+        rounds = (dst / "rounds.jsonl").read_text().splitlines()
+        (dst / "rounds.jsonl").write_text("\n".join(rounds[:1]) + "\n")
+    if flower_run is not None:
+        (dst / "flower-runs.jsonl").write_text(json.dumps({"run_id": flower_run, "started": 0}) + "\n")
+    for p in dst.iterdir():
+        os.utime(p, (time.time() - age, time.time() - age))
+    return dst
+
+
+LEFT_OUT = [{"node_id": 7, "hospital": "st-broken", "reason": "1 of 6 images cannot be used: file not found (row 4 of the manifest)"}]
+
+
+def test_flowers_status_decides_a_run_whose_records_end_early(hta_run, tmp_path):
+    import fcntl
+
+    from hospitrust.ops.console.app import round_rows, run_state
+
+    answers = {11: ("finished:stopped", ""), 12: ("finished:failed", "Task failed with unknown error."), 13: ("running", ""),
+               14: ("unknown", "connection refused")}
+    asked = []
+
+    def flower(run_id):
+        asked.append(run_id)
+        return answers[run_id]
+
+    runs = {i: RunReader(_copy_run(hta_run, tmp_path / f"r{i}", finished=False, flower_run=i, age=3600), f"r{i}", flower)
+            for i in answers}
+    for r in runs.values():
+        r.refresh()
+    assert runs[11].status == "stopped" and runs[11].row()["failure"] == "stopped by the operator (flwr stop)"
+    assert runs[12].status == "failed" and runs[12].row()["failure"] == "finished:failed: Task failed with unknown error."
+    assert runs[13].status == "running"  # an hour without a new round, yet Flower says it runs
+    assert runs[14].status == "stopped"  # the SuperLink did not answer: the records' own age decides
+    with open(runs[11].path / ".lock", "w") as lock:  # an orphaned ServerApp holding the lock: Flower's word wins
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assert runs[11].lock_held() and runs[11].status == "stopped"
+    n = len(asked)
+    runs[12].status
+    assert len(asked) == n  # asked again only after FLOWER_POLL seconds
+
+    left = RunReader(_copy_run(hta_run, tmp_path / "left", left_out=LEFT_OUT), "left")
+    left.refresh()
+    state = run_state(left, 0)
+    assert state["alerts"][0]["kind"] == "left-out" and "st-broken could not join" in state["alerts"][0]["text"]
+    assert all(a["kind"] != "left-out" for a in run_state(left, 1)["alerts"])  # already shown
+    rows = round_rows(left, 1)["rows"]
+    assert rows[-1]["hospital"] == "st-broken" and rows[-1]["status"] == "left out"
+
+
+@pytest.mark.slow
+def test_the_live_page_shows_a_left_out_hospital_and_a_stopped_run(hta_run, browser, tmp_path):
+    import uvicorn
+
+    from hospitrust.ops import flwr
+    from hospitrust.ops.console.app import create_app
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    _copy_run(hta_run, runs / "left", left_out=LEFT_OUT)
+    _copy_run(hta_run, runs / "stopped", finished=False, age=3600)  # no summary, no lock, an hour old
+    port = flwr.free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(runs), host="127.0.0.1", port=port, log_level="warning"))
+    serving = threading.Thread(target=server.run, daemon=True)
+    serving.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline, "the console did not start"
+            time.sleep(0.1)
+        browser.get(f"http://127.0.0.1:{port}/")
+        wait_for(browser, lambda d: len(d.find_elements("css selector", "#runs tr")) >= 3, what="the run list")
+        listed = {r.text.split()[0]: r.text for r in browser.find_elements("css selector", "#runs tr")[1:]}
+        assert "stopped" in listed["stopped"] and "completed" in listed["left"], listed
+        browser.get(f"http://127.0.0.1:{port}/#/run/left")
+        wait_for(browser, lambda d: d.find_elements("css selector", '#hospitals tr[data-hospital="st-broken"]'),
+                 what="the left-out hospital's row")
+        row = browser.find_element("css selector", '#hospitals tr[data-hospital="st-broken"]')
+        assert "left out" in row.text and "file not found (row 4 of the manifest)" in row.text
+        assert "1 left out" in browser.find_element("id", "run-head").text
+        assert "st-broken could not join" in browser.find_element("id", "alerts").text
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(ARTIFACTS / "console-left-out.png"))
+    finally:
+        server.should_exit = True
+        serving.join(timeout=10)

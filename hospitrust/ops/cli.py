@@ -82,7 +82,8 @@ def _console(args: argparse.Namespace) -> int:
         print("hospitrust console: give both --certfile and --keyfile for TLS, or neither", file=sys.stderr)
         return 2
     try:
-        serve(path, host=args.host, port=args.port, token=args.token, certfile=args.certfile, keyfile=args.keyfile)
+        serve(path, host=args.host, port=args.port, token=args.token, certfile=args.certfile, keyfile=args.keyfile,
+              connection=args.connection)
     except KeyboardInterrupt:
         pass
     return 0
@@ -150,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     con.add_argument("--token", help="the access token off loopback (default: a new one, printed)")
     con.add_argument("--certfile", help="TLS certificate (e.g. the deployment's server.pem)")
     con.add_argument("--keyfile", help="TLS private key (e.g. the deployment's server.key)")
+    con.add_argument("--connection", help="the operator's flwr connection: a run whose records end without a summary "
+                                          "shows Flower's own status (stopped, failed and why)")
     con.set_defaults(func=_console)
 
     cfg = sub.add_parser("config", help="generate or check pyproject's run config and the config reference",

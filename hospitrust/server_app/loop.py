@@ -85,6 +85,7 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
     # finishing its round when the resumed one starts
     with run_dir.exclusive(timeout=RUN_DIR_LOCK_TIMEOUT):
         run_dir.clear_failure()  # a resumed run is no longer the failed one
+        run_dir.record_flower_run(context.run_id)
         try:
             return _federate(grid, cfg, task, sets, device, run_dir, resume, started)
         except Exception as exc:  # on the record for the operator (the console shows it), then Flower's

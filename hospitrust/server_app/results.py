@@ -10,6 +10,7 @@
   - ``failed.json``        only when the run stopped on an error: the error and its traceback
   - ``server.log``         the ServerApp's log (hospitrust's and Flower's lines) while it held the directory,
                            appended by a resumed run, without colour codes
+  - ``flower-runs.jsonl``  the Flower run id of each ServerApp that wrote the directory (a resumed run adds one)
 
 Later features add fields; none is ever renamed. NaN and infinities are written as null
 (JSON has no NaN).
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 CENTRAL_METRICS = ("accuracy", "balanced_accuracy", "macro_f1", "auc", "worst_class_recall", "per_class_recall", "loss")
+FLOWER_RUNS = "flower-runs.jsonl"  # the Flower run ids that wrote the directory, one line each, the last one current
 ROUND_FIELDS = ("round", "central", "clients", "aggregation_seconds", "round_seconds")
 CLIENT_FIELDS = ("hospital", "node_id", "num_examples", "weight", "train_loss")
 SUMMARY_FIELDS = ("final", "best_round", "rounds", "wall_seconds", "dataset", "strategy")
@@ -165,6 +167,13 @@ class RunDirectory:
 
     def clear_failure(self) -> None:
         (self.path / "failed.json").unlink(missing_ok=True)
+
+    def record_flower_run(self, run_id: int) -> None:
+        """Append the Flower run id that writes this directory now (a resumed run adds its own): the console asks
+        the SuperLink for that run's status when the records end without a summary.
+        """
+        with (self.path / FLOWER_RUNS).open("a") as fh:
+            fh.write(json.dumps({"run_id": int(run_id), "started": round(time.time(), 3)}) + "\n")
 
     def save_model(self, state_dict: Mapping[str, torch.Tensor]) -> Path:
         target = self.path / "model.pt"

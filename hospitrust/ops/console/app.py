@@ -63,7 +63,8 @@ def run_state(reader: RunReader, since: int = 0) -> dict[str, Any]:
     hospitals = reader.hospitals
     since = max(0, min(int(since), len(rounds)))
     series, trust, every_alert = _views(reader, hospitals)
-    alerts = [a for a in every_alert if a["round"] > since]
+    # round 0: the hospitals left out at the query round, shown with the first state
+    alerts = [a for a in every_alert if a["round"] > since or (since == 0 and a["round"] == 0)]
     if reader.failure:
         alerts.append({"round": len(rounds), "kind": "run-failed", "hospital": "",
                        "text": f"the run failed: {reader.failure.get('error', '')}"})
@@ -94,7 +95,9 @@ def round_rows(reader: RunReader, rnd: int) -> dict[str, Any]:
     if not 1 <= rnd <= len(reader.rounds):
         raise KeyError(f"run {reader.id} has rounds 1..{len(reader.rounds)}, not {rnd}")
     record = reader.rounds[rnd - 1]
-    return {"round": rnd, "rows": views.hospital_rows(record, reader.hospitals, reader.ground_truth),
+    left_out = [{"hospital": f.get("hospital", ""), "status": "left out", "reason": f.get("reason", ""), "signals": [],
+                 "weight": None, "accuracy": None} for f in reader.config.get("failed-hospitals", [])]
+    return {"round": rnd, "rows": views.hospital_rows(record, reader.hospitals, reader.ground_truth) + left_out,
             "asked": record.get("asked"), "note": record.get("note", ""),
             "aggregation_seconds": record.get("aggregation_seconds"), "round_seconds": record.get("round_seconds")}
 
@@ -118,9 +121,17 @@ class TokenGate(BaseHTTPMiddleware):
         return response
 
 
-def create_app(root: Path, token: str | None = None) -> Starlette:
-    """The console's app over the runs under ``root``; ``token``: required on every request when given."""
-    index = RunIndex(root)
+def create_app(root: Path, token: str | None = None, connection: str | None = None) -> Starlette:
+    """The console's app over the runs under ``root``; ``token``: required on every request when given;
+    ``connection``: the operator's flwr connection, to ask the SuperLink about runs whose records end early.
+    """
+    flower_status = None
+    if connection:
+        from hospitrust.ops import flwr
+
+        def flower_status(run_id: int) -> tuple[str, str]:
+            return flwr.run_status(run_id, connection)
+    index = RunIndex(root, flower_status)
 
     async def page(request: Request) -> Response:
         return FileResponse(STATIC / "console.html", media_type="text/html")
@@ -154,7 +165,7 @@ def create_app(root: Path, token: str | None = None) -> Starlette:
 
 
 def serve(root: Path, *, host: str = "127.0.0.1", port: int = 8080, token: str | None = None,
-          certfile: str | None = None, keyfile: str | None = None, out=None) -> None:
+          certfile: str | None = None, keyfile: str | None = None, out=None, connection: str | None = None) -> None:
     """Serve the console until interrupted. Off loopback a token is required (made here when not given)."""
     import sys
 
@@ -163,7 +174,7 @@ def serve(root: Path, *, host: str = "127.0.0.1", port: int = 8080, token: str |
     out = out or sys.stdout
     if not is_loopback(host) and not token:
         token = secrets.token_urlsafe(24)
-    app = create_app(root, token)
+    app = create_app(root, token, connection)
     scheme = "https" if certfile else "http"
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     url = f"{scheme}://{shown}:{port}/" + (f"?token={token}" if token else "")

@@ -12,12 +12,16 @@ import csv
 import fcntl
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hospitrust.config import legacy
 
 RUNNING_GRACE = 900.0  # seconds without a new round after which an unlocked, unfinished run counts as stopped
+FLOWER_POLL = 10.0  # seconds between two questions to the SuperLink about one run's status
+FLOWER_RUNS = "flower-runs.jsonl"  # hospitrust.server_app.results.FLOWER_RUNS (the console imports no torch)
+FlowerStatus = Callable[[int], tuple[str, str]]
 
 
 def is_run_dir(path: Path) -> bool:
@@ -35,8 +39,10 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 class RunReader:
     """One run directory, read incrementally: ``refresh`` parses the rounds appended since."""
 
-    def __init__(self, path: Path, run_id: str) -> None:
+    def __init__(self, path: Path, run_id: str, flower_status: FlowerStatus | None = None) -> None:
         self.path, self.id = Path(path), run_id
+        self.flower_status = flower_status  # Flower run id -> (status, details), through the operator's connection
+        self._flower: tuple[float, tuple[str, str] | None] = (0.0, None)
         self.rounds: list[dict[str, Any]] = []
         self._names: set[str] = set()  # every hospital the rounds mention
         self._offset = 0
@@ -126,13 +132,43 @@ class RunReader:
             return False
         return False
 
+    def flower_run_id(self) -> int | None:
+        """The Flower run that writes (or last wrote) this directory, from ``flower-runs.jsonl``."""
+        try:
+            lines = (self.path / FLOWER_RUNS).read_text().splitlines()
+            return int(json.loads(lines[-1])["run_id"]) if lines else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def flower_state(self) -> tuple[str, str] | None:
+        """Flower's own (status, details) of the run, asked at most every ``FLOWER_POLL`` seconds; None when there
+        is no connection to ask, no run id on record, or the SuperLink did not answer.
+        """
+        run_id = self.flower_run_id() if self.flower_status is not None else None
+        if run_id is None or self.flower_status is None:
+            return None
+        asked, state = self._flower
+        if time.monotonic() - asked >= FLOWER_POLL or state is None:
+            answer = self.flower_status(run_id)
+            state = None if answer[0] == "unknown" else answer
+            self._flower = (time.monotonic(), state)
+        return state
+
     @property
     def status(self) -> str:
-        """running, completed, failed, or stopped (no summary and no ServerApp at work)."""
+        """running, completed, failed, or stopped: from the run's own records, then Flower's status of its run
+        (when the console has the operator's connection), then its lock and how recently it wrote.
+        """
         if self.summary is not None:
             return "completed"
         if self.failure is not None:
             return "failed"
+        flower = self.flower_state()
+        if flower is not None and flower[0].startswith("finished"):
+            # an orphaned ServerApp may still hold the lock; a run Flower completed without a summary failed here
+            return "stopped" if flower[0] == "finished:stopped" else "failed"
+        if flower is not None:
+            return "running"
         if self.lock_held():
             return "running"
         path = self.path / "rounds.jsonl" if (self.path / "rounds.jsonl").exists() else self.path / "config.json"
@@ -161,6 +197,9 @@ class RunReader:
         """
         return bool(self.config.get("ground-truth", False))
 
+    def _flower_failure(self, status: str) -> str:
+        return _flower_failure_text(self._flower[1]) if status in ("stopped", "failed") else ""
+
     def row(self) -> dict[str, Any]:
         """The run list's row."""
         last = self.rounds[-1] if self.rounds else {}
@@ -182,9 +221,18 @@ class RunReader:
             "rounds_done": len(self.rounds),
             "rounds_total": self.config.get("num-server-rounds"),
             "balanced_accuracy": central.get("balanced_accuracy"),
-            "failure": (self.failure or {}).get("error", ""),
+            "failure": (self.failure or {}).get("error", "") or self._flower_failure(status),
             "updated": _mtime(self.path / "rounds.jsonl") or _mtime(self.path / "config.json"),
         }
+
+
+def _flower_failure_text(state: tuple[str, str] | None) -> str:
+    if state is None:
+        return ""
+    status, details = state
+    if status == "finished:stopped":
+        return "stopped by the operator (flwr stop)" + (f": {details}" if details else "")
+    return f"{status}: {details}" if details else status
 
 
 def _mtime(path: Path) -> float | None:
@@ -204,8 +252,9 @@ def _natural(name: str) -> tuple:
 class RunIndex:
     """Every run directory under a path (the path itself, when it is one), kept up to date."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, flower_status: FlowerStatus | None = None) -> None:
         self.root = Path(root).expanduser().resolve()
+        self.flower_status = flower_status
         if not self.root.is_dir():
             raise FileNotFoundError(f"{self.root} is not a folder (give a run directory or an output directory of runs)")
         self.readers: dict[str, RunReader] = {}
@@ -220,7 +269,7 @@ class RunIndex:
                 found[str(run.relative_to(self.root))] = run
         for run_id, path in found.items():
             if run_id not in self.readers:
-                self.readers[run_id] = RunReader(path, run_id)
+                self.readers[run_id] = RunReader(path, run_id, self.flower_status)
         for reader in self.readers.values():
             reader.refresh()
 

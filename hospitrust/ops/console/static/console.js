@@ -136,10 +136,10 @@ function drawHeader() {
     el("h1", {}, r.name + " ", badge(r.status), r.resumed_at && r.resumed_at.length ? " resumed after round " + r.resumed_at.join(", ") : ""),
     el("div", { class: "meta" },
       "strategy ", el("b", { text: r.strategy }), " · task ", el("b", { text: r.task }), " · attack ", el("b", { text: r.attack }),
-      " · hospitals ", el("b", { text: r.hospitals }), " · rounds ", el("b", { id: "rounds-done", text: r.rounds_done + (r.rounds_total ? " / " + r.rounds_total : "") }),
+      " · hospitals ", el("b", { text: r.hospitals }), r.left_out && r.left_out.length ? el("span", { class: "flag", text: " + " + r.left_out.length + " left out" }) : null, " · rounds ", el("b", { id: "rounds-done", text: r.rounds_done + (r.rounds_total ? " / " + r.rounds_total : "") }),
       final ? el("span", {}, " · final balanced accuracy ", el("b", { text: fmt(final.balanced_accuracy) }), ", AUC ", el("b", { text: fmt(final.auc) })) : null,
       r.privacy && r.privacy !== "off" ? el("span", {}, " · privacy ", el("b", { text: r.privacy }), privacyText(s.summary && s.summary.privacy)) : null,
-      r.failure ? el("div", { class: "flag", text: "failed: " + r.failure }) : null));
+      r.failure ? el("div", { class: "flag", text: (r.status === "stopped" ? "" : "failed: ") + r.failure }) : null));
 }
 
 // summary.json's privacy: the largest local epsilon a hospital reported, the central one, who ran out of budget
