@@ -317,3 +317,62 @@ def test_the_live_page_shows_a_left_out_hospital_and_a_stopped_run(hta_run, brow
     finally:
         server.should_exit = True
         serving.join(timeout=10)
+
+
+def test_the_round_in_flight_from_the_progress_file(tmp_path):
+    from hospitrust.ops.console.progress import round_in_flight
+
+    path = tmp_path / "progress.jsonl"
+    events = [
+        {"time": 100.0, "round": 1, "event": "asked", "reply_timeout": 60, "hospitals": ["a", "b", "c", "d"]},
+        {"time": 101.0, "round": 1, "event": "replied", "hospital": "a"},
+        {"time": 102.0, "round": 1, "event": "error", "hospital": "b", "reason": "refused by site policy: max-local-epochs: 3 > 2"},
+    ]
+    path.write_text("\n".join(json.dumps(e) for e in events) + "\n{\"time\": 10")  # a line being written
+    early = round_in_flight(path, 0, now=120.0)
+    assert early["round"] == 1 and early["replied"] == ["a"] and early["waiting"] == ["c", "d"] and early["late"] == []
+    assert early["errors"] == {"b": "refused by site policy: max-local-epochs: 3 > 2"}
+    assert round_in_flight(path, 0, now=131.0)["late"] == ["c", "d"]  # past half of reply-timeout
+    assert round_in_flight(path, 1, now=131.0) is None  # its record is in rounds.jsonl: not in flight
+
+
+@pytest.mark.slow
+def test_the_live_page_shows_a_late_hospital_while_its_round_is_in_flight(browser, tmp_path, data_dir):
+    import uvicorn
+
+    from hospitrust.ops import flwr
+    from hospitrust.ops.console.app import create_app
+    from hospitrust.ops.inprocess import run_inprocess
+
+    out = tmp_path / "runs"
+    out.mkdir()
+    port = flwr.free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(out), host="127.0.0.1", port=port, log_level="warning"))
+    serving = threading.Thread(target=server.run, daemon=True)
+    serving.start()
+    cfg = small_run_config(tmp_path, **{"num-server-rounds": 2, "run-name": "late", "reply-timeout": 6.0})
+
+    def slow_second_round(index, incoming, reply):  # hospital-2 takes 5 s over its round-2 training
+        config = incoming.content.config_records.get("config") if incoming.has_content() else None
+        if index == 2 and str(reply.metadata.message_type) == "train" and config is not None and config.get("server-round") == 2:
+            time.sleep(5)
+        return reply
+
+    run_thread = threading.Thread(target=run_inprocess, args=(cfg, 3), kwargs={"reply_filter": slow_second_round}, daemon=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline, "the console did not start"
+            time.sleep(0.1)
+        run_thread.start()
+        browser.get(f"http://127.0.0.1:{port}/#/run/late")
+        wait_for(browser, lambda d: d.find_elements("css selector", '#in-flight .late[data-hospital="hospital-2"]'), timeout=120,
+                 what="hospital-2 shown late in round 2")
+        assert browser.find_element("id", "in-flight").get_attribute("data-round") == "2"
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(ARTIFACTS / "console-late.png"))
+        run_thread.join(timeout=120)
+        wait_for(browser, lambda d: not d.find_element("id", "in-flight").is_displayed(), timeout=30, what="the round done")
+    finally:
+        server.should_exit = True
+        serving.join(timeout=10)

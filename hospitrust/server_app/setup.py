@@ -22,6 +22,7 @@ from hospitrust.features.detection import rare_class_holders
 from hospitrust.features.registry import run_features
 from hospitrust.server_app.discovery import discover_hospitals
 from hospitrust.server_app.evaluation import Evaluation
+from hospitrust.server_app.progress import RoundProgress
 from hospitrust.server_app.records import log_hospitals, run_record
 from hospitrust.server_app.results import RunDirectory
 from hospitrust.server_app.server_data import ServerSets
@@ -37,15 +38,21 @@ class StrategyTrainer:
     aggregate (``receive``), with the features' hooks on the messages, the replies and the update stack.
     """
 
-    def __init__(self, strategy: Any, grid: Grid, features: Features, reply_timeout: float) -> None:
+    def __init__(self, strategy: Any, grid: Grid, features: Features, reply_timeout: float,
+                 progress: RoundProgress | None = None) -> None:
         self.strategy, self.grid, self.features, self.reply_timeout = strategy, grid, features, reply_timeout
+        self.progress = progress
 
     def send(self, rnd: Round) -> Sent:
         messages: list[Message] = self.strategy.configure_round(rnd.number, rnd.arrays, ConfigRecord(), self.grid,
                                                                 rnd.excluded)
         messages = self.features.on_configure(rnd, messages)
         rnd.asked = [m.metadata.dst_node_id for m in messages]
-        return Sent(self.grid, messages, self.reply_timeout)
+        if self.progress is None:
+            return Sent(self.grid, messages, self.reply_timeout)
+        self.progress.asked(rnd.number, rnd.asked, self.reply_timeout)
+        progress, number = self.progress, rnd.number
+        return Sent(self.grid, messages, self.reply_timeout, on_reply=lambda reply: progress.replied(number, reply))
 
     def receive(self, rnd: Round, sent: Sent) -> RoundResult:
         replies = self.features.on_replies(rnd, sent.replies())
@@ -100,7 +107,8 @@ def set_up_run(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device:
         # every hospital weighs its classes by the federation's totals from the query round
         strategy.train_config["federation-class-counts"] = [float(c) for c in np.sum([r["train"] for r in rows], axis=0)]
     wrapped = features.wrap_strategy(strategy)
-    trainer = features.wrap_trainer(StrategyTrainer(wrapped, grid, features, cfg.reply_timeout))
+    trainer = features.wrap_trainer(StrategyTrainer(wrapped, grid, features, cfg.reply_timeout,
+                                                    RoundProgress(run_dir.path, hospitals)))
     wrapped.summary()
     if settings := features.settings():  # e.g. the accountants and their settings, once the wrappers are built
         run_dir.write_config({**record_of_run, **settings})

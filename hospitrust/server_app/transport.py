@@ -12,7 +12,7 @@ hospitals replied.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from logging import INFO
 
@@ -54,8 +54,10 @@ class Sent:
     as its ``send_and_receive`` does), as they did before pipelining.
     """
 
-    def __init__(self, grid: Grid, messages: Iterable[Message], timeout: float | None) -> None:
+    def __init__(self, grid: Grid, messages: Iterable[Message], timeout: float | None,
+                 on_reply: Callable[[Message], None] | None = None) -> None:
         self.grid, self.messages, self.timeout = grid, list(messages), timeout
+        self.on_reply = on_reply  # told of each reply as it arrives (the round's progress file)
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.ids = list(grid.push_messages(self.messages)) if self.messages and pipelines(grid) else []
 
@@ -68,13 +70,13 @@ class Sent:
             self.deadline = None if self.timeout is None else time.monotonic() + self.timeout
             poll = float(getattr(self.grid, "pull_interval", POLL_SECONDS))
         elif type(self.grid).__name__ != "HttpGrid":  # the in-process grid answers in one pull
-            return list(self.grid.pull_messages(self.ids))
+            return self._seen(list(self.grid.pull_messages(self.ids)))
         pending = set(self.ids)
         replies: list[Message] = []
         started = time.monotonic()
         next_progress = started + PROGRESS_SECONDS
         while pending:
-            got = list(self.grid.pull_messages(pending))
+            got = self._seen(list(self.grid.pull_messages(pending)))
             replies += got
             pending -= {m.metadata.reply_to_message_id for m in got}
             now = time.monotonic()
@@ -84,6 +86,13 @@ class Sent:
                 log(INFO, "%s", progress_line(len(self.ids) - len(pending), len(self.ids), now - started))
                 next_progress = now + PROGRESS_SECONDS
             time.sleep(poll)
+        return replies
+
+
+    def _seen(self, replies: list[Message]) -> list[Message]:
+        if self.on_reply is not None:
+            for reply in replies:
+                self.on_reply(reply)
         return replies
 
 

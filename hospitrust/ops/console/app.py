@@ -26,6 +26,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from hospitrust.ops.console import views
+from hospitrust.ops.console.progress import PROGRESS, round_in_flight
 from hospitrust.ops.console.runs import RunIndex, RunReader
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -79,6 +80,8 @@ def run_state(reader: RunReader, since: int = 0) -> dict[str, Any]:
                   "marks": {h: [r for r in m if r > since] for h, m in trust["marks"].items()}},
         "alerts": alerts,
         "summary": _summary_view(reader.summary),
+        # the round the ServerApp waits on now (none once its record is in rounds.jsonl, or when the run ended)
+        "in_flight": None if reader.summary is not None else round_in_flight(reader.path / PROGRESS, len(rounds)),
     }
 
 

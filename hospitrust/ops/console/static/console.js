@@ -95,6 +95,7 @@ function runView(id) {
     drawHeader();
     drawPlots();
     drawAlerts(delta.alerts, since === 0);
+    drawInFlight(delta.in_flight);
     const latest = view.state.rounds;
     if (latest && (view.follow || view.round === null)) view.round = latest;
     drawRoundControls();
@@ -106,6 +107,7 @@ function runView(id) {
 function skeleton() {
   return el("div", {},
     el("div", { id: "run-head" }),
+    el("div", { class: "panel", id: "in-flight" }),
     el("div", { class: "grid" },
       el("div", {},
         el("div", { class: "panel" }, el("h2", { text: "metrics per round" }), el("div", { id: "metrics-plot" })),
@@ -114,6 +116,22 @@ function skeleton() {
       el("div", { class: "panel" }, el("h2", { text: "alerts" }), el("div", { id: "alerts" }))),
     el("div", { class: "controls", id: "round-controls" }),
     el("table", { id: "hospitals" }));
+}
+
+// the round the ServerApp is waiting on (progress.jsonl): asked, replied, refused and why, waiting, late
+function drawInFlight(f) {
+  const box = document.getElementById("in-flight");
+  if (!f) { box.replaceChildren(); box.style.display = "none"; box.dataset.round = ""; return; }
+  box.style.display = "";
+  box.dataset.round = f.round;
+  const item = (h, cls, text) => el("span", { class: cls, "data-hospital": h, style: "margin-right:12px" }, text);
+  box.replaceChildren(
+    el("h2", { text: "round " + f.round + " in progress: " + f.replied.length + " of " + f.asked.length + " replied, waiting "
+      + f.waited_seconds + " s of " + f.reply_timeout + " s" }),
+    el("div", {},
+      ...f.replied.map((h) => item(h, "replied", h + " replied")),
+      ...Object.entries(f.errors).map(([h, why]) => item(h, "flag refused", h + ": " + why)),
+      ...f.waiting.map((h) => f.late.includes(h) ? item(h, "flag late", h + " late") : item(h, "waiting", h + " waiting"))));
 }
 
 function merge(delta) {
