@@ -352,7 +352,7 @@ def test_the_live_page_shows_a_late_hospital_while_its_round_is_in_flight(browse
     serving.start()
     cfg = small_run_config(tmp_path, **{"num-server-rounds": 2, "run-name": "late", "reply-timeout": 6.0})
 
-    def slow_second_round(index, incoming, reply):  # hospital-2 takes 5 s over its round-2 training
+    def slow_second_round(index, incoming, reply):  # hospital-2 takes 5 s more over its round-2 training
         config = incoming.content.config_records.get("config") if incoming.has_content() else None
         if index == 2 and str(reply.metadata.message_type) == "train" and config is not None and config.get("server-round") == 2:
             time.sleep(5)
@@ -366,9 +366,9 @@ def test_the_live_page_shows_a_late_hospital_while_its_round_is_in_flight(browse
             time.sleep(0.1)
         run_thread.start()
         browser.get(f"http://127.0.0.1:{port}/#/run/late")
-        wait_for(browser, lambda d: d.find_elements("css selector", '#in-flight .late[data-hospital="hospital-2"]'), timeout=120,
+        wait_for(browser, lambda d: d.find_element("id", "in-flight").get_attribute("data-round") == "2"
+                 and d.find_elements("css selector", '#in-flight .late[data-hospital="hospital-2"]'), timeout=120,
                  what="hospital-2 shown late in round 2")
-        assert browser.find_element("id", "in-flight").get_attribute("data-round") == "2"
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         browser.save_screenshot(str(ARTIFACTS / "console-late.png"))
         run_thread.join(timeout=120)
