@@ -133,6 +133,12 @@ def test_the_site_policy_rule_by_rule():
     assert "needs SecAgg+" in refusal(quorum, TRAIN, {}, {"min-hospitals": 5})
     assert refusal(quorum, TRAIN, {}, {"min-hospitals": 2, "secagg.enabled": True}).startswith("min-hospitals: the run's")
     assert refusal(quorum, TRAIN, {}, {"min-hospitals": 3, "secagg.enabled": True}) is None
+    # at SecAgg+'s key-sharing stage the hospital counts the keys it will mask with: the server cannot state more
+    run = {"min-hospitals": 3, "secagg.enabled": True}
+    two = {"stage": "share_keys", "11": (b"a", b"b"), "12": (b"c", b"d")}
+    assert refusal(quorum, TRAIN, {}, run, secagg=two) == "min-hospitals: SecAgg+ shares keys among 2 hospitals < 3"
+    assert refusal(quorum, TRAIN, {}, run, secagg={**two, "13": (b"e", b"f")}) is None
+    assert refusal(quorum, TRAIN, {}, run, secagg={"stage": "setup", "sample_num": 2}) is None
     silent = SitePolicy.model_validate({"messages": ["query", "train", "evaluate"]})
     assert refusal(silent, "evaluate", {"contribution-weight": 0.3}, {}) == "messages: contribution messages are not answered here"
 

@@ -30,7 +30,7 @@ from typing import Any
 from hospitrust.ops.deploy import audit
 from hospitrust.ops.deploy.approval import SIGNATURE_KEY, Approvals, load_trusted, short, verify
 from hospitrust.ops.deploy.errors import DeployError
-from hospitrust.ops.deploy.policy import load_policy, message_kind, refusal
+from hospitrust.ops.deploy.policy import SECAGG_CONFIGS, load_policy, message_kind, refusal
 
 APPROVALS_ENV = "HOSPITRUST_APPROVED_APPS"
 TRUSTED_ENV = "HOSPITRUST_TRUSTED_SIGNERS"
@@ -77,7 +77,7 @@ class GateConfig:
 
 
 def decide(config: GateConfig, content: bytes, message_type: str, msg_config: dict[str, Any],
-           run_config: dict[str, Any]) -> str | None:
+           run_config: dict[str, Any], secagg: dict[str, Any] | None = None) -> str | None:
     """None when this hospital runs the message, else the reason (a str starting ``refused``)."""
     sha = hashlib.sha256(content).hexdigest()
     max_age = None
@@ -95,7 +95,8 @@ def decide(config: GateConfig, content: bytes, message_type: str, msg_config: di
                 if why is not None:
                     return f"refused: {why}"
         if policy is not None:
-            rule = refusal(policy, message_type, msg_config, run_config, hospital_images=config.hospital_images)
+            rule = refusal(policy, message_type, msg_config, run_config, hospital_images=config.hospital_images,
+                           secagg=secagg)
             if rule is not None:
                 return f"refused by site policy: {rule}"
     except DeployError as exc:  # the hospital's own files are broken: refuse, and say so in its log
@@ -112,17 +113,21 @@ def install(config: GateConfig) -> None:
 
     def pull_task_input(client):
         message, context, run, fab = pull(client)
-        msg_config = dict(message.content.config_records.get("config", {})) if message.has_content() else {}
+        records = message.content.config_records if message.has_content() else {}
+        msg_config = dict(records.get("config", {}))
+        secagg = records.get(SECAGG_CONFIGS)
         seen.update(message_type=str(message.metadata.message_type), run_id=int(run.run_id), fab=fab.content,
                     msg_config=msg_config, run_config=dict(context.run_config),
                     round=int(msg_config.get("server-round", 0) or 0),
-                    hospital=str(dict(context.node_config).get("hospital", "") or ""))
+                    hospital=str(dict(context.node_config).get("hospital", "") or ""),
+                    secagg=dict(secagg) if secagg is not None else None)
         return message, context, run, fab
 
     def install_from_fab(content, *args, **kwargs):
         sha = hashlib.sha256(content).hexdigest()
         seen["sha256"] = sha
-        reason = decide(config, content, seen.get("message_type", ""), seen.get("msg_config", {}), seen.get("run_config", {}))
+        reason = decide(config, content, seen.get("message_type", ""), seen.get("msg_config", {}), seen.get("run_config", {}),
+                        seen.get("secagg"))
         if reason is not None:
             seen["refused"] = reason
             hint = ""

@@ -85,9 +85,16 @@ def _number(values: Mapping[str, object], key: str, default: object = None) -> f
         return None
 
 
+SECAGG_CONFIGS, SECAGG_STAGE, SHARE_KEYS = "secaggplus_configs", "stage", "share_keys"  # flwr's SecAgg+ constants
+
+
 def refusal(policy: SitePolicy, message_type: str, config: Mapping[str, object], run_config: Mapping[str, object], *,
-            hospital_images: int | None = None) -> str | None:
-    """None when the policy accepts this message, else the rule it breaks (said to the server and in the audit)."""
+            hospital_images: int | None = None, secagg: Mapping[str, object] | None = None) -> str | None:
+    """None when the policy accepts this message, else the rule it breaks (said to the server and in the audit).
+
+    ``secagg`` is the message's SecAgg+ config record, when it has one: at its key-sharing stage it lists the
+    public keys of every hospital the masked sum will cover, the one count a hospital can check itself.
+    """
     kind = message_kind(message_type, config)
     if kind not in policy.messages:
         return f"messages: {kind} messages are not answered here"
@@ -112,6 +119,10 @@ def refusal(policy: SitePolicy, message_type: str, config: Mapping[str, object],
         stated = _number(run_config, "min-hospitals")
         if stated is None or stated < policy.min_hospitals:
             return f"min-hospitals: the run's min-hospitals {stated} < {policy.min_hospitals}"
+        if secagg is not None and secagg.get(SECAGG_STAGE) == SHARE_KEYS:
+            peers = sum(1 for k in secagg if k != SECAGG_STAGE)  # this hospital's key among them
+            if peers < policy.min_hospitals:
+                return f"min-hospitals: SecAgg+ shares keys among {peers} hospitals < {policy.min_hospitals}"
     if kind == "train":
         epochs = _number(config, "local-epochs", run_config.get("local-epochs"))
         batch = _number(config, "batch-size", run_config.get("batch-size"))
