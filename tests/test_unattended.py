@@ -159,3 +159,28 @@ def test_deploy_hospitals_names_the_federations_hospitals_with_their_data_and_ru
                            timeout=120)
     assert table.returncode == 0 and "st-mary: took part in" in table.stdout, table.stdout + table.stderr
     (fed.work / "deploy-hospitals.txt").write_text(table.stdout)  # what docs/operators.md shows
+
+
+def test_a_hospital_online_that_never_answers_is_recorded_unresponsive(federation):
+    """(d) hospital-1's launcher is frozen (SIGSTOP): its SuperNode keeps its heartbeats, so the SuperLink lists it
+    online, but no ClientApp ever answers. The query round records it `unresponsive`, and the run goes on."""
+    fed = federation
+    fed.wait_idle()
+    launcher = [p for p in psutil.Process(fed.procs["hospital-1"].pid).children(recursive=True)
+                if "hospitrust.ops.deploy.launcher" in " ".join(p.cmdline())]
+    assert len(launcher) == 1, [p.cmdline() for p in psutil.Process(fed.procs["hospital-1"].pid).children(recursive=True)]
+    run_dir = fed.work / "runs" / "unresponsive"
+    launcher[0].suspend()
+    try:
+        run_id = fed.submit(run_config(fed, "unresponsive", f"min-hospitals=2 {task_keys(fed)}", reply_timeout=REPLY_TIMEOUT,
+                                       rounds=1))
+        status, details = fed.wait(run_id)
+    finally:
+        launcher[0].resume()
+    assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}"
+    config = json.loads((run_dir / "config.json").read_text())
+    (entry,) = config["failed-hospitals"]
+    assert entry["node_id"] == int(fed.node_ids["hospital-1"]) and entry["reason"].startswith("unresponsive: online"), entry
+    assert "unresponsive" in fed.run_log(run_id)
+    assert _answered(_rounds(run_dir)[0]) == {"st-mary", "hospital-2"}
+    assert json.loads((run_dir / "summary.json").read_text())["failed_hospitals"] == [entry]
