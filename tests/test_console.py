@@ -132,7 +132,7 @@ def test_off_loopback_every_route_needs_the_token(hta_run):
 
     port = flwr.free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "hospitrust.ops.cli", "console", str(hta_run.parent), "--host",
+    proc = subprocess.Popen([sys.executable, "-m", "hospitrust.cli.main", "console", str(hta_run.parent), "--host",
                              "0.0.0.0", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)
     try:

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from hospitrust.ops import deploy
-from hospitrust.ops.cli import main as cli_main
+from hospitrust.cli.main import main as cli_main
 
 
 def _mode(path: Path) -> int:

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from hospitrust import envcheck
-from hospitrust.ops import cli, flwr
+from hospitrust.cli import main as cli
+from hospitrust.ops import flwr
 
 
 class _NoTorchvisionOps:
@@ -112,7 +113,7 @@ def test_the_browser_check_says_how_to_install_chromium(monkeypatch, tmp_path):
 
 
 def test_help_stays_fast_it_imports_neither_torch_nor_flower():
-    code = ("import sys; from hospitrust.ops.cli import build_parser; build_parser(); "
+    code = ("import sys; from hospitrust.cli.main import build_parser; build_parser(); "
             "print(sorted(m for m in ('torch', 'flwr', 'torchvision') if m in sys.modules))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == "[]"

@@ -117,7 +117,7 @@ def _console_texts(runs_root: Path) -> dict[str, str]:
 
 #: Where the in-process run's hospital-side log lines come from (a deployment writes them on the
 #: hospital's machine); every other line is the ServerApp's, which `flwr log` would show.
-HOSPITAL_SIDE = ("hospitrust/client_app/", "hospitrust/datasets/", "hospitrust/privacy/", "hospitrust/contribution/client",
+HOSPITAL_SIDE = ("hospitrust/client_app/", "hospitrust/datasets/", "hospitrust/privacy/", "hospitrust/client_app/contribution",
                  "hospitrust/ops/inprocess.py", "flwr/clientapp/")
 
 

@@ -19,7 +19,7 @@ from PIL import Image
 from hospitrust.config import parse_run_config
 from hospitrust.datasets.dicom import write_dicom
 from hospitrust.datasets.local import HospitalDataError, data_card, load_local, split_local
-from hospitrust.ops.cli import main as cli_main
+from hospitrust.cli.main import main as cli_main
 from hospitrust.ops.data_check import check_path
 from hospitrust.privacy.ledger import PrivacyLedger, content_hash
 from hospitrust.privacy.local import PrivacyEvent

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from hospitrust.ops import cli
+from hospitrust.cli import main as cli
 from hospitrust.ops.simulate import copy_lines
 
 G, R = "\x1b[92m", "\x1b[0m"

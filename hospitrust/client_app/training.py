@@ -13,7 +13,7 @@ from hospitrust.attacks.interfaces import DataAttack
 from hospitrust.attacks.threat_model import data_rng, hospital_attack
 from hospitrust.client_app.context import HospitalContext, local_report
 from hospitrust.datasets.federation import LabelledImages
-from hospitrust.tasks.augment import task_augmentation
+from hospitrust.models.augment import task_augmentation
 from hospitrust.models.training import TrainOptions, TrainResult, balanced_class_weights, class_weights_from_counts, pick_device, seed_everything, train
 
 

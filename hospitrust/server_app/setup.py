@@ -24,7 +24,7 @@ from hospitrust.server_app.discovery import discover_hospitals
 from hospitrust.server_app.evaluation import Evaluation
 from hospitrust.server_app.records import log_hospitals, run_record
 from hospitrust.server_app.results import RunDirectory
-from hospitrust.server_app.server_data import ServerSets
+from hospitrust.datasets.server import ServerSets
 from hospitrust.server_app.services import CentralEvaluator, strategy_from_config
 from hospitrust.server_app.transport import Sent, pipelines
 from hospitrust.strategies.base import RoundResult

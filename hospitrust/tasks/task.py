@@ -86,7 +86,7 @@ class TaskOptions(Options):
     @field_validator("augmentation")
     @classmethod
     def _augmentation(cls, v: str) -> str:
-        from hospitrust.tasks.augment import parse_augmentation
+        from hospitrust.models.augment import parse_augmentation
 
         parse_augmentation(split_list(v), image_size=28)  # ValueError naming the bad item
         return v
@@ -127,7 +127,7 @@ class Task:
     mean, std : tuple[float, ...]
         Normalization per channel, on images scaled to [0, 1].
     augmentation : tuple[str, ...]
-        Training augmentation items (``hospitrust.tasks.augment``).
+        Training augmentation items (``hospitrust.models.augment``).
     rare_classes : tuple[int, ...]
         Clinically rare classes given by the task (empty: found from the federation's counts).
     dicom_frame : int

@@ -175,11 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_app_parser(sub)
     add_data_parser(sub)
 
-    from hospitrust.tasks.export import add_task_parser
+    from hospitrust.cli.export import add_task_parser
 
     add_task_parser(sub)
 
-    from hospitrust.fbd.cli import add_unlearn_parser
+    from hospitrust.cli.fbd import add_unlearn_parser
 
     add_unlearn_parser(sub)
 
