@@ -17,8 +17,8 @@ import pytest
 
 from browser import ARTIFACTS, browser, wait_for  # noqa: F401  (browser is a fixture)
 from conftest import small_run_config
-from hospitrust.ops.console import views
-from hospitrust.ops.console.runs import RunReader
+from hospitrust.console import views
+from hospitrust.console.runs import RunReader
 
 # ------------------------------------------------------------------ views, by hand
 ROUND = {
@@ -102,7 +102,7 @@ def hta_run(tmp_path_factory, _medmnist_problem):
 
 
 def test_the_static_report_is_one_file_with_the_figures(hta_run, browser, tmp_path):
-    from hospitrust.ops.console.report import write_report
+    from hospitrust.console.report import write_report
 
     written = write_report(hta_run, tmp_path / "report")
     assert [p.name for p in written] == ["report.html", "metrics.png", "trust.png"]
@@ -163,7 +163,7 @@ def test_the_live_page_shows_hospitals_new_rounds_and_a_rejected_hospitals_reaso
     import uvicorn
 
     from hospitrust.ops import flwr
-    from hospitrust.ops.console.app import create_app
+    from hospitrust.console.app import create_app
     from hospitrust.ops.inprocess import run_inprocess
 
     out = tmp_path / "runs"
@@ -212,7 +212,7 @@ def test_the_live_page_shows_hospitals_new_rounds_and_a_rejected_hospitals_reaso
 
 
 def test_a_hospital_that_could_not_join_is_the_first_alert():
-    from hospitrust.ops.console import views
+    from hospitrust.console import views
 
     rounds = [{"round": 1, "clients": [], "offline": [], "missing": ["h2"]}]
     alerts = views.all_alerts(rounds, ground_truth=False, rare=set(), left_out=[

@@ -14,7 +14,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from hospitrust.ops import deploy
 from hospitrust.ops.deploy import gateway
-from hospitrust.ops.deploy.errors import DeployError
+from hospitrust.errors import DeployError
 from hospitrust.ops.deploy.tunnel import server_name, split_address, tunnel_dir, write_tunnel
 
 

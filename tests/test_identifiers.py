@@ -17,7 +17,7 @@ from PIL import Image
 from starlette.testclient import TestClient
 
 from hospitrust.datasets.dicom import write_dicom
-from hospitrust.ops.console.app import create_app
+from hospitrust.console.app import create_app
 from hospitrust.ops.inprocess import run_inprocess
 from identifier_scan import as_text, find_identifiers, identifiers_under
 

@@ -24,8 +24,10 @@ LAYERS = {
     # the round's parts and the run config composed from the options below
     "features": MIDDLE, "strategies": MIDDLE, "config": MIDDLE,
     # the Flower apps (FED-FBD's loop is the ServerApp's and the ClientApp's), the command line and
-    # what it runs
+    # what it runs: grids, the in-process grid and simulate (ops), deployment (ops.deploy), the
+    # console, the PKI, process supervision, the data check, benchmark grids
     "server_app": TOP, "client_app": TOP, "cli": TOP, "bench": TOP, "ops": TOP,
+    "console": TOP, "pki": TOP, "supervision": TOP, "datacheck": TOP,
 }
 
 

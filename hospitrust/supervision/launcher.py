@@ -238,7 +238,7 @@ class StdinGate:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m hospitrust.ops.deploy.launcher --runtime-api-address HOST:PORT``."""
+    """``python -m hospitrust.supervision.launcher --runtime-api-address HOST:PORT``."""
     parser = argparse.ArgumentParser(description="Launch a SuperNode's ClientApps by forking a preloaded process.")
     parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's Runtime API (its --host:--port)")
     parser.add_argument("--poll", type=float, default=POLL_SECONDS, help="seconds between task polls")

@@ -8,7 +8,7 @@ supervisor watches both ends:
 
 - the SuperNode's log: a ``Receiving:`` line opens a message, a ``Sent successfully`` (or a
   dropped-message line) closes it;
-- the launcher's events (``hospitrust.ops.deploy.launcher``): a child that exits with an error
+- the launcher's events (``hospitrust.supervision.launcher``): a child that exits with an error
   or a signal while a message is open.
 
 It restarts the SuperNode (same key, so the same node id; the SuperLink sees it reconnect) and
@@ -147,7 +147,7 @@ class Supervisor:
         self.died.clear()
         self.refused = self.activated = False
         self.supernode = self._popen(self.supernode_cmd, self._supernode_line)
-        launcher = [sys.executable, "-m", "hospitrust.ops.deploy.launcher", "--runtime-api-address", self.address,
+        launcher = [sys.executable, "-m", "hospitrust.supervision.launcher", "--runtime-api-address", self.address,
                     "--parent-pid", str(os.getpid()), "--gate-stdin"]
         env = self.env
         self.env = {**env, "HOSPITRUST_LAUNCHER_GENERATION": str(len(self.restarts))}
