@@ -26,6 +26,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from hospitrust.attacks.registry import ATTACKS, SCHEDULE_SECTION, AttackError, build_attack
 from hospitrust.attacks.schedule import ScheduleOptions
+from hospitrust.attacks.threat_model import ThreatModel
 from hospitrust.attacks.selection import parse_int_list
 from hospitrust.config import legacy
 from hospitrust.errors import ConfigError, did_you_mean
@@ -258,6 +259,12 @@ class RunConfig(CoreOptions):
     def attack_sections(self) -> dict[str, Options]:
         """The options of the attack sections (and the schedule), by name, for ``build_attack``."""
         return {name: self.options(name) for name in [*ATTACKS, SCHEDULE_SECTION] if name in all_sections()}
+
+    @property
+    def threat_model(self) -> ThreatModel:
+        """Who attacks and how: what ``hospitrust.attacks.threat_model`` needs of this config."""
+        return ThreatModel(self.attack, self.attack_sections(), self.malicious_fraction, self.malicious_hospitals,
+                           self.seed)
 
     # ---- derived -------------------------------------------------------------------
     def resolved_data_dir(self) -> Path | None:

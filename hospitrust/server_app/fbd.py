@@ -175,10 +175,10 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
         "num-partitions": max([r.get("num_partitions", -1) for r in rows] + [len(rows)]),
     })
 
-    attack = configured_attack(cfg)
+    attack = configured_attack(cfg.threat_model)
     partition_of = {r["hospital"]: r["partition_id"] for r in rows}
     num_partitions = max([r.get("num_partitions", -1) for r in rows] + [len(rows)])
-    truth = ground_truth(cfg, partition_of, num_partitions)
+    truth = ground_truth(cfg.threat_model, partition_of, num_partitions)
     malicious = sorted(h for h, bad in truth.items() if bad)
     if attack is not None:
         log(INFO, "hospitrust: attack %s by %s", attack, malicious or "nobody")

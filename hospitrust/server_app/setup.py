@@ -82,9 +82,9 @@ def set_up_run(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device:
     run_dir.write_config(record_of_run)
 
     # the threat model (simulation ground truth; all honest when no attack is configured)
-    attack = configured_attack(cfg)
+    attack = configured_attack(cfg.threat_model)
     partition_of = {r["hospital"]: r["partition_id"] for r in rows}
-    truth = ground_truth(cfg, partition_of, max([r.get("num_partitions", -1) for r in rows] + [len(rows)]))
+    truth = ground_truth(cfg.threat_model, partition_of, max([r.get("num_partitions", -1) for r in rows] + [len(rows)]))
     if attack is not None:
         log(INFO, "hospitrust: attack %s by %s", attack, sorted(h for h, bad in truth.items() if bad) or "nobody")
 
