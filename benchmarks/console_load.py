@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from browser import CHROMEDRIVER, CHROMIUM, FLAGS, missing_browser
     from hospitrust.ops import flwr
-    from hospitrust.ops.console.app import create_app
+    from hospitrust.console.app import create_app
 
     if problem := missing_browser():
         print(problem, file=sys.stderr)

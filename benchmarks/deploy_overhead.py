@@ -137,7 +137,7 @@ def idle_waits(rounds: list[dict]) -> float:
 
 def simulated(work: Path, hospitals: int, run_config: str) -> tuple[list[dict], float]:
     start = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "hospitrust.ops.cli", "simulate", "--hospitals", str(hospitals), "-c",
+    res = subprocess.run([sys.executable, "-m", "hospitrust.cli.main", "simulate", "--hospitals", str(hospitals), "-c",
                           f'{run_config} output-dir="{work / "sim"}" run-name="sim"'], cwd=REPO, capture_output=True,
                          text=True)
     if res.returncode != 0:
@@ -171,7 +171,7 @@ def deployed(work: Path, hospitals: int, run_config: str, launcher: str, threads
                 raise SystemExit(f"registering {name} failed: {res.stdout}{res.stderr}")
         for i, name in enumerate(names):
             sn_env = flwr.flower_env(root / f"sn-{name}", {"OMP_NUM_THREADS": str(threads)})
-            cmd = [sys.executable, "-m", "hospitrust.ops.cli", "deploy", "supernode", "--superlink", address,
+            cmd = [sys.executable, "-m", "hospitrust.cli.main", "deploy", "supernode", "--superlink", address,
                    "--ca", str(certs / "ca.crt"), "--key", str(keys / f"{name}.key"), "--partition", f"{i}/{hospitals}",
                    "--hospital", name, "--port", str(flwr.free_port()), "--launcher", launcher]
             procs.append(flwr.start(name, cmd, env=sn_env, cwd=root, log_file=root / f"{name}.log"))

@@ -75,7 +75,7 @@ def routed_without(run_dir: Path, colors: list[int]) -> dict:
     from hospitrust import metrics
     from hospitrust.datasets.registry import dataset_info
     from hospitrust.datasets.federation import test_set
-    from hospitrust.fbd.cli import _run_config
+    from hospitrust.cli.fbd import _run_config
     from hospitrust.fbd.routing import color_probabilities, route
     from hospitrust.fbd.warehouse import Warehouse
 
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, seconds, error in pool.imap_unordered(_run, todo):
                 print(f"{name}: {'FAILED ' + error if error else 'done'} in {seconds:.0f} s", flush=True)
 
-    from hospitrust.fbd.cli import unlearn_run
+    from hospitrust.cli.fbd import unlearn_run
     from hospitrust.server_app.results import read_summary
 
     summaries = {cfg["run-name"]: read_summary(out / cfg["run-name"]) for cfg in _runs(base, out)}

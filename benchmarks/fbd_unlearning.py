@@ -1,5 +1,5 @@
 """FED-FBD's unlearning utility loss over a bench grid of FBD runs: every hospital of every finished cell
-unlearned in turn (``hospitrust unlearn``'s own code path, :func:`hospitrust.fbd.cli.unlearn_run`), and per
+unlearned in turn (``hospitrust unlearn``'s own code path, :func:`hospitrust.cli.fbd.unlearn_run`), and per
 group of cells the change in the routed ensemble's AUC, accuracy and balanced accuracy, the time of the
 set operation, and the membership-inference AUROC of the unlearned hospital's training images before and
 after. A hospital that reached every color has no donors and is refused; the table counts those.
@@ -35,9 +35,9 @@ def run_dirs(grid: Path) -> list[tuple[dict[str, str], Path]]:
 
 def unlearn_cell(run_dir: Path, hospitals: list[str] | None = None) -> list[dict]:
     """One record per hospital of the run: the unlearning's evaluation, or why it was refused."""
-    from hospitrust.fbd.cli import unlearn_run
+    from hospitrust.cli.fbd import unlearn_run
     from hospitrust.fbd.plan import PlanError, ShippingPlan
-    from hospitrust.fbd.server import PLAN_FILE
+    from hospitrust.server_app.fbd import PLAN_FILE
     from hospitrust.fbd.unlearn import UnlearningError
 
     plan = ShippingPlan.load(run_dir / PLAN_FILE)

@@ -45,8 +45,8 @@ from hospitrust.models.training import predict_proba
 def left_out(run_config: dict[str, Any], attack: str, hospitals: int) -> list[int]:
     """The partitions ``attack`` would make malicious under this run config (its seed, its
     ``malicious-fraction`` or ``malicious-hospitals``)."""
-    cfg = parse_run_config({**run_config, "attack": attack})
-    return sorted(malicious_partitions(cfg, hospitals))
+    threat = parse_run_config({**run_config, "attack": attack}).threat_model
+    return sorted(malicious_partitions(threat, hospitals))
 
 
 def run_oracle_cell(run_config: dict[str, Any], hospitals: int, leave_out: list[int], log) -> None:

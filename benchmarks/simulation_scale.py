@@ -80,7 +80,7 @@ class PeakRSS:
 def one_size(work: Path, hospitals: int, run_config: str, timeout: float) -> dict:
     """Run one simulation of ``hospitals`` hospitals; its start-up, round times and peak memory."""
     name = f"scale-{hospitals}"
-    cmd = [sys.executable, "-m", "hospitrust.ops.cli", "simulate", "--hospitals", str(hospitals), "--timeout",
+    cmd = [sys.executable, "-m", "hospitrust.cli.main", "simulate", "--hospitals", str(hospitals), "--timeout",
            str(timeout), "-c", f'{run_config} output-dir="{work}" run-name="{name}"']
     log = work / f"{name}.log"
     launched = time.time()

@@ -105,12 +105,10 @@ def _which(cmd: str) -> str | None:
 
 def data_folder() -> tuple[Path, str]:
     """The folder the product reads MedMNIST files from when no data-dir is given, and why that one."""
-    from hospitrust.config import DATA_DIR_ENV
+    from hospitrust.datasets.base import DATA_DIR_ENV, default_root
 
     if os.environ.get(DATA_DIR_ENV):
         return Path(os.environ[DATA_DIR_ENV]).expanduser().resolve(), f"${DATA_DIR_ENV}"
-    from hospitrust.datasets.base import default_root
-
     return Path(default_root()).expanduser().resolve(), f"default; ${DATA_DIR_ENV} is unset"
 
 

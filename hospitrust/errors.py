@@ -36,3 +36,9 @@ class HospitalError(Exception):
 
     def __str__(self) -> str:
         return self.public
+
+
+class DeployError(RuntimeError):
+    """A deployment step cannot be done (keys, certificates, the SuperLink, a SuperNode, an app
+    bundle); the message says why and what to do.
+    """

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from conftest import DATA_DIR, REPO
 from hospitrust.ops import deploy, flwr
-from hospitrust.tasks.export import export
+from hospitrust.cli.export import export
 
 RUN_TIMEOUT = float(os.environ.get("HOSPITRUST_TEST_RUN_TIMEOUT", "900"))
 REPLY_TIMEOUT = float(os.environ.get("HOSPITRUST_TEST_REPLY_TIMEOUT", "300"))
@@ -180,7 +180,7 @@ class Federation:
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "hospitrust.ops.cli", *args]
+    return [sys.executable, "-m", "hospitrust.cli.main", *args]
 
 
 def start_federation(work: Path):
@@ -238,7 +238,7 @@ def start_federation(work: Path):
 
 def supernode_cli(fed: Federation, name: str, data: Path, *extra: str) -> list[str]:
     """``hospitrust deploy supernode`` for hospital ``name`` (key ``name.key``), as a hospital starts it."""
-    return [sys.executable, "-m", "hospitrust.ops.cli", "deploy", "supernode", "--superlink", fed.address,
+    return [sys.executable, "-m", "hospitrust.cli.main", "deploy", "supernode", "--superlink", fed.address,
             "--ca", str(fed.certs / "ca.crt"), "--key", str(fed.keys / f"{name}.key"), "--data-path", str(data),
             "--task", str(fed.export["task"]), "--hospital", name, "--cache-dir", str(fed.work / "cache" / name),
             "--port", str(free_port()), *extra]

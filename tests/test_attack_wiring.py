@@ -24,7 +24,7 @@ def _run(tmp_path, reply_filter=None, num_nodes=4, **overrides):
 
 def test_malicious_set_is_fixed_by_seed_and_fraction():
     cfg = parse_run_config({**small_run_config(__import__("pathlib").Path("/tmp")), "attack": "sign-flip",
-                            "malicious-fraction": 0.3})
+                            "malicious-fraction": 0.3}).threat_model
     bad = malicious_partitions(cfg, 10)
     assert len(bad) == 3 and bad == malicious_partitions(cfg, 10)
     node = parse_node_config({"partition-id": sorted(bad)[0], "num-partitions": 10})

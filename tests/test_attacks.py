@@ -22,7 +22,7 @@ from hospitrust.config import ConfigError, parse_run_config
 
 def _configured(attack: str, **flat):
     """The attack a run config with these keys builds (the real config path)."""
-    return configured_attack(parse_run_config({"attack": attack, **flat}))
+    return configured_attack(parse_run_config({"attack": attack, **flat}).threat_model)
 
 
 def _stack(n: int = 8, d: int = 40, seed: int = 0, dtype=torch.float64) -> torch.Tensor:

@@ -130,7 +130,7 @@ def test_smoke_grid_killed_resumed_failed_retried_stored_and_reported(tmp_path, 
     out = tmp_path / "smoke"
     env = {**os.environ, "HOSPITRUST_DATA_DIR": str(data_dir)}
     # 1. start the smoke grid and kill it once a cell has finished
-    proc = subprocess.Popen([sys.executable, "-m", "hospitrust.ops.cli", "bench", str(SMOKE), "--out", str(out)],
+    proc = subprocess.Popen([sys.executable, "-m", "hospitrust.cli.main", "bench", str(SMOKE), "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
     lines, deadline = [], time.monotonic() + 300
     for line in proc.stdout:
@@ -191,7 +191,7 @@ def test_smoke_grid_killed_resumed_failed_retried_stored_and_reported(tmp_path, 
     assert (done["overhead_seconds"] > 0).all()
 
     # 5. the report: self-contained HTML with PNGs that decode, and Markdown with the same figures
-    from hospitrust.ops.cli import main
+    from hospitrust.cli.main import main
 
     assert main(["report", str(out)]) == 0
     page = (out / "report" / "report.html").read_text()

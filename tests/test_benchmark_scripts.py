@@ -182,7 +182,7 @@ def test_oracle_exclusion_runs_without_the_attackers_and_scores_like_the_server(
     assert oracle.main(argv) == 0
     printed = capsys.readouterr().out
     expected = sorted(malicious_partitions(parse_run_config(
-        {"attack": "label-flip", "malicious-fraction": 0.25, "seed": 7}), 4))
+        {"attack": "label-flip", "malicious-fraction": 0.25, "seed": 7}).threat_model, 4))
     assert len(expected) == 1
     # the oracle federation has every hospital but the attacker's partition
     counts = (out / "oracle-s7__fedavg" / "class_counts.csv").read_text()

@@ -165,7 +165,7 @@ def test_an_old_checkpoint_is_refused_then_upgraded_once_trusted(tmp_path):
 
     import numpy as np
 
-    from hospitrust.ops.cli import main
+    from hospitrust.cli.main import main
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

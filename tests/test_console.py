@@ -17,8 +17,8 @@ import pytest
 
 from browser import ARTIFACTS, browser, wait_for  # noqa: F401  (browser is a fixture)
 from conftest import small_run_config
-from hospitrust.ops.console import views
-from hospitrust.ops.console.runs import RunReader
+from hospitrust.console import views
+from hospitrust.console.runs import RunReader
 
 # ------------------------------------------------------------------ views, by hand
 ROUND = {
@@ -102,7 +102,7 @@ def hta_run(tmp_path_factory, _medmnist_problem):
 
 
 def test_the_static_report_is_one_file_with_the_figures(hta_run, browser, tmp_path):
-    from hospitrust.ops.console.report import write_report
+    from hospitrust.console.report import write_report
 
     written = write_report(hta_run, tmp_path / "report")
     assert [p.name for p in written] == ["report.html", "metrics.png", "trust.png"]
@@ -132,7 +132,7 @@ def test_off_loopback_every_route_needs_the_token(hta_run):
 
     port = flwr.free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "hospitrust.ops.cli", "console", str(hta_run.parent), "--host",
+    proc = subprocess.Popen([sys.executable, "-m", "hospitrust.cli.main", "console", str(hta_run.parent), "--host",
                              "0.0.0.0", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)
     try:
@@ -163,7 +163,7 @@ def test_the_live_page_shows_hospitals_new_rounds_and_a_rejected_hospitals_reaso
     import uvicorn
 
     from hospitrust.ops import flwr
-    from hospitrust.ops.console.app import create_app
+    from hospitrust.console.app import create_app
     from hospitrust.ops.inprocess import run_inprocess
 
     out = tmp_path / "runs"
@@ -212,7 +212,7 @@ def test_the_live_page_shows_hospitals_new_rounds_and_a_rejected_hospitals_reaso
 
 
 def test_a_hospital_that_could_not_join_is_the_first_alert():
-    from hospitrust.ops.console import views
+    from hospitrust.console import views
 
     rounds = [{"round": 1, "clients": [], "offline": [], "missing": ["h2"]}]
     alerts = views.all_alerts(rounds, ground_truth=False, rare=set(), left_out=[
@@ -247,7 +247,7 @@ LEFT_OUT = [{"node_id": 7, "hospital": "st-broken", "reason": "1 of 6 images can
 def test_flowers_status_decides_a_run_whose_records_end_early(hta_run, tmp_path):
     import fcntl
 
-    from hospitrust.ops.console.app import round_rows, run_state
+    from hospitrust.console.app import round_rows, run_state
 
     answers = {11: ("finished:stopped", ""), 12: ("finished:failed", "Task failed with unknown error."), 13: ("running", ""),
                14: ("unknown", "connection refused")}
@@ -286,7 +286,7 @@ def test_the_live_page_shows_a_left_out_hospital_and_a_stopped_run(hta_run, brow
     import uvicorn
 
     from hospitrust.ops import flwr
-    from hospitrust.ops.console.app import create_app
+    from hospitrust.console.app import create_app
 
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -320,7 +320,7 @@ def test_the_live_page_shows_a_left_out_hospital_and_a_stopped_run(hta_run, brow
 
 
 def test_the_round_in_flight_from_the_progress_file(tmp_path):
-    from hospitrust.ops.console.progress import round_in_flight
+    from hospitrust.console.progress import round_in_flight
 
     path = tmp_path / "progress.jsonl"
     events = [
@@ -341,7 +341,7 @@ def test_the_live_page_shows_a_late_hospital_while_its_round_is_in_flight(browse
     import uvicorn
 
     from hospitrust.ops import flwr
-    from hospitrust.ops.console.app import create_app
+    from hospitrust.console.app import create_app
     from hospitrust.ops.inprocess import run_inprocess
 
     out = tmp_path / "runs"

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from hospitrust.contribution import client as contribution_client
+from hospitrust.client_app import contribution as contribution_client
 from hospitrust.contribution.interface import ContributionLedger, HospitalReport, SecureRoundView, score_round
 from hospitrust.contribution.federation import ContributionTracker, parse_report
 from hospitrust.contribution.scores import coalition_weights
@@ -80,7 +80,7 @@ def test_scoring_code_imports_no_tensor_library_and_reads_no_array_record():
         mods = _imports(PKG / name)
         assert not any(m == "torch" or m.startswith("torch.") for m in mods), name
         # nor the hospital-side module (which holds updates)
-        assert "hospitrust.contribution.client" not in mods, name
+        assert "hospitrust.client_app.contribution" not in mods, name
         assert not any(m.startswith("hospitrust.strategies") or m.startswith("hospitrust.aggregation") for m in mods), name
     fed = (PKG / "federation.py").read_text()
     tree = ast.parse(fed)

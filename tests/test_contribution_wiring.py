@@ -14,7 +14,7 @@ from flwr.app import Context, RecordDict
 from conftest import small_run_config
 from hospitrust.client_app import app as client_app
 from hospitrust.config import ConfigError, parse_run_config
-from hospitrust.contribution.client import STATE_SENT
+from hospitrust.client_app.contribution import STATE_SENT
 from hospitrust.ops.inprocess import InProcessGrid
 from hospitrust.server_app.results import read_rounds, read_summary
 from hospitrust.server_app import app as server_app

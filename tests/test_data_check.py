@@ -18,8 +18,8 @@ from PIL import Image
 from pydicom.uid import RLELossless
 
 from hospitrust.datasets.dicom import write_dicom
-from hospitrust.ops.cli import main as cli_main
-from hospitrust.ops.data_check import check_folder, check_path, main
+from hospitrust.cli.main import main as cli_main
+from hospitrust.datacheck.check import check_folder, check_path, main
 from hospitrust.tasks.task import Task
 
 PNEUMONIA = Task(name="pneumoniamnist", class_names=("normal", "pneumonia"), channels=1, image_size=28, model="small-cnn",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hospitrust.ops.cli import main as cli_main
+from hospitrust.cli.main import main as cli_main
 from hospitrust.ops.deploy import DeployError
 from hospitrust.ops.deploy import hospitals as hs
 

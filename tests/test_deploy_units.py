@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from hospitrust.ops import deploy
-from hospitrust.ops.cli import main as cli_main
+from hospitrust.cli.main import main as cli_main
 
 
 def _mode(path: Path) -> int:
@@ -130,7 +130,7 @@ def test_the_watchdog_fires_on_a_clientapp_that_died_with_a_message_open_or_a_me
     """Supervisor.check from the SuperNode's log lines and the launcher's events (no processes)."""
     import json as _json
 
-    from hospitrust.ops.deploy import supervisor as sv
+    from hospitrust.supervision import supervisor as sv
 
     s = sv.Supervisor(["true"], "127.0.0.1:1", message_timeout=30.0, env={}, out=lambda line: None)
     s._supernode_line("INFO :      Receiving: train message (ID: abc)")

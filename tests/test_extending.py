@@ -125,7 +125,7 @@ def test_an_attack_is_picked_up_by_its_class(extension):
 
     assert ATTACKS["halving"].kind == "update"
     attack = configured_attack(parse_run_config({"attack": "halving", "halving.factor": 0.25,
-                                                 "attack-schedule.start-round": 1}))
+                                                 "attack-schedule.start-round": 1}).threat_model)
     assert attack.attack.factor == 0.25 and not attack.active(1) and attack.active(2)
 
 

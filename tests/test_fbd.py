@@ -399,7 +399,7 @@ def test_poisoned_hospital_is_contained_to_its_colors(fbd_runs):
 
 
 def test_unlearn_cli_end_to_end(fbd_runs, capsys):
-    from hospitrust.ops.cli import main
+    from hospitrust.cli.main import main
 
     honest, poisoned, _ = fbd_runs
     before = Warehouse.load(poisoned / "warehouse.pt")
@@ -485,15 +485,15 @@ def test_evaluator_leaves_a_broken_color_out_instead_of_failing(tmp_path, data_d
     """A color predicting NaN is reported broken, flagged and left out of routing; the round's
     metrics stay finite (the ResNet-18 noise run once died here in round 1)."""
     from hospitrust.config import parse_run_config
-    from hospitrust.fbd.server import WarehouseEvaluator
-    from hospitrust.server_app.server_data import server_sets
+    from hospitrust.server_app.fbd import WarehouseEvaluator
+    from hospitrust.datasets.server import server_sets
     from hospitrust.tasks.task import resolve_task
 
     cfg = parse_run_config(small_run_config(tmp_path, **{"strategy": "fbd", "fbd.colors": 3, "fbd.redundancy": 1}))
     wh = _warehouse(colors=3)
     wh.states[1]["classifier.4.weight"] = torch.full_like(wh.states[1]["classifier.4.weight"], float("nan"))
     task = resolve_task(cfg)
-    central, fbd = WarehouseEvaluator(cfg, task, torch.device("cpu"), server_sets(cfg, task))(wh)
+    central, fbd = WarehouseEvaluator(cfg, task, torch.device("cpu"), server_sets(cfg.server_data, task, cfg.federation, cfg.task.custom))(wh)
     assert fbd["broken_colors"] == [1] and 1 in fbd["flagged_colors"] and 1 in fbd["excluded_colors"]
     assert fbd["colors"]["1"]["broken"] and fbd["colors"]["1"]["z"] is None
     assert np.isfinite(central["auc"]) and np.isfinite(central["balanced_accuracy"])

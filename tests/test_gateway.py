@@ -14,7 +14,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from hospitrust.ops import deploy
 from hospitrust.ops.deploy import gateway
-from hospitrust.ops.deploy.errors import DeployError
+from hospitrust.errors import DeployError
 from hospitrust.ops.deploy.tunnel import server_name, split_address, tunnel_dir, write_tunnel
 
 
@@ -118,7 +118,7 @@ def test_the_tunnel_and_its_connection(pki, tmp_path):
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hospitrust.ops.cli", *args], capture_output=True, text=True, timeout=60,
+    return subprocess.run([sys.executable, "-m", "hospitrust.cli.main", *args], capture_output=True, text=True, timeout=60,
                           env=env)
 
 

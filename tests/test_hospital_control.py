@@ -101,7 +101,7 @@ def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refu
 
     # (b) the security officer reviews and approves the bundle the gate kept; the same run trains there
     pending = fed.gate["store"].bundles / "pending" / f"{sha}.fab"
-    review = subprocess.run([sys.executable, "-m", "hospitrust.ops.cli", "app", "review", str(pending), "--approvals",
+    review = subprocess.run([sys.executable, "-m", "hospitrust.cli.main", "app", "review", str(pending), "--approvals",
                              str(fed.gate["store"].path)], capture_output=True, text=True, timeout=60)
     assert review.returncode == 0 and "+import os as _os" in review.stdout, review.stdout + review.stderr
     fed.gate["store"].approve(pending.read_bytes(), by="security-officer")
@@ -128,7 +128,7 @@ def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refu
 
     # (e) hospital-2's audit log verifies, and an edited line is found
     audit_log = fed.gate["audit"]
-    res = subprocess.run([sys.executable, "-m", "hospitrust.ops.cli", "deploy", "audit", str(audit_log)],
+    res = subprocess.run([sys.executable, "-m", "hospitrust.cli.main", "deploy", "audit", str(audit_log)],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "the hash chain verifies" in res.stdout, res.stdout + res.stderr
     lines = audit_log.read_text().splitlines()
@@ -141,6 +141,6 @@ def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refu
     edited = json.loads(lines[2])
     edited["decision"] = "accepted" if edited["decision"] == "refused" else "refused"
     audit_log.write_text("\n".join([*lines[:2], json.dumps(edited, sort_keys=True), *lines[3:]]) + "\n")
-    res = subprocess.run([sys.executable, "-m", "hospitrust.ops.cli", "deploy", "audit", str(audit_log), "--quiet"],
+    res = subprocess.run([sys.executable, "-m", "hospitrust.cli.main", "deploy", "audit", str(audit_log), "--quiet"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 1 and "line 3:" in res.stderr, res.stdout + res.stderr

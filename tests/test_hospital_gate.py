@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import multiprocessing
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from hospitrust.ops.deploy import approval, audit
-from hospitrust.ops.deploy.errors import DeployError
+from hospitrust.errors import DeployError
 from hospitrust.ops.deploy.gate import GateConfig, decide
 from hospitrust.ops.deploy.policy import SitePolicy, load_policy, refusal
 
@@ -214,7 +215,8 @@ def test_data_check_prints_what_the_policy_allows(tmp_path):
         for i in range(3):
             Image.new("L", (28, 28), color=40 * i + 7 * k).save(tmp_path / "data" / c / f"{i}.png")
     (tmp_path / "policy.toml").write_text('max-local-epochs = 3\nmessages = ["query", "train"]\n')
-    res = subprocess.run(["hospitrust", "data", "check", str(tmp_path / "data"), "--classes", "normal,pneumonia",
+    res = subprocess.run([sys.executable, "-m", "hospitrust.cli.main", "data", "check", str(tmp_path / "data"),
+                          "--classes", "normal,pneumonia",
                           "--image-size", "28", "--policy", str(tmp_path / "policy.toml")],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -17,7 +17,7 @@ from PIL import Image
 from starlette.testclient import TestClient
 
 from hospitrust.datasets.dicom import write_dicom
-from hospitrust.ops.console.app import create_app
+from hospitrust.console.app import create_app
 from hospitrust.ops.inprocess import run_inprocess
 from identifier_scan import as_text, find_identifiers, identifiers_under
 
@@ -117,7 +117,7 @@ def _console_texts(runs_root: Path) -> dict[str, str]:
 
 #: Where the in-process run's hospital-side log lines come from (a deployment writes them on the
 #: hospital's machine); every other line is the ServerApp's, which `flwr log` would show.
-HOSPITAL_SIDE = ("hospitrust/client_app/", "hospitrust/datasets/", "hospitrust/privacy/", "hospitrust/contribution/client",
+HOSPITAL_SIDE = ("hospitrust/client_app/", "hospitrust/datasets/", "hospitrust/privacy/", "hospitrust/client_app/contribution",
                  "hospitrust/ops/inprocess.py", "flwr/clientapp/")
 
 

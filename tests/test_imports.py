@@ -1,6 +1,8 @@
-"""The package's import graph: no cycle between modules and no import of another module's
-``_private`` name, counting module-level and function-local imports alike. Edges into a package
-``__init__`` are left out (a package re-exports its modules; importing it is not importing them)."""
+"""The package's import graph: no cycle between modules, no cycle between packages, no lower layer
+importing a higher one (the layers are declared below, as docs/architecture.md draws them), and no
+import of another module's ``_private`` name, counting module-level and function-local imports
+alike. Between modules, edges into a package ``__init__`` are left out (a package re-exports its
+modules; importing it is not importing them); between packages every import counts."""
 
 from __future__ import annotations
 
@@ -8,6 +10,25 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hospitrust"
+
+# Each subpackage (or top-level module) of hospitrust and its floor: a package imports only its own
+# floor and the floors below it, and no two packages import each other. docs/architecture.md draws it.
+CORE, LOWER, MIDDLE, TOP = 0, 1, 2, 3
+LAYERS = {
+    # the core: the Options base, errors, metric names, the private-state helpers
+    "hospitrust": CORE, "options": CORE, "errors": CORE, "metrics": CORE, "private": CORE,
+    # math, data and models: pure rules, attacks, datasets and the server's data, tasks, models,
+    # contribution math, privacy math, FED-FBD's block model; the environment checks
+    "aggregation": LOWER, "attacks": LOWER, "datasets": LOWER, "tasks": LOWER, "models": LOWER,
+    "contribution": LOWER, "privacy": LOWER, "fbd": LOWER, "envcheck": LOWER,
+    # the round's parts and the run config composed from the options below
+    "features": MIDDLE, "strategies": MIDDLE, "config": MIDDLE,
+    # the Flower apps (FED-FBD's loop is the ServerApp's and the ClientApp's), the command line and
+    # what it runs: grids, the in-process grid and simulate (ops), deployment (ops.deploy), the
+    # console, the PKI, process supervision, the data check, benchmark grids
+    "server_app": TOP, "client_app": TOP, "cli": TOP, "bench": TOP, "ops": TOP,
+    "console": TOP, "pki": TOP, "supervision": TOP, "datacheck": TOP,
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -57,6 +78,37 @@ def import_graph() -> tuple[dict[str, set[str]], list[str]]:
     return edges, private
 
 
+def package_of(module: str) -> str:
+    """``hospitrust.server_app.loop`` -> ``server_app``; ``hospitrust.errors`` -> ``errors``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Package -> the other packages it imports (any import, module-level or in a function,
+    package ``__init__`` included)."""
+    modules = _modules()
+    out: dict[str, set[str]] = {package_of(m): set() for m in modules}
+    for current, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                targets = [_resolve(node.module or "", node.level, current, path.name == "__init__.py")]
+            else:
+                continue
+            for target in targets:
+                if target.split(".")[0] == "hospitrust" and package_of(target) != package_of(current):
+                    out[package_of(current)].add(package_of(target))
+    return out
+
+
+def upward_imports(graph: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
+    """Every 'lower -> higher' package import, with both floors."""
+    return sorted(f"{a} (floor {layers[a]}) -> {b} (floor {layers[b]})"
+                  for a, targets in graph.items() for b in targets if layers[a] < layers[b])
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan)."""
     index: dict[str, int] = {}
@@ -98,6 +150,31 @@ def test_no_import_cycle_between_modules():
     assert cycles(import_graph()[0]) == []
 
 
+def test_every_package_has_a_declared_layer():
+    """A new package takes a floor here (and in docs/architecture.md) before it is imported."""
+    assert sorted(set(package_graph()) - set(LAYERS)) == []
+    assert sorted(set(LAYERS) - set(package_graph())) == []
+
+
+def test_no_import_cycle_between_packages():
+    assert cycles(package_graph()) == []
+
+
+def test_no_lower_layer_imports_a_higher_one():
+    assert upward_imports(package_graph(), LAYERS) == []
+
+
+def test_the_layer_check_sees_an_upward_and_a_package_cycle():
+    """The checks themselves, on a made-up graph: a function-level import counts the same."""
+    graph = {"options": set(), "config": {"server_app", "options"}, "server_app": {"config"}}
+    layers = {"options": CORE, "config": MIDDLE, "server_app": TOP}
+    assert upward_imports(graph, layers) == ["config (floor 2) -> server_app (floor 3)"]
+    assert cycles(graph) == [["config", "server_app"]]
+    real = package_graph()
+    assert "fbd" in real["strategies"]  # strategies/fbd.py imports fbd's block model at module level
+    assert "datasets" in real["envcheck"]  # a function-level import (envcheck.data_folder)
+
+
 def test_no_import_of_another_modules_private_name():
     assert import_graph()[1] == []
 
@@ -107,7 +184,7 @@ def test_the_checker_sees_a_function_local_cycle():
     edges = {"a": {"b"}, "b": {"a"}, "c": set()}
     assert cycles(edges) == [["a", "b"]]
     graph, _ = import_graph()
-    assert "hospitrust.server_app.loop" in graph and "hospitrust.fbd.server" in graph["hospitrust.server_app.loop"]
+    assert "hospitrust.server_app.loop" in graph and "hospitrust.server_app.fbd" in graph["hospitrust.server_app.loop"]
 
 
 def test_the_flower_components_stay_components_whatever_was_imported_first():

@@ -20,7 +20,7 @@ from hospitrust.datasets.dicom import write_dicom
 from hospitrust.datasets.local import HospitalDataError, RowView, data_card, load_local, split_local
 from hospitrust.errors import ConfigError
 from hospitrust.ops.inprocess import run_inprocess
-from hospitrust.tasks.augment import augment_batch, parse_augmentation
+from hospitrust.models.augment import augment_batch, parse_augmentation
 from hospitrust.tasks.model import load_pretrained, task_model
 from hospitrust.tasks.task import Task, resolve_task
 

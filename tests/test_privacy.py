@@ -200,8 +200,8 @@ def test_a_hospital_whose_budget_runs_out_mid_run_stops_training_and_the_run_com
     (entry,) = doc["data"].values()
     assert entry["hospital"] == "hospital-0" and len(entry["rounds"]) == 1
     # the console (and the report, built from the same rows) shows it
-    from hospitrust.ops.console.app import round_rows, run_state
-    from hospitrust.ops.console.runs import RunReader
+    from hospitrust.console.app import round_rows, run_state
+    from hospitrust.console.runs import RunReader
 
     reader = RunReader(run_dir, run_dir.name)
     reader.refresh()
@@ -339,7 +339,7 @@ def test_data_check_budget_line_reads_the_ledger_under_the_clientapps_content_ha
 
 
 def test_the_report_shows_each_hospitals_epsilon_and_who_ran_out_of_budget(budget_run, browser, tmp_path):
-    from hospitrust.ops.console.report import write_report
+    from hospitrust.console.report import write_report
 
     run_dir, _ = budget_run
     write_report(run_dir, tmp_path / "report")

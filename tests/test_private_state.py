@@ -19,8 +19,8 @@ from PIL import Image
 from hospitrust.config import parse_run_config
 from hospitrust.datasets.dicom import write_dicom
 from hospitrust.datasets.local import HospitalDataError, data_card, load_local, split_local
-from hospitrust.ops.cli import main as cli_main
-from hospitrust.ops.data_check import check_path
+from hospitrust.cli.main import main as cli_main
+from hospitrust.datacheck.check import check_path
 from hospitrust.privacy.ledger import PrivacyLedger, content_hash
 from hospitrust.privacy.local import PrivacyEvent
 from hospitrust.tasks.task import resolve_task
@@ -206,9 +206,9 @@ def test_the_data_clis_formats_are_the_readers():
     import sys
 
     from hospitrust.datasets.local import FORMATS
-    from hospitrust.ops import data_cli
+    from hospitrust.cli import data as data_cli
 
     assert data_cli.FORMATS == FORMATS
-    code = ("import sys, argparse; from hospitrust.ops.data_cli import add_data_parser; "
+    code = ("import sys, argparse; from hospitrust.cli.data import add_data_parser; "
             "add_data_parser(argparse.ArgumentParser().add_subparsers()); print('numpy' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

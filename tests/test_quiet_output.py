@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import io
 
-from hospitrust.ops import cli
+from hospitrust.cli import main as cli
+from hospitrust.cli import simulate as simulate_command
 from hospitrust.ops.simulate import copy_lines
 
 G, R = "\x1b[92m", "\x1b[0m"
@@ -57,6 +58,6 @@ def test_dash_v_reaches_simulate(monkeypatch):
         return sim.COMPLETED, None
 
     monkeypatch.setattr(sim, "simulate", fake)
-    monkeypatch.setattr(cli, "_environment_problem", lambda: None)
+    monkeypatch.setattr(simulate_command, "_environment_problem", lambda: None)
     assert cli.main(["simulate", "-v"]) == 0 and seen["verbose"] is True
     assert cli.main(["simulate"]) == 0 and seen["verbose"] is False

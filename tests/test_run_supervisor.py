@@ -38,7 +38,7 @@ def test_a_run_resumes_by_itself_after_the_superlink_is_killed(federation):
     run_dir = fed.work / "runs" / "crash"
     record = fed.work / "crash.attempts.jsonl"
     fed.wait_idle()
-    fed.start("run-supervisor", [sys.executable, "-m", "hospitrust.ops.cli", "deploy", "run", str(fed.app), "--connection",
+    fed.start("run-supervisor", [sys.executable, "-m", "hospitrust.cli.main", "deploy", "run", str(fed.app), "--connection",
                                  "tls", "--run-config", run_config(fed, "crash", extra), "--record", str(record), "--poll", "2",
                                  "--attempts", "3"], fed.cli_home)
     supervisor = fed.procs["run-supervisor"]

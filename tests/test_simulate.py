@@ -23,7 +23,7 @@ QUICK = "num-server-rounds=2 train-subsample=0.05 batch-size=64"
 def _simulate(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     env = dict(os.environ, HOSPITRUST_DATA_DIR=str(DATA_DIR))
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    cmd = [sys.executable, "-m", "hospitrust.ops.cli", "simulate", *args]
+    cmd = [sys.executable, "-m", "hospitrust.cli.main", "simulate", *args]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -115,7 +115,7 @@ def test_missing_data_stops_before_flower_with_one_paragraph(tmp_path):
     env = dict(os.environ, HOSPITRUST_DATA_DIR=str(tmp_path / "empty"),
                HTTPS_PROXY="http://127.0.0.1:9", HTTP_PROXY="http://127.0.0.1:9")  # offline, also where a network exists
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    cmd = [sys.executable, "-m", "hospitrust.ops.cli", "simulate", "--app", str(REPO), "-c", "dataset=dermamnist"]
+    cmd = [sys.executable, "-m", "hospitrust.cli.main", "simulate", "--app", str(REPO), "-c", "dataset=dermamnist"]
     res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2
     assert "dermamnist.npz is not in" in res.stderr and "HOSPITRUST_DATA_DIR" in res.stderr

@@ -47,7 +47,7 @@ def test_plot_written_as_png(tmp_path):
 
 
 def test_hospitrust_report_on_a_run_directory_draws_its_trust(tmp_path):
-    from hospitrust.ops.cli import main
+    from hospitrust.cli.main import main
 
     (tmp_path / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rounds()))
     assert main(["report", str(tmp_path)]) == 0

@@ -142,7 +142,7 @@ def test_deploy_hospitals_names_the_federations_hospitals_with_their_data_and_ru
     runs = fed.work / "runs"
     if not list(runs.glob("*/config.json")):  # the tests above were deselected: one short run
         assert fed.wait(fed.submit(run_config(fed, "one", task_keys(fed), rounds=1)))[0] == deploy.COMPLETED
-    res = subprocess.run([sys.executable, "-m", "hospitrust.ops.cli", "deploy", "hospitals", "--connection", "tls",
+    res = subprocess.run([sys.executable, "-m", "hospitrust.cli.main", "deploy", "hospitals", "--connection", "tls",
                           "--runs-dir", str(runs), "--format", "json"], env=flwr_env(fed.cli_home), capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -154,7 +154,7 @@ def test_deploy_hospitals_names_the_federations_hospitals_with_their_data_and_ru
         assert 0 < sum(rows[name]["train-class-counts"]) + sum(rows[name]["val-class-counts"]) <= rows[name]["images"]
     assert rows["st-mary"]["data-format"] == "folder (png)" and rows["hospital-2"]["data-format"] == "folder (dicom)"
     assert rows["hospital-1"]["data-format"] == "csv (png)"
-    table = subprocess.run([sys.executable, "-m", "hospitrust.ops.cli", "deploy", "hospitals", "--connection", "tls",
+    table = subprocess.run([sys.executable, "-m", "hospitrust.cli.main", "deploy", "hospitals", "--connection", "tls",
                             "--runs-dir", str(runs)], env=flwr_env(fed.cli_home), capture_output=True, text=True,
                            timeout=120)
     assert table.returncode == 0 and "st-mary: took part in" in table.stdout, table.stdout + table.stderr
@@ -167,7 +167,7 @@ def test_a_hospital_online_that_never_answers_is_recorded_unresponsive(federatio
     fed = federation
     fed.wait_idle()
     launcher = [p for p in psutil.Process(fed.procs["hospital-1"].pid).children(recursive=True)
-                if "hospitrust.ops.deploy.launcher" in " ".join(p.cmdline())]
+                if "hospitrust.supervision.launcher" in " ".join(p.cmdline())]
     assert len(launcher) == 1, [p.cmdline() for p in psutil.Process(fed.procs["hospital-1"].pid).children(recursive=True)]
     run_dir = fed.work / "runs" / "unresponsive"
     launcher[0].suspend()

@@ -13,7 +13,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -22,31 +23,60 @@ from hospitrust.attacks.apply import attack_update_stack
 from hospitrust.attacks.interfaces import Attack, ColludingAttack, DataAttack, UpdateAttack
 from hospitrust.attacks.registry import build_attack
 from hospitrust.attacks.selection import malicious_set
+from hospitrust.options import Options
 
 
-def configured_attack(cfg: Any) -> Attack | None:
-    """The run's attack with its schedule, or None (``cfg``: a ``hospitrust.config.RunConfig``).
+@dataclass(frozen=True)
+class ThreatModel:
+    """What the functions below need of a run config (``RunConfig.threat_model``): the attack by
+    name with its sections, and what draws the malicious set.
+    """
+
+    attack: str  # the attack's registry name; "none": no attack
+    sections: Mapping[str, Options] = field(default_factory=dict)  # the attack sections and the schedule, by name
+    malicious_fraction: float = 0.0
+    malicious_hospitals: str = ""  # comma-separated partition ids (instead of the fraction)
+    seed: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.attack != "none"
+
+
+class Hospital(Protocol):
+    """What the functions below read of a hospital's node config (``NodeConfig``)."""
+
+    @property
+    def malicious(self) -> bool | None: ...
+    @property
+    def partition_id(self) -> int | None: ...
+    @property
+    def num_partitions(self) -> int | None: ...
+
+
+def configured_attack(threat: ThreatModel) -> Attack | None:
+    """The run's attack with its schedule, or None.
 
     Parameters
     ----------
-    cfg : RunConfig
-        The validated run config.
+    threat : ThreatModel
+        The run's threat model.
 
     Returns
     -------
     Attack or None
         The attack (None when ``attack = "none"``).
     """
-    return build_attack(cfg.attack, cfg.attack_sections()) if cfg.attack_enabled else None
+    return build_attack(threat.attack, dict(threat.sections)) if threat.enabled else None
 
 
-def malicious_partitions(cfg: Any, num_partitions: int) -> frozenset[int]:
+def malicious_partitions(threat: ThreatModel, num_partitions: int) -> frozenset[int]:
     """The malicious partition ids of a simulated run (empty when no attack is configured).
 
     Parameters
     ----------
-    cfg : RunConfig
-        The validated run config (``malicious-fraction``, ``malicious-hospitals``, ``seed``).
+    threat : ThreatModel
+        The run's threat model (``malicious-fraction``, ``malicious-hospitals``, ``seed``).
     num_partitions : int
         The number of simulated hospitals.
 
@@ -55,20 +85,20 @@ def malicious_partitions(cfg: Any, num_partitions: int) -> frozenset[int]:
     frozenset[int]
         The malicious partition ids (:func:`~hospitrust.attacks.selection.malicious_set`).
     """
-    if not cfg.attack_enabled:
+    if not threat.enabled:
         return frozenset()
-    return malicious_set(num_partitions, malicious_fraction=cfg.malicious_fraction,
-                         malicious_hospitals=cfg.malicious_hospitals, seed=cfg.seed)
+    return malicious_set(num_partitions, malicious_fraction=threat.malicious_fraction,
+                         malicious_hospitals=threat.malicious_hospitals, seed=threat.seed)
 
 
-def is_malicious(cfg: Any, node: Any) -> bool:
+def is_malicious(threat: ThreatModel, node: Hospital) -> bool:
     """Whether this hospital attacks: node config ``malicious`` when set (and an attack is configured), else
     whether its partition id is in the run's malicious set.
 
     Parameters
     ----------
-    cfg : RunConfig
-        The validated run config.
+    threat : ThreatModel
+        The run's threat model.
     node : NodeConfig
         This hospital's validated node config.
 
@@ -78,19 +108,19 @@ def is_malicious(cfg: Any, node: Any) -> bool:
         True for an attacker.
     """
     if node.malicious is not None:
-        return bool(node.malicious) and cfg.attack_enabled
+        return bool(node.malicious) and threat.enabled
     if node.partition_id is None or node.num_partitions is None:
         return False
-    return int(node.partition_id) in malicious_partitions(cfg, int(node.num_partitions))
+    return int(node.partition_id) in malicious_partitions(threat, int(node.num_partitions))
 
 
-def hospital_attack(cfg: Any, node: Any) -> Attack | None:
+def hospital_attack(threat: ThreatModel, node: Hospital) -> Attack | None:
     """The attack this hospital's ClientApp carries out itself (data or update), or None.
 
     Parameters
     ----------
-    cfg : RunConfig
-        The validated run config.
+    threat : ThreatModel
+        The run's threat model.
     node : NodeConfig
         This hospital's validated node config.
 
@@ -99,19 +129,19 @@ def hospital_attack(cfg: Any, node: Any) -> Attack | None:
     Attack or None
         The data or update attack (None for an honest hospital or a colluding attack).
     """
-    if not is_malicious(cfg, node):
+    if not is_malicious(threat, node):
         return None
-    attack = configured_attack(cfg)
+    attack = configured_attack(threat)
     return attack if isinstance(attack, (DataAttack, UpdateAttack)) else None
 
 
-def ground_truth(cfg: Any, partition_of: Mapping[str, int], num_partitions: int) -> dict[str, bool]:
+def ground_truth(threat: ThreatModel, partition_of: Mapping[str, int], num_partitions: int) -> dict[str, bool]:
     """Hospital name -> malicious, for the record (simulation: from partition ids).
 
     Parameters
     ----------
-    cfg : RunConfig
-        The validated run config.
+    threat : ThreatModel
+        The run's threat model.
     partition_of : Mapping[str, int]
         Hospital name -> its partition id.
     num_partitions : int
@@ -122,7 +152,7 @@ def ground_truth(cfg: Any, partition_of: Mapping[str, int], num_partitions: int)
     dict[str, bool]
         Hospital name -> whether it is malicious.
     """
-    bad = malicious_partitions(cfg, num_partitions)
+    bad = malicious_partitions(threat, num_partitions)
     return {name: pid in bad for name, pid in partition_of.items()}
 
 
@@ -151,13 +181,13 @@ class ColludingAdversary:
         return attack_update_stack(self.attack, updates, rows, server_round=server_round, generator=generator)
 
 
-def data_rng(cfg: Any, node: Any) -> np.random.Generator:
+def data_rng(seed: int, node: Hospital) -> np.random.Generator:
     """Fixed per hospital (not per round): a hospital's poisoned data stays the same all run.
 
     Parameters
     ----------
-    cfg : RunConfig
-        The validated run config (its ``seed``).
+    seed : int
+        The run's seed.
     node : NodeConfig
         This hospital's validated node config (its partition id; 0 if none).
 
@@ -166,4 +196,4 @@ def data_rng(cfg: Any, node: Any) -> np.random.Generator:
     numpy.random.Generator
         The hospital's generator for data attacks.
     """
-    return np.random.default_rng([cfg.seed, int(node.partition_id or 0), 0xDA7A])
+    return np.random.default_rng([seed, int(node.partition_id or 0), 0xDA7A])

@@ -1,7 +1,8 @@
 """The ClientApp (``hospitrust.client_app:app``): a hospital's side of every round.
 
 ``clientapp`` the Flower component (``app``) and its handlers; ``context`` a hospital's setup from the run
-and node config; ``training`` its local training step; ``secure`` SecAgg+ train messages.
+and node config; ``training`` its local training step; ``secure`` SecAgg+ train messages;
+``contribution`` a hospital's counterfactuals (mods); ``fbd`` FED-FBD's ``train.fbd`` handler.
 """
 
 

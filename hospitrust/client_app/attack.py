@@ -37,7 +37,7 @@ def update_attack_mod(msg: Message, context: Context, call_next) -> Message:
     if reply.has_error() or "arrays" not in reply.content.array_records or "arrays" not in msg.content.array_records:
         return reply  # an error, or a refusal (a spent privacy budget): nothing to rewrite
     hospital = hospital_context(context, msg)
-    attack = hospital_attack(hospital.cfg, hospital.node)  # None unless this hospital is one of the run's attackers
+    attack = hospital_attack(hospital.cfg.threat_model, hospital.node)  # None unless this hospital is one of the run's attackers
     if not isinstance(attack, UpdateAttack):
         return reply
     server_round = int(cast(int, cast(ConfigRecord, msg.content["config"]).get("server-round", 0)))

@@ -17,8 +17,8 @@ from hospitrust.client_app.attack import update_attack_mod
 from hospitrust.client_app.failures import public_failures_mod
 from hospitrust.client_app.secure import secure_train_mod
 from hospitrust.client_app.training import local_training_step
-from hospitrust.contribution.client import contribution_evaluate_mod, remember_round_mod
-from hospitrust.fbd.client import FBD_ACTION, fbd_train
+from hospitrust.client_app.contribution import contribution_evaluate_mod, remember_round_mod
+from hospitrust.client_app.fbd import FBD_ACTION, fbd_train
 from hospitrust.metrics import POOLED_KEY, classification_report, evaluation_counts
 from hospitrust.models.training import pick_device, predict_proba
 

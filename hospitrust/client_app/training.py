@@ -13,7 +13,7 @@ from hospitrust.attacks.interfaces import DataAttack
 from hospitrust.attacks.threat_model import data_rng, hospital_attack
 from hospitrust.client_app.context import HospitalContext, local_report
 from hospitrust.datasets.federation import LabelledImages
-from hospitrust.tasks.augment import task_augmentation
+from hospitrust.models.augment import task_augmentation
 from hospitrust.models.training import TrainOptions, TrainResult, balanced_class_weights, class_weights_from_counts, pick_device, seed_everything, train
 
 
@@ -40,11 +40,11 @@ def local_training_step(msg: Message, context: Context, hospital: HospitalContex
     device = pick_device()
     seed_everything(cfg.seed, node.partition_id if node.partition_id is not None else 0, server_round)
     model = hospital.model_from(msg).to(device)
-    attack = hospital_attack(cfg, node)  # None unless this hospital is one of the run's attackers
+    attack = hospital_attack(cfg.threat_model, node)  # None unless this hospital is one of the run's attackers
     train_images, train_labels = data.train.images, data.train.labels
     if isinstance(attack, DataAttack):
         train_images, train_labels = attack.poison_for_round(
-            train_images, train_labels, server_round=server_round, rng=data_rng(cfg, node), num_classes=info.num_classes
+            train_images, train_labels, server_round=server_round, rng=data_rng(cfg.seed, node), num_classes=info.num_classes
         )
 
     # FedAgain's benchmark error: the incoming global model's error on local validation,

@@ -26,11 +26,13 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from hospitrust.attacks.registry import ATTACKS, SCHEDULE_SECTION, AttackError, build_attack
 from hospitrust.attacks.schedule import ScheduleOptions
+from hospitrust.attacks.threat_model import ThreatModel
 from hospitrust.attacks.selection import parse_int_list
 from hospitrust.config import legacy
 from hospitrust.errors import ConfigError, did_you_mean
 from hospitrust.config.sections import Section, all_sections, section_of
 from hospitrust.contribution.options import ContributionScoringOptions, check_contribution_settings
+from hospitrust.datasets.base import DATA_DIR_ENV
 from hospitrust.datasets.federation import SimulatedFederation
 from hospitrust.datasets.partitioners import PARTITIONERS
 from hospitrust.datasets.registry import source_of
@@ -38,12 +40,11 @@ from hospitrust.models import MODELS
 from hospitrust.models.training import TrainOptions
 from hospitrust.options import Options, OptionsError, memo_key
 from hospitrust.privacy.options import PrivacyOptions, check_privacy_settings
-from hospitrust.features.secagg import SecAggOptions
-from hospitrust.server_app.server_data import ServerDataOptions, check_server_data, evaluation_mode
+from hospitrust.features.secagg_options import SecAggOptions
+from hospitrust.datasets.server import ServerDataOptions
 from hospitrust.tasks.task import TaskOptions
 from hospitrust.strategies.registry import STRATEGIES, StrategyError, preset_of, rule_name, strategy_class
 
-DATA_DIR_ENV = "HOSPITRUST_DATA_DIR"
 
 
 class CoreOptions(Options):
@@ -258,6 +259,12 @@ class RunConfig(CoreOptions):
     def attack_sections(self) -> dict[str, Options]:
         """The options of the attack sections (and the schedule), by name, for ``build_attack``."""
         return {name: self.options(name) for name in [*ATTACKS, SCHEDULE_SECTION] if name in all_sections()}
+
+    @property
+    def threat_model(self) -> ThreatModel:
+        """Who attacks and how: what ``hospitrust.attacks.threat_model`` needs of this config."""
+        return ThreatModel(self.attack, self.attack_sections(), self.malicious_fraction, self.malicious_hospitals,
+                           self.seed)
 
     # ---- derived -------------------------------------------------------------------
     def resolved_data_dir(self) -> Path | None:
@@ -504,6 +511,25 @@ def unselected_message(section: Section, cfg: CoreOptions) -> str:
             f"(set {section.kind} = {section.name!r} or remove the key)")
 
 
+def check_server_data(cfg: RunConfig) -> list[str]:
+    """What the run's rule and evaluation need of the server's data and do not get; messages name the keys."""
+    out = []
+    if cfg.server_data.evaluation == "central" and not cfg.server_data.has_test_set(cfg.task.custom):
+        out.append("server-data.evaluation = 'central' needs a test set: set server-data.test-path (a task of the "
+                   "consortium's own has no dataset file to fall back to), or use 'auto' / 'federated'")
+    cls = strategy_class(cfg.strategy)
+    options = cfg.strategy_options
+    composed = {name: cfg.options(name) for name in cls.composes(options)}
+    needs = cls.needs(options, composed)
+    if needs and not cfg.server_data.has_cohort(cfg.task.custom):
+        free = cls.cohort_free_setting(options, composed)
+        out.append(f"strategy {cfg.strategy} needs the server's reference cohort ({', '.join(sorted(needs))}), and this "
+                   "run has none: set server-data.cohort-path (the operator's cohort on the SuperLink machine)"
+                   + (f", or {free} to run it without one" if free else f"; {cfg.strategy} has no cohort-free setting"))
+    return out
+
+
+
 def cross_checks(cfg: RunConfig) -> list[str]:
     """Checks across sections, declared by the components; messages name the keys."""
     out: list[str] = []
@@ -535,7 +561,7 @@ def cross_checks(cfg: RunConfig) -> list[str]:
     out += check_privacy_settings(cfg)
     if cfg.federated_evaluation_every > 1:  # rounds without the hospitals' evaluation replies
         every = f"federated-evaluation-every = {cfg.federated_evaluation_every}"
-        if evaluation_mode(cfg) == "federated":
+        if cfg.server_data.evaluation_mode(cfg.task.custom) == "federated":
             out.append(f"{every}: this run has no server test set, so every round's metrics are the hospitals' "
                        "evaluations (federated evaluation): set it to 1, or give the server a test set")
         if cfg.contribution_scoring.enabled:

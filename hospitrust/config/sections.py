@@ -19,8 +19,8 @@ from hospitrust.datasets.partitioners import PARTITIONERS
 from hospitrust.models.training import TrainOptions
 from hospitrust.options import Options
 from hospitrust.privacy.options import PrivacyOptions
-from hospitrust.features.secagg import SecAggOptions
-from hospitrust.server_app.server_data import ServerDataOptions
+from hospitrust.features.secagg_options import SecAggOptions
+from hospitrust.datasets.server import ServerDataOptions
 from hospitrust.tasks.task import TaskOptions
 from hospitrust.strategies.registry import STRATEGIES
 

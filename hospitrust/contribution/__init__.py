@@ -2,9 +2,10 @@
 
 ``scores``     pure math: LOO, IOI, Fair-Private, Everybody-Else, COS, exact and multi-round Shapley
 ``interface``  the narrow interface scoring sees (aggregates and reported scalars) and the ledger
-``client``     a hospital's own evaluations of models it can build (and the ClientApp mods)
 ``federation`` the server's side in a Flower round
 ``options``    the contribution-scoring section and its checks against the rest of the run config
+
+A hospital's own evaluations and the ClientApp mods are ``hospitrust.client_app.contribution``.
 """
 
 from hospitrust.contribution.scores import (

@@ -48,6 +48,9 @@ def first_sentence(exc: BaseException, limit: int = 120) -> str:
     return (re.split(r"(?<=[.!?])\s", text)[0][:limit] if text else "") or type(exc).__name__
 
 
+DATA_DIR_ENV = "HOSPITRUST_DATA_DIR"  # where the datasets are when the run config names no data-dir
+
+
 def default_root() -> Path:
     """Where datasets are looked for when neither data-dir nor $HOSPITRUST_DATA_DIR is set: medmnist's default."""
     from medmnist.info import DEFAULT_ROOT

@@ -5,9 +5,11 @@
 - ``plan``: which hospitals may write which colors, validated, with a conflict-free schedule
 - ``stamps``: sha256 per block version, the trail of writers, the append-only stamp log
 - ``training``: a hospital's loss, cross-entropy + lambda x KL to a sibling color
-- ``client``: the ClientApp's ``train.fbd`` handler; ``server``: the round loop
 - ``routing``: inference over colors (max-confidence, ensemble, exclusions), detection
 - ``unlearn``: a hospital removed by averaging colors it never reached; ``mia``: the audit
 
-The strategy itself is ``hospitrust.strategies.fbd.FBD`` (registry name ``fbd``).
+The strategy itself is ``hospitrust.strategies.fbd.FBD`` (registry name ``fbd``). FED-FBD's loop is the
+apps': ``hospitrust.server_app.fbd`` (the server's rounds over the warehouse) and
+``hospitrust.client_app.fbd`` (the ClientApp's ``train.fbd`` handler); ``hospitrust fbd`` is
+``hospitrust.cli.fbd``. This package is the block model they share, below the strategies.
 """

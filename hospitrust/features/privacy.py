@@ -92,7 +92,7 @@ class DifferentialPrivacy(RoundFeature):
     def wrap_strategy(self, strategy: Any) -> Any:
         if not self.options.central:
             return strategy
-        from hospitrust.privacy.central import CentralPrivacy
+        from hospitrust.features.central_privacy import CentralPrivacy
 
         self.central = CentralPrivacy(strategy, self.options, len(self.hospitals))
         return self.central

@@ -30,31 +30,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.common import FitIns, Parameters, log, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.serverapp import Grid
 
-from pydantic import Field
-
 from hospitrust.features.base import Round, RoundFeature, RunFacts, Trainer
-from hospitrust.options import Options
+from hospitrust.features.secagg_options import SecAggOptions
 from hospitrust.strategies.base import PRIVACY_METRICS, RoundResult
-
-
-class SecAggOptions(Options):
-    """Secure aggregation with Flower's SecAgg+ (the ``secagg`` section): the server only ever holds the sum."""
-
-    enabled: bool = Field(False, description=(
-        "Aggregate with Flower's SecAgg+ (legacy SecAggPlusWorkflow + secaggplus_mod): the server only ever "
-        "holds the sum; strategy must be fedavg."
-    ))
-    clipping_range: float = Field(8.0, gt=0.0, description=(
-        "Model values are clipped to [-range, range] before quantization."
-    ))
-    quantization_range: int = Field(4194304, ge=2, description="Quantization levels over the clipping range.")
-    max_weight: float = Field(0.0, ge=0.0, description=(
-        "The largest num-examples a hospital may weigh in with; 0: the largest training set reported in the "
-        "query round (models are scaled by n/max before quantization, so a loose bound costs precision)."
-    ))
-    reconstruction_threshold: float = Field(0.67, gt=0.0, le=1.0, description=(
-        "Share of the hospitals' key shares needed to unmask the sum."
-    ))
 
 
 def _legacy_strategy_class():

@@ -141,7 +141,7 @@ def train(
     restricted softmax: the logits of the classes absent from ``labels`` are multiplied by it
     in the loss (0: left out of the softmax), so a hospital that holds none of a class does
     not push that class's logit down everywhere. ``augment``: a per-image transform of uint8
-    (C, H, W) tensors (``hospitrust.tasks.augment``), applied to every training batch.
+    (C, H, W) tensors (``hospitrust.models.augment``), applied to every training batch.
     """
     if not 0.0 <= missing_class_scale <= 1.0:
         raise ValueError(f"missing_class_scale (train.fedrs-alpha) must be in [0, 1], got {missing_class_scale}")
@@ -166,7 +166,7 @@ def train(
         batches = [order[start : start + batch_size] for start in range(0, n, batch_size)]
         for idx, raw in zip(batches, _uint8_batches(images, [b.numpy() for b in batches], device)):
             if augment is not None:
-                from hospitrust.tasks.augment import augment_batch
+                from hospitrust.models.augment import augment_batch
 
                 raw = augment_batch(raw, augment)
             x = _scale(raw)

@@ -234,7 +234,7 @@ def train_private(
                 sizes.append(int(y.shape[0]))
                 raw = raw.to(device).permute(0, 3, 1, 2)
                 if augment is not None and raw.shape[0]:
-                    from hospitrust.tasks.augment import augment_batch
+                    from hospitrust.models.augment import augment_batch
 
                     raw = augment_batch(raw, augment)
                 x, y = raw.float().div_(127.5).sub_(1.0), y.to(device)  # as models.training.to_batch

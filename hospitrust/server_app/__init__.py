@@ -3,7 +3,8 @@
 ``serverapp`` the Flower component (``app``); ``loop`` the rounds; ``discovery`` node ids -> hospitals;
 ``records`` per-round and per-run records; ``services`` what rules need of the server
 (central evaluation, the reference cohort); ``checkpoint``; ``results`` the run directory;
-``secure`` SecAgg+ rounds; ``plots`` trust.png.
+``fbd`` FED-FBD's rounds over its warehouse; ``plots`` trust.png. The server's test set and cohort are
+``hospitrust.datasets.server``.
 """
 
 

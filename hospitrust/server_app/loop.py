@@ -30,7 +30,7 @@ from hospitrust.server_app.plots import plot_trust
 from hospitrust.server_app.records import absences, fail_if_every_hospital_crashed, summary_head
 from hospitrust.server_app.results import RunDirectory, default_run_name
 from hospitrust.server_app.story import detection_line, round_story
-from hospitrust.server_app.server_data import ServerSets, server_sets
+from hospitrust.datasets.server import ServerSets, server_sets
 from hospitrust.server_app.setup import RunSetup, set_up_run
 from hospitrust.server_app.transport import Sent
 from hospitrust.tasks.task import Task, resolve_task
@@ -63,12 +63,12 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
     started = time.time()
     cfg = parse_run_config(context.run_config)
     if cfg.strategy == "fbd":  # block ownership keeps a warehouse of colors, not one global model
-        from hospitrust.fbd.server import run_fbd_federation
+        from hospitrust.server_app.fbd import run_fbd_federation
 
         return run_fbd_federation(grid, context)
     task = resolve_task(cfg)
     log(INFO, "hospitrust: %s", task.describe())
-    sets = server_sets(cfg, task)  # a missing file fails here, before any hospital is contacted
+    sets = server_sets(cfg.server_data, task, cfg.federation, cfg.task.custom)  # a missing file fails here, before any hospital is contacted
     log(INFO, "hospitrust: test set: %s; reference cohort: %s", sets.test_source, sets.cohort_source)
     seed_everything(cfg.seed)
     device = pick_device()

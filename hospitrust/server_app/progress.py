@@ -19,7 +19,7 @@ from flwr.app import Message
 
 from hospitrust.strategies.validation import error_reason
 
-PROGRESS = "progress.jsonl"  # read by hospitrust.ops.console.progress (which imports no torch nor Flower)
+PROGRESS = "progress.jsonl"  # read by hospitrust.console.progress (which imports no torch nor Flower)
 
 
 class RoundProgress:

@@ -23,7 +23,7 @@ from hospitrust.config import RunConfig
 from hospitrust.features.detection import flagged_hospitals, rare_class_holders, round_detection, run_security  # noqa: F401
 from hospitrust.server_app.discovery import format_class_counts
 from hospitrust.server_app.results import RunDirectory
-from hospitrust.server_app.server_data import ServerSets
+from hospitrust.datasets.server import ServerSets
 from hospitrust.tasks.task import Task
 
 def participation(history: list[dict[str, Any]]) -> dict[str, dict[str, int]]:

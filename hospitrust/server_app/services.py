@@ -20,7 +20,7 @@ from hospitrust.attacks.data_attacks import Backdoor, LabelFlip
 from hospitrust.attacks.metrics import backdoor_success_rate, targeted_flip_success
 from hospitrust.config import RunConfig
 from hospitrust.datasets.federation import LabelledImages
-from hospitrust.server_app.server_data import ServerSets
+from hospitrust.datasets.server import ServerSets
 from hospitrust.tasks.model import task_model
 from hospitrust.tasks.task import Task
 from hospitrust.models.training import balanced_class_weights, predict_proba, seed_everything, to_batch, train

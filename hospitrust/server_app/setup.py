@@ -25,7 +25,7 @@ from hospitrust.server_app.evaluation import Evaluation
 from hospitrust.server_app.progress import RoundProgress
 from hospitrust.server_app.records import log_hospitals, run_record
 from hospitrust.server_app.results import RunDirectory
-from hospitrust.server_app.server_data import ServerSets
+from hospitrust.datasets.server import ServerSets
 from hospitrust.server_app.services import CentralEvaluator, strategy_from_config
 from hospitrust.server_app.transport import Sent, pipelines
 from hospitrust.strategies.base import RoundResult
@@ -89,9 +89,9 @@ def set_up_run(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device:
     run_dir.write_config(record_of_run)
 
     # the threat model (simulation ground truth; all honest when no attack is configured)
-    attack = configured_attack(cfg)
+    attack = configured_attack(cfg.threat_model)
     partition_of = {r["hospital"]: r["partition_id"] for r in rows}
-    truth = ground_truth(cfg, partition_of, max([r.get("num_partitions", -1) for r in rows] + [len(rows)]))
+    truth = ground_truth(cfg.threat_model, partition_of, max([r.get("num_partitions", -1) for r in rows] + [len(rows)]))
     if attack is not None:
         log(INFO, "hospitrust: attack %s by %s", attack, sorted(h for h, bad in truth.items() if bad) or "nobody")
 

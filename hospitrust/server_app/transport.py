@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from logging import INFO
 
@@ -34,16 +35,47 @@ def progress_line(replied: int, asked: int, waited: float) -> str:
     return f"{PROGRESS_MARK} {replied}/{asked} hospitals replied after {waited:.0f} s"
 
 
-def pipelines(grid: Grid) -> bool:
-    """Whether the next round's train messages may go out together with this round's evaluation.
+@dataclass(frozen=True)
+class GridTraits:
+    """What an exchange needs to know of a grid."""
 
-    A SuperNode takes one message at a time, and pulls again as soon as it has replied: with the
-    train messages already there it does not sleep its idle 3 s between the two. The in-process
-    grid runs them one at a time too (in push order). Flower's simulation engine may run two
-    messages of one node at once on two Ray actors, each with a copy of the node's context, so
-    the second to finish would overwrite the first's state: not there (nor is there a sleep to save).
+    #: A node takes its messages one at a time, in push order: the next round's train messages may
+    #: go out together with this round's evaluation (pushed before their pull).
+    pipelines: bool
+    #: Every reply is there at the first pull after the push (no polling).
+    answers_in_one_pull: bool
+    #: Seconds between pulls while replies are outstanding.
+    pull_interval: float
+
+
+#: SuperNodes behind Flower's deployed grid: a SuperNode takes one message at a time and pulls again
+#: as soon as it has replied (with the train messages already there it does not sleep its idle 3 s).
+DEPLOYED = GridTraits(pipelines=True, answers_in_one_pull=False, pull_interval=POLL_SECONDS)
+
+
+def grid_traits(grid: Grid) -> GridTraits:
+    """The grid's traits: a grid that declares them (``traits``, as hospitrust's in-process grid
+    does), else Flower's simulation grid's or its deployed grid's.
+
+    Flower's simulation engine may run two messages of one node at once on two Ray actors, each
+    with a copy of the node's context, so the second to finish would overwrite the first's state:
+    no pipelining there (nor is there a sleep to save), and pulls at the grid's own interval. A grid
+    of another kind is treated the same way (push, then pull), the choice that is safe everywhere.
     """
-    return type(grid).__name__ in ("HttpGrid", "InProcessGrid")
+    declared = getattr(grid, "traits", None)
+    if isinstance(declared, GridTraits):
+        return declared
+    from flwr.superlink.grid import HttpGrid
+
+    if isinstance(grid, HttpGrid):
+        return DEPLOYED
+    return GridTraits(pipelines=False, answers_in_one_pull=False,
+                      pull_interval=float(getattr(grid, "pull_interval", POLL_SECONDS)))
+
+
+def pipelines(grid: Grid) -> bool:
+    """Whether the next round's train messages may go out together with this round's evaluation."""
+    return grid_traits(grid).pipelines
 
 
 class Sent:
@@ -58,19 +90,19 @@ class Sent:
                  on_reply: Callable[[Message], None] | None = None) -> None:
         self.grid, self.messages, self.timeout = grid, list(messages), timeout
         self.on_reply = on_reply  # told of each reply as it arrives (the round's progress file)
+        self.traits = grid_traits(grid)
         self.deadline = None if timeout is None else time.monotonic() + timeout
-        self.ids = list(grid.push_messages(self.messages)) if self.messages and pipelines(grid) else []
+        self.ids = list(grid.push_messages(self.messages)) if self.messages and self.traits.pipelines else []
 
     def replies(self) -> list[Message]:
         if not self.messages:
             return []
-        poll = POLL_SECONDS
-        if not pipelines(self.grid):  # the simulation's grid: push now, pull as its send_and_receive does
+        if not self.traits.pipelines:  # the simulation's grid: push now, pull as its send_and_receive does
             self.ids = list(self.grid.push_messages(self.messages))
             self.deadline = None if self.timeout is None else time.monotonic() + self.timeout
-            poll = float(getattr(self.grid, "pull_interval", POLL_SECONDS))
-        elif type(self.grid).__name__ != "HttpGrid":  # the in-process grid answers in one pull
+        elif self.traits.answers_in_one_pull:
             return self._seen(list(self.grid.pull_messages(self.ids)))
+        poll = self.traits.pull_interval
         pending = set(self.ids)
         replies: list[Message] = []
         started = time.monotonic()
@@ -87,7 +119,6 @@ class Sent:
                 next_progress = now + PROGRESS_SECONDS
             time.sleep(poll)
         return replies
-
 
     def _seen(self, replies: list[Message]) -> list[Message]:
         if self.on_reply is not None:

@@ -99,11 +99,10 @@ class FBD(HospitrustStrategy):
 
     @classmethod
     def check_run_config(cls, cfg: Any) -> None:
-        from hospitrust.server_app.server_data import has_cohort, has_test_set
-
         blocks_for(cfg.model)  # ValueError naming the models that have a block cut
-        lacking = [key for key, ok in (("server-data.test-path", has_test_set(cfg)),
-                                       ("server-data.cohort-path", has_cohort(cfg))) if not ok]
+        lacking = [key for key, ok in (("server-data.test-path", cfg.server_data.has_test_set(cfg.task.custom)),
+                                       ("server-data.cohort-path", cfg.server_data.has_cohort(cfg.task.custom)))
+                   if not ok]
         if lacking or cfg.server_data.evaluation == "federated":
             raise ValueError(f"strategy fbd evaluates, routes and screens its colors on the server's test set and "
                              f"reference cohort: set {' and '.join(lacking) or 'server-data.evaluation = auto'} (it has "
@@ -125,7 +124,7 @@ class FBD(HospitrustStrategy):
                  **common: Any) -> None:
         super().__init__(hospitals, options, **common)
         if plan is None or warehouse is None:
-            raise ValueError("strategy fbd needs a shipping plan and a warehouse (run it through hospitrust.fbd.server)")
+            raise ValueError("strategy fbd needs a shipping plan and a warehouse (run it through hospitrust.server_app.fbd)")
         if plan.num_colors != warehouse.num_colors:
             raise ValueError(f"plan has {plan.num_colors} colors, warehouse {warehouse.num_colors}")
         self.plan, self.warehouse, self.stamp_log = plan.validate(), warehouse, stamp_log

@@ -32,7 +32,7 @@ class FedAvg(HospitrustStrategy):
     """
 
     name = "fedavg"
-    #: Central differential privacy (``hospitrust.privacy.central``) sets it: its noise is calibrated for
+    #: Central differential privacy (``hospitrust.features.central_privacy``) sets it: its noise is calibrated for
     #: the equal-weight mean of n clipped updates, ``Δ = Σ_i u_i / n``.
     equal_weights = False
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from hospitrust.tasks.task import Task
+if TYPE_CHECKING:
+    from hospitrust.tasks.task import Task
 
 
 def add_task_arguments(parser: argparse.ArgumentParser, *, dataset_default: str = "pneumoniamnist") -> None:

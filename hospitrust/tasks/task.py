@@ -21,7 +21,7 @@ import json
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from pydantic import Field, field_validator
 
@@ -86,7 +86,7 @@ class TaskOptions(Options):
     @field_validator("augmentation")
     @classmethod
     def _augmentation(cls, v: str) -> str:
-        from hospitrust.tasks.augment import parse_augmentation
+        from hospitrust.models.augment import parse_augmentation
 
         parse_augmentation(split_list(v), image_size=28)  # ValueError naming the bad item
         return v
@@ -127,7 +127,7 @@ class Task:
     mean, std : tuple[float, ...]
         Normalization per channel, on images scaled to [0, 1].
     augmentation : tuple[str, ...]
-        Training augmentation items (``hospitrust.tasks.augment``).
+        Training augmentation items (``hospitrust.models.augment``).
     rare_classes : tuple[int, ...]
         Clinically rare classes given by the task (empty: found from the federation's counts).
     dicom_frame : int
@@ -267,7 +267,20 @@ def read_task_file(path: Path) -> dict[str, Any]:
     return out
 
 
-def resolve_task(cfg: Any) -> Task:
+class TaskRequest(Protocol):
+    """What :func:`resolve_task` reads of a run config (``RunConfig`` is one)."""
+
+    @property
+    def task(self) -> TaskOptions: ...
+    @property
+    def dataset(self) -> str: ...
+    @property
+    def image_size(self) -> int: ...
+    @property
+    def model(self) -> str: ...
+
+
+def resolve_task(cfg: TaskRequest) -> Task:
     """The run's task from its config (``RunConfig``): a task file, the task section, or the
     dataset's built-in task. ConfigError naming what is wrong.
     """
@@ -278,8 +291,8 @@ def resolve_task(cfg: Any) -> Task:
     if opts.file.strip():
         path = find_task_file(opts.file)
         values = read_task_file(path)
-        image_size = _file_override(values.pop("image-size", None), image_size, "image-size", path, cfg)
-        model = _file_override(values.pop("model", None), model, "model", path, cfg)
+        image_size = _file_override(values.pop("image-size", None), image_size, "image-size", path)
+        model = _file_override(values.pop("model", None), model, "model", path)
         try:
             file_opts = TaskOptions.from_flat(values)
         except ValueError as err:
@@ -321,7 +334,7 @@ def resolve_task(cfg: Any) -> Task:
     return task
 
 
-def _file_override(value: Any, run_value: Any, key: str, path: Path, cfg: Any) -> Any:
+def _file_override(value: Any, run_value: Any, key: str, path: Path) -> Any:
     """A task file's ``image-size`` / ``model``: it wins over the run config's default; a run config
     that sets another value explicitly is a conflict.
     """

@@ -20,13 +20,14 @@ Hospital (runs a SuperNode):
 - ``deploy keygen``        the hospital's SuperNode key pair (the private key never leaves the hospital)
 - ``deploy supernode``     ``hospitrust data check``, then ``flower-supernode`` with TLS and the key
 
-``pki`` keys and certificates; ``gateway`` and ``tunnel`` the nginx configurations; ``superlink`` and
-``supernode`` their commands; ``cli`` the
-handlers and parsers. Waiting for health, runs and nodes is ``hospitrust.ops.flwr``'s.
+``gateway`` and ``tunnel`` the nginx configurations; ``superlink`` and ``supernode`` their commands;
+``gate``, ``approval``, ``policy`` and ``audit`` what a hospital lets run. Keys and certificates are
+``hospitrust.pki``'s, the launcher and the supervisor ``hospitrust.supervision``'s, the handlers and
+parsers ``hospitrust.cli.deploy``'s. Waiting for health, runs and nodes is ``hospitrust.ops.flwr``'s.
 """
 
-from hospitrust.ops.deploy.errors import DeployError
-from hospitrust.ops.deploy.pki import create_ca, create_operator_cert, create_server_cert, create_supernode_keys
+from hospitrust.errors import DeployError
+from hospitrust.pki.certificates import create_ca, create_operator_cert, create_server_cert, create_supernode_keys
 from hospitrust.ops.deploy.superlink import DEFAULT_PORT, flwr_home, superlink_command, write_connection
 from hospitrust.ops.deploy.supernode import node_config_string, supernode_command, toml_string
 from hospitrust.ops.flwr import COMPLETED, online_nodes, run_status, wait_for_run, wait_healthy

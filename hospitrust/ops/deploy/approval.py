@@ -30,7 +30,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from hospitrust.ops.deploy.errors import DeployError
+from hospitrust.errors import DeployError
 
 SIGNATURE_KEY = "app-signature"  # the run-config key that carries a signature
 CODE_SUFFIXES = (".py", ".pyc", ".so", ".pyd", ".sh", ".pth")
@@ -110,7 +110,7 @@ class Approvals:
     def _write(self, approvals: list[Approval]) -> None:
         import tomli_w
 
-        from hospitrust.ops.deploy.pki import write_private
+        from hospitrust.pki.certificates import write_private
 
         text = "# hospitrust app approvals: the app bundles this hospital's SuperNode may run (hospitrust app approve)\n"
         text += tomli_w.dumps({"approved": [a.__dict__ for a in approvals]})
@@ -197,7 +197,7 @@ def create_signing_key(out_dir: Path, name: str, *, force: bool = False) -> tupl
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
-    from hospitrust.ops.deploy.pki import write_private, write_public
+    from hospitrust.pki.certificates import write_private, write_public
 
     if not name or "/" in name or name.startswith("."):
         raise DeployError(f"bad key name {name!r}: e.g. 'release-manager'")

@@ -29,7 +29,7 @@ from typing import Any
 
 from hospitrust.ops.deploy import audit
 from hospitrust.ops.deploy.approval import SIGNATURE_KEY, Approvals, load_trusted, short, verify
-from hospitrust.ops.deploy.errors import DeployError
+from hospitrust.errors import DeployError
 from hospitrust.ops.deploy.policy import SECAGG_CONFIGS, load_policy, message_kind, refusal
 
 APPROVALS_ENV = "HOSPITRUST_APPROVED_APPS"

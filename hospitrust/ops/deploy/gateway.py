@@ -35,7 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hospitrust.ops.deploy.errors import DeployError
+from hospitrust.errors import DeployError
+from hospitrust.pki.certificates import OPERATOR_OU
 
 # Every path Flower 1.42's SuperNode calls (flwr/supernode/fleet_http_client.py; the SuperLink's fleet
 # router has the same twelve: tests/test_gateway.py checks both against the installed flwr)
@@ -43,7 +44,6 @@ FLEET_PATHS = (
     "register-node", "activate-node", "deactivate-node", "unregister-node", "send-node-heartbeat", "pull-messages",
     "push-messages", "get-run", "get-fab", "push-object", "pull-object", "confirm-message-received",
 )
-OPERATOR_OU = "hospitrust-operators"  # the organizational unit of the certificates `deploy operator-cert` issues
 DEFAULT_OPERATOR_PORT = 9095
 DEFAULT_SUPERLINK_PORT = 9092  # the SuperLink's own port, on 127.0.0.1 only
 DEFAULT_TUNNEL_PORT = 9096

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hospitrust.ops.deploy.errors import DeployError
+from hospitrust.errors import DeployError
 
 
 @dataclass

@@ -30,7 +30,7 @@ from typing import Literal
 from pydantic import Field, ValidationError
 
 from hospitrust.options import Options
-from hospitrust.ops.deploy.errors import DeployError
+from hospitrust.errors import DeployError
 
 MessageKind = Literal["query", "train", "evaluate", "contribution"]
 ALL_KINDS: tuple[MessageKind, ...] = ("query", "train", "evaluate", "contribution")

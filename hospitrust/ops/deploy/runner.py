@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hospitrust.ops.deploy.errors import DeployError
+from hospitrust.errors import DeployError
 
 ROUND_LINE = re.compile(r"round\s+(\d+)/(\d+)")  # the ServerApp's progress line, one per finished round
 NO_CHECKPOINT = "no checkpoint at"  # what resume-from says when the crash came before round 1 finished

@@ -10,7 +10,7 @@ import os
 import tomllib
 from pathlib import Path
 
-from hospitrust.ops.deploy.errors import DeployError
+from hospitrust.errors import DeployError
 
 DEFAULT_PORT = 9093  # hospitrust's suggested SuperLink port (Flower's own default is 8000)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hospitrust.ops.deploy.errors import DeployError
+from hospitrust.errors import DeployError
 
 
 def toml_string(value: str) -> str:
@@ -33,7 +33,7 @@ def supernode_command(*, superlink: str, ca: Path, key: Path, node_config: dict[
                       host: str = "127.0.0.1", max_retries: int | None = None, max_wait_time: float | None = None,
                       isolation: str = "subprocess") -> list[str]:
     """The ``flower-supernode`` command; ``isolation = "process"``: ClientApps are launched by
-    hospitrust's warm launcher (``hospitrust.ops.deploy.launcher``), not Flower's SuperExec.
+    hospitrust's warm launcher (``hospitrust.supervision.launcher``), not Flower's SuperExec.
     """
     cmd = [
         "flower-supernode",

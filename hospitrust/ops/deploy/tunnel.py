@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hospitrust.ops.deploy.errors import DeployError
+from hospitrust.errors import DeployError
 from hospitrust.ops.deploy.superlink import check_connection_name, flwr_home, write_connection
 
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, field_validator
 
-from hospitrust.datasets.federation import LabelledImages, reference_set, test_set
+from hospitrust.datasets.federation import LabelledImages, SimulatedFederation, reference_set, test_set
 from hospitrust.options import Options
 
 
@@ -55,43 +55,19 @@ class ServerDataOptions(Options):
             raise ValueError(f"data-format {v!r}; allowed: {', '.join(FORMATS)}")
         return v
 
+    def has_test_set(self, custom_task: bool) -> bool:
+        """Whether the run has a server-side test set (a path, or a built-in task's dataset file)."""
+        return bool(self.test_path.strip()) or not custom_task
 
-def has_test_set(cfg: Any) -> bool:
-    """Whether the run has a server-side test set (a path, or a built-in task's dataset file)."""
-    return bool(cfg.server_data.test_path.strip()) or not cfg.task.custom
+    def has_cohort(self, custom_task: bool) -> bool:
+        """Whether the run has a reference cohort (a path, or a built-in task's dataset file)."""
+        return bool(self.cohort_path.strip()) or not custom_task
 
-
-def has_cohort(cfg: Any) -> bool:
-    """Whether the run has a reference cohort (a path, or a built-in task's dataset file)."""
-    return bool(cfg.server_data.cohort_path.strip()) or not cfg.task.custom
-
-
-def evaluation_mode(cfg: Any) -> str:
-    """``central`` or ``federated`` for this run."""
-    mode = cfg.server_data.evaluation
-    if mode == "auto":
-        return "central" if has_test_set(cfg) else "federated"
-    return mode
-
-
-def check_server_data(cfg: Any) -> list[str]:
-    """What the run's rule and evaluation need of the server's data and do not get; messages name the keys."""
-    from hospitrust.strategies.registry import strategy_class
-
-    out = []
-    if cfg.server_data.evaluation == "central" and not has_test_set(cfg):
-        out.append("server-data.evaluation = 'central' needs a test set: set server-data.test-path (a task of the "
-                   "consortium's own has no dataset file to fall back to), or use 'auto' / 'federated'")
-    cls = strategy_class(cfg.strategy)
-    options = cfg.strategy_options
-    composed = {name: cfg.options(name) for name in cls.composes(options)}
-    needs = cls.needs(options, composed)
-    if needs and not has_cohort(cfg):
-        free = cls.cohort_free_setting(options, composed)
-        out.append(f"strategy {cfg.strategy} needs the server's reference cohort ({', '.join(sorted(needs))}), and this "
-                   "run has none: set server-data.cohort-path (the operator's cohort on the SuperLink machine)"
-                   + (f", or {free} to run it without one" if free else f"; {cfg.strategy} has no cohort-free setting"))
-    return out
+    def evaluation_mode(self, custom_task: bool) -> str:
+        """``central`` or ``federated`` for this run."""
+        if self.evaluation == "auto":
+            return "central" if self.has_test_set(custom_task) else "federated"
+        return self.evaluation
 
 
 @dataclass(frozen=True)
@@ -104,11 +80,11 @@ class ServerSets:
     cohort_source: str
 
 
-def _load(path: str, cfg: Any, task: Any) -> tuple[LabelledImages, str]:
+def _load(path: str, options: ServerDataOptions, task: Any) -> tuple[LabelledImages, str]:
     from hospitrust.datasets.local import HospitalDataError, load_local
 
     try:
-        data = load_local(path, cfg.server_data.data_format, task, cfg.server_data.cache_dir or None)
+        data = load_local(path, options.data_format, task, options.cache_dir or None)
     except HospitalDataError as exc:  # the operator's own files, in the operator's log: the detail, with the paths
         raise HospitalDataError(exc.detail) from None
     # in memory (the server's sets are evaluated every round), and writable for torch
@@ -116,34 +92,37 @@ def _load(path: str, cfg: Any, task: Any) -> tuple[LabelledImages, str]:
 
 
 @functools.lru_cache(maxsize=4)
-def server_sets(cfg: Any, task: Any) -> ServerSets:
+def server_sets(options: ServerDataOptions, task: Any, federation: SimulatedFederation, custom_task: bool) -> ServerSets:
     """The run's server-side images (cached per process); files are read and decoded once.
 
     Parameters
     ----------
-    cfg : RunConfig
-        The validated run config (``server-data`` section, dataset).
+    options : ServerDataOptions
+        The run's ``server-data`` section.
     task : Task
         The resolved task (classes, image size, channels).
+    federation : SimulatedFederation
+        The dataset's federation (a built-in task's test split and val split).
+    custom_task : bool
+        Whether the task is the consortium's own (no dataset file to fall back to).
 
     Returns
     -------
     ServerSets
         Test set and cohort, or None for each the run does not have.
     """
-    sd = cfg.server_data
     test: LabelledImages | None = None
     cohort: LabelledImages | None = None
     test_source = cohort_source = "none"
-    if sd.test_path.strip():
-        test, test_source = _load(sd.test_path, cfg, task)
-    elif not cfg.task.custom:
-        test, test_source = test_set(cfg.federation), f"dataset {cfg.dataset} test split"
-    if sd.cohort_path.strip():
-        cohort, cohort_source = _load(sd.cohort_path, cfg, task)
-    elif not cfg.task.custom:
-        cohort = reference_set(cfg.federation)
-        cohort_source = f"dataset {cfg.dataset} val split, {cfg.reference_cohort_per_class} per class"
-    if evaluation_mode(cfg) == "federated":
+    if options.test_path.strip():
+        test, test_source = _load(options.test_path, options, task)
+    elif not custom_task:
+        test, test_source = test_set(federation), f"dataset {federation.dataset} test split"
+    if options.cohort_path.strip():
+        cohort, cohort_source = _load(options.cohort_path, options, task)
+    elif not custom_task:
+        cohort = reference_set(federation)
+        cohort_source = f"dataset {federation.dataset} val split, {federation.reference_cohort_per_class} per class"
+    if options.evaluation_mode(custom_task) == "federated":
         test, test_source = None, "none (federated evaluation)"
     return ServerSets(test, cohort, test_source, cohort_source)

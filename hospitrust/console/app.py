@@ -25,9 +25,9 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from hospitrust.ops.console import views
-from hospitrust.ops.console.progress import PROGRESS, round_in_flight
-from hospitrust.ops.console.runs import RunIndex, RunReader
+from hospitrust.console import views
+from hospitrust.console.progress import PROGRESS, round_in_flight
+from hospitrust.console.runs import RunIndex, RunReader
 
 STATIC = Path(__file__).resolve().parent / "static"
 COOKIE = "hospitrust_console_token"

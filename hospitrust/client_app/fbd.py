@@ -75,10 +75,10 @@ def fbd_train(msg: Message, context: Context) -> Message:
         teacher = hospital.new_model()
         teacher.load_state_dict(_color_state(arrays, sibling), strict=True)
 
-    attack = hospital_attack(cfg, node)
+    attack = hospital_attack(cfg.threat_model, node)
     images, labels = data.train.images, data.train.labels
     if isinstance(attack, DataAttack):
-        images, labels = attack.poison_for_round(images, labels, server_round=server_round, rng=data_rng(cfg, node),
+        images, labels = attack.poison_for_round(images, labels, server_round=server_round, rng=data_rng(cfg.seed, node),
                                                  num_classes=info.num_classes)
     result = train_with_sibling(
         student, teacher, images, labels, lam=lam,

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hospitrust.ops.console.app import STATIC, round_rows, run_state
-from hospitrust.ops.console.runs import RunReader
+from hospitrust.console.app import STATIC, round_rows, run_state
+from hospitrust.console.runs import RunReader
 from hospitrust.server_app.plots import plot_metrics, plot_trust
 
 

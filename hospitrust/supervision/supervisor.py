@@ -8,7 +8,7 @@ supervisor watches both ends:
 
 - the SuperNode's log: a ``Receiving:`` line opens a message, a ``Sent successfully`` (or a
   dropped-message line) closes it;
-- the launcher's events (``hospitrust.ops.deploy.launcher``): a child that exits with an error
+- the launcher's events (``hospitrust.supervision.launcher``): a child that exits with an error
   or a signal while a message is open.
 
 It restarts the SuperNode (same key, so the same node id; the SuperLink sees it reconnect) and
@@ -256,7 +256,7 @@ class Supervisor:
     out : Callable[[str], None]
         Where log lines go (the hospital's log: stdout by default, see :func:`console_and_file`).
     launcher_cmd : Sequence[str], optional
-        The launcher's command (default: ``hospitrust.ops.deploy.launcher`` on ``runtime_api_address``).
+        The launcher's command (default: ``hospitrust.supervision.launcher`` on ``runtime_api_address``).
     """
 
     def __init__(self, supernode_cmd: Sequence[str], runtime_api_address: str, *, message_timeout: float,
@@ -267,7 +267,7 @@ class Supervisor:
         self.out = out or console_and_file(None)
         self.inflight = Inflight()
         self.launcher_cmd = list(launcher_cmd) if launcher_cmd is not None else [
-            sys.executable, "-m", "hospitrust.ops.deploy.launcher", "--runtime-api-address", runtime_api_address,
+            sys.executable, "-m", "hospitrust.supervision.launcher", "--runtime-api-address", runtime_api_address,
             "--parent-pid", str(os.getpid()), "--gate-stdin"]
         self.supernode: subprocess.Popen | None = None
         self.launcher: subprocess.Popen | None = None

@@ -66,7 +66,7 @@ def _report(args: argparse.Namespace) -> int:
         print(f"hospitrust report: {grid_dir} is not a folder (give the --out folder of `hospitrust bench`)", file=sys.stderr)
         return 2
     if (grid_dir / "rounds.jsonl").is_file():  # one run directory: the console's page as a file, and its figures
-        from hospitrust.ops.console.report import write_report
+        from hospitrust.console.report import write_report
 
         try:
             written = write_report(grid_dir, args.out)

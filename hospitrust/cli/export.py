@@ -22,8 +22,10 @@ import csv
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 EXPORT_FORMATS = ("png", "csv", "dicom", "npz")
 
@@ -57,6 +59,8 @@ def write_images(root: Path, images: np.ndarray, labels: np.ndarray, ids: np.nda
     Path
         The folder (png, dicom), the manifest (csv) or the archive (npz).
     """
+    import numpy as np
+
     from PIL import Image
 
     from hospitrust.datasets.dicom import write_dicom
@@ -98,6 +102,8 @@ def write_images(root: Path, images: np.ndarray, labels: np.ndarray, ids: np.nda
 
 
 def _stratified(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    import numpy as np
+
     if fraction >= 1.0:
         return np.arange(labels.size)
     rng = np.random.default_rng([seed, 23])
@@ -134,6 +140,8 @@ def export(flag: str, out: Path, *, formats: Sequence[str], hospitals: int, over
         What each hospital's data-path and the server's paths are, by name ("hospital-0", ..., "test",
         "cohort", "task").
     """
+    import numpy as np
+
     from hospitrust.config import parse_run_config
     from hospitrust.datasets.federation import load_arrays, partitions, reference_set, test_set
     from hospitrust.tasks.task import resolve_task

@@ -26,7 +26,7 @@ from flwr.serverapp import Grid
 from hospitrust import metrics
 from hospitrust.config import RunConfig, parse_run_config
 from hospitrust.errors import ConfigError
-from hospitrust.server_app.server_data import ServerSets, server_sets
+from hospitrust.datasets.server import ServerSets, server_sets
 from hospitrust.tasks.task import TASK_KEY, Task, resolve_task
 from hospitrust.fbd.plan import ShippingPlan, make_plan, parse_plan
 from hospitrust.fbd.routing import (
@@ -156,7 +156,7 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
         raise ConfigError(f"strategy fbd trains with the default normalization and no augmentation; task {task.name} "
                           "sets mean/std or augmentation")
     log(INFO, "hospitrust: %s", task.describe())
-    sets = server_sets(cfg, task)
+    sets = server_sets(cfg.server_data, task, cfg.federation, cfg.task.custom)
     log(INFO, "hospitrust: test set: %s; reference cohort: %s", sets.test_source, sets.cohort_source)
     seed_everything(cfg.seed)
     device = pick_device()
@@ -175,10 +175,10 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
         "num-partitions": max([r.get("num_partitions", -1) for r in rows] + [len(rows)]),
     })
 
-    attack = configured_attack(cfg)
+    attack = configured_attack(cfg.threat_model)
     partition_of = {r["hospital"]: r["partition_id"] for r in rows}
     num_partitions = max([r.get("num_partitions", -1) for r in rows] + [len(rows)])
-    truth = ground_truth(cfg, partition_of, num_partitions)
+    truth = ground_truth(cfg.threat_model, partition_of, num_partitions)
     malicious = sorted(h for h, bad in truth.items() if bad)
     if attack is not None:
         log(INFO, "hospitrust: attack %s by %s", attack, malicious or "nobody")
@@ -199,48 +199,60 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
 
     history: list[dict[str, Any]] = []
     for rnd in range(1, cfg.num_server_rounds + 1):
-        round_start = time.perf_counter()
-        offline = offline_hospitals(rnd, grid, strategy.hospitals)
-        messages = list(strategy.configure_train(rnd, None, ConfigRecord(), grid))
-        replies = exchange(grid, messages, cfg.reply_timeout)
-        record = strategy.aggregate_round(rnd, replies)
-        fail_if_every_hospital_crashed(rnd, record.clients, len(messages))
-        warehouse.save(run_dir.path / WAREHOUSE_FILE)
-        central, fbd = evaluator(warehouse)
-        for c in record.clients:
-            c["malicious"] = truth.get(c["hospital"], False)
-        answered = {c["node_id"] for c in record.clients}
-        missing = [strategy.hospitals[m.metadata.dst_node_id] for m in messages if m.metadata.dst_node_id not in answered]
-        fbd["schedule"] = {h: m for h, m in plan.schedule(rnd).items()}
-        fbd["rejected_writes"] = sum(len(c.get("rejected_writes", [])) for c in record.clients)
-        round_record = {
-            "round": rnd,
-            "central": central,
-            "clients": record.clients,
-            "aggregation_seconds": record.aggregation_seconds,
-            "round_seconds": time.perf_counter() - round_start,
-            "asked": len(messages),
-            "missing": missing,
-            "offline": offline,
-            "kept_previous_model": record.kept_previous_model,
-            "note": record.note,
-            "hospital_accuracy": {},
-            "fairness": None,
-            "detection": round_detection({c["hospital"]: False for c in record.clients}, truth),
-            "fbd": fbd,
-        }
-        run_dir.append_round(round_record)
-        history.append(round_record)
-        log(INFO, "round %3d/%d  %s auc %.4f  bal-acc %.4f  writes %d  rejected writes %d  flagged colors %s  %.1fs",
-            rnd, cfg.num_server_rounds, _fbd_options(cfg).routing, central["auc"], central["balanced_accuracy"],
-            sum(len(c["accepted_blocks"]) for c in record.clients), fbd["rejected_writes"], fbd["flagged_colors"],
-            round_record["round_seconds"])
+        history.append(_fbd_round(rnd, cfg, grid, strategy, plan, warehouse, evaluator, truth, run_dir))
+    _fbd_summary(cfg, history, len(hospitals), run_dir, started, malicious, plan, warehouse)
+    return run_dir
 
+
+def _fbd_round(rnd: int, cfg: RunConfig, grid: Grid, strategy: FBD, plan: ShippingPlan, warehouse: Warehouse,
+               evaluator: WarehouseEvaluator, truth: dict[str, bool], run_dir: RunDirectory) -> dict[str, Any]:
+    """One FED-FBD round: the writes asked, received and stamped, every color evaluated; its record."""
+    round_start = time.perf_counter()
+    offline = offline_hospitals(rnd, grid, strategy.hospitals)
+    messages = list(strategy.configure_train(rnd, None, ConfigRecord(), grid))
+    replies = exchange(grid, messages, cfg.reply_timeout)
+    record = strategy.aggregate_round(rnd, replies)
+    fail_if_every_hospital_crashed(rnd, record.clients, len(messages))
+    warehouse.save(run_dir.path / WAREHOUSE_FILE)
+    central, fbd = evaluator(warehouse)
+    for c in record.clients:
+        c["malicious"] = truth.get(c["hospital"], False)
+    answered = {c["node_id"] for c in record.clients}
+    missing = [strategy.hospitals[m.metadata.dst_node_id] for m in messages if m.metadata.dst_node_id not in answered]
+    fbd["schedule"] = {h: m for h, m in plan.schedule(rnd).items()}
+    fbd["rejected_writes"] = sum(len(c.get("rejected_writes", [])) for c in record.clients)
+    round_record = {
+        "round": rnd,
+        "central": central,
+        "clients": record.clients,
+        "aggregation_seconds": record.aggregation_seconds,
+        "round_seconds": time.perf_counter() - round_start,
+        "asked": len(messages),
+        "missing": missing,
+        "offline": offline,
+        "kept_previous_model": record.kept_previous_model,
+        "note": record.note,
+        "hospital_accuracy": {},
+        "fairness": None,
+        "detection": round_detection({c["hospital"]: False for c in record.clients}, truth),
+        "fbd": fbd,
+    }
+    run_dir.append_round(round_record)
+    log(INFO, "round %3d/%d  %s auc %.4f  bal-acc %.4f  writes %d  rejected writes %d  flagged colors %s  %.1fs",
+        rnd, cfg.num_server_rounds, _fbd_options(cfg).routing, central["auc"], central["balanced_accuracy"],
+        sum(len(c["accepted_blocks"]) for c in record.clients), fbd["rejected_writes"], fbd["flagged_colors"],
+        round_record["round_seconds"])
+    return round_record
+
+
+def _fbd_summary(cfg: RunConfig, history: list[dict[str, Any]], num_hospitals: int, run_dir: RunDirectory,
+                 started: float, malicious: list[str], plan: ShippingPlan, warehouse: Warehouse) -> None:
+    """The run's summary: the colors a malicious hospital reached, the clean ones, the final routing."""
     reached = {h: sorted({m for m, _ in warehouse.reached_by(h)}) for h in malicious}
     tainted = sorted(set().union(*reached.values())) if reached else []
     clean = [m for m in range(warehouse.num_colors) if m not in tainted]
     summary = {
-        **summary_head(cfg, history, len(hospitals), run_dir, started),
+        **summary_head(cfg, history, num_hospitals, run_dir, started),
         "malicious_hospitals": malicious,
         "fbd": {
             "plan": plan.to_json(),
@@ -256,4 +268,3 @@ def run_fbd_federation(grid: Grid, context: Context) -> RunDirectory:
     log(INFO, "hospitrust: fbd finished %d rounds in %.1f s; routed (%s) auc %.4f bal-acc %.4f; clean colors %s\nresults: %s",
         len(history), summary["wall_seconds"], _fbd_options(cfg).routing, summary["final"]["auc"],
         summary["final"]["balanced_accuracy"], clean, run_dir.path)
-    return run_dir

@@ -95,7 +95,7 @@ def _child(runtime_api_address: str, token: str, fault: str, gate_config=None) -
     """
     code = 0
     try:
-        from hospitrust.ops.deploy.supervisor import die_with_parent
+        from hospitrust.supervision.supervisor import die_with_parent
 
         die_with_parent()  # the launcher killed with SIGKILL: its ClientApps go too
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -241,7 +241,7 @@ class StdinGate:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m hospitrust.ops.deploy.launcher --runtime-api-address HOST:PORT``."""
+    """``python -m hospitrust.supervision.launcher --runtime-api-address HOST:PORT``."""
     parser = argparse.ArgumentParser(description="Launch a SuperNode's ClientApps by forking a preloaded process.")
     parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's Runtime API (its --host:--port)")
     parser.add_argument("--poll", type=float, default=POLL_SECONDS, help="seconds between task polls")

@@ -1,4 +1,4 @@
-"""``hospitrust data check``: the command line of :mod:`hospitrust.ops.data_check`.
+"""``hospitrust data check``: the command line of :mod:`hospitrust.datacheck.check`.
 
 It runs on the hospital's own machine and prints to its own terminal, so its report names files
 and folders; nothing it prints is sent anywhere. It writes nothing unless asked: the decoded
@@ -39,7 +39,7 @@ def cmd_data_check(args) -> int:
         detail = "; ".join(line.lstrip("- ") for line in lines[1:])
         print(f"hospitrust data check: {lines[0] if lines else exc}{' ' + detail if detail else ''}", file=sys.stderr)
         return 2
-    from hospitrust.ops import data_check
+    from hospitrust.datacheck import check as data_check
 
     code = data_check.main(args.path, task, args.data_format, args.allow_odd_sizes, skip_unreadable=args.skip_unreadable)
     if code == 0:  # the data reads as the ClientApp reads it: its privacy budget, from the hospital's ledger

@@ -7,10 +7,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from hospitrust.ops.deploy.errors import DeployError
+from hospitrust.errors import DeployError
 from hospitrust.ops.deploy.superlink import DEFAULT_PORT, superlink_command, write_connection
 from hospitrust.ops.deploy.supernode import supernode_command
-from hospitrust.ops.data_cli import share_of_files
+from hospitrust.cli.data import share_of_files
 from hospitrust.tasks.cli import add_task_arguments, task_from_args
 
 # the layouts datasets.local reads (repeated here so that building the parser imports no numpy)
@@ -29,7 +29,7 @@ def _exec(cmd: list[str], dry_run: bool) -> int:
 
 
 def cmd_ca(args) -> int:
-    from hospitrust.ops.deploy.pki import create_ca
+    from hospitrust.pki.certificates import create_ca
 
     cert, key = create_ca(Path(args.out), name=args.name, days=args.days, force=args.force)
     print(f"CA certificate: {cert}   (give it to the hospitals and to whoever runs `flwr`)\n"
@@ -38,7 +38,7 @@ def cmd_ca(args) -> int:
 
 
 def cmd_server_cert(args) -> int:
-    from hospitrust.ops.deploy.pki import create_server_cert
+    from hospitrust.pki.certificates import create_server_cert
 
     ca_dir = Path(args.ca_dir)
     cert, key = create_server_cert(Path(args.ca_cert or ca_dir / "ca.crt"), Path(args.ca_key or ca_dir / "ca.key"),
@@ -49,7 +49,7 @@ def cmd_server_cert(args) -> int:
 
 
 def cmd_keygen(args) -> int:
-    from hospitrust.ops.deploy.pki import create_supernode_keys
+    from hospitrust.pki.certificates import create_supernode_keys
 
     key, pub = create_supernode_keys(Path(args.out), args.name, force=args.force)
     print(f"private key: {key}   (mode 0600; stays on the SuperNode machine)\n"
@@ -58,7 +58,7 @@ def cmd_keygen(args) -> int:
 
 
 def cmd_operator_cert(args) -> int:
-    from hospitrust.ops.deploy.pki import create_operator_cert
+    from hospitrust.pki.certificates import create_operator_cert
 
     ca_dir = Path(args.ca_dir)
     cert, key = create_operator_cert(Path(args.ca_cert or ca_dir / "ca.crt"), Path(args.ca_key or ca_dir / "ca.key"),
@@ -235,7 +235,7 @@ def cmd_supernode(args) -> int:
         raise DeployError("--hospital is required with --data-path (the name the federation records for you)")
     data_path = Path(args.data_path).expanduser().resolve()
     if not args.skip_data_check:
-        from hospitrust.ops import data_check
+        from hospitrust.datacheck import check as data_check
 
         report = data_check.check_path(data_path, task_from_args(args), data_format=args.data_format,
                                        allow_odd_sizes=args.allow_odd_sizes, skip_unreadable=args.skip_unreadable)
@@ -285,7 +285,7 @@ def _start_supernode(args, node_config: dict[str, object]) -> int:
                             port=args.port, host=args.host, max_retries=args.max_retries,
                             max_wait_time=args.max_wait_time, isolation="process" if warm else "subprocess")
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    from hospitrust.ops.deploy.supervisor import port_in_use
+    from hospitrust.supervision.supervisor import port_in_use
 
     if (held := port_in_use(args.host, args.port)) is not None:  # instead of Flower's "[Errno 98] address already in use"
         message = (f"{held}. The SuperNode's Runtime API needs it: stop that process (an earlier SuperNode of this "
@@ -298,7 +298,7 @@ def _start_supernode(args, node_config: dict[str, object]) -> int:
     print("$ " + shlex.join(cmd), flush=True)
     print(f"  with ClientApps forked by hospitrust's warm launcher from 127.0.0.1:{args.port}; watchdog bound "
           f"{args.message_timeout:g} s per message", flush=True)
-    from hospitrust.ops.deploy.supervisor import Supervisor, console_and_file
+    from hospitrust.supervision.supervisor import Supervisor, console_and_file
 
     if args.dry_run:
         return 0

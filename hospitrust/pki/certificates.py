@@ -12,7 +12,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from hospitrust.ops.deploy.errors import DeployError
+from hospitrust.errors import DeployError
+
+# the organizational unit of the certificates `deploy operator-cert` issues; the gateway admits only these to the Control API
+OPERATOR_OU = "hospitrust-operators"
 
 if TYPE_CHECKING:
     from cryptography import x509
@@ -125,8 +128,6 @@ def create_operator_cert(ca_cert: Path, ca_key: Path, out_dir: Path, name: str, 
     """
     from cryptography import x509
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    from hospitrust.ops.deploy.gateway import OPERATOR_OU
 
     if not name or not all(ch.isalnum() or ch in "-_." for ch in name) or name.startswith("."):
         raise DeployError(f"bad operator name {name!r}: letters, digits, '-', '_' and '.' only, e.g. 'alice'")

@@ -1,0 +1,66 @@
+"""``hospitrust simulate``: the Flower app in simulation on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hospitrust.errors import ConfigError
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from hospitrust.datasets.base import DataMissingError
+    from hospitrust.ops import flwr
+    from hospitrust.ops.simulate import COMPLETED, SimulationError, simulate
+
+    if (problem := _environment_problem()) is not None:
+        print(f"hospitrust simulate: {problem}", file=sys.stderr)
+        return 2
+    flwr.stop_on_signals()  # a stopped `hospitrust simulate` stops its SuperLink and what that started
+    try:
+        status, _ = simulate(
+            hospitals=args.hospitals,
+            overrides=args.run_config,
+            app_dir=Path(args.app) if args.app else None,
+            timeout=args.timeout,
+            ray_address=args.ray_address or "",
+            verbose=args.verbose,
+            keep=args.keep,
+        )
+    except (ConfigError, SimulationError, DataMissingError) as exc:
+        print(f"hospitrust simulate: {exc}", file=sys.stderr)
+        return 2
+    return 0 if status == COMPLETED else 1
+
+
+def _environment_problem() -> str | None:
+    """The torch/torchvision pair's problem, checked before any Flower process starts (see `hospitrust doctor`)."""
+    from hospitrust import envcheck
+
+    return envcheck.torch_pair_problem()
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    sim = sub.add_parser(
+        "simulate",
+        help="run the Flower app in simulation on this machine",
+        description="Run the app in Flower's simulation with its own SuperLink; exits 0 only if the run completed.",
+    )
+    sim.add_argument("--hospitals", type=int, default=10, help="number of simulated hospitals (default 10)")
+    sim.add_argument(
+        "-c", "--run-config", action="append", default=[], metavar="'KEY=VALUE ...'",
+        help="run config overrides, as for `flwr run` (e.g. -c 'num-server-rounds=3 dataset=retinamnist')",
+    )
+    sim.add_argument("--app", help="your own Flower app folder (default: the hospitrust project above the current "
+                                  "folder, else the app the installed package carries)")
+    sim.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is stopped (default 3600)")
+    sim.add_argument("--ray-address", help="run the hospitals on this existing Ray cluster (e.g. 10.0.0.5:6379) "
+                                           "instead of a Ray instance started for this run")
+    sim.add_argument("-v", "--verbose", action="store_true",
+                     help="the run's log as Flower streams it: Ray's and torch's warnings, Flower's install line, "
+                          "colour codes also when piped")
+    sim.add_argument("--keep", action="store_true",
+                     help="a run that fails keeps its scratch folder (/tmp/hospitrust-sim-*: the SuperLink's log) "
+                          "and prints where it is; without it the folder is removed")
+    sim.set_defaults(func=_simulate)

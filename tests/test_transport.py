@@ -1,0 +1,46 @@
+"""How the exchange treats a grid: by its traits (declared, or Flower's grid kind by isinstance),
+never by the class's name."""
+
+from __future__ import annotations
+
+from flwr.serverapp import Grid
+from flwr.superlink.grid import HttpGrid, InMemoryGrid
+
+from hospitrust.ops.inprocess import InProcessGrid
+from hospitrust.server_app.transport import DEPLOYED, POLL_SECONDS, GridTraits, grid_traits, pipelines
+
+
+def _bare(cls):
+    return cls.__new__(cls)  # no SuperLink behind it: only the grid's kind and attributes matter here
+
+
+def test_the_in_process_grid_declares_its_traits():
+    assert grid_traits(_bare(InProcessGrid)) == GridTraits(pipelines=True, answers_in_one_pull=True, pull_interval=0.0)
+
+
+def test_flowers_deployed_grid_pipelines_and_polls_quickly():
+    assert grid_traits(_bare(HttpGrid)) == DEPLOYED
+    assert DEPLOYED.pipelines and not DEPLOYED.answers_in_one_pull and DEPLOYED.pull_interval == POLL_SECONDS
+
+
+def test_a_renamed_deployed_grid_is_still_a_deployed_grid():
+    class ConsortiumGrid(HttpGrid):  # a wrapper with another name keeps the capability
+        pass
+
+    assert pipelines(_bare(ConsortiumGrid))
+
+
+def test_the_simulation_grid_pushes_then_pulls_at_its_own_interval():
+    grid = _bare(InMemoryGrid)
+    grid.pull_interval = 0.25
+    assert grid_traits(grid) == GridTraits(pipelines=False, answers_in_one_pull=False, pull_interval=0.25)
+
+
+def test_a_grid_of_another_kind_gets_the_safe_choice_and_a_declared_one_is_taken_at_its_word():
+    class OtherGrid(Grid):
+        pass
+
+    OtherGrid.__abstractmethods__ = frozenset()
+    assert not pipelines(OtherGrid())
+    OtherGrid.traits = GridTraits(pipelines=True, answers_in_one_pull=False, pull_interval=0.5)
+    assert grid_traits(OtherGrid()).pull_interval == 0.5
