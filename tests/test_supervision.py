@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 
 from hospitrust.ops import flwr
-from hospitrust.ops.deploy import supervisor as sv
+from hospitrust.supervision import supervisor as sv
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,7 +49,7 @@ def _supervise(tmp_path: Path, marker: str, supernode: list[str] | None = None) 
     script = tmp_path / "supervise.py"
     script.write_text(textwrap.dedent(f"""
         import sys
-        from hospitrust.ops.deploy import supervisor as sv
+        from hospitrust.supervision import supervisor as sv
         sv.RESTART_BACKOFF = (0.5, 1.0)
         s = sv.Supervisor({supernode or _stand_in(marker, "supernode")!r}, "127.0.0.1:1", message_timeout=600.0, env=dict(__import__("os").environ),
                           out=sv.console_and_file({str(tmp_path / "supervisor.log")!r}),
