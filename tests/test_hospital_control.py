@@ -109,22 +109,23 @@ def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refu
     assert config["failed-hospitals"] == [] and NAME in _trained(rounds)
     assert marks[NAME].exists()
 
-    # (c) a bundle nobody approved, signed by the trusted key, runs; the same with a wrong signature is refused
+    # (c) a bundle nobody approved, signed by the trusted key, runs: hospital-2 answers its query (the bundle's
+    # import side effect happens there) ... (d) ... and, asked for more local epochs than its policy allows, refuses
+    # to train, which the server records as the policy's refusal (within the policy it trained: (b))
     signed = _variant(fed, "signed-release")
     content = approval.build_fab(signed)
     good = approval.sign(content, fed.gate["key"], fed.gate["key_id"])
-    config, rounds = _run(fed, "gate-signed", signed, f'app-signature="{good}"')
-    assert config["failed-hospitals"] == [] and NAME in _trained(rounds)
+    marks[NAME].unlink()
+    config, rounds = _run(fed, "gate-signed-policy", signed, f'app-signature="{good}" local-epochs=3')
+    assert config["failed-hospitals"] == [] and marks[NAME].exists()
+    entry = next(c for c in rounds[0]["clients"] if c["hospital"] == NAME)
+    assert entry["rejected"] and entry["reason"] == "refused by site policy: max-local-epochs: 3 > 2", entry
+    # the same bundle with a signature by a key hospital-2 does not trust is refused before it runs
     stranger_key, _, stranger_id = approval.create_signing_key(fed.work / "gate-stranger", "stranger")
     bad = approval.sign(content, stranger_key, stranger_id)
     config, rounds = _run(fed, "gate-wrong-signature", signed, f'app-signature="{bad}"')
     assert [(f["hospital"], f["reason"]) for f in config["failed-hospitals"]] == [
         (NAME, f"refused: app signed by an untrusted key ({stranger_id})")]
-
-    # (d) more local epochs than the policy allows: refused by policy at training, recorded as such
-    config, rounds = _run(fed, "gate-policy", fed.app, "local-epochs=3")
-    entry = next(c for c in rounds[0]["clients"] if c["hospital"] == NAME)
-    assert entry["rejected"] and "refused by site policy: max-local-epochs: 3 > 2" in entry["reason"], entry
 
     # (e) hospital-2's audit log verifies, and an edited line is found
     audit_log = fed.gate["audit"]

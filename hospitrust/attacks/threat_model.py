@@ -30,6 +30,19 @@ from hospitrust.options import Options
 class ThreatModel:
     """What the functions below need of a run config (``RunConfig.threat_model``): the attack by
     name with its sections, and what draws the malicious set.
+
+    Parameters
+    ----------
+    attack : str
+        The attack's registry name; "none": no attack.
+    sections : Mapping[str, Options]
+        The attack's sections and the attack schedule, by section name.
+    malicious_fraction : float
+        Share of hospitals that attack (a fixed set drawn by ``seed``).
+    malicious_hospitals : str
+        Comma-separated partition ids, instead of the fraction.
+    seed : int
+        Draws the malicious set.
     """
 
     attack: str  # the attack's registry name; "none": no attack
