@@ -3,6 +3,7 @@ in a real headless Chromium while an in-process run writes the run directory it 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -158,20 +159,35 @@ def test_off_loopback_every_route_needs_the_token(hta_run):
 
 
 # ------------------------------------------------------------------ the live page in Chromium
-@pytest.mark.slow
-def test_the_live_page_shows_hospitals_new_rounds_and_a_rejected_hospitals_reason(browser, tmp_path, data_dir):
+@contextlib.contextmanager
+def serving_console(runs):
+    """The console's app over ``runs`` on a free loopback port, in a thread; yields its base URL."""
     import uvicorn
 
-    from hospitrust.ops import flwr
     from hospitrust.console.app import create_app
+    from hospitrust.ops import flwr
+
+    port = flwr.free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(runs), host="127.0.0.1", port=port, log_level="warning"))
+    serving = threading.Thread(target=server.run, daemon=True)
+    serving.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline, "the console did not start"
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        serving.join(timeout=10)
+
+
+@pytest.mark.slow
+def test_the_live_page_shows_hospitals_new_rounds_and_a_rejected_hospitals_reason(browser, tmp_path, data_dir):
     from hospitrust.ops.inprocess import run_inprocess
 
     out = tmp_path / "runs"
     out.mkdir()
-    port = flwr.free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(out), host="127.0.0.1", port=port, log_level="warning"))
-    serving = threading.Thread(target=server.run, daemon=True)
-    serving.start()
     cfg = small_run_config(tmp_path, strategy="hta", attack="nan-update", **{"malicious-hospitals": "1",
                                                                              "num-server-rounds": 4, "run-name": "live"})
 
@@ -180,13 +196,9 @@ def test_the_live_page_shows_hospitals_new_rounds_and_a_rejected_hospitals_reaso
         return reply
 
     run_thread = threading.Thread(target=run_inprocess, args=(cfg, 4), kwargs={"reply_filter": slow}, daemon=True)
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline, "the console did not start"
-            time.sleep(0.1)
+    with serving_console(out) as base:
         run_thread.start()
-        browser.get(f"http://127.0.0.1:{port}/")
+        browser.get(base + "/")
         browser.execute_script("window.__first_load = performance.timeOrigin;")
         # the run appears in the list, then its page (the only run: opened at once)
         wait_for(browser, lambda d: d.find_elements("css selector", "#hospitals tr[data-hospital]"), timeout=120,
@@ -206,9 +218,6 @@ def test_the_live_page_shows_hospitals_new_rounds_and_a_rejected_hospitals_reaso
         wait_for(browser, lambda d: "completed" in d.find_element("id", "run-head").text, timeout=30, what="completed")
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         browser.save_screenshot(str(ARTIFACTS / "console-live.png"))
-    finally:
-        server.should_exit = True
-        serving.join(timeout=10)
 
 
 def test_a_hospital_that_could_not_join_is_the_first_alert():
@@ -283,29 +292,16 @@ def test_flowers_status_decides_a_run_whose_records_end_early(hta_run, tmp_path)
 
 @pytest.mark.slow
 def test_the_live_page_shows_a_left_out_hospital_and_a_stopped_run(hta_run, browser, tmp_path):
-    import uvicorn
-
-    from hospitrust.ops import flwr
-    from hospitrust.console.app import create_app
-
     runs = tmp_path / "runs"
     runs.mkdir()
     _copy_run(hta_run, runs / "left", left_out=LEFT_OUT)
     _copy_run(hta_run, runs / "stopped", finished=False, age=3600)  # no summary, no lock, an hour old
-    port = flwr.free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(runs), host="127.0.0.1", port=port, log_level="warning"))
-    serving = threading.Thread(target=server.run, daemon=True)
-    serving.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline, "the console did not start"
-            time.sleep(0.1)
-        browser.get(f"http://127.0.0.1:{port}/")
+    with serving_console(runs) as base:
+        browser.get(base + "/")
         wait_for(browser, lambda d: len(d.find_elements("css selector", "#runs tr")) >= 3, what="the run list")
         listed = {r.text.split()[0]: r.text for r in browser.find_elements("css selector", "#runs tr")[1:]}
         assert "stopped" in listed["stopped"] and "completed" in listed["left"], listed
-        browser.get(f"http://127.0.0.1:{port}/#/run/left")
+        browser.get(base + "/#/run/left")
         wait_for(browser, lambda d: d.find_elements("css selector", '#hospitals tr[data-hospital="st-broken"]'),
                  what="the left-out hospital's row")
         row = browser.find_element("css selector", '#hospitals tr[data-hospital="st-broken"]')
@@ -314,9 +310,6 @@ def test_the_live_page_shows_a_left_out_hospital_and_a_stopped_run(hta_run, brow
         assert "st-broken could not join" in browser.find_element("id", "alerts").text
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         browser.save_screenshot(str(ARTIFACTS / "console-left-out.png"))
-    finally:
-        server.should_exit = True
-        serving.join(timeout=10)
 
 
 def test_the_round_in_flight_from_the_progress_file(tmp_path):
@@ -338,18 +331,10 @@ def test_the_round_in_flight_from_the_progress_file(tmp_path):
 
 @pytest.mark.slow
 def test_the_live_page_shows_a_late_hospital_while_its_round_is_in_flight(browser, tmp_path, data_dir):
-    import uvicorn
-
-    from hospitrust.ops import flwr
-    from hospitrust.console.app import create_app
     from hospitrust.ops.inprocess import run_inprocess
 
     out = tmp_path / "runs"
     out.mkdir()
-    port = flwr.free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(out), host="127.0.0.1", port=port, log_level="warning"))
-    serving = threading.Thread(target=server.run, daemon=True)
-    serving.start()
     cfg = small_run_config(tmp_path, **{"num-server-rounds": 2, "run-name": "late", "reply-timeout": 6.0})
 
     def slow_second_round(index, incoming, reply):  # hospital-2 takes 5 s more over its round-2 training
@@ -359,13 +344,9 @@ def test_the_live_page_shows_a_late_hospital_while_its_round_is_in_flight(browse
         return reply
 
     run_thread = threading.Thread(target=run_inprocess, args=(cfg, 3), kwargs={"reply_filter": slow_second_round}, daemon=True)
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline, "the console did not start"
-            time.sleep(0.1)
+    with serving_console(out) as base:
         run_thread.start()
-        browser.get(f"http://127.0.0.1:{port}/#/run/late")
+        browser.get(base + "/#/run/late")
         wait_for(browser, lambda d: d.find_element("id", "in-flight").get_attribute("data-round") == "2"
                  and d.find_elements("css selector", '#in-flight .late[data-hospital="hospital-2"]'), timeout=120,
                  what="hospital-2 shown late in round 2")
@@ -373,6 +354,3 @@ def test_the_live_page_shows_a_late_hospital_while_its_round_is_in_flight(browse
         browser.save_screenshot(str(ARTIFACTS / "console-late.png"))
         run_thread.join(timeout=120)
         wait_for(browser, lambda d: not d.find_element("id", "in-flight").is_displayed(), timeout=30, what="the round done")
-    finally:
-        server.should_exit = True
-        serving.join(timeout=10)
