@@ -18,9 +18,11 @@ Pure torch, no Flower; CPU or GPU.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ._validation import check_f, check_updates
@@ -39,6 +41,12 @@ __all__ = [
     "chain",
     "origin",
     "arc_clip_count",
+    "STEPS",
+    "parse_chain",
+    "rows_before_each_step",
+    "carried_rows",
+    "PreAggregationChain",
+    "PreAggregated",
 ]
 
 
@@ -446,3 +454,196 @@ def origin(records: Sequence[StepRecord]) -> torch.Tensor:
         total = rec.mixing @ total
     return total
 
+
+
+# ---- a run's chain: step names, their options bound, applied per round -----------------------
+
+#: The steps a chain may name, in the run config's spelling (``pre-aggregation = "arc,nnm"``).
+STEPS = ("nnm", "arc", "bucketing", "clipping")
+#: The values that mean "no pre-aggregation".
+NO_CHAIN = ("", "none")
+
+
+def parse_chain(text: str) -> tuple[str, ...]:
+    """The steps of a chain as the run config writes it: ``"arc,nnm"`` -> ``("arc", "nnm")``.
+
+    Parameters
+    ----------
+    text : str
+        ``""`` or ``"none"`` (no pre-aggregation), one step, or steps separated by commas (spaces
+        around them are ignored), applied left to right.
+
+    Returns
+    -------
+    tuple of str
+        The steps in order; empty for no pre-aggregation.
+
+    Raises
+    ------
+    ValueError
+        Naming the unknown steps and the allowed ones.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"pre-aggregation must be a string such as 'arc,nnm'; got {type(text).__name__} {text!r}")
+    if text.strip().lower() in NO_CHAIN:
+        return ()
+    steps = tuple(part.strip() for part in text.split(","))
+    bad = [s for s in steps if s not in STEPS]
+    if bad:
+        shown = ", ".join(repr(s) for s in bad)
+        raise ValueError(f"unknown pre-aggregation step{'s' if len(bad) > 1 else ''} {shown} in {text!r}; allowed steps: "
+                         f"{', '.join(STEPS)}, or a chain of them separated by commas (e.g. 'arc,nnm'), or '' / 'none' "
+                         "for no pre-aggregation")
+    return steps
+
+
+def rows_before_each_step(steps: Sequence[str], n: int, bucket_size: int) -> list[int]:
+    """How many rows each step of a chain gets from ``n`` input rows, then how many come out
+    (bucketing turns ``r`` rows into ``ceil(r / bucket_size)``; the other steps keep them).
+
+    Parameters
+    ----------
+    steps : sequence of str
+        The chain (:func:`parse_chain`).
+    n : int
+        Input rows.
+    bucket_size : int
+        Bucketing's ``s``.
+
+    Returns
+    -------
+    list of int
+        ``len(steps) + 1`` counts.
+    """
+    rows = [int(n)]
+    for step in steps:
+        rows.append(-(-rows[-1] // bucket_size) if step == "bucketing" else rows[-1])
+    return rows
+
+
+def carried_rows(record: StepRecord) -> list[int]:
+    """For every input row of a step, the output row that carries it: its bucket for bucketing,
+    itself for the steps that keep the rows (NNM's row ``i`` is row ``i``'s neighbourhood).
+
+    Parameters
+    ----------
+    record : StepRecord
+        The step's record.
+
+    Returns
+    -------
+    list of int
+        One output row index per input row.
+    """
+    n_out, n_in = record.mixing.shape
+    if record.step != "bucketing":
+        if n_out != n_in:
+            raise ValueError(f"step {record.step!r} changed the number of rows ({n_in} -> {n_out})")
+        return list(range(n_in))
+    out = [-1] * n_in
+    for bucket, members in enumerate(record.members):
+        for i in members:
+            out[i] = bucket
+    return out
+
+
+@dataclass(frozen=True)
+class PreAggregated:
+    """What a chain did to one round's stack.
+
+    Parameters
+    ----------
+    rows : torch.Tensor
+        ``(n, d)``: for every input row (hospital), the chain's output row that carries it; what
+        the rule gets. Without bucketing this is the chain's output itself; with bucketing, every
+        member of a bucket gets the bucket's row (a rule keeps one row per hospital, so its
+        per-hospital records and state stay aligned with the hospitals).
+    records : list of StepRecord
+        One per step, in order.
+    row_of : list of int
+        For every input row, the index of its row in the chain's output (``rows[i] = out[row_of[i]]``).
+    out_rows : int
+        How many rows the chain itself produced (``ceil(n / s)`` after one bucketing).
+    """
+
+    rows: torch.Tensor
+    records: list[StepRecord]
+    row_of: list[int]
+    out_rows: int
+
+
+@dataclass(frozen=True)
+class PreAggregationChain:
+    """A run's pre-aggregation: the chain's steps with their options bound, applied per round.
+
+    What a caller without the run config needs (an attack that puts the chain in its loop):
+    ``PreAggregationChain(("arc", "nnm"), f=2).apply(server_round, updates).rows`` is what the
+    rule sees. :func:`hospitrust.features.pre_aggregators.pre_aggregation_chain` builds it from a
+    run config.
+
+    Parameters
+    ----------
+    steps : tuple of str
+        Step names (:data:`STEPS`), applied left to right.
+    f : int
+        Assumed number of Byzantine rows (NNM, ARC): the run's ``assumed-malicious``.
+    bucket_size : int
+        Bucketing's ``s``.
+    max_norm : float
+        Static clipping's bound ``C``.
+    seed : int
+        Seeds bucketing's order with the round (:meth:`generator`): the same seed and round give
+        the same buckets.
+    """
+
+    steps: tuple[str, ...]
+    f: int = 0
+    bucket_size: int = 2
+    max_norm: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.steps if s not in STEPS]
+        if unknown:
+            raise ValueError(f"unknown pre-aggregation steps {unknown}; allowed: {', '.join(STEPS)}")
+        check_f(self.f)
+        if isinstance(self.bucket_size, bool) or not isinstance(self.bucket_size, int) or self.bucket_size < 1:
+            raise ValueError(f"bucket_size must be an int >= 1; got {self.bucket_size!r}")
+        if not self.max_norm > 0:
+            raise ValueError(f"max_norm must be > 0; got {self.max_norm!r}")
+
+    def generator(self, server_round: int, index: int) -> torch.Generator:
+        """Bucketing's random order for step ``index`` of the chain in ``server_round``: seeded from
+        the run's seed, the round and the step's place (two bucketing steps draw different orders),
+        apart from every other seeded draw of the run.
+        """
+        seed = np.random.SeedSequence([self.seed, server_round, index, 0x6275636B]).generate_state(1, np.uint64)[0]
+        return torch.Generator().manual_seed(int(seed) & 0x7FFF_FFFF_FFFF_FFFF)
+
+    def mixings(self, server_round: int) -> list[Callable[[torch.Tensor], tuple[torch.Tensor, StepRecord]]]:
+        """The steps of ``server_round`` as :func:`chain` takes them (Gram matrix -> mixing, record)."""
+        out: list[Callable[[torch.Tensor], tuple[torch.Tensor, StepRecord]]] = []
+        for index, step in enumerate(self.steps):
+            if step == "nnm":
+                out.append(functools.partial(nnm_mixing, f=self.f))
+            elif step == "arc":
+                out.append(functools.partial(arc_mixing, f=self.f))
+            elif step == "clipping":
+                out.append(functools.partial(static_clipping_mixing, max_norm=float(self.max_norm)))
+            else:
+                out.append(functools.partial(bucketing_mixing, bucket_size=self.bucket_size,
+                                             generator=self.generator(server_round, index)))
+        return out
+
+    def apply(self, server_round: int, updates: torch.Tensor) -> PreAggregated:
+        """The chain on one round's stack ``(n, d)``: :class:`PreAggregated` (``rows``: what the rule sees)."""
+        n, _ = check_updates(updates)
+        out, records = chain(updates, self.mixings(server_round))
+        row_of = list(range(n))
+        for rec in records:
+            carried = carried_rows(rec)
+            row_of = [carried[r] for r in row_of]
+        rows = out
+        if out.shape[0] != n:
+            rows = out.index_select(0, torch.tensor(row_of, dtype=torch.long, device=out.device))
+        return PreAggregated(rows, records, row_of, int(out.shape[0]))

@@ -107,7 +107,8 @@ def config_markdown() -> str:
         "holds HTA's options, which Flower flattens to `hta.ema-rate`; on the command line write the dotted key",
         "(`-c 'strategy=\"hta\" hta.exclusion-fraction=0.4'`). A section's keys count only when its component is",
         "selected (the strategy, the partitioner, the attack, and what they compose: EARN's HTA base, Sybil's base",
-        "attack); set for another component they are refused with the selected one named. The service sections",
+        "attack; a pre-aggregation step's section when `pre-aggregation` names it); set for another component they",
+        "are refused with the selected one named. The service sections",
         "(`train`, `secagg`, `contribution-scoring`, `attack-schedule`) are always in effect. An `ablation` sub-section",
         "holds toggles that bring back an earlier, worse-measured form of a rule: never the default; the rule's page",
         "has the measurement.",
@@ -116,7 +117,8 @@ def config_markdown() -> str:
         "",
         *options_table(None, CoreOptions, ""),
     ]
-    titles = {"service": "Services", "strategy": "Aggregation rules", "partitioner": "Partitioners", "attack": "Attacks"}
+    titles = {"service": "Services", "strategy": "Aggregation rules", "partitioner": "Partitioners", "attack": "Attacks",
+              "pre-aggregator": "Pre-aggregation steps"}
     for kind, title in titles.items():
         out += ["", f"## {title}"]
         for name, section in sections.items():

@@ -40,6 +40,8 @@ from hospitrust.models import MODELS
 from hospitrust.models.training import TrainOptions
 from hospitrust.options import Options, OptionsError, memo_key
 from hospitrust.privacy.options import PrivacyOptions, check_privacy_settings
+from hospitrust.features.pre_aggregators import check_pre_aggregation
+from hospitrust.aggregation.pre_aggregation import parse_chain
 from hospitrust.features.secagg_options import SecAggOptions
 from hospitrust.datasets.server import ServerDataOptions
 from hospitrust.tasks.task import TaskOptions
@@ -70,6 +72,10 @@ class CoreOptions(Options):
     seed: int = Field(42, ge=0, description="Seeds partitions, model init, sampling and local training.")
     assumed_malicious: int = Field(1, ge=0, description=(
         "f, the attackers the robust rules are sized for (trimmed-mean, krum, multi-krum, bulyan)."
+    ))
+    pre_aggregation: str = Field("", description=(
+        "Steps applied to the validated updates before the rule, left to right: nnm, arc, bucketing, clipping, or "
+        "a chain such as 'arc,nnm'; '' or 'none': the rule sees the updates as sent (docs/rules/pre-aggregation.md)."
     ))
     max_update_norm: float = Field(1e4, gt=0.0, description=(
         "Replies whose update (returned - global) has a larger L2 norm are rejected."
@@ -134,6 +140,12 @@ class CoreOptions(Options):
             strategy_class(v)
         except StrategyError as err:
             raise ValueError(str(err)) from None
+        return v
+
+    @field_validator("pre_aggregation")
+    @classmethod
+    def _pre_aggregation(cls, v: str) -> str:
+        parse_chain(v)  # ValueError naming the allowed steps
         return v
 
     @field_validator("dataset")
@@ -243,6 +255,11 @@ class RunConfig(CoreOptions):
         return cast(ScheduleOptions, self.options(SCHEDULE_SECTION))
 
     @property
+    def pre_aggregation_steps(self) -> tuple[str, ...]:
+        """The pre-aggregation chain's steps in order (empty without one)."""
+        return parse_chain(self.pre_aggregation)
+
+    @property
     def privacy(self) -> PrivacyOptions:
         return cast(PrivacyOptions, self.options("privacy"))
 
@@ -308,6 +325,7 @@ def active_sections(core: CoreOptions, sections: Mapping[str, Options]) -> list[
 
     active = [name for name in known if known[name].kind == "service"]
     todo = [rule_name(core.strategy), core.partitioner] + ([core.attack] if core.attack != "none" else [])
+    todo += list(parse_chain(core.pre_aggregation))  # the chain's steps with options of their own
     while todo:
         name = todo.pop(0)
         if name not in known or name in active:
@@ -506,6 +524,10 @@ def preset_key_problems(flat: Mapping[str, Any], explicit_keys: Iterable[str]) -
 
 
 def unselected_message(section: Section, cfg: CoreOptions) -> str:
+    if section.kind == "pre-aggregator":
+        return (f"an option of pre-aggregation step {section.name}, but pre-aggregation is {cfg.pre_aggregation!r}, "
+                f"without it (add {section.name!r} to the chain, e.g. pre-aggregation = {section.name!r}, or remove "
+                "the key)")
     selected = {"strategy": cfg.strategy, "partitioner": cfg.partitioner, "attack": cfg.attack}[section.kind]
     return (f"an option of {section.kind} {section.name}, but the selected {section.kind} is {selected!r} "
             f"(set {section.kind} = {section.name!r} or remove the key)")
@@ -559,6 +581,7 @@ def cross_checks(cfg: RunConfig) -> list[str]:
     except ValueError as err:
         out.append(str(err))
     out += check_privacy_settings(cfg)
+    out += check_pre_aggregation(cfg)
     if cfg.federated_evaluation_every > 1:  # rounds without the hospitals' evaluation replies
         every = f"federated-evaluation-every = {cfg.federated_evaluation_every}"
         if cfg.server_data.evaluation_mode(cfg.task.custom) == "federated":

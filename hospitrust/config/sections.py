@@ -19,12 +19,13 @@ from hospitrust.datasets.partitioners import PARTITIONERS
 from hospitrust.models.training import TrainOptions
 from hospitrust.options import Options
 from hospitrust.privacy.options import PrivacyOptions
+from hospitrust.features.pre_aggregators import PRE_AGGREGATORS
 from hospitrust.features.secagg_options import SecAggOptions
 from hospitrust.datasets.server import ServerDataOptions
 from hospitrust.tasks.task import TaskOptions
 from hospitrust.strategies.registry import STRATEGIES
 
-KINDS = ("service", "strategy", "partitioner", "attack")
+KINDS = ("service", "strategy", "partitioner", "attack", "pre-aggregator")
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class Section:
     """One ``[tool.flwr.app.config.<name>]`` table: whose it is and its options."""
 
     name: str
-    kind: str  # service | strategy | partitioner | attack
+    kind: str  # service | strategy | partitioner | attack | pre-aggregator
     options: type[Options]
     summary: str  # one line, from the component's docstring
     doc: str  # its docs page, relative to docs/
@@ -65,7 +66,7 @@ def all_sections() -> dict[str, Section]:
     test does, makes a new entry): every message's config lookups call this, and building the
     summaries from the docstrings cost about 1 ms a call.
     """
-    key = tuple(tuple(registry.items()) for registry in (STRATEGIES, PARTITIONERS, ATTACKS))
+    key = tuple(tuple(registry.items()) for registry in (STRATEGIES, PARTITIONERS, ATTACKS, PRE_AGGREGATORS))
     memo = _SECTIONS_MEMO.get(key)
     if memo is None:
         memo = _SECTIONS_MEMO[key] = _build_sections()
@@ -77,7 +78,8 @@ def _build_sections() -> dict[str, Section]:
     for name, (options, doc) in SERVICES.items():
         out[name] = Section(name, "service", options, _summary(options), doc)
     for kind, registry, doc in (("strategy", STRATEGIES, "rules/{}.md"), ("partitioner", PARTITIONERS, "data.md"),
-                                ("attack", ATTACKS, "attacks.md")):
+                                ("attack", ATTACKS, "attacks.md"),
+                                ("pre-aggregator", PRE_AGGREGATORS, "rules/pre-aggregation.md")):
         for name, cls in registry.items():
             if not cls.Options.model_fields:
                 continue

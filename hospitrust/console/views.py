@@ -71,9 +71,30 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def pre_aggregation_text(entry: Mapping[str, Any]) -> str:
+    """A client entry's ``pre_aggregation`` in a line: what each step of the chain did to its row."""
+    parts = []
+    for step in entry.get("steps") or []:
+        name = str(step.get("step", "?"))
+        if "factor" in step:
+            parts.append(f"{name} x{_fmt(float(step['factor']))}" if step.get("clipped") else f"{name} unclipped")
+        elif "neighbours" in step:
+            parts.append(f"{name} mean of {', '.join(map(str, step['neighbours']))}")
+        elif "bucket" in step:
+            parts.append(f"bucket {' + '.join(map(str, step['bucket']))}")
+        else:
+            parts.append(name)
+    return " -> ".join(parts)
+
+
 def signals_of(client: Mapping[str, Any]) -> list[list[str]]:
-    """[label, value] of the rule's signals recorded for this hospital in this round."""
-    return [[label, _fmt(client[key])] for key, label in SIGNALS if key in client and client[key] is not None]
+    """[label, value] of the rule's signals recorded for this hospital in this round (and what
+    pre-aggregation did to its update before the rule saw it).
+    """
+    out = [[label, _fmt(client[key])] for key, label in SIGNALS if key in client and client[key] is not None]
+    if isinstance(client.get("pre_aggregation"), Mapping):
+        out.append(["pre-aggregation", pre_aggregation_text(client["pre_aggregation"])])
+    return out
 
 
 def hospital_rows(record: Mapping[str, Any], hospitals: Sequence[str], ground_truth: bool) -> list[dict[str, Any]]:
