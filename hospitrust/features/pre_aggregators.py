@@ -23,8 +23,8 @@ class BucketingOptions(Options):
 
     bucket_size: int = Field(2, ge=1, le=1_000_000, description=(
         "s: hospitals per bucket (the last bucket is smaller when s does not divide the round's valid replies); "
-        "each bucket's mean replaces its members' updates. 2 as in Karimireddy et al.'s experiments (ByzFL's "
-        "default 1 changes nothing)."
+        "each bucket's mean replaces its members' updates. 2: the smallest bucket that mixes (ByzFL's default 1 "
+        "changes nothing)."
     ))
 
 
