@@ -1,5 +1,5 @@
 """Round features: what a run does besides the rule (privacy, contribution scoring, SecAgg+,
-overlapping rounds, the simulated adversary, the ground truth's detection record), each an object
+overlapping rounds, the simulated adversary, pre-aggregation, the ground truth's detection record), each an object
 with hooks at named points of the round (``hospitrust.features.base``), found by the registry.
 
 The names below load on first use, so that an option module (``secagg_options``) is imported
