@@ -182,3 +182,14 @@ def test_an_old_checkpoint_is_refused_then_upgraded_once_trusted(tmp_path):
     ckpt = load_checkpoint(run_dir)
     assert ckpt["round"] == 3 and ckpt["strategy_state"]["ema"] == {"h0": 0.5}
     assert np.array_equal(ckpt["rng"]["numpy"][1], state[1]) and ckpt["rng"]["numpy"][0] == "MT19937"
+
+
+def test_a_key_added_since_the_checkpoint_compares_as_its_default():
+    from hospitrust.config.run import run_config_defaults
+    from hospitrust.server_app.checkpoint import check_compatible
+
+    now = {k: v for k, v in run_config_defaults().items() if "." not in k}
+    written_before = {k: v for k, v in now.items() if k != "pre-aggregation"}   # the key did not exist then
+    check_compatible(written_before, now)                                       # default now: same rounds
+    with pytest.raises(CheckpointError, match=r"pre-aggregation: checkpoint '' vs now 'nnm'"):
+        check_compatible(written_before, {**now, "pre-aggregation": "nnm"})

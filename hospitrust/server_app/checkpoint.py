@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from hospitrust.config import legacy
+from hospitrust.config.run import run_config_defaults
 
 CHECKPOINT_FILE = "checkpoint.pt"
 #: 2: plain types and tensors only, read with ``torch.load(weights_only=True)`` (1 was a pickle)
@@ -170,6 +171,10 @@ def check_compatible(saved: dict[str, Any], current: dict[str, Any]) -> None:
     written with the old flat keys is read under their new names).
     """
     saved, _ = legacy.translate(saved)
+    # a key added since the checkpoint was written compares as its default (it did not exist, so
+    # the saved run computed as the default does)
+    defaults = run_config_defaults()
+    saved = {**{k: defaults[k] for k in set(current) - set(saved) if k in defaults}, **saved}
     keys = (set(saved) | set(current)) - MAY_DIFFER
     differ = sorted(k for k in keys if saved.get(k) != current.get(k))
     if differ:
