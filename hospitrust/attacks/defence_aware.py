@@ -16,6 +16,7 @@ import torch
 from pydantic import Field, field_validator
 
 from hospitrust.aggregation import coordinate_median
+from hospitrust.aggregation.vectorize import flatten_state
 from hospitrust.attacks.interfaces import RoundAwareColludingAttack, RoundView
 from hospitrust.attacks.math import defence_aware as DA
 from hospitrust.attacks.math import update as U
@@ -57,6 +58,19 @@ def _rule_copy(view: RoundView, wanted: tuple[str, ...], attack: str) -> Any:
         raise ValueError(f"attack {attack!r} is written against the rule {' or '.join(wanted)} (it reads its page and "
                          f"state), not strategy {type(rule).name!r}")
     return rule
+
+
+def _classifier_head(global_state: dict[str, torch.Tensor]) -> tuple[int, int, int, int]:
+    """Where the model's last linear layer sits in the flat update: ``(weight offset, C, H, bias
+    offset)``, as EARN reads it (the last 1-D float tensor right after a ``(C, H)`` one): the attacker
+    knows the architecture it trains.
+    """
+    spec = flatten_state(global_state)[1]
+    for i in range(len(spec.keys) - 1, 0, -1):
+        bias, weight = spec.shapes[i], spec.shapes[i - 1]
+        if len(bias) == 1 and len(weight) == 2 and weight[0] == bias[0]:
+            return spec.offsets[i - 1], int(weight[0]), int(weight[1]), spec.offsets[i]
+    raise ValueError("earn-aware needs a model whose last layer is a linear layer with a bias (weight (C, H), bias (C,))")
 
 
 class HTAAwareOptions(Options):
@@ -221,11 +235,9 @@ class EARNAware(RoundAwareColludingAttack):
         self.margin = U.check_finite_number(margin, "margin", nonneg=True)
 
     def craft_round(self, view: RoundView):
-        from hospitrust.strategies.earn import classifier_head
-
         earn = _rule_copy(view, ("earn",), self.name)
         global_state = earn.global_state
-        w_off, C, H, b_off = classifier_head(global_state)
+        w_off, C, H, b_off = _classifier_head(global_state)
         honest = view.honest.double()
         bias = honest[:, b_off:b_off + C]
         c = self.target_class
@@ -244,8 +256,6 @@ class EARNAware(RoundAwareColludingAttack):
         reference = peer_rows.median(dim=0).values
         if float(reference[-1]) <= 0:  # the median row is no holder's: lift its bias just above zero
             reference[-1] = 1e-6 * float(torch.linalg.vector_norm(reference)) or 1e-12
-        from hospitrust.aggregation.vectorize import flatten_state
-
         global_vec = flatten_state(global_state)[0].double()
         push = -row_of(global_vec)
         push[-1] = 0.0

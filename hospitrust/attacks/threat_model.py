@@ -156,7 +156,18 @@ def hospital_attack(threat: ThreatModel, node: Hospital) -> Attack | None:
 
 
 def unwrapped(attack: Attack) -> Attack:
-    """The attack inside its schedules (a schedule keeps the attack it gates as ``attack``)."""
+    """The attack inside its schedules (a schedule keeps the attack it gates as ``attack``).
+
+    Parameters
+    ----------
+    attack : Attack
+        An attack, possibly in schedules.
+
+    Returns
+    -------
+    Attack
+        The innermost attack.
+    """
     while isinstance(getattr(attack, "attack", None), Attack):
         attack = attack.attack  # type: ignore[attr-defined]
     return attack

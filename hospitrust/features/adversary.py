@@ -60,6 +60,16 @@ def pre_aggregation_of(cfg: Any) -> Any:
     """The run's pre-aggregation chain (``.steps``, ``.apply(round, updates).rows``), or None without one.
 
     Built by the pre-aggregation feature's own function, so the loop applies exactly the chain the run does.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run config (its ``pre-aggregation`` key).
+
+    Returns
+    -------
+    object or None
+        The chain, or None when the run has none.
     """
     if not str(getattr(cfg, "pre_aggregation", "") or "").strip():
         return None
