@@ -227,6 +227,7 @@ class EARNAware(RoundAwareColludingAttack):
 
     name = "earn-aware"
     Options = EARNAwareOptions
+    rules = ("earn",)
 
     def __init__(self, target_class: int = -1, margin: float = 1e-3) -> None:
         if int(target_class) != target_class or int(target_class) < -1:
@@ -235,7 +236,7 @@ class EARNAware(RoundAwareColludingAttack):
         self.margin = U.check_finite_number(margin, "margin", nonneg=True)
 
     def craft_round(self, view: RoundView):
-        earn = _rule_copy(view, ("earn",), self.name)
+        earn = _rule_copy(view, self.rules, self.name)
         global_state = earn.global_state
         w_off, C, H, b_off = _classifier_head(global_state)
         honest = view.honest.double()
