@@ -224,6 +224,8 @@ def test_dba_each_malicious_hospital_stamps_its_stripe_and_the_test_gets_the_who
     whole = attack.trigger(images)
     assert (whole[:, 3:6, 3:6, 0] == 255).all() and whole.sum() == 4 * 9 * 255
     assert np.array_equal(whole, D.apply_trigger(images, 3))
+    with pytest.raises(ValueError, match="more stripes than its dba.patch-size = 3"):
+        ATTACKS["dba"].Options(parts=4)
 
 
 # ------------------------------------------------------------------ defence-aware
@@ -310,8 +312,11 @@ RUNS = [  # attack, strategy, hospitals, extra keys
 ]
 
 
-def test_every_new_attack_runs_in_process(tmp_path, data_dir):
+def test_every_new_attack_runs_in_process(tmp_path, data_dir, monkeypatch):
     from conftest import small_run_config
+    from hospitrust.aggregation import _codegen
+
+    monkeypatch.setattr(_codegen, "_backend", "eager")  # 1-round runs: no torch.compile of the median kernels
     from hospitrust.ops.inprocess import run_inprocess
     from hospitrust.server_app.results import read_rounds
 

@@ -10,7 +10,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from hospitrust.attacks.data_attacks import Backdoor, BackdoorOptions
 from hospitrust.attacks.interfaces import RoundAware, RoundView
@@ -46,6 +46,13 @@ class DBAOptions(BackdoorOptions):
         "Parts the trigger is cut into (horizontal stripes; at most backdoor's patch size): 0, one per malicious "
         "hospital (capped at the patch size). Malicious hospital i stamps part i mod parts."
     ))
+
+    @model_validator(mode="after")
+    def _fits(self) -> "DBAOptions":
+        if self.parts > self.patch_size:
+            raise ValueError(f"dba.parts = {self.parts} cuts the trigger into more stripes than its dba.patch-size = "
+                             f"{self.patch_size} rows: use at most {self.patch_size} (0: one per malicious hospital)")
+        return self
 
 
 class Neurotoxin(Backdoor, RoundAware):
