@@ -338,10 +338,12 @@ def test_registry_builds_every_attack_with_kind():
     names = {
         "label-flip", "backdoor", "corruption", "label-noise", "sign-flip", "scaling", "gaussian-noise",
         "free-rider", "nan-update", "alie", "ipm", "min-max", "min-sum", "fang-trimmed-mean", "fang-median", "mimic", "sybil",
+        "tailored-alie", "tailored-ipm", "agr-tailored", "neurotoxin", "dba", "hta-aware", "earn-aware", "fltrust-aware",
     }  # fmt: skip
     assert set(A.ATTACKS) == names
     kinds = {"label-flip": "data", "backdoor": "data", "corruption": "data", "label-noise": "data", "sign-flip": "update",
-             "scaling": "update", "gaussian-noise": "update", "free-rider": "update", "nan-update": "update"}
+             "scaling": "update", "gaussian-noise": "update", "free-rider": "update", "nan-update": "update",
+             "neurotoxin": "data", "dba": "data"}
     for name in names:
         attack = A.build_attack(name)
         assert A.attack_kind(attack) == A.ATTACKS[name].kind == kinds.get(name, "colluding")  # the class carries its kind

@@ -4,6 +4,10 @@
   ColludingAttack): an attack class carries its ``name``, ``kind`` and ``Options``.
 * :mod:`~hospitrust.attacks.data_attacks`, :mod:`~hospitrust.attacks.update_attacks`,
   :mod:`~hospitrust.attacks.colluding` - the concrete attacks and their options.
+* :mod:`~hospitrust.attacks.rule_tailored`, :mod:`~hospitrust.attacks.defence_aware`,
+  :mod:`~hospitrust.attacks.backdoors` - the field's attacks (issue 34): rule-tailored, defence-aware
+  (round-aware: they see the round through :class:`~hospitrust.attacks.interfaces.RoundView`),
+  Neurotoxin and DBA.
 * :mod:`~hospitrust.attacks.schedule` - OnOff, DelayedStart and the ``attack-schedule`` section.
 * :mod:`~hospitrust.attacks.math` - the math as pure functions (``update``: torch, ``data``: numpy).
 * :mod:`~hospitrust.attacks.registry` - ATTACKS, derived from the classes; ``build_attack``, plugins.

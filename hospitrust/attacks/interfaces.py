@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -127,6 +128,106 @@ class ColludingAttack(Attack):
 
 
 INTERFACES: tuple[type[Attack], ...] = (DataAttack, UpdateAttack, ColludingAttack)
+
+
+@dataclass
+class RoundView:
+    """What a round-aware attack sees of one round, on the server, before the rule (a simulation step).
+
+    Parameters
+    ----------
+    server_round : int
+        The 1-based round.
+    updates : torch.Tensor
+        ``(n, d)`` the round's accepted updates in row order; the malicious rows hold what the
+        malicious hospitals sent (trained on their own, possibly poisoned, data).
+    hospitals : list[str]
+        The hospital of every row.
+    malicious_rows : list[int]
+        The rows of the malicious hospitals (sorted; at least one row is honest).
+    rule : callable or None
+        ``(n, d)`` stack in row order -> ``(d,)``: the run's rule (behind its pre-aggregation chain
+        when one is configured) evaluated on a private copy of its state, so a call changes nothing
+        of the run; None outside a run.
+    aggregate : callable or None
+        The same evaluation, its whole result (``hospitrust.strategies.base.Aggregate``: the weights
+        and the rows selected) for the attacks on selection rules; None outside a run.
+    pre_aggregation : tuple of str
+        The run's pre-aggregation chain in front of the rule (its steps' names; empty: none).
+    strategy : callable or None
+        ``() ->`` a private copy of the run's rule (its state as this round found it), for the
+        attacks that read that state (HTA's reputations, EARN's trust); None outside a run.
+    previous_global_update : torch.Tensor or None
+        ``(d,)`` the last round's global update (global model now - the one before), which every
+        hospital can compute from the models it received; None in the first round.
+    generator : torch.Generator or None
+        The round's randomness.
+    """
+
+    server_round: int
+    updates: torch.Tensor
+    hospitals: list[str]
+    malicious_rows: list[int]
+    rule: Callable[[torch.Tensor], torch.Tensor] | None = None
+    aggregate: Callable[[torch.Tensor], Any] | None = None
+    pre_aggregation: tuple[str, ...] = ()
+    strategy: Callable[[], Any] | None = None
+    previous_global_update: torch.Tensor | None = None
+    generator: torch.Generator | None = None
+
+    @property
+    def honest_rows(self) -> list[int]:
+        bad = set(self.malicious_rows)
+        return [i for i in range(self.updates.shape[0]) if i not in bad]
+
+    @property
+    def honest(self) -> torch.Tensor:
+        """``(h, d)`` the honest rows."""
+        return self.updates[self.honest_rows]
+
+    def with_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The stack with the malicious rows replaced by ``rows`` (``(m, d)``, or ``(d,)`` for all)."""
+        out = self.updates.clone()
+        out[self.malicious_rows] = rows.to(dtype=out.dtype, device=out.device)
+        return out
+
+    def rule_on_appended(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The rule for the attack math's convention (honest rows first, the m malicious rows
+        appended): the appended rows are put back where the malicious hospitals' rows are.
+        """
+        rule = self.require_rule()
+        h = len(self.honest_rows)
+        return lambda stack: rule(self.with_rows(stack[h:]))
+
+    def require_rule(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        if self.rule is None:
+            raise ValueError("this attack needs the run's rule in the loop: it runs only in a run (the simulated "
+                             "adversary gives it the rule), or with RoundView(rule=...)")
+        return self.rule
+
+
+class RoundAware(abc.ABC):
+    """An attack that crafts the malicious rows with more of the round than the honest updates: the
+    run's rule (rule-tailored attacks), its state (defence-aware attacks) or the previous global
+    update (Neurotoxin). The simulated adversary (``hospitrust.features.adversary``) calls
+    :meth:`craft_round` on the server, before the rule; a data attack that is also round-aware
+    (Neurotoxin) poisons the hospital's data in its ClientApp as well.
+    """
+
+    @abc.abstractmethod
+    def craft_round(self, view: RoundView) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The ``(m, d)`` malicious rows and a record of what was chosen (JSON-able numbers and strings)."""
+
+    def needs_previous_global_update(self) -> bool:
+        return False
+
+
+class RoundAwareColludingAttack(ColludingAttack, RoundAware):
+    """A colluding attack that needs the round (:class:`RoundView`): ``craft`` alone cannot run it."""
+
+    def craft(self, honest, num_malicious, *, server_round, generator=None):
+        raise TypeError(f"attack {self.name!r} needs the run's rule or state (RoundView): it runs through the "
+                        "simulated adversary in a run, or through craft_round(RoundView(...)); it cannot be a sybil base")
 
 
 def attack_kind(attack: Any) -> str:

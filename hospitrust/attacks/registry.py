@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any, cast
 
-from hospitrust.attacks.interfaces import INTERFACES, Attack
+from hospitrust.attacks.interfaces import INTERFACES, Attack, RoundAware
 from hospitrust.attacks.schedule import ScheduleOptions, with_schedule
 from hospitrust.options import Options
 
@@ -175,8 +175,8 @@ def build_attack(name: str, sections: Mapping[str, Options] | None = None, *, sc
 
 def _build_inner(name: str, sections: Mapping[str, Options]) -> Attack:
     cls = attack_class(name)
-    if cls.kind == "data" or name == "sybil":
-        allowed = sorted(n for n, c in ATTACKS.items() if c.kind != "data" and n != "sybil")
+    if cls.kind == "data" or name == "sybil" or issubclass(cls, RoundAware):
+        allowed = sorted(n for n, c in ATTACKS.items() if c.kind != "data" and n != "sybil" and not issubclass(c, RoundAware))
         raise AttackError(f"sybil.base must be 'mean' or one of {', '.join(allowed)}, got {name!r}")
     return cls.from_options(sections.get(name) or cls.Options(), lambda other: _build_inner(other, sections))
 

@@ -145,7 +145,32 @@ def hospital_attack(threat: ThreatModel, node: Hospital) -> Attack | None:
     if not is_malicious(threat, node):
         return None
     attack = configured_attack(threat)
-    return attack if isinstance(attack, (DataAttack, UpdateAttack)) else None
+    if not isinstance(attack, (DataAttack, UpdateAttack)):
+        return None
+    inner = unwrapped(attack)
+    if hasattr(inner, "for_hospital"):  # DBA: which part of the trigger this hospital stamps
+        bad = sorted(malicious_partitions(threat, int(node.num_partitions))) if node.num_partitions else []
+        pid = node.partition_id
+        inner.for_hospital(bad.index(int(pid)) if pid is not None and int(pid) in bad else 0, max(1, len(bad)))
+    return attack
+
+
+def unwrapped(attack: Attack) -> Attack:
+    """The attack inside its schedules (a schedule keeps the attack it gates as ``attack``).
+
+    Parameters
+    ----------
+    attack : Attack
+        An attack, possibly in schedules.
+
+    Returns
+    -------
+    Attack
+        The innermost attack.
+    """
+    while isinstance(getattr(attack, "attack", None), Attack):
+        attack = attack.attack  # type: ignore[attr-defined]
+    return attack
 
 
 def ground_truth(threat: ThreatModel, partition_of: Mapping[str, int], num_partitions: int) -> dict[str, bool]:

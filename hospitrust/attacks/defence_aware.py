@@ -1,0 +1,288 @@
+"""Defence-aware colluding attacks on hospitrust's own rules, written as an attacker who has read the
+rule page (the math: :mod:`hospitrust.attacks.math.defence_aware`).
+
+They are omniscient simulation steps (the simulated adversary, on the server, before the rule): each
+sees the round's honest updates and its own, and a private copy of the run's rule with the state the
+round found it in (what an attacker who has read the page could forecast by simulating the rule; a
+real one would estimate it). What each one reads is listed in its docstring and in docs/attacks.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from pydantic import Field, field_validator
+
+from hospitrust.aggregation import coordinate_median
+from hospitrust.aggregation.vectorize import flatten_state
+from hospitrust.attacks.interfaces import RoundAwareColludingAttack, RoundView
+from hospitrust.attacks.math import defence_aware as DA
+from hospitrust.attacks.math import update as U
+from hospitrust.options import Options
+
+
+def _finite(v: float) -> float:
+    if not math.isfinite(v):
+        raise ValueError(f"must be finite, got {v}")
+    return v
+
+
+def _direction_away(honest: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Where the attackers pull: against the honest mean; its -std perturbation when that is parallel
+    to ``reference`` (nothing to turn towards).
+    """
+    away = -honest.double().mean(0)
+    ref = reference.double()
+    cos = float(away @ ref) / max(float(torch.linalg.vector_norm(away) * torch.linalg.vector_norm(ref)), 1e-300)
+    if abs(cos) > 1 - 1e-9:
+        away = U.perturbation_vector(honest, "std").double()
+    return away.to(honest.dtype)
+
+
+def _spread(target: torch.Tensor, relative: float, generator: torch.Generator | None) -> torch.Tensor:
+    """``target`` plus random noise of ``relative`` x its norm: each attacker turns a different way."""
+    if relative <= 0:
+        return target
+    noise = torch.randn(target.shape, generator=generator, dtype=torch.float64, device="cpu").to(target.device)
+    noise = noise / torch.linalg.vector_norm(noise) * relative * torch.linalg.vector_norm(target.double())
+    return (target.double() + noise).to(target.dtype)
+
+
+def _rule_copy(view: RoundView, wanted: tuple[str, ...], attack: str) -> Any:
+    if view.strategy is None:
+        raise ValueError(f"attack {attack!r} needs the run's rule (RoundView.strategy): it runs in a run")
+    rule = view.strategy()
+    if type(rule).name not in wanted:
+        raise ValueError(f"attack {attack!r} is written against the rule {' or '.join(wanted)} (it reads its page and "
+                         f"state), not strategy {type(rule).name!r}")
+    return rule
+
+
+def _classifier_head(global_state: dict[str, torch.Tensor]) -> tuple[int, int, int, int]:
+    """Where the model's last linear layer sits in the flat update: ``(weight offset, C, H, bias
+    offset)``, as EARN reads it (the last 1-D float tensor right after a ``(C, H)`` one): the attacker
+    knows the architecture it trains.
+    """
+    spec = flatten_state(global_state)[1]
+    for i in range(len(spec.keys) - 1, 0, -1):
+        bias, weight = spec.shapes[i], spec.shapes[i - 1]
+        if len(bias) == 1 and len(weight) == 2 and weight[0] == bias[0]:
+            return spec.offsets[i - 1], int(weight[0]), int(weight[1]), spec.offsets[i]
+    raise ValueError("earn-aware needs a model whose last layer is a linear layer with a bias (weight (C, H), bias (C,))")
+
+
+class HTAAwareOptions(Options):
+    """The HTA-aware attack's options."""
+
+    margin: float = Field(0.02, ge=0.0, le=1.0, description=(
+        "Added to the least trust that keeps the attacker out of HTA's dual MAD exclusion (for the median its "
+        "own row moves)."
+    ))
+    expected_validation: float = Field(1.0, gt=0.0, le=1.0, description=(
+        "The validation signal v the attacker expects for its update (HTA's v: reference-cohort balanced "
+        "accuracy over the round's median)."
+    ))
+    spread: float = Field(0.5, ge=0.0, description=(
+        "Each attacker turns towards its target plus its own random noise of this relative norm, so the copies "
+        "differ (HTA merges near-duplicates) at the same cosine to the median."
+    ))
+    _finite = field_validator("margin", "expected_validation", "spread")(_finite)
+
+
+class HTAAware(RoundAwareColludingAttack):
+    """Against HTA: after building reputation honestly (``attack-schedule.start-round``), every round
+    the least trust that keeps each attacker's reputation out of HTA's dual MAD exclusion
+    (:func:`~hospitrust.attacks.math.defence_aware.hta_band_attack`), spent on an update of the
+    median norm turned from the round's median update towards minus the honest mean.
+
+    Reads: the honest updates (their coordinate median and median norm), HTA's options, and from a
+    private copy of the rule its running reputations (each attacker's EMA and variance) and the
+    others' reputations after this round (the copy evaluated on the round with the attackers' own
+    updates in their rows).
+
+    Parameters
+    ----------
+    margin : float
+        Added to the trust needed.
+    expected_validation : float
+        The v it expects, in (0, 1].
+    spread : float
+        Relative noise on each attacker's target (>= 0).
+    """
+
+    name = "hta-aware"
+    Options = HTAAwareOptions
+    rules = ("hta",)
+
+    def __init__(self, margin: float = 0.02, expected_validation: float = 1.0, spread: float = 0.5) -> None:
+        self.margin = U.check_finite_number(margin, "margin", nonneg=True)
+        self.expected_validation = U.check_finite_number(expected_validation, "expected_validation", positive=True)
+        self.spread = U.check_finite_number(spread, "spread", nonneg=True)
+
+    def craft_round(self, view: RoundView):
+        hta = _rule_copy(view, self.rules, self.name)
+        o = hta.options
+        honest = view.honest
+        reference = coordinate_median(honest)
+        median_norm = float(torch.linalg.vector_norm(honest.double(), dim=1).median())
+        target = _direction_away(honest, reference)
+        if view.aggregate is None:
+            raise ValueError("attack 'hta-aware' needs RoundView.aggregate (the rule's reputations this round)")
+        forecast = view.aggregate(view.updates).extra["reputation"]
+        others = torch.tensor([forecast[i] for i in view.honest_rows], dtype=torch.float64)
+        m = len(view.malicious_rows)
+        rows, taus, cosines, feasible = [], [], [], []
+        for r in view.malicious_rows:
+            name = view.hospitals[r]
+            row, found = DA.hta_band_attack(
+                reference, _spread(target, self.spread, view.generator), median_norm=median_norm,
+                ema=hta.ema.get(name), var=hta.var.get(name, 0.0), others=others, num_malicious=m,
+                expected_validation=self.expected_validation, a=o.direction_exponent, b=o.magnitude_exponent,
+                c=o.validation_exponent, rate=o.ema_rate, variance_penalty=o.variance_penalty, lam=o.exclusion_mads,
+                kappa=o.exclusion_fraction, margin=self.margin)
+            rows.append(row)
+            taus.append(found["tau"])
+            cosines.append(found["cosine"])
+            feasible.append(bool(found["feasible"]))
+        return torch.stack(rows), {"tau": taus, "cosine": cosines, "feasible": feasible}
+
+
+class FLTrustAwareOptions(Options):
+    """The FLTrust-aware attack's options."""
+
+    cosine: float = Field(0.1, gt=0.0, le=1.0, description=(
+        "The cosine kept to the server's root update (estimated by the attacker's own honest update): FLTrust "
+        "keeps weight ReLU(cosine)."
+    ))
+    _finite = field_validator("cosine")(_finite)
+
+
+class FLTrustAware(RoundAwareColludingAttack):
+    """Against FLTrust: each attacker sends an update at a small positive cosine to its estimate of
+    the server's root update (its own honest update: the root cohort is drawn from the same kind of
+    data), the rest along minus the honest mean
+    (:func:`~hospitrust.attacks.math.defence_aware.fltrust_small_cosine`). FLTrust keeps weight c for
+    it and rescales it to the root norm.
+
+    Reads: its own update and the honest updates' mean; not the rule's state, nor the real root
+    update.
+
+    Parameters
+    ----------
+    cosine : float
+        c in (0, 1].
+    """
+
+    name = "fltrust-aware"
+    Options = FLTrustAwareOptions
+
+    def __init__(self, cosine: float = 0.1) -> None:
+        self.cosine = U.check_finite_number(cosine, "cosine", positive=True)
+
+    def craft_round(self, view: RoundView):
+        honest = view.honest
+        rows = []
+        for r in view.malicious_rows:
+            own = view.updates[r]
+            row, _ = DA.fltrust_small_cosine(own, _direction_away(honest, own), self.cosine)
+            rows.append(row)
+        return torch.stack(rows), {"cosine": self.cosine}
+
+
+class EARNAwareOptions(Options):
+    """The EARN-aware attack's options."""
+
+    target_class: int = Field(-1, ge=-1, description=(
+        "The rare class whose row is pushed (-1: the class the fewest honest hospitals hold this round, by a "
+        "positive bias update)."
+    ))
+    margin: float = Field(1e-3, ge=0.0, lt=1.0, description=(
+        "Added to earn.agree-threshold, and the share of the last feasible angle kept back."
+    ))
+    _finite = field_validator("margin")(_finite)
+
+
+class EARNAware(RoundAwareColludingAttack):
+    """Against EARN: each attacker claims the rare class c (its bias update for c positive: a holder)
+    and rotates its row of c, norm kept, from the other holders' median row towards minus the global
+    model's row of c (lowering c's logit), by the largest angle that keeps EARN's agreement
+    (``earn.agree-threshold``), the positive bias and the row audit
+    (:func:`~hospitrust.attacks.math.defence_aware.earn_row_push`); the rest of its update is its own.
+
+    Reads: the honest updates' class-c rows and bias updates, EARN's options, the global model's head,
+    and the audit direction (mean head feature of class c minus the rest) from the rule's own
+    reference-cohort features when the rule audits rows (the best estimate an attacker could make from
+    a few real images of c). An attacker whose own bias update for c is not positive claims the class
+    with the other holders' median row (as a holder with a few real images of c would send).
+
+    Parameters
+    ----------
+    target_class : int
+        The class pushed (-1: the one fewest honest hospitals hold).
+    margin : float
+        Kept back from the constraints.
+    """
+
+    name = "earn-aware"
+    Options = EARNAwareOptions
+    rules = ("earn",)
+
+    def __init__(self, target_class: int = -1, margin: float = 1e-3) -> None:
+        if int(target_class) != target_class or int(target_class) < -1:
+            raise ValueError(f"target_class must be an integer >= -1, got {target_class!r}")
+        self.target_class = int(target_class)
+        self.margin = U.check_finite_number(margin, "margin", nonneg=True)
+
+    def craft_round(self, view: RoundView):
+        earn = _rule_copy(view, self.rules, self.name)
+        global_state = earn.global_state
+        w_off, C, H, b_off = _classifier_head(global_state)
+        honest = view.honest.double()
+        bias = honest[:, b_off:b_off + C]
+        c = self.target_class
+        if c >= C:
+            raise ValueError(f"earn-aware.target-class = {c}: the model has {C} classes (0..{C - 1})")
+        if c < 0:
+            c = int(torch.argmin((bias > 0).sum(0)))  # fewest holders, lowest index on ties
+
+        def row_of(u: torch.Tensor) -> torch.Tensor:
+            u = u.double()
+            return torch.cat([u[w_off + c * H: w_off + (c + 1) * H], u[b_off + c: b_off + c + 1]])
+
+        holders = bias[:, c] > 0
+        peers = honest[holders] if bool(holders.any()) else honest
+        peer_rows = torch.stack([row_of(u) for u in peers])
+        reference = peer_rows.median(dim=0).values
+        if float(reference[-1]) <= 0:  # the median row is no holder's: lift its bias just above zero
+            reference[-1] = 1e-6 * float(torch.linalg.vector_norm(reference)) or 1e-12
+        global_vec = flatten_state(global_state)[0].double()
+        push = -row_of(global_vec)
+        push[-1] = 0.0
+        audit = None
+        if getattr(earn, "head_features", None) is not None and earn.options.audit_by != "model":
+            feats, labels = earn.head_features(global_state)
+            feats, labels = torch.as_tensor(feats).double().cpu(), torch.as_tensor(labels).cpu()
+            if bool((labels == c).any()) and bool((labels != c).any()):
+                diff = feats[labels == c].mean(0) - feats[labels != c].mean(0)
+                audit = torch.cat([diff, torch.zeros(1, dtype=torch.float64)])
+        rows, cosines, feasible = [], [], []
+        for r in view.malicious_rows:
+            own = view.updates[r]
+            own_row = row_of(own)
+            if float(own_row[-1]) <= 0:  # claims the class: sends what a holder of a few images of c would
+                own_row = reference * (float(torch.linalg.vector_norm(own_row)) / float(torch.linalg.vector_norm(reference)))
+            pushed, found = DA.earn_row_push(own_row, reference, push, agree_threshold=float(earn.options.agree_threshold),
+                                             audit_direction=audit, margin=self.margin)
+            out = own.clone()
+            out[w_off + c * H: w_off + (c + 1) * H] = pushed[:H].to(out.dtype)
+            out[b_off + c] = pushed[H].to(out.dtype)
+            rows.append(out)
+            cosines.append(found["cosine"])
+            feasible.append(bool(found["feasible"]))
+        return torch.stack(rows), {"class": c, "cosine": cosines, "feasible": feasible,
+                                   "audit_estimated": audit is not None}
+
+
+__all__ = ["EARNAware", "FLTrustAware", "HTAAware"]

@@ -1,0 +1,183 @@
+"""Rule-tailored colluding attacks: the strength searched against the run's own rule, every round.
+
+* ``tailored-alie``, ``tailored-ipm``: ALIE's z and IPM's epsilon that move the rule's output
+  (behind the run's pre-aggregation chain) furthest from the honest mean (ByzFL's "optimal"
+  attacks; :func:`~hospitrust.attacks.math.tailored.tailored_alie`);
+* ``agr-tailored``: Shejwalkar and Houmansadr's AGR-tailored attacks (NDSS 2021) for the rules they
+  define: Krum, Multi-Krum and Bulyan (the largest gamma the rule still selects), trimmed mean and
+  median (gamma moved while the output moves further).
+
+The rule is the simulated adversary's (:class:`~hospitrust.attacks.interfaces.RoundView`): the run's
+strategy evaluated on a private copy of its state, so the search changes nothing of the run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from pydantic import Field, field_validator
+
+from hospitrust.attacks.interfaces import RoundAwareColludingAttack, RoundView
+from hospitrust.attacks.math import tailored as T
+from hospitrust.attacks.math import update as U
+from hospitrust.options import Options
+
+#: The rules AGR-tailored is defined for, by registry name (the rest are AGR-agnostic: min-max, min-sum).
+AGR_SELECTION_RULES = ("krum", "multi-krum", "bulyan")
+AGR_DISTANCE_RULES = ("trimmed-mean", "median")
+
+
+def _finite_nonzero(v: float) -> float:
+    if not math.isfinite(v) or v == 0:
+        raise ValueError(f"must be finite and non-zero, got {v}")
+    return v
+
+
+class TailoredOptions(Options):
+    """The strength search's options (ByzFL's optimal attacks' search)."""
+
+    evals: int = Field(20, ge=1, le=500, description=(
+        "Evaluations of the rule per round: the search's budget (ByzFL's 20)."
+    ))
+    step: float = Field(10.0, description=(
+        "The search's first step of the strength (its sign is the direction; it doubles while the rule's output "
+        "moves further from the honest mean, then shrinks by 0.8)."
+    ))
+    _step = field_validator("step")(_finite_nonzero)
+
+
+class AGRTailoredOptions(Options):
+    """AGR-tailored's options: the perturbation direction and where gamma's search starts."""
+
+    perturbation: Literal["std", "unit", "sign"] = Field("unit", description=(
+        "p in mean + gamma p: -std (std), -mean / norm (unit) or -sign(mean) (sign)."
+    ))
+    gamma_init: float = Field(10.0, gt=0.0, description="Gamma's first value in the halving search (the paper's 10).")
+
+    @field_validator("gamma_init")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError(f"must be finite, got {v}")
+        return v
+
+
+def _copies(one: torch.Tensor, m: int) -> torch.Tensor:
+    return one.unsqueeze(0).expand(m, -1).clone()
+
+
+class TailoredALIE(RoundAwareColludingAttack):
+    """ALIE (``mean - z std``) with z searched every round against the run's rule.
+
+    Parameters
+    ----------
+    evals : int
+        Rule evaluations per round.
+    step : float
+        The search's first step of z (non-zero).
+    """
+
+    name = "tailored-alie"
+    Options = TailoredOptions
+
+    def __init__(self, evals: int = 20, step: float = 10.0) -> None:
+        self.evals = U.check_count(evals, "evals")
+        self.step = _finite_nonzero(U.check_finite_number(step, "step"))
+
+    def craft_round(self, view: RoundView):
+        m = len(view.malicious_rows)
+        one, found = T.tailored_alie(view.honest, view.rule_on_appended(), m, step=self.step, evals=self.evals)
+        return _copies(one, m), {"z": found["strength"], "distance": found["distance"]}
+
+
+class TailoredIPM(TailoredALIE):
+    """IPM (``-eps mean``) with epsilon searched every round against the run's rule.
+
+    Parameters
+    ----------
+    evals : int
+        Rule evaluations per round.
+    step : float
+        The search's first step of epsilon (non-zero).
+    """
+
+    name = "tailored-ipm"
+
+    def craft_round(self, view: RoundView):
+        m = len(view.malicious_rows)
+        one, found = T.tailored_ipm(view.honest, view.rule_on_appended(), m, step=self.step, evals=self.evals)
+        return _copies(one, m), {"eps": found["strength"], "distance": found["distance"]}
+
+
+class AGRTailored(RoundAwareColludingAttack):
+    """Shejwalkar and Houmansadr's AGR-tailored attack on the run's rule: ``mean + gamma p``.
+
+    For Krum, Multi-Krum and Bulyan, the largest gamma for which the rule (its own selection, on a
+    private copy) still selects the malicious rows; for the trimmed mean and the median, gamma moved
+    up while the rule's output moves further from the honest mean. Other rules are refused.
+
+    Parameters
+    ----------
+    perturbation : {"std", "unit", "sign"}
+        The direction p.
+    gamma_init : float
+        The halving search's first gamma (> 0).
+    """
+
+    name = "agr-tailored"
+    Options = AGRTailoredOptions
+
+    def __init__(self, perturbation: str = "unit", gamma_init: float = 10.0) -> None:
+        if perturbation not in U.PERTURBATIONS:
+            raise ValueError(f"perturbation must be one of {', '.join(U.PERTURBATIONS)}, got {perturbation!r}")
+        self.perturbation = perturbation
+        self.gamma_init = U.check_finite_number(gamma_init, "gamma_init", positive=True)
+
+    @staticmethod
+    def check_rule(rule: str, pre_aggregation: tuple[str, ...] = ()) -> None:
+        """ValueError unless AGR-tailored is defined for ``rule`` (a registry name) without pre-aggregation."""
+        if rule not in AGR_SELECTION_RULES + AGR_DISTANCE_RULES:
+            raise ValueError(
+                f"attack 'agr-tailored' is defined for the rules {', '.join(AGR_SELECTION_RULES + AGR_DISTANCE_RULES)} "
+                f"(Shejwalkar and Houmansadr, NDSS 2021), not for strategy {rule!r}; against any rule use their "
+                "AGR-agnostic attacks 'min-max' or 'min-sum', or 'tailored-alie' / 'tailored-ipm' (strength searched "
+                "against the rule itself)")
+        if pre_aggregation:
+            raise ValueError(
+                f"attack 'agr-tailored' is defined against the rule alone, and this run puts the pre-aggregation chain "
+                f"{','.join(pre_aggregation)!r} in front of {rule!r}; use 'tailored-alie' or 'tailored-ipm', whose search "
+                "has the chain in the loop")
+
+    def craft_round(self, view: RoundView):
+        if view.strategy is None:
+            raise ValueError("attack 'agr-tailored' needs the run's rule (RoundView.strategy): it runs in a run")
+        rule = type(view.strategy()).name
+        self.check_rule(rule, view.pre_aggregation)
+        m, honest = len(view.malicious_rows), view.honest
+        honest_rows = view.honest_rows
+
+        def in_row_order(malicious_first: torch.Tensor) -> torch.Tensor:
+            return view.with_rows(malicious_first[:m])
+
+        if rule in AGR_SELECTION_RULES:
+            if view.aggregate is None:
+                raise ValueError("attack 'agr-tailored' on a selection rule needs RoundView.aggregate (the rule's selection)")
+            aggregate = view.aggregate
+            position = {r: i for i, r in enumerate(view.malicious_rows)}
+            position.update({r: m + i for i, r in enumerate(honest_rows)})
+
+            def select(malicious_first: torch.Tensor) -> torch.Tensor:
+                chosen = torch.nonzero(aggregate(in_row_order(malicious_first)).selected.cpu()).flatten().tolist()
+                return torch.tensor([position[int(r)] for r in chosen], dtype=torch.long)
+
+            one, found = T.agr_tailored_selection(honest, m, select, self.perturbation, gamma_init=self.gamma_init)
+        else:
+            rule_fn = view.require_rule()
+            one, found = T.agr_tailored_distance(honest, m, lambda x: rule_fn(in_row_order(x)), self.perturbation,
+                                                 gamma_init=self.gamma_init)
+        return _copies(one, m), {"rule": rule, "perturbation": self.perturbation, **found}
+
+
+__all__ = ["AGRTailored", "AGRTailoredOptions", "TailoredALIE", "TailoredIPM", "TailoredOptions"]
