@@ -174,7 +174,7 @@ SEEDS = (1, 2, 3, 4, 5)
 # under sign-flip on every seed.
 VALUES = {
     ("fedavg", "none"): [0.86, 0.84, 0.88, 0.85, 0.87],
-    ("fedavg", "sign-flip"): [0.50, 0.52, 0.51, 0.50, 0.53],
+    ("fedavg", "sign-flip"): [0.50, 0.505, 0.50, 0.51, 0.50],  # at chance level (balanced accuracy 1/2)
     ("fedavg", "label-flip"): [0.80, 0.78, 0.82, 0.79, 0.81],
     ("hta", "none"): [0.85, 0.83, 0.87, 0.84, 0.86],
     ("hta", "sign-flip"): [0.80, 0.70, 0.78, 0.72, 0.79],
@@ -246,7 +246,8 @@ def test_the_leaderboard_renders_from_two_grid_parts(tmp_path, capsys):
     assert "[leaderboard]" in printed and str(out / "leaderboard.md") in printed
     md = (out / "leaderboard.md").read_text()
     assert "| 1 (tie) | median |" in md and "| 1 (tie) | hta |" in md and "tie with best" in md
-    assert "| 3 | fedavg |" in md and "below best" in md
+    assert "| 3 | fedavg | 0.503 [0.500, 0.507] (chance) |" in md and "below best" in md
+    assert "within 0.01 of chance level (0.5)" in md
     assert "lb-part1" in md and "lb-part2" in md and "1.0 min" in md and "0.5 min" in md
     assert "Friedman chi-square" in md and "Wilcoxon-Holm" in md
     assert "Mean balanced accuracy of the last 3 rounds" in md and "Rare-class macro-F1" in md

@@ -39,6 +39,7 @@ from typing import Any
 import pandas as pd
 
 from hospitrust.bench import stats
+from hospitrust.bench.report import CHANCE_TOLERANCE
 from hospitrust.bench.stats import Interval
 
 LAST_K = 3
@@ -72,7 +73,13 @@ class Board:
 
     @property
     def conditions(self) -> list[str]:
-        return sorted(self.cells["condition"].unique())
+        return sorted(self.cells["condition"].unique(), key=_natural)
+
+
+def _natural(text: str) -> list:
+    """Sort key that orders the numbers inside a label by value ("rounds=4" before "rounds=16")."""
+    return [(0, float(part), "") if re.fullmatch(r"\d+(\.\d+)?", part) else (1, 0.0, part)
+            for part in re.split(r"(\d+(?:\.\d+)?)", text) if part]
 
 
 def _section_kind(key: str) -> str | None:
@@ -99,6 +106,21 @@ def last_k_mean(rounds: pd.DataFrame, metric: str, k: int) -> pd.Series:
         return pd.Series(dtype=float)
     ordered = rounds.sort_values(["cell", "round"])
     return ordered.groupby("cell")[metric].apply(lambda s: float(s.dropna().tail(k).mean()) if s.notna().any() else math.nan)
+
+
+def _chance(grid_dir: Path, cell: str, metric: str) -> float:
+    """The metric's chance level for a cell (balanced accuracy 1/K from its config's class names), NaN if unknown."""
+    from hospitrust.bench.report import chance_level
+
+    for run in (grid_dir / "cells" / cell, grid_dir / cell):  # a bench grid folder, or a folder of runs
+        if (run / "config.json").is_file():
+            try:
+                classes = json.loads((run / "config.json").read_text()).get("class-names") or []
+            except (OSError, ValueError, AttributeError):
+                classes = []
+            level = chance_level(metric, len(classes) or None)
+            return math.nan if level is None else level
+    return math.nan
 
 
 def _wall_seconds(grid_dir: Path) -> float:
@@ -172,6 +194,7 @@ def load(grid_dirs: Sequence[str | Path], *, metric: str = "balanced_accuracy", 
         cols = list(cells.columns)
         config_cols += [c for c in cols[1:cols.index("status")] if c not in config_cols]
         done["last_k"] = done["cell"].map(last_k_mean(rounds, metric, last_k))
+        done["chance"] = [_chance(path, cell, metric) for cell in done["cell"]]
         done["grid"] = name
         done["grid_dir"] = str(path)
         frames.append(done)
@@ -406,7 +429,14 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:80] or "condition"
 
 
-def _matrix_lines(table: MetricTable, order: list[str], worst_title: str, digits: int = 3) -> list[str]:
+def _chance_mark(value: Interval | None, chance: float | None) -> str:
+    from hospitrust.bench.report import at_chance
+
+    return " (chance)" if value is not None and chance is not None and at_chance(value.mean, chance) else ""
+
+
+def _matrix_lines(table: MetricTable, order: list[str], worst_title: str, digits: int = 3,
+                  chance: float | None = None) -> list[str]:
     header = ["rule", *table.attacks, worst_title]
     rows = []
     for rule in order:
@@ -414,8 +444,9 @@ def _matrix_lines(table: MetricTable, order: list[str], worst_title: str, digits
         for attack in table.attacks:
             iv = table.cells.get((rule, attack))
             text = _iv(iv, digits)
-            row.append(f"**{text}**" if iv is not None and rule in table.best_in_attack.get(attack, set()) else text)
-        row.append(_iv(table.worst.get(rule), digits))
+            text = f"**{text}**" if iv is not None and rule in table.best_in_attack.get(attack, set()) else text
+            row.append(text + _chance_mark(iv, chance))
+        row.append(_iv(table.worst.get(rule), digits) + _chance_mark(table.worst.get(rule), chance))
         rows.append(row)
     return _md_table(header, rows)
 
@@ -489,19 +520,24 @@ def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resam
         ranking = worst_case_ranking(table, baseline, **kw)
         order = list(ranking["rule"]) + [r for r in table.rules if r not in set(ranking["rule"])]
         n_seeds = frame["seed"].nunique()
-        md += [f"## {cond}", "", f"{len(frame)} cells: {len(table.rules)} rules x {len(table.attacks)} attacks x "
-               f"{n_seeds} seeds ({', '.join(sorted(set(frame['grid'])))}).", ""]
+        levels = set(frame["chance"].dropna()) if "chance" in frame else set()
+        chance = levels.pop() if len(levels) == 1 else None
+        md += [f"## {cond}", "", f"{len(frame)} cells: {_n(len(table.rules), 'rule')} x {_n(len(table.attacks), 'attack')} x "
+               f"{_n(n_seeds, 'seed')} ({', '.join(sorted(set(frame['grid'])))}).", ""]
         md += [f"### Final {mname}: rules x attacks", "",
                "Mean over seeds [95 % CI]. **Bold**: the best rule of that attack and every rule tied with it (paired "
                "difference CI contains 0). The last column is the per-seed worst case over the attacks, summarised.", ""]
-        md += _matrix_lines(table, order, "worst case (per seed)")
+        if chance is not None and any(_chance_mark(iv, chance) for iv in [*table.cells.values(), *table.worst.values()]):
+            md += [f"\"(chance)\": within {CHANCE_TOLERANCE} of chance level ({chance:.3g}): the model learned nothing "
+                   "there, and the order of such rules means nothing.", ""]
+        md += _matrix_lines(table, order, "worst case (per seed)", chance=chance)
         md += [f"### Ranking by worst case: {cond}", "",
                "Best first. \"tie with best\": the paired difference to the best rule's per-seed worst case has a CI "
                "containing 0, so the two are not ordered; rank \"1 (tie)\" is shared by every rule tied with the best. "
                "\"vs above\": the same call against the rule in the row above.", ""]
         md += _md_table(["rank", "rule", "worst case [95 % CI]", "seeds", "worst attack (mode)", "minus best [CI]", "verdict",
                          "vs above", f"minus {baseline} [CI]"],
-                        [[r["rank"], r["rule"], _iv(r["worst case"]), str(r["seeds"]), r["worst attack"],
+                        [[r["rank"], r["rule"], _iv(r["worst case"]) + _chance_mark(r["worst case"], chance), str(r["seeds"]), r["worst attack"],
                           _iv(r["minus best"], signed=True), r["verdict"], r["vs above"] or "-",
                           _iv(r[f"minus {baseline}"], signed=True)] for r in ranking.to_dict("records")])
         md += _paired_to_baseline_lines(frame, col, table, order, baseline, kw)
@@ -527,7 +563,8 @@ def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resam
             elif kind == "fpr":
                 md += ["Only the rules that flagged, rejected or left out a hospital in some cell; clean runs included; "
                        "worst case: the highest per seed over all attacks.", ""]
-            md += _matrix_lines(t, [r for r in order if r in t.rules], "worst case (per seed)")
+            md += _matrix_lines(t, [r for r in order if r in t.rules], "worst case (per seed)",
+                                chance=chance if column == "last_k" else None)
         within = rank_analysis(frame, col, ["attack_label", "seed"])
         if len(within.mean_ranks) >= 2:
             name = f"cd_{c_i}_{_safe(cond)}.png"
@@ -543,6 +580,10 @@ def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resam
     return path
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _rules_that_flag(frame: pd.DataFrame) -> list[str]:
     rates = frame[[c for c in ("detection_tpr", "detection_fpr") if c in frame]].fillna(0).to_numpy()
     return sorted(set(frame.loc[(rates > 0).any(axis=1), "rule"])) if rates.size else []
@@ -552,6 +593,8 @@ def _paired_to_baseline_lines(frame: pd.DataFrame, col: str, table: MetricTable,
                               kw: dict) -> list[str]:
     if baseline not in table.rules:
         return [f"No {baseline} cells in this condition: no paired differences to it.", ""]
+    if table.rules == [baseline]:
+        return []
     lines = [f"### Paired difference to {baseline}, per attack", "",
              f"Final metric minus {baseline}'s on the same seed and attack, mean [95 % CI]; \"tie\" where the CI contains 0.", ""]
     rows = []

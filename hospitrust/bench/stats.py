@@ -155,7 +155,7 @@ def friedman(values: pd.DataFrame) -> Friedman:
     blocks, rules = values.shape
     if rules < 3 or blocks < 2:
         return Friedman(math.nan, math.nan, blocks, rules,
-                        f"Friedman's test needs at least 3 rules and 2 blocks (here {rules} rules, {blocks} blocks)")
+                        f"Friedman's test needs at least 3 rules and 2 blocks (here {rules} rule(s), {blocks} block(s))")
     if np.all(values.to_numpy() == values.to_numpy()[:, :1]):  # every block a full tie: no evidence either way
         return Friedman(0.0, 1.0, blocks, rules, "every block ties all rules")
     res = sps.friedmanchisquare(*[values[c].to_numpy(dtype=float) for c in values.columns])
