@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -248,6 +249,8 @@ def test_the_leaderboard_renders_from_two_grid_parts(tmp_path, capsys):
     assert "| 1 (tie) | median |" in md and "| 1 (tie) | hta |" in md and "tie with best" in md
     assert "| 3 | fedavg | 0.503 [0.500, 0.507] (chance) |" in md and "below best" in md
     assert "within 0.01 of chance level (0.5)" in md
+    # under sign-flip, hta minus median (the best there) seed by seed: +0.02 -0.03 +0.01 -0.02 +0.01 -> -0.002, a tie
+    assert re.search(r"\| hta \| [^\n]*\| -0\.002 \[-0\.\d+, 0\.\d+\] tie \|", md)
     assert "lb-part1" in md and "lb-part2" in md and "1.0 min" in md and "0.5 min" in md
     assert "Friedman chi-square" in md and "Wilcoxon-Holm" in md
     assert "Mean balanced accuracy of the last 3 rounds" in md and "Rare-class macro-F1" in md
@@ -279,3 +282,42 @@ def test_folders_without_results_are_refused_clearly(tmp_path, capsys):
     assert "--leaderboard" in capsys.readouterr().err
     assert main(["report", "--leaderboard", str(pending), str(empty)]) == 2  # several: --out needed
     assert "--out" in capsys.readouterr().err
+
+
+def _cell(folder, name, config, value, axes):
+    run = folder / "cells" / name
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"class-names": ["a", "b", "c"], **config}))
+    central = {"balanced_accuracy": value, "accuracy": value}
+    (run / "rounds.jsonl").write_text(json.dumps({"round": 1, "central": central, "clients": []}) + "\n")
+    (run / "summary.json").write_text(json.dumps({"final": central, "wall_seconds": 1.0}))
+    return {"cell": name, "axes": axes, "hospitals": 10}
+
+
+def test_the_roles_of_a_cells_columns(tmp_path):
+    # a `condition` table axis names the conditions; an HTA option with two values makes two rules;
+    # the attacker fraction varies within condition "b" only, so only there the attack says "@0.2" / "@0.3"
+    meta = []
+    for cond, dataset, fractions in (("a", "pneumoniamnist", (0.3,)), ("b", "retinamnist", (0.2, 0.3))):
+        for strategy, mads in (("fedavg", None), ("hta", 1.0), ("hta", 2.0)):
+            for attack, fraction in [("none", 0.0)] + [("sign-flip", f) for f in fractions]:
+                for seed in (1, 2):
+                    config = {"strategy": strategy, "attack": attack, "seed": seed, "dataset": dataset,
+                              "malicious-fraction": fraction, "partitioner": "dirichlet"}
+                    if mads is not None:
+                        config["hta.exclusion-mads"] = mads
+                    axes = {"condition": cond, "strategy": strategy, "attack": attack, "seed": seed}
+                    name = f"c={cond}__s={strategy}{mads}__a={attack}{fraction}__seed={seed}"
+                    meta.append(_cell(tmp_path / "g", name, config, 0.5 + 0.1 * seed, axes))
+    (tmp_path / "g" / "grid.json").write_text(json.dumps({"name": "roles", "cells": meta}))
+    cells = load([tmp_path / "g"]).cells
+    assert sorted(cells["condition"].unique()) == ["a", "b"]
+    assert sorted(cells["rule"].unique()) == ["fedavg", "hta (hta.exclusion-mads=1)", "hta (hta.exclusion-mads=2)"]
+    assert sorted(cells.loc[cells["condition"] == "a", "attack_label"].unique()) == ["none", "sign-flip"]
+    assert sorted(cells.loc[cells["condition"] == "b", "attack_label"].unique()) == ["none", "sign-flip @0.2", "sign-flip @0.3"]
+    assert cells["chance"].unique().tolist() == pytest.approx([1 / 3])  # three class names: balanced accuracy 1/3
+    # without the axis, the condition is what differs between the cells (the dataset here)
+    for cell in meta:
+        cell["axes"].pop("condition")
+    (tmp_path / "g" / "grid.json").write_text(json.dumps({"name": "roles", "cells": meta}))
+    assert sorted(load([tmp_path / "g"]).cells["condition"].unique()) == ["dataset=pneumoniamnist", "dataset=retinamnist"]

@@ -209,23 +209,23 @@ def load(grid_dirs: Sequence[str | Path], *, metric: str = "balanced_accuracy", 
     rule_cols = [c for c in config_cols if kinds[c] == "rule"]
     attack_cols = [c for c in config_cols if kinds[c] == "attack"]
     cells["rule"] = _label_rows(cells, "strategy", rule_cols, "strategy")
-    cells["attack_label"] = _label_rows(cells, "attack", attack_cols, "attack")
-    if "malicious-fraction" in cells:
-        attacked = cells["attack"] != "none"
-        if cells.loc[attacked, "malicious-fraction"].nunique() > 1:
-            cells.loc[attacked, "attack_label"] = [f"{a} @{f:g}" for a, f in
-                                                   zip(cells.loc[attacked, "attack_label"], cells.loc[attacked, "malicious-fraction"])]
-    if "condition" in cells and cells["condition"].notna().all():
+    if "condition" in cells and cells["condition"].notna().all():  # a `condition` axis names every cell's
         cells["condition"] = cells["condition"].astype(str)
-        condition_cols = ["condition"]
     else:
         candidates = [c for c in config_cols if c not in NOT_CONDITION and kinds[c] is None and c in cells]
+        if "condition" in cells:  # some parts name their conditions, others do not
+            candidates.insert(0, "condition")
         condition_cols = _condition_columns(cells, candidates)
         if "dataset" in cells and "dataset" not in condition_cols:
             condition_cols.insert(0, "dataset")
         cells["condition"] = cells.apply(
             lambda r: ", ".join(f"{c}={_fmt(r[c])}" for c in condition_cols if r[c] == r[c] and r[c] is not None) or "all cells",
             axis=1)
+    cells["attack_label"] = _label_rows(cells, "attack", attack_cols, "attack")
+    if "malicious-fraction" in cells:
+        for _, sub in cells[cells["attack"] != "none"].groupby("condition"):
+            if sub["malicious-fraction"].nunique() > 1:  # the attacker fraction varies within the condition
+                cells.loc[sub.index, "attack_label"] = [f"{a} @{f:g}" for a, f in zip(sub["attack_label"], sub["malicious-fraction"])]
     dup = cells[cells.duplicated(["condition", "rule", "attack_label", "seed"], keep=False)]
     if len(dup):
         first = dup.iloc[0]
@@ -531,6 +531,9 @@ def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resam
             md += [f"\"(chance)\": within {CHANCE_TOLERANCE} of chance level ({chance:.3g}): the model learned nothing "
                    "there, and the order of such rules means nothing.", ""]
         md += _matrix_lines(table, order, "worst case (per seed)", chance=chance)
+        incomplete = [r for r in table.rules if r not in table.worst]
+        if incomplete:
+            md += [f"No worst case for {', '.join(incomplete)}: no seed of theirs has every attack of this condition.", ""]
         md += [f"### Ranking by worst case: {cond}", "",
                "Best first. \"tie with best\": the paired difference to the best rule's per-seed worst case has a CI "
                "containing 0, so the two are not ordered; rank \"1 (tie)\" is shared by every rule tied with the best. "
@@ -540,7 +543,7 @@ def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resam
                         [[r["rank"], r["rule"], _iv(r["worst case"]) + _chance_mark(r["worst case"], chance), str(r["seeds"]), r["worst attack"],
                           _iv(r["minus best"], signed=True), r["verdict"], r["vs above"] or "-",
                           _iv(r[f"minus {baseline}"], signed=True)] for r in ranking.to_dict("records")])
-        md += _paired_to_baseline_lines(frame, col, table, order, baseline, kw)
+        md += _paired_lines(frame, col, table, order, baseline, kw)
         extra = [("last_k", f"Mean {mname} of the last {board.last_k} rounds", True, "none"),
                  ("final_rare_class_macro_f1", "Rare-class macro-F1 of the final model", True, "none"),
                  ("final_attack_success_rate", "Backdoor attack success rate (lower is better)", False, "success"),
@@ -589,30 +592,47 @@ def _rules_that_flag(frame: pd.DataFrame) -> list[str]:
     return sorted(set(frame.loc[(rates > 0).any(axis=1), "rule"])) if rates.size else []
 
 
-def _paired_to_baseline_lines(frame: pd.DataFrame, col: str, table: MetricTable, order: list[str], baseline: str,
-                              kw: dict) -> list[str]:
-    if baseline not in table.rules:
-        return [f"No {baseline} cells in this condition: no paired differences to it.", ""]
-    if table.rules == [baseline]:
+def _paired_lines(frame: pd.DataFrame, col: str, table: MetricTable, order: list[str], baseline: str,
+                  kw: dict) -> list[str]:
+    """Per attack, each rule minus the baseline and minus that attack's best rule, paired by seed."""
+    if len(table.rules) < 2:
         return []
-    lines = [f"### Paired difference to {baseline}, per attack", "",
-             f"Final metric minus {baseline}'s on the same seed and attack, mean [95 % CI]; \"tie\" where the CI contains 0.", ""]
-    rows = []
-    for rule in order:
-        if rule == baseline:
+    lines: list[str] = []
+    leaders = {a: max((r for r in table.rules if (r, a) in table.cells), key=lambda r: table.cells[(r, a)].mean)
+               for a in table.attacks}
+    for to_baseline in (True, False):
+        if to_baseline and baseline not in table.rules:
+            lines += [f"No {baseline} cells in this condition: no paired differences to it.", ""]
             continue
-        row = [rule]
-        for attack in table.attacks:
-            sub = frame[frame["attack_label"] == attack]
-            a = sub[sub["rule"] == rule].groupby("seed")[col].mean()
-            b = sub[sub["rule"] == baseline].groupby("seed")[col].mean()
-            if not len(a) or not len(b):
-                row.append("-")
+        title = f"Paired difference to {baseline}, per attack" if to_baseline else "Paired difference to the attack's best rule"
+        what = f"{baseline}'s" if to_baseline else "the best rule's (by mean) under that attack"
+        lines += [f"### {title}", "", f"Final metric minus {what} on the same seed and attack, mean [95 % CI]; "
+                  "\"tie\" where the CI contains 0." + ("" if to_baseline else " The best rule's own cell says \"best\"."), ""]
+
+        def reference(attack: str, to_baseline: bool = to_baseline) -> str:
+            return baseline if to_baseline else leaders[attack]
+
+        rows = []
+        for rule in order:
+            if rule == baseline and to_baseline:
                 continue
-            d = stats.paired_difference(a, b, **kw)
-            row.append(f"{_iv(d, signed=True)}{' tie' if stats.call(d) == 'tie' else ''}")
-        rows.append(row)
-    return lines + _md_table(["rule", *table.attacks], rows)
+            row = [rule]
+            for attack in table.attacks:
+                ref = reference(attack)
+                if rule == ref:
+                    row.append("best")
+                    continue
+                sub = frame[frame["attack_label"] == attack]
+                a = sub[sub["rule"] == rule].groupby("seed")[col].mean()
+                b = sub[sub["rule"] == ref].groupby("seed")[col].mean()
+                if not len(a) or not len(b):
+                    row.append("-")
+                    continue
+                d = stats.paired_difference(a, b, **kw)
+                row.append(f"{_iv(d, signed=True)}{' tie' if stats.call(d) == 'tie' else ''}")
+            rows.append(row)
+        lines += _md_table(["rule", *table.attacks], rows)
+    return lines
 
 
 def _friedman_lines(analysis: RankAnalysis) -> list[str]:
