@@ -322,10 +322,11 @@ def worst_case_ranking(table: MetricTable, baseline: str, **kw) -> pd.DataFrame:
                      "minus the rule above": vs_above,
                      "vs above": "" if vs_above is None else _call_text(vs_above, sign),
                      f"minus {baseline}": vs_base})
-    tied_first = [r for r in rows if r["verdict"] in ("best", "tie with best")]
+    first = sum(row["verdict"] in ("best", "tie with best") for row in rows)
     for i, row in enumerate(rows):
-        row["rank"] = ("1 (tie)" if len(tied_first) > 1 else "1") if row in tied_first else str(i + 1)
-    return pd.DataFrame(rows)
+        row["rank"] = ("1 (tie)" if first > 1 else "1") if row["verdict"] in ("best", "tie with best") else str(i + 1)
+    return pd.DataFrame(rows, columns=["rank", "rule", "worst case", "seeds", "worst attack", "minus best", "verdict",
+                                       "minus the rule above", "vs above", f"minus {baseline}"])
 
 
 def _call_text(diff: Interval, sign: float) -> str:
@@ -489,21 +490,20 @@ def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resam
            "with a Wilcoxon signed-rank test over the cells, Holm-corrected for the number of pairs. "
            "A bar in the diagram joins rules that no corrected test separates.", ""]
     md += _friedman_lines(overall)
-    worst_ranks = {}
     per_condition: dict[str, MetricTable] = {}
+    rankings: dict[str, pd.DataFrame] = {}
     for cond in board.conditions:
-        frame = cells[cells["condition"] == cond]
-        per_condition[cond] = metric_table(frame, col, name=mname, **kw)
-        worst = per_condition[cond].worst
-        order = sorted(worst, key=lambda r: -worst[r].mean)
-        worst_ranks[cond] = {r: i + 1 for i, r in enumerate(order)}
+        per_condition[cond] = metric_table(cells[cells["condition"] == cond], col, name=mname, **kw)
+        rankings[cond] = worst_case_ranking(per_condition[cond], baseline, **kw)
     rows = []
     for rule in overall.mean_ranks.index.tolist() + overall.dropped:
         row = [rule, f"{overall.mean_ranks[rule]:.2f}" if rule in overall.mean_ranks else "- (missing cells)"]
-        row += [f"{per_condition[c].worst[rule].text()} (#{worst_ranks[c][rule]})" if rule in per_condition[c].worst else "-"
-                for c in board.conditions]
+        for cond in board.conditions:
+            ranked = rankings[cond].set_index("rule")
+            row.append(f"{_iv(ranked.loc[rule, 'worst case'])} (#{str(ranked.loc[rule, 'rank']).replace(' (tie)', ', tie')})" if rule in ranked.index else "-")
         rows.append(row)
-    md += ["**Mean rank over (condition, attack) cells, and each condition's per-seed worst case (its rank there)**", ""]
+    md += ["**Mean rank over (condition, attack) cells, and each condition's per-seed worst case [95 % CI] "
+           "(#its rank by worst case there; \"#1, tie\": tied with the best)**", ""]
     md += _md_table(["rule", "mean rank", *[f"worst case: {c}" for c in board.conditions]], rows)
     if overall.dropped:
         md += [f"Left out of the ranks (missing from some cells): {', '.join(overall.dropped)}.", ""]
@@ -517,7 +517,7 @@ def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resam
         say(f"[leaderboard] condition {c_i + 1}/{len(board.conditions)}: {cond}")
         frame = cells[cells["condition"] == cond]
         table = per_condition[cond]
-        ranking = worst_case_ranking(table, baseline, **kw)
+        ranking = rankings[cond]
         order = list(ranking["rule"]) + [r for r in table.rules if r not in set(ranking["rule"])]
         n_seeds = frame["seed"].nunique()
         levels = set(frame["chance"].dropna()) if "chance" in frame else set()
