@@ -30,6 +30,7 @@ def test_bootstrap_ci_hand_cases():
     assert (same.low, same.high) == (0.6, 0.6) and same.contains(0.6)
     assert stats.bootstrap_ci([math.nan, 0.4, 0.6]).n == 2  # NaN (a missing value) dropped
     assert stats.bootstrap_ci([]).text() == "-"
+    assert stats.Interval(-0.017, -0.034, -0.0003, 5).text() == "-0.017 [-0.034, -0.00030]"  # not "-0.000": 0 is outside
 
 
 def test_bootstrap_ci_contains_the_mean_and_narrows_with_less_spread():

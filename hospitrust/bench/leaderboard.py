@@ -262,6 +262,7 @@ class MetricTable:
     per_seed_worst: pd.DataFrame                      # rule, seed, worst, worst_attack
     rules: list[str]
     attacks: list[str]
+    by_seed: dict[tuple[str, str], pd.Series] = field(default_factory=dict)  # (rule, attack) -> value per seed
 
 
 def _sign(higher_is_better: bool) -> float:
@@ -278,11 +279,13 @@ def metric_table(frame: pd.DataFrame, column: str, *, higher_is_better: bool = T
     rules = sorted(data["rule"].unique())
     cells: dict[tuple[str, str], Interval] = {}
     best: dict[str, set[str]] = {}
+    by_seed: dict[tuple[str, str], pd.Series] = {}
     for attack in attacks:
         sub = data[data["attack_label"] == attack]
         series = {r: g.groupby("seed")[column].mean() for r, g in sub.groupby("rule")}
         for r, s in series.items():
             cells[(r, attack)] = stats.bootstrap_ci(s.to_numpy(), **kw)
+            by_seed[(r, attack)] = s
         if series:
             leader = max(series, key=lambda r: _sign(higher_is_better) * cells[(r, attack)].mean)
             best[attack] = {leader} | {r for r, s in series.items() if r != leader and stats.call(
@@ -291,7 +294,7 @@ def metric_table(frame: pd.DataFrame, column: str, *, higher_is_better: bool = T
     per_seed = stats.worst_case_per_seed(scope, value=column, higher_is_better=higher_is_better, attack="attack_label")
     worst = {r: stats.bootstrap_ci(g["worst"].to_numpy(), **kw) for r, g in per_seed.groupby("rule")}
     worst_attack = {r: str(g["worst_attack"].mode().iloc[0]) for r, g in per_seed.groupby("rule")}
-    return MetricTable(name or column, higher_is_better, cells, best, worst, worst_attack, per_seed, rules, attacks)
+    return MetricTable(name or column, higher_is_better, cells, best, worst, worst_attack, per_seed, rules, attacks, by_seed)
 
 
 def attack_order(labels: pd.Series | Sequence[str]) -> list[str]:
@@ -543,7 +546,7 @@ def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resam
                         [[r["rank"], r["rule"], _iv(r["worst case"]) + _chance_mark(r["worst case"], chance), str(r["seeds"]), r["worst attack"],
                           _iv(r["minus best"], signed=True), r["verdict"], r["vs above"] or "-",
                           _iv(r[f"minus {baseline}"], signed=True)] for r in ranking.to_dict("records")])
-        md += _paired_lines(frame, col, table, order, baseline, kw)
+        md += _paired_lines(table, order, baseline, kw)
         extra = [("last_k", f"Mean {mname} of the last {board.last_k} rounds", True, "none"),
                  ("final_rare_class_macro_f1", "Rare-class macro-F1 of the final model", True, "none"),
                  ("final_attack_success_rate", "Backdoor attack success rate (lower is better)", False, "success"),
@@ -592,8 +595,7 @@ def _rules_that_flag(frame: pd.DataFrame) -> list[str]:
     return sorted(set(frame.loc[(rates > 0).any(axis=1), "rule"])) if rates.size else []
 
 
-def _paired_lines(frame: pd.DataFrame, col: str, table: MetricTable, order: list[str], baseline: str,
-                  kw: dict) -> list[str]:
+def _paired_lines(table: MetricTable, order: list[str], baseline: str, kw: dict) -> list[str]:
     """Per attack, each rule minus the baseline and minus that attack's best rule, paired by seed."""
     if len(table.rules) < 2:
         return []
@@ -622,10 +624,8 @@ def _paired_lines(frame: pd.DataFrame, col: str, table: MetricTable, order: list
                 if rule == ref:
                     row.append("best")
                     continue
-                sub = frame[frame["attack_label"] == attack]
-                a = sub[sub["rule"] == rule].groupby("seed")[col].mean()
-                b = sub[sub["rule"] == ref].groupby("seed")[col].mean()
-                if not len(a) or not len(b):
+                a, b = table.by_seed.get((rule, attack)), table.by_seed.get((ref, attack))
+                if a is None or b is None:
                     row.append("-")
                     continue
                 d = stats.paired_difference(a, b, **kw)
