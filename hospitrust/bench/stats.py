@@ -72,7 +72,8 @@ class Interval:
 
 def _end(x: float, digits: int) -> str:
     """An interval's end; one that rounds to 0 without being 0 gets two more digits (-0.00030, not -0.000:
-    whether an interval contains 0 is what the reader looks for)."""
+    whether an interval contains 0 is what the reader looks for).
+    """
     text = f"{x:.{digits}f}"
     return f"{x:.{digits + 2}f}" if x != 0 and float(text) == 0 else text
 
