@@ -322,3 +322,14 @@ def test_the_roles_of_a_cells_columns(tmp_path):
         cell["axes"].pop("condition")
     (tmp_path / "g" / "grid.json").write_text(json.dumps({"name": "roles", "cells": meta}))
     assert sorted(load([tmp_path / "g"]).cells["condition"].unique()) == ["dataset=pneumoniamnist", "dataset=retinamnist"]
+
+
+def test_a_rule_axis_names_the_rules_and_a_pre_aggregation_is_always_shown(tmp_path):
+    meta = []
+    for label, strategy, pre in (("plain-hta", "hta", "none"), (None, "median", "nnm"), (None, "fedavg", "none")):
+        for seed in (1, 2):
+            config = {"strategy": strategy, "attack": "none", "seed": seed, "dataset": "pneumoniamnist", "pre-aggregation": pre}
+            axes = {"strategy": strategy, "seed": seed, **({"rule": label} if label else {})}
+            meta.append(_cell(tmp_path / "g", f"{strategy}-{pre}-{seed}", config, 0.7, axes))
+    (tmp_path / "g" / "grid.json").write_text(json.dumps({"name": "rules", "cells": meta}))
+    assert sorted(load([tmp_path / "g"]).cells["rule"].unique()) == ["fedavg", "median (pre-aggregation=nnm)", "plain-hta"]

@@ -7,9 +7,11 @@ from). The statistics are :mod:`hospitrust.bench.stats`'s; docs/benchmark.md exp
 
 The roles of a cell's columns:
 
-- **rule**: ``strategy``, with the options of a rule section (``hta.exclusion-mads``) or a
-  pre-aggregation key that take several values among that strategy's cells ("hta
-  (hta.exclusion-mads=1.0)"): each setting is a rule of its own here;
+- **rule**: a grid axis named ``rule`` where the cells have one (a table axis: ``rule = [{ label =
+  "nnm+hta", strategy = "hta", pre-aggregation = "nnm" }]``), else ``strategy``, with the options of
+  a rule section (``hta.exclusion-mads``) that take several values among that strategy's cells
+  ("hta (hta.exclusion-mads=1)": each setting is a rule of its own here) and a pre-aggregation
+  other than none;
 - **attack**: ``attack``, with an attack's options that vary within that attack, and the
   attacker fraction (``@0.3``) when the attacked cells have several;
 - **seed**;
@@ -131,12 +133,20 @@ def _wall_seconds(grid_dir: Path) -> float:
     return sum(ends) if ends else math.nan
 
 
-def _label_rows(frame: pd.DataFrame, base: str, extra: list[str], within: str) -> pd.Series:
-    """``base`` plus each ``extra`` column that takes several values among the rows of the same ``within`` value."""
+def _label_rows(frame: pd.DataFrame, base: str, extra: list[str], within: str, always: tuple[str, ...] = ()) -> pd.Series:
+    """``base`` plus each ``extra`` column that takes several values among the rows of the same
+    ``within`` value, and each ``always`` column whatever its spread (unless empty or "none").
+    """
     varying = {w: [c for c in extra if c in sub and sub[c].nunique(dropna=True) > 1] for w, sub in frame.groupby(within)}
 
+    def shown(row, c: str) -> bool:
+        value = row[c]
+        if value != value or value is None:
+            return False
+        return c in varying.get(row[within], []) or (c in always and str(value) not in ("", "none", "off"))
+
     def one(row) -> str:
-        parts = [f"{c}={_fmt(row[c])}" for c in varying.get(row[within], []) if row[c] == row[c] and row[c] is not None]
+        parts = [f"{c}={_fmt(row[c])}" for c in extra if shown(row, c)]
         return f"{row[base]} ({', '.join(parts)})" if parts else str(row[base])
 
     return frame.apply(one, axis=1) if len(frame) else pd.Series(dtype=str)
@@ -208,7 +218,9 @@ def load(grid_dirs: Sequence[str | Path], *, metric: str = "balanced_accuracy", 
     kinds = {c: _section_kind(c) for c in config_cols}
     rule_cols = [c for c in config_cols if kinds[c] == "rule"]
     attack_cols = [c for c in config_cols if kinds[c] == "attack"]
-    cells["rule"] = _label_rows(cells, "strategy", rule_cols, "strategy")
+    derived = _label_rows(cells, "strategy", rule_cols, "strategy", always=tuple(c for c in rule_cols if c.startswith("pre-aggregation")))
+    # a grid axis named `rule` (a table axis: label = "nnm+hta", strategy = "hta", pre-aggregation = "nnm") names its cells
+    cells["rule"] = cells["rule"].where(cells["rule"].notna(), derived).astype(str) if "rule" in cells else derived
     if "condition" in cells and cells["condition"].notna().all():  # a `condition` axis names every cell's
         cells["condition"] = cells["condition"].astype(str)
     else:
