@@ -283,6 +283,10 @@ def test_folders_without_results_are_refused_clearly(tmp_path, capsys):
     assert "--leaderboard" in capsys.readouterr().err
     assert main(["report", "--leaderboard", str(pending), str(empty)]) == 2  # several: --out needed
     assert "--out" in capsys.readouterr().err
+    assert main(["report", "--leaderboard", str(pending), "--resamples", "10"]) == 2
+    assert "at least 100 bootstrap resamples" in capsys.readouterr().err
+    assert main(["report", "--leaderboard", str(pending), "--last-k", "0"]) == 2
+    assert "last-k = 0" in capsys.readouterr().err
 
 
 def _cell(folder, name, config, value, axes):

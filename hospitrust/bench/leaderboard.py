@@ -679,6 +679,8 @@ def make_leaderboard(grid_dirs: Sequence[str | Path], out_dir: str | Path, *, me
                      baseline: str = "fedavg", last_k: int = LAST_K, resamples: int = stats.RESAMPLES,
                      progress: Callable[[str], None] | None = None) -> Path:
     """Load the grid folders and write the leaderboard into ``out_dir``; returns leaderboard.md's path."""
+    if resamples < 100:
+        raise LeaderboardError(f"resamples = {resamples}: use at least 100 bootstrap resamples (default {stats.RESAMPLES})")
     board = load(grid_dirs, metric=metric, last_k=last_k, progress=progress)
     return render(board, out_dir, baseline=baseline, resamples=resamples, progress=progress)
 

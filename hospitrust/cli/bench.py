@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -72,8 +73,14 @@ def _leaderboard(folders: list[str], out: str | None, *, metric: str | None, bas
         print(f"hospitrust {who}: several grid folders make one leaderboard: say where it goes with --out", file=sys.stderr)
         return 2
     out_dir = Path(out) if out else Path(folders[0]) / "leaderboard"
+    meta_path = Path(folders[0]) / "grid.json"  # the first grid's headline metric and baseline, unless given
     try:
-        path = make_leaderboard(folders, out_dir, metric=metric or "balanced_accuracy", baseline=baseline or "fedavg",
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    except ValueError:
+        meta = {}
+    try:
+        path = make_leaderboard(folders, out_dir, metric=metric or meta.get("metric") or "balanced_accuracy",
+                                baseline=baseline or meta.get("baseline") or "fedavg",
                                 last_k=last_k, resamples=resamples, progress=lambda line: print(line, flush=True))
     except LeaderboardError as exc:
         print(f"hospitrust {who}: {exc}", file=sys.stderr)
