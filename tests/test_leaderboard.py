@@ -82,6 +82,8 @@ def test_worst_case_is_taken_per_seed_then_summarised():
         # rule q lacks attack Y on seed 2: that seed is left out of q's worst case
         {"rule": "q", "attack": "X", "seed": 1, "value": 0.8}, {"rule": "q", "attack": "Y", "seed": 1, "value": 0.6},
         {"rule": "q", "attack": "X", "seed": 2, "value": 0.7},
+        # rule p was run with X only (an attack aimed at it alone would look the same): its worst case is over X
+        {"rule": "p", "attack": "X", "seed": 1, "value": 0.4}, {"rule": "p", "attack": "X", "seed": 2, "value": 0.6},
     ])
     per_attack_means = table[table["rule"] == "r"].groupby("attack")["value"].mean()
     assert per_attack_means.min() == pytest.approx(0.7)  # the min of means: no run had it
@@ -91,6 +93,8 @@ def test_worst_case_is_taken_per_seed_then_summarised():
     assert stats.bootstrap_ci(r["worst"]).mean == 0.5
     q = worst[worst["rule"] == "q"]
     assert q["seed"].tolist() == [1] and q["worst"].tolist() == [0.6]
+    p = worst[worst["rule"] == "p"]
+    assert p["worst"].tolist() == [0.4, 0.6] and p["attacks"].tolist() == [1, 1]
     lower = stats.worst_case_per_seed(table[table["rule"] == "r"], higher_is_better=False)  # e.g. backdoor success
     assert lower["worst"].tolist() == [0.9, 0.9]
 

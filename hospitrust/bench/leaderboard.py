@@ -333,6 +333,7 @@ def worst_case_ranking(table: MetricTable, baseline: str, **kw) -> pd.DataFrame:
         else:
             verdict = {"tie": "tie with best", "no call": "no call (one seed)"}.get(_call_text(vs_best, sign), "below best")
         rows.append({"rule": rule, "worst case": table.worst[rule], "seeds": table.worst[rule].n,
+                     "attacks": int(table.per_seed_worst.loc[table.per_seed_worst["rule"] == rule, "attacks"].max()),
                      "worst attack": table.worst_attack[rule], "minus best": vs_best, "verdict": verdict,
                      "minus the rule above": vs_above,
                      "vs above": "" if vs_above is None else _call_text(vs_above, sign),
@@ -340,7 +341,7 @@ def worst_case_ranking(table: MetricTable, baseline: str, **kw) -> pd.DataFrame:
     first = sum(row["verdict"] in ("best", "tie with best") for row in rows)
     for i, row in enumerate(rows):
         row["rank"] = ("1 (tie)" if first > 1 else "1") if row["verdict"] in ("best", "tie with best") else str(i + 1)
-    return pd.DataFrame(rows, columns=["rank", "rule", "worst case", "seeds", "worst attack", "minus best", "verdict",
+    return pd.DataFrame(rows, columns=["rank", "rule", "worst case", "seeds", "attacks", "worst attack", "minus best", "verdict",
                                        "minus the rule above", "vs above", f"minus {baseline}"])
 
 
@@ -548,14 +549,18 @@ def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resam
         md += _matrix_lines(table, order, "worst case (per seed)", chance=chance)
         incomplete = [r for r in table.rules if r not in table.worst]
         if incomplete:
-            md += [f"No worst case for {', '.join(incomplete)}: no seed of theirs has every attack of this condition.", ""]
+            md += [f"No worst case for {', '.join(incomplete)}: no seed of theirs has every attack they were run with (or they ran without attack only).", ""]
         md += [f"### Ranking by worst case: {cond}", "",
                "Best first. \"tie with best\": the paired difference to the best rule's per-seed worst case has a CI "
                "containing 0, so the two are not ordered; rank \"1 (tie)\" is shared by every rule tied with the best. "
                "\"vs above\": the same call against the rule in the row above.", ""]
-        md += _md_table(["rank", "rule", "worst case [95 % CI]", "seeds", "worst attack (mode)", "minus best [CI]", "verdict",
-                         "vs above", f"minus {baseline} [CI]"],
-                        [[r["rank"], r["rule"], _iv(r["worst case"]) + _chance_mark(r["worst case"], chance), str(r["seeds"]), r["worst attack"],
+        if ranking["attacks"].nunique() > 1:
+            md += ["The rules were run with different numbers of attacks here (column \"attacks\"): each rule's worst "
+                   "case is over its own.", ""]
+        md += _md_table(["rank", "rule", "worst case [95 % CI]", "seeds", "attacks", "worst attack (mode)", "minus best [CI]",
+                         "verdict", "vs above", f"minus {baseline} [CI]"],
+                        [[r["rank"], r["rule"], _iv(r["worst case"]) + _chance_mark(r["worst case"], chance), str(r["seeds"]),
+                          str(r["attacks"]), r["worst attack"],
                           _iv(r["minus best"], signed=True), r["verdict"], r["vs above"] or "-",
                           _iv(r[f"minus {baseline}"], signed=True)] for r in ranking.to_dict("records")])
         md += _paired_lines(table, order, baseline, kw)

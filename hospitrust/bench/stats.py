@@ -125,14 +125,16 @@ def worst_case_per_seed(table: pd.DataFrame, *, value: str = "value", higher_is_
                         rule: str = "rule", attack: str = "attack", seed: str = "seed") -> pd.DataFrame:
     """Per rule and seed, the worst value over the attacks (min, or max when lower is better).
 
-    A (rule, seed) that lacks one of the table's attacks is left out (its worst case would be
-    over fewer attacks than the others'). Columns: rule, seed, worst, worst_attack, attacks.
+    A rule's attacks are those it was run with on any seed (an attack aimed at one rule, run
+    against that rule only, counts in its worst case alone); a (rule, seed) that lacks one of
+    them is left out, since its worst case would be over fewer attacks than the rule's other
+    seeds'. Columns: rule, seed, worst, worst_attack, attacks (how many).
     """
-    attacks = set(table[attack].unique())
+    table = table.dropna(subset=[value])
+    attacks_of = {r: set(sub[attack]) for r, sub in table.groupby(rule)}
     rows = []
     for (r, s), sub in table.groupby([rule, seed], sort=True):
-        sub = sub.dropna(subset=[value])
-        if set(sub[attack]) != attacks:
+        if set(sub[attack]) != attacks_of[r]:
             continue
         per_attack = sub.groupby(attack)[value].mean()
         worst_attack = per_attack.idxmin() if higher_is_better else per_attack.idxmax()
