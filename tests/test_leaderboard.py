@@ -13,7 +13,8 @@ import pytest
 from scipy import stats as sps
 
 from hospitrust.bench import stats
-from hospitrust.bench.leaderboard import LeaderboardError, last_k_mean, load, make_leaderboard, metric_table, worst_case_ranking
+from hospitrust.bench.leaderboard import (LeaderboardError, last_k_mean, load, make_leaderboard, metric_table, rank_analysis,
+                                          worst_case_ranking)
 from hospitrust.cli.main import main
 
 # ------------------------------------------------------------------ bootstrap CI
@@ -160,6 +161,22 @@ def test_cliques_by_hand():
     pairs = pd.DataFrame([{"a": a, "b": b, "significant": frozenset((a, b)) in {frozenset("AC"), frozenset("AD"), frozenset("BD")}}
                           for a, b in [("A", "B"), ("A", "C"), ("A", "D"), ("B", "C"), ("B", "D"), ("C", "D")]])
     assert stats.cliques(ranks, pairs) == [["A", "B"], ["B", "C"], ["C", "D"]]
+
+
+def test_rank_analysis_leaves_out_a_rare_rule_and_a_one_rule_block():
+    rows = []
+    for attack, values in (("x", {"A": 0.9, "B": 0.8, "C": 0.7}), ("y", {"A": 0.6, "B": 0.8, "C": 0.7}),
+                           ("z", {"A": 0.9, "B": 0.7, "C": 0.7, "D": 0.95}), ("aimed-at-A", {"A": 0.3})):
+        for rule, value in values.items():
+            for seed in (1, 2):  # a block's value is the mean over its seeds
+                rows.append({"condition": "c", "attack_label": attack, "rule": rule, "seed": seed,
+                             "v": value + (0.01 if seed == 1 else -0.01)})
+    analysis = rank_analysis(pd.DataFrame(rows), "v", ["condition", "attack_label"])
+    assert analysis.dropped == ["D"]  # in 1 of 4 blocks
+    assert analysis.dropped_blocks == ["c / aimed-at-A"]  # B and C were not run there
+    # ranks: x A1 B2 C3, y B1 C2 A3, z A1 B2.5 C2.5 -> A 5/3, B 5.5/3, C 7.5/3
+    assert analysis.mean_ranks.to_dict() == pytest.approx({"A": 5 / 3, "B": 5.5 / 3, "C": 7.5 / 3})
+    assert (analysis.friedman.blocks, analysis.friedman.rules) == (3, 3)
 
 
 # ------------------------------------------------------------------ the store's last-k mean

@@ -359,7 +359,8 @@ class RankAnalysis:
     friedman: stats.Friedman
     pairs: pd.DataFrame
     cliques: list[list[str]]
-    dropped: list[str]         # rules missing from some block
+    dropped: list[str]         # rules missing from more than half the blocks
+    dropped_blocks: list[str] = field(default_factory=list)  # blocks missing one of the rules kept
 
 
 def rank_analysis(frame: pd.DataFrame, column: str, blocks: list[str], *, higher_is_better: bool = True,
@@ -368,14 +369,20 @@ def rank_analysis(frame: pd.DataFrame, column: str, blocks: list[str], *, higher
     test and the Wilcoxon-Holm pairs; rules absent from a block are left out (listed in ``dropped``).
     """
     values = frame.dropna(subset=[column]).pivot_table(index=blocks, columns="rule", values=column, aggfunc="mean")
-    dropped = sorted(c for c in values.columns if values[c].isna().any())
+    # Friedman and Wilcoxon need every rule in every block: a rule missing from more than half the
+    # blocks is left out, then a block missing one of the rules kept (an attack run against one rule only)
+    coverage = values.notna().mean()
+    dropped = sorted(c for c in values.columns if coverage[c] < 0.5)
     values = values.drop(columns=dropped)
+    incomplete = values.isna().any(axis=1)
+    dropped_blocks = [" / ".join(map(str, b)) if isinstance(b, tuple) else str(b) for b in values.index[incomplete]]
+    values = values[~incomplete]
     ranks = stats.rank_rows(values, higher_is_better=higher_is_better)
     mean_ranks = ranks.mean().sort_values()
     pairs = stats.wilcoxon_holm(values, alpha=alpha) if values.shape[1] >= 2 and len(values) >= 1 else pd.DataFrame(
         columns=["a", "b", "pvalue", "p_holm", "significant"])
     return RankAnalysis(values, ranks, mean_ranks, stats.friedman(values), pairs,
-                        stats.cliques(mean_ranks, pairs) if len(mean_ranks) else [], dropped)
+                        stats.cliques(mean_ranks, pairs) if len(mean_ranks) else [], dropped, dropped_blocks)
 
 
 # ---------------------------------------------------------------- drawing and writing
@@ -521,8 +528,7 @@ def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resam
     md += ["**Mean rank over (condition, attack) cells, and each condition's per-seed worst case [95 % CI] "
            "(#its rank by worst case there; \"#1, tie\": tied with the best)**", ""]
     md += _md_table(["rule", "mean rank", *[f"worst case: {c}" for c in board.conditions]], rows)
-    if overall.dropped:
-        md += [f"Left out of the ranks (missing from some cells): {', '.join(overall.dropped)}.", ""]
+    md += _dropped_lines(overall)
     if len(overall.mean_ranks) >= 2:
         name = "cd_all_conditions.png"
         (out / name).write_bytes(cd_diagram(overall, "all conditions: (condition, attack) cells"))
@@ -594,7 +600,7 @@ def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resam
             (out / name).write_bytes(cd_diagram(within, f"{cond}: (attack, seed) blocks"))
             md += [f"### Critical-difference diagram: {cond}", "",
                    f"Blocks: every (attack, seed) run of this condition, ranked by final {mname}.", ""]
-            md += _friedman_lines(within)
+            md += _friedman_lines(within) + _dropped_lines(within)
             md += [f"![critical-difference diagram, {cond}]({name})", ""]
             md += _pairs_lines(within)
     cells.drop(columns=[c for c in ("error",) if c in cells]).to_csv(out / "leaderboard_cells.csv", index=False)
@@ -649,6 +655,17 @@ def _paired_lines(table: MetricTable, order: list[str], baseline: str, kw: dict)
                 row.append(f"{_iv(d, signed=True)}{' tie' if stats.call(d) == 'tie' else ''}")
             rows.append(row)
         lines += _md_table(["rule", *table.attacks], rows)
+    return lines
+
+
+def _dropped_lines(analysis: RankAnalysis) -> list[str]:
+    lines = []
+    if analysis.dropped:
+        lines += [f"Left out of the ranks (missing from more than half the blocks): {', '.join(analysis.dropped)}.", ""]
+    if analysis.dropped_blocks:
+        shown = analysis.dropped_blocks[:10]
+        more = f" and {len(analysis.dropped_blocks) - 10} more" if len(analysis.dropped_blocks) > 10 else ""
+        lines += [f"Blocks left out of the ranks (a ranked rule has no cell there): {'; '.join(shown)}{more}.", ""]
     return lines
 
 
