@@ -394,9 +394,11 @@ def cd_diagram(analysis: RankAnalysis, title: str) -> bytes:
     """
     import io
 
-    from hospitrust.bench.report import _plt
+    import matplotlib
 
-    plt = _plt()
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
     ranks = analysis.mean_ranks
     k = max(len(ranks), 2)
     names = list(ranks.index)
