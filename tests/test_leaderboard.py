@@ -281,6 +281,9 @@ def test_the_leaderboard_renders_from_two_grid_parts(tmp_path, capsys):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
         assert f"]({png})" in md
+    summary = pd.read_csv(out / "leaderboard_summary.csv").set_index("rule")
+    assert summary.loc["hta", "verdict"] == "tie with best" and summary.loc["hta", "worst_case"] == pytest.approx(0.75)
+    assert summary.loc["median", "rank"] == "1 (tie)" and summary.loc["fedavg", "rank"] == "3"
     cells = pd.read_csv(out / "leaderboard_cells.csv")
     assert len(cells) == 45 and set(cells["grid"]) == {"lb-part1", "lb-part2"}
     # the same cells twice: refused, naming both folders

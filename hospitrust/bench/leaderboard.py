@@ -2,8 +2,9 @@
 
 Reads one or several grid folders (``hospitrust bench --out``; several parts of one
 leaderboard combine, each (condition, rule, attack, seed) counted once) and writes
-``leaderboard.md`` with its PNGs and ``leaderboard_cells.csv`` (the table every number comes
-from). The statistics are :mod:`hospitrust.bench.stats`'s; docs/benchmark.md explains them.
+``leaderboard.md`` with its PNGs, ``leaderboard_cells.csv`` (the table every number comes
+from) and ``leaderboard_summary.csv`` (per condition and rule: the worst-case ranking). The
+statistics are :mod:`hospitrust.bench.stats`'s; docs/benchmark.md explains them.
 
 The roles of a cell's columns:
 
@@ -606,9 +607,27 @@ def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resam
             md += [f"![critical-difference diagram, {cond}]({name})", ""]
             md += _pairs_lines(within)
     cells.drop(columns=[c for c in ("error",) if c in cells]).to_csv(out / "leaderboard_cells.csv", index=False)
+    _summary_frame(rankings, overall).to_csv(out / "leaderboard_summary.csv", index=False)
     path = out / "leaderboard.md"
     path.write_text("\n".join(md) + "\n")
     return path
+
+
+def _summary_frame(rankings: dict[str, pd.DataFrame], overall: RankAnalysis) -> pd.DataFrame:
+    """One row per condition and rule: the worst-case ranking's numbers, and the rule's mean rank
+    over all (condition, attack) cells (for the README's summary table).
+    """
+    rows = []
+    for cond, ranking in rankings.items():
+        for r in ranking.to_dict("records"):
+            worst, best = r["worst case"], r["minus best"]
+            rows.append({"condition": cond, "rank": r["rank"], "rule": r["rule"], "worst_case": worst.mean,
+                         "worst_case_low": worst.low, "worst_case_high": worst.high, "seeds": r["seeds"],
+                         "attacks": r["attacks"], "worst_attack": r["worst attack"], "verdict": r["verdict"],
+                         "minus_best": best.mean if best else 0.0, "minus_best_low": best.low if best else 0.0,
+                         "minus_best_high": best.high if best else 0.0,
+                         "mean_rank_all_conditions": overall.mean_ranks.get(r["rule"], math.nan)})
+    return pd.DataFrame(rows)
 
 
 def _n(count: int, noun: str) -> str:
