@@ -303,6 +303,10 @@ def test_folders_without_results_are_refused_clearly(tmp_path, capsys):
         (cell / "summary.json").unlink()
     assert main(["report", "--leaderboard", str(pending)]) == 2
     assert "none of its 5 cells has finished" in capsys.readouterr().err
+    (pending / "cells" / "strategy=fedavg__attack=none__seed=1" / "summary.json").write_text(json.dumps({"final": {
+        "balanced_accuracy": 0.8}}))
+    assert main(["report", "--leaderboard", str(pending), "--out", str(tmp_path / "partial")]) == 0  # one cell done
+    assert "grid lb has not finished (1 of 5 cells)" in (tmp_path / "partial" / "leaderboard.md").read_text()
     assert main(["report", str(pending), str(empty)]) == 2  # several folders: only as one leaderboard
     assert "--leaderboard" in capsys.readouterr().err
     assert main(["report", "--leaderboard", str(pending), str(empty)]) == 2  # several: --out needed

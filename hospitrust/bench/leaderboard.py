@@ -249,6 +249,11 @@ def load(grid_dirs: Sequence[str | Path], *, metric: str = "balanced_accuracy", 
                                "a leaderboard counts each once (give each part other cells, or a `condition` axis "
                                "that tells them apart)")
     board = Board(cells=cells, grids=grids, metric=metric, last_k=last_k)
+    for g in grids:
+        if g.done < g.total:
+            board.notes.append(f"grid {g.name} has not finished ({g.done} of {g.total} cells): a rule's worst case covers "
+                               "only the attacks finished for it (column \"attacks\" of the rankings), and the ranks only "
+                               "the blocks where every ranked rule has finished")
     short = cells.groupby("condition")["seed"].nunique()
     for cond, n in short.items():
         if n < 2:
@@ -564,8 +569,8 @@ def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resam
                "containing 0, so the two are not ordered; rank \"1 (tie)\" is shared by every rule tied with the best. "
                "\"vs above\": the same call against the rule in the row above.", ""]
         if ranking["attacks"].nunique() > 1:
-            md += ["The rules were run with different numbers of attacks here (column \"attacks\"): each rule's worst "
-                   "case is over its own.", ""]
+            md += ["The rules were run with different numbers of attacks here (column \"attacks\"; an attack aimed at "
+                   "one rule, or an unfinished grid): each rule's worst case is over its own.", ""]
         md += _md_table(["rank", "rule", "worst case [95 % CI]", "seeds", "attacks", "worst attack (mode)", "minus best [CI]",
                          "verdict", "vs above", f"minus {baseline} [CI]"],
                         [[r["rank"], r["rule"], _iv(r["worst case"]) + _chance_mark(r["worst case"], chance), str(r["seeds"]),
