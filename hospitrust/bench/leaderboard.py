@@ -504,9 +504,9 @@ def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resam
            f"Every interval is a 95 % percentile bootstrap CI over seeds ({resamples} resamples, rng seed {stats.RNG_SEED}); "
            "rules are compared paired by seed, and two rules whose paired-difference CI contains 0 are a **tie**. "
            "The worst case is taken per seed (the worst attack of that seed's runs, attacked cells only) and then summarised. "
-           "See docs/benchmark.md, \"The leaderboard\".", ""]
-    md += _md_table(["grid", "folder", "cells finished", "wall time (bench.jsonl)"],
-                    [[g.name, str(g.path), f"{g.done} / {g.total}",
+           "See docs/benchmark.md#leaderboard-statistics.", ""]
+    md += _md_table(["grid", "folder", "cells finished", "wall time (bench.jsonl: its starts, summed)"],
+                    [[g.name, _shown_path(g.path), f"{g.done} / {g.total}",
                       "-" if g.wall_seconds != g.wall_seconds else f"{g.wall_seconds / 60:.1f} min"] for g in board.grids])
     md += [f"Conditions: {len(board.conditions)}; rules: {cells['rule'].nunique()}; attacks: {cells['attack_label'].nunique()}; "
            f"seeds: {', '.join(str(s) for s in seeds)}; last-k mean over the last {board.last_k} rounds.", ""]
@@ -633,6 +633,14 @@ def _summary_frame(rankings: dict[str, pd.DataFrame], overall: RankAnalysis) -> 
                          "minus_best_high": best.high if best else 0.0,
                          "mean_rank_all_conditions": overall.mean_ranks.get(r["rule"], math.nan)})
     return pd.DataFrame(rows)
+
+
+def _shown_path(path: Path) -> str:
+    """The folder relative to the working directory when it is under it (a page in the repository), else as is."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _n(count: int, noun: str) -> str:
