@@ -44,6 +44,6 @@ def test_the_report_marks_chance_and_ties(tmp_path):
     md = md_path.read_text()
     assert "1 of 3 cells are at chance level" in md
     assert "| ccc | 0.500 (chance) |" in md
-    assert "the leaderboard's statistics will replace this rule" in md
+    assert "`hospitrust report --leaderboard` calls ties from paired, seed-by-seed confidence intervals" in md
     assert "tie with aaa (difference 0.030 < std 0.071)" in md
     assert "below bbb (difference 0.320 >= std 0.057)" in md

@@ -5,6 +5,9 @@
 - ``backends.py``  one cell in process (no Ray) or as a real Flower simulation (optionally on a Ray cluster)
 - ``store.py``     results.csv / cells.csv / results.sqlite: a row per cell and round, with config columns
 - ``report.py``    HTML (base64-embedded PNGs) and Markdown report with matplotlib figures
+- ``stats.py``     the leaderboard's statistics: bootstrap CIs over seeds, paired differences, per-seed
+  worst case, ranks, Friedman and Wilcoxon-Holm tests (pure functions on small tables)
+- ``leaderboard.py`` ``hospitrust report --leaderboard``: one or several grid folders -> leaderboard.md + PNGs
 """
 
 from __future__ import annotations

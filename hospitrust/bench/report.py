@@ -38,8 +38,8 @@ METRIC_NAMES = {"balanced_accuracy": "balanced accuracy", "accuracy": "accuracy"
 
 
 CHANCE_TOLERANCE = 0.01  # a cell's mean within this of chance level is marked: its model learned nothing
-TIE_RULE = ("A difference smaller than the larger of the two standard deviations over seeds is called a tie; "
-            "the leaderboard's statistics will replace this rule.")
+TIE_RULE = ("A difference smaller than the larger of the two standard deviations over seeds is called a tie "
+            "(a quick reading; `hospitrust report --leaderboard` calls ties from paired, seed-by-seed confidence intervals).")
 
 
 def chance_level(metric: str, num_classes: int | None) -> float | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -53,15 +54,52 @@ def _bench(args: argparse.Namespace) -> int:
 
         html_path, md_path = make_report(out)
         print(f"report: {html_path}\n        {md_path}")
+    if args.leaderboard:
+        from hospitrust.bench.leaderboard import LAST_K
+        from hospitrust.bench.stats import RESAMPLES
+
+        _leaderboard([str(out)], None, metric=grid.metric, baseline=grid.baseline, last_k=LAST_K, resamples=RESAMPLES,
+                     who="bench")
     if outcome.interrupted:
         return 130
     return 0 if outcome.failed == 0 else 1
 
 
+def _leaderboard(folders: list[str], out: str | None, *, metric: str | None, baseline: str | None, last_k: int,
+                 resamples: int, who: str = "report") -> int:
+    from hospitrust.bench.leaderboard import LeaderboardError, make_leaderboard
+
+    if out is None and len(folders) > 1:
+        print(f"hospitrust {who}: several grid folders make one leaderboard: say where it goes with --out", file=sys.stderr)
+        return 2
+    out_dir = Path(out) if out else Path(folders[0]) / "leaderboard"
+    meta_path = Path(folders[0]) / "grid.json"  # the first grid's headline metric and baseline, unless given
+    try:
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    except ValueError:
+        meta = {}
+    try:
+        path = make_leaderboard(folders, out_dir, metric=metric or meta.get("metric") or "balanced_accuracy",
+                                baseline=baseline or meta.get("baseline") or "fedavg",
+                                last_k=last_k, resamples=resamples, progress=lambda line: print(line, flush=True))
+    except LeaderboardError as exc:
+        print(f"hospitrust {who}: {exc}", file=sys.stderr)
+        return 2
+    print(f"leaderboard: {path}")
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from hospitrust.bench.report import make_report
 
-    grid_dir = Path(args.grid_dir)
+    if args.leaderboard:
+        return _leaderboard(args.grid_dir, args.out, metric=args.metric, baseline=args.baseline, last_k=args.last_k,
+                            resamples=args.resamples)
+    if len(args.grid_dir) > 1:
+        print("hospitrust report: several folders are read together only as one leaderboard: "
+              "hospitrust report --leaderboard GRID_DIR [GRID_DIR ...] --out FOLDER", file=sys.stderr)
+        return 2
+    grid_dir = Path(args.grid_dir[0])
     if not grid_dir.is_dir():
         print(f"hospitrust report: {grid_dir} is not a folder (give the --out folder of `hospitrust bench`)", file=sys.stderr)
         return 2
@@ -100,18 +138,30 @@ def add_bench_parsers(sub) -> None:
     bench.add_argument("--ray-address", help="simulation backend: run on this existing Ray cluster (e.g. 10.0.0.5:6379)")
     bench.add_argument("--limit", type=int, help="run at most this many unfinished cells, then stop")
     bench.add_argument("--report", action="store_true", help="write the report when the grid is done")
+    bench.add_argument("--leaderboard", action="store_true",
+                       help="write the leaderboard (GRID_DIR/leaderboard/leaderboard.md) when the grid is done")
     bench.add_argument("--dry-run", action="store_true", help="validate the grid and list its cells and their state")
     bench.set_defaults(func=_bench)
 
     report = sub.add_parser("report", help="the report of one run (the console's page as one file) or of a grid folder",
                             description="One run directory: report/report.html (the console's page, self-contained), "
                                         "metrics.png and trust.png. A grid folder (or any folder of run directories): "
-                                        "figures and tables over its cells.")
-    report.add_argument("grid_dir", help="one run directory, or a grid folder (`hospitrust bench --out`)")
+                                        "figures and tables over its cells. --leaderboard GRID_DIR [GRID_DIR ...]: "
+                                        "the leaderboard over one or several grid folders (leaderboard.md and PNGs).")
+    report.add_argument("grid_dir", nargs="+",
+                        help="one run directory, or a grid folder (`hospitrust bench --out`); with --leaderboard, "
+                             "one or several grid folders (the parts of one leaderboard)")
+    report.add_argument("--leaderboard", action="store_true",
+                        help="the leaderboard: per condition, rules x attacks with 95%% bootstrap CIs over seeds, the "
+                             "per-seed worst case, the worst-case ranking with ties, mean ranks, Friedman and "
+                             "Wilcoxon-Holm tests, critical-difference diagrams (docs/benchmark.md)")
+    report.add_argument("--last-k", type=int, default=3, help="leaderboard: rounds averaged at the end of a run (default 3)")
+    report.add_argument("--resamples", type=int, default=10_000, help="leaderboard: bootstrap resamples (default 10000)")
     report.add_argument("--metric", choices=list(METRICS),
                         help="headline metric (default: the grid's, else balanced_accuracy)")
     report.add_argument("--baseline", help="strategy for paired differences (default: the grid's, else fedavg)")
-    report.add_argument("--out", help="report folder (default GRID_DIR/report)")
+    report.add_argument("--out", help="report folder (default GRID_DIR/report; a leaderboard: GRID_DIR/leaderboard, "
+                                      "required for several folders)")
     report.add_argument("--max-scenarios", type=int, default=6, help="scenarios drawn (default 6)")
     report.add_argument("--store", action="store_true", help="also (re)write results.csv / cells.csv / results.sqlite")
     report.set_defaults(func=_report)
