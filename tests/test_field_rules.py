@@ -1,6 +1,7 @@
 """The field's defences as selectable rules (issue 34): each strategy on a hand-computed stack with its
 per-hospital records, state across rounds through a checkpoint, seeded draws, a grid naming every
-rule, and one in-process run of every rule."""
+rule, and one in-process run of every rule.
+"""
 
 from __future__ import annotations
 

@@ -48,21 +48,35 @@ class FoolsGold(HospitrustStrategy):
     def __init__(self, hospitals, options=None, **kwargs) -> None:
         super().__init__(hospitals, options, **kwargs)
         self.history: dict[str, torch.Tensor] = {}
+        # the last round's (n, d) stack of histories (``history`` holds views of its rows) and its
+        # hospitals in row order: when the next round has the same hospitals it is updated in place
+        self._stack: torch.Tensor | None = None
+        self._stack_names: list[str] = []
+
+    def load_state_dict(self, state) -> None:
+        super().load_state_dict(state)
+        self._stack, self._stack_names = None, []
 
     def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
         n, d = updates.shape
         names = [self._name_of(r.node_id) for r in replies]
-        stack = torch.zeros_like(updates)
-        for i, name in enumerate(names):
-            past = self.history.get(name)
-            if past is not None:
-                if past.numel() != d:
+        stack = self._stack
+        if (stack is None or names != self._stack_names or stack.shape != updates.shape or stack.dtype != updates.dtype
+                or stack.device != updates.device):
+            stack = torch.empty_like(updates)
+            for i, name in enumerate(names):
+                past = self.history.get(name)
+                if past is None:
+                    stack[i].zero_()
+                elif past.numel() != d:
                     raise ValueError(f"foolsgold: {name}'s history has {past.numel()} numbers, the updates {d} "
                                      "(a checkpoint of another model?)")
-                stack[i] = past.to(updates.device, updates.dtype)
+                else:
+                    stack[i] = past.to(updates.device, updates.dtype)
         update, new, rec = foolsgold(updates, stack, confidence=self.options.confidence, out=stack)
+        self._stack, self._stack_names = new, names
         for i, name in enumerate(names):
-            self.history[name] = new[i]  # views of this round's stack: no copy
+            self.history[name] = new[i]  # views of the stack: no copy
         for name, past in self.history.items():
             if name not in names and past._base is not None:
                 self.history[name] = past.clone()  # an absent hospital's row must not keep an old stack alive

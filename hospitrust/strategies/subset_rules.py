@@ -1,5 +1,6 @@
 """The ByzFL family of subset rules: MDA, SMEA, CAF (sized for f attackers) and MoNNA (around the
-server's own update)."""
+server's own update).
+"""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ class _SizedForF(HospitrustStrategy):
 
 class _Enumerating(_SizedForF):
     """A rule that enumerates every subset of n - f updates: refused at start when C(n, f) for the
-    federation's n is over ``MAX_SUBSETS`` (a round with fewer replies has fewer subsets)."""
+    federation's n is over ``MAX_SUBSETS`` (a round with fewer replies has fewer subsets).
+    """
 
     def __init__(self, hospitals, options=None, *, assumed_malicious: int = 1, **kwargs) -> None:
         super().__init__(hospitals, options, assumed_malicious=assumed_malicious, **kwargs)
