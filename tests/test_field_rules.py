@@ -261,8 +261,10 @@ def test_every_field_rule_in_a_real_inprocess_run(tmp_path, data_dir):
     records = {"flame": "clip_factor", "foolsgold": "learning_rate", "dnc": "outlier_score", "signguard": "sign_shares",
                "clipped-clustering": "cluster_label", "monna": "distance_to_server_update"}
     for name in FIELD_RULES:
+        # the hospitals' evaluation only (no central test-set pass): the rules' wiring is what is tested
         cfg = small_run_config(tmp_path, **{"strategy": name, "num-server-rounds": 1, "train-subsample": 0.03,
-                                            "run-name": name, "checkpoint": False})
+                                            "run-name": name, "checkpoint": False,
+                                            "server-data.evaluation": "federated"})
         server_app(InProcessGrid(client_app, 4, cfg),
                    Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
         (round1,) = read_rounds(tmp_path / "runs" / name)

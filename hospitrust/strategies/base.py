@@ -261,7 +261,7 @@ class HospitrustStrategy(Strategy):
         torch.Generator
             A fresh generator.
         """
-        entropy = np.random.SeedSequence([int(self.seed) & 0xFFFFFFFF, int(server_round)]).generate_state(2, np.uint64)
+        entropy = np.random.SeedSequence([int(self.seed) % (1 << 64), int(server_round)]).generate_state(2, np.uint64)
         return torch.Generator().manual_seed(int(entropy[0]) & 0x7FFFFFFFFFFFFFFF)
 
     def global_vector(self) -> torch.Tensor:
