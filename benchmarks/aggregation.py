@@ -9,9 +9,10 @@ on the same data:
   (trimmed mean 2f < n, Krum and Multi-Krum n >= 2f + 3, Bulyan n >= 4f + 3), the others
   once per n;
 * the field's defences (issue 34): the pre-aggregation steps alone (their output is an
-  ``(n', d)`` stack, written into a reused buffer as a round loop would) and the chain ``arc+nnm``, and the rules FLAME, FoolsGold (with a fixed
-  history, writing the new one into a reused buffer), DnC, SignGuard, clipped clustering, MDA,
-  SMEA, MoNNA and CAF (``FIELD_F_RULES`` at every f they admit; MDA and SMEA only where
+  ``(n', d)`` stack, written into a reused buffer as a round loop would) and the chain ``arc+nnm``, and the rules FLAME (clustering
+  the local models, its strategy's default), FoolsGold (with a fixed history, writing the new one into a
+  reused buffer), DnC, SignGuard, clipped clustering, MDA, SMEA, MoNNA (around a trusted update apart
+  from the stack, as its strategy uses the server's) and CAF (``FIELD_F_RULES`` at every f they admit; MDA and SMEA only where
   C(n, f) <= ``MAX_SUBSETS``);
 * a one-pass read of the stacked updates, ``x.sum(0)``, timed right before every call of a
   rule, so that each ratio compares two runs made under the same machine load (other
@@ -102,7 +103,7 @@ FIELD_F_RULES = {
 FIELD_RULES = ["static_clipping", "bucketing", "flame", "foolsgold", "signguard", "clipped_clustering"]
 
 
-def field_f_rule(name: str, x: torch.Tensor, f: int):
+def field_f_rule(name: str, x: torch.Tensor, f: int, trusted: torch.Tensor | None = None):
     """The call of a field rule that takes f, returning its ``(d,)`` aggregate or ``(n', d)`` stack.
 
     Parameters
@@ -113,12 +114,16 @@ def field_f_rule(name: str, x: torch.Tensor, f: int):
         Stacked updates.
     f : int
         Byzantine count.
+    trusted : torch.Tensor or None
+        ``(d,)`` MoNNA's trusted update (the server's own, as the ``monna`` strategy uses it);
+        None: the mean of the rows.
 
     Returns
     -------
     callable
         Without arguments; deterministic (the random rules get a fresh seeded generator).
     """
+    server = x.mean(0) if trusted is None else trusted
     out = torch.empty_like(x)  # the pre-aggregation steps write their stack into a reused buffer
     return {"nnm": lambda: pre.nnm(x, f, out=out)[0],
             "arc": lambda: pre.arc(x, f, out=out)[0],
@@ -127,7 +132,7 @@ def field_f_rule(name: str, x: torch.Tensor, f: int):
             "dnc": lambda: agg.dnc(x, f, generator=torch.Generator().manual_seed(0))[0],
             "mda": lambda: agg.mda(x, f)[0],
             "smea": lambda: agg.smea(x, f)[0],
-            "monna": lambda: agg.monna(x, f)[0],
+            "monna": lambda: agg.monna_around(x, server, f)[0],
             "caf": lambda: agg.caf(x, f)[0]}[name]
 
 
@@ -141,8 +146,9 @@ def field_rule(name: str, x: torch.Tensor, buffers: dict):
     x : torch.Tensor
         Stacked updates.
     buffers : dict
-        Reused buffers (made on first use): FoolsGold's fixed history, and the ``(n, d)`` buffer
-        FoolsGold's new history and the pre-aggregation steps' stacks are written to.
+        Reused buffers (made on first use): FoolsGold's fixed history, the ``(n, d)`` buffer
+        FoolsGold's new history and the pre-aggregation steps' stacks are written to, and FLAME's
+        global model.
 
     Returns
     -------
@@ -157,10 +163,12 @@ def field_rule(name: str, x: torch.Tensor, buffers: dict):
     if "out" not in buffers:
         buffers["out"] = torch.empty_like(x)
     out = buffers["out"]
+    global_model = buffers.setdefault("global_model", torch.full_like(x[0], 0.05))
     return {"static_clipping": lambda: pre.static_clipping(x, 1.0, out=out)[0],
             "bucketing": lambda: pre.bucketing(x, 2, generator=torch.Generator().manual_seed(0),
                                                out=out[: -(-x.shape[0] // 2)])[0],
-            "flame": lambda: agg.flame(x, generator=torch.Generator().manual_seed(0))[0],
+            # clustering the local models (the strategy's default, flame.cluster = "models")
+            "flame": lambda: agg.flame(x, global_model=global_model, generator=torch.Generator().manual_seed(0))[0],
             "signguard": lambda: agg.signguard(x, generator=torch.Generator().manual_seed(0))[0],
             "clipped_clustering": lambda: agg.clipped_clustering(x)[0]}[name]
 
@@ -387,7 +395,7 @@ def run(size: str, n: int, fs: list[int], repeats: int, flower: bool, seed: int,
             measure(name, f, fn, fl.get(name))
         for name, ok in FIELD_F_RULES.items():
             if ok(n, f) and (rules_filter is None or name in rules_filter):
-                measure(name, f, field_f_rule(name, x, f))
+                measure(name, f, field_f_rule(name, x, f, server))
         x[:f] -= 5.0
     return records
 

@@ -80,11 +80,12 @@ def test_each_variant_and_renamed_rule_aggregates_as_before(name):
 
 
 # ---- the registry: rules and presets ------------------------------------------------------------
-RULES = ["bulyan", "centered-clipping", "contribution", "earn", "fbd", "fedagain", "fedavg", "fedprox", "fltrust",
-         "geometric-median", "hta", "krum", "median", "multi-krum", "trimmed-mean"]
+RULES = ["bulyan", "caf", "centered-clipping", "clipped-clustering", "contribution", "dnc", "earn", "fbd", "fedagain",
+         "fedavg", "fedprox", "flame", "fltrust", "foolsgold", "geometric-median", "hta", "krum", "mda", "median", "monna",
+         "multi-krum", "signguard", "smea", "trimmed-mean"]
 
 
-def test_the_registry_holds_fifteen_rules_and_the_seven_variants_as_presets():
+def test_the_registry_holds_twenty_four_rules_and_the_seven_variants_as_presets():
     from hospitrust.strategies import PRESETS, STRATEGIES, strategy_class, strategy_names
 
     assert list(STRATEGIES) == RULES

@@ -67,7 +67,7 @@ from .flame import flame  # noqa: E402
 from .foolsgold import foolsgold  # noqa: E402
 from .records import RuleRecord  # noqa: E402
 from .signguard import signguard  # noqa: E402
-from .subset_rules import caf, mda, monna, smea  # noqa: E402
+from .subset_rules import caf, mda, monna, monna_around, smea  # noqa: E402
 
 __all__ += ["pre_aggregation", "RuleRecord", "flame", "foolsgold", "dnc", "signguard", "clipped_clustering", "mda", "smea",
-            "monna", "caf"]
+            "monna", "monna_around", "caf"]

@@ -136,7 +136,7 @@ def signguard(x: torch.Tensor, *, lower: float = 0.1, upper: float = 3.0, coordi
     -------
     tuple of torch.Tensor and RuleRecord
         The ``(d,)`` aggregate and the record (``detail``: ``norm_ok``, ``sign_cluster``,
-        ``labels``, ``features``, ``clip_bound``).
+        ``labels``, ``features``, ``clip_bound``, ``norm_ratio`` (norm / M), ``clip_factors``).
     """
     n, d = check_updates(x)
     if not (0.0 <= lower <= 1.0 <= upper):
@@ -156,5 +156,5 @@ def signguard(x: torch.Tensor, *, lower: float = 0.1, upper: float = 3.0, coordi
     factors = torch.where(norms > med, med / norms.clamp_min(1e-300), torch.ones_like(norms))
     w = torch.where(selected, factors / int(selected.sum()), torch.zeros_like(factors))
     rec = RuleRecord(selected, w, {"norm_ok": norm_ok, "sign_cluster": cluster, "labels": labels, "features": feats,
-                                   "clip_bound": med})
+                                   "clip_bound": med, "norm_ratio": ratio, "clip_factors": factors})
     return weighted_row_sum(x, w), rec

@@ -10,11 +10,11 @@ import math
 
 import torch
 
-from ._validation import check_f, check_updates
+from ._validation import check_f, check_updates, check_vector
 from .kernels import gram, row_distances, weighted_row_sum
 from .records import RuleRecord
 
-__all__ = ["MAX_SUBSETS", "mda", "smea", "monna", "caf"]
+__all__ = ["MAX_SUBSETS", "mda", "smea", "monna", "monna_around", "caf"]
 
 #: Most subsets MDA and SMEA enumerate (C(n, f)); beyond, they refuse rather than run for hours.
 MAX_SUBSETS = 200_000
@@ -165,6 +165,42 @@ def monna(x: torch.Tensor, f: int, trusted_index: int = 0) -> tuple[torch.Tensor
     dist[trusted_index] = 0.0
     w, rec = _record(n, chosen, {"distances": dist})
     return weighted_row_sum(x, w), rec
+
+
+def monna_around(x: torch.Tensor, trusted: torch.Tensor, f: int) -> tuple[torch.Tensor, RuleRecord]:
+    r"""MoNNA with the trusted vector apart from the stack (the server's own update): the mean of
+    ``trusted`` and the ``n - f`` rows of ``x`` nearest to it.
+
+    The same as :func:`monna` on ``x`` with ``trusted`` stacked on top as row 0 (``n + 1`` rows,
+    ``2f < n + 1``), without the copy of the stack that stacking costs. Ties in distance go to the
+    lower index.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Stacked updates ``(n, d)``.
+    trusted : torch.Tensor
+        ``(d,)`` the trusted update.
+    f : int
+        Assumed number of Byzantine updates among the ``n + 1``, ``2f < n + 1``.
+
+    Returns
+    -------
+    tuple of torch.Tensor and RuleRecord
+        The ``(d,)`` aggregate and the record of the rows of ``x`` (``weights`` sum to
+        ``(n - f) / (n + 1 - f)``; ``detail``: ``distances`` to ``trusted``, ``trusted_weight``
+        ``1 / (n + 1 - f)``).
+    """
+    n, d = check_updates(x)
+    f = _check_half(n + 1, f, "monna")
+    v = check_vector(trusted, d, "trusted", x).to(x.dtype)
+    dist = row_distances(x, v).cpu()
+    chosen = torch.sort(dist, stable=True).indices[: n - f].tolist()
+    share = 1.0 / (n + 1 - f)
+    w = torch.zeros(n, dtype=torch.float64)
+    w[chosen] = share
+    out = weighted_row_sum(x, w) + v * share
+    return out, RuleRecord(w > 0, w, {"distances": dist, "trusted_weight": share})
 
 
 def _top_eigen(h: torch.Tensor, c: torch.Tensor) -> tuple[float, torch.Tensor]:

@@ -206,9 +206,12 @@ class HospitrustStrategy(Strategy):
         self.fraction_train = fraction_train
         self.min_hospitals = min_hospitals
         self.limits = limits or ReplyLimits()
+        self.seed = seed
         self.rng = random.Random(seed)
         self.device = torch.device(device)
         self.global_state: dict[str, torch.Tensor] | None = None
+        # global_state flattened (aggregate_round's), with the state it was flattened from
+        self._global_vector: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
 
     # attributes that carry over from round to round (trust, reputation, history): saved in
     # the server checkpoint with the sampling RNG; subclasses list theirs, keyed by hospital name
@@ -242,6 +245,34 @@ class HospitrustStrategy(Strategy):
         k = min(len(candidates), max(math.ceil(self.fraction_train * len(candidates)), self.min_hospitals))
         chosen = self.rng.sample(candidates, k) if k < len(candidates) else candidates
         return [nid for _, nid in sorted(chosen)]
+
+    def round_generator(self, server_round: int) -> torch.Generator:
+        """A CPU generator for the rule's random draws in ``server_round`` (DnC's and SignGuard's
+        coordinates, FLAME's noise): seeded from the run seed and the round alone, so a run is
+        reproducible and a resumed run draws what the unbroken one drew, with nothing to checkpoint.
+
+        Parameters
+        ----------
+        server_round : int
+            The round the draws are for.
+
+        Returns
+        -------
+        torch.Generator
+            A fresh generator.
+        """
+        entropy = np.random.SeedSequence([int(self.seed) % (1 << 64), int(server_round)]).generate_state(2, np.uint64)
+        return torch.Generator().manual_seed(int(entropy[0]) & 0x7FFFFFFFFFFFFFFF)
+
+    def global_vector(self) -> torch.Tensor:
+        """The round's global model flattened as the updates are (the ``(d,)`` vector they are relative
+        to), on the rule's device: what FLAME needs to cluster the local models.
+        """
+        if self.global_state is None:
+            raise RuntimeError(f"{self.name}: no global model yet (configure_train sends it first)")
+        if self._global_vector is None or self._global_vector[0] is not self.global_state:
+            self._global_vector = (self.global_state, flatten_state(self.global_state)[0].to(self.device))
+        return self._global_vector[1]
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -277,6 +308,7 @@ class HospitrustStrategy(Strategy):
         if self.global_state is not None:
             global_vec, spec = flatten_state(self.global_state)
             global_vec = global_vec.to(self.device)
+            self._global_vector = (self.global_state, global_vec)
         # replies arrive in whatever order the hospitals finish; floating-point sums depend on
         # the order of their terms, so the same seed gives the same model only in a fixed order
         for reply in self._in_hospital_order(replies):
