@@ -93,7 +93,7 @@ def _run(cmd: Command, work: Path, env: dict[str, str], kept: list) -> None:
             assert proc.popen.poll() is None, f"{cmd.where}: `{text}` exited with {proc.popen.returncode}:\n{log.read_text()[-4000:]}"
             assert time.monotonic() < deadline, f"{cmd.where}: `{text}` not ready ({cmd.server}) in {READY_LIMIT:.0f} s:\n{log.read_text()[-4000:]}"
             time.sleep(0.5)
-        RECORDS.append((cmd.where, "ran", time.monotonic() - started, text + "   [server: ready, stopped]", ""))
+        RECORDS.append((cmd.where, "ran", time.monotonic() - started, text + f"   [server: ready, {'kept to the page end' if cmd.keep else 'stopped'}]", ""))
         if cmd.keep:
             kept.append(proc)
         else:
