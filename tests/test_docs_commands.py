@@ -28,7 +28,7 @@ from conftest import DATA_DIR, REPO
 from docs_commands import SHELL_LANGS, Command, commands, fences, scope, unmarked_problems
 from hospitrust.ops import flwr
 
-COMMAND_LIMIT = 240.0  # s per command: the exemption's 60 s on an idle machine, with room for a loaded one
+COMMAND_LIMIT = 300.0  # s per command: the exemption's 60 s on an idle machine, with room for a loaded one (load 15: 170 s)
 READY_LIMIT = 120.0
 RECORDS: list[tuple[str, str, float, str, str]] = []  # (where, "ran" / "exempt", seconds, the command, the exemption)
 _IGNORE = shutil.ignore_patterns(".git", ".venv", "runs", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache",
