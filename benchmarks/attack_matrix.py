@@ -38,16 +38,27 @@ TRUST_ATTACKS = ["none", "label-flip", "backdoor", "sign-flip", "scaling", "alie
 
 def _cell_config(base: dict, attack: str, strategy: str, fraction: float, out: Path,
                  overrides: dict | None = None) -> dict:
-    """pyproject defaults < the matrix's attack defaults < -c overrides < the cell's own keys."""
-    cfg = {**base, **ATTACK_DEFAULTS, **(overrides or {}), "strategy": strategy, "attack": attack,
-           "output-dir": str(out), "run-name": f"{attack}__{strategy}", **VARIANTS.get(attack, {})}
+    """pyproject defaults < the matrix's attack defaults < -c overrides < the cell's own keys; then,
+    as a `hospitrust bench` grid does, only the keys of the components this cell selects (label-flip's
+    options go to the label-flip cells; an -c key of a rule the cell does not run is left out).
+    """
+    from hospitrust.config import legacy
+    from hospitrust.config.run import preset_key_problems, restrict_to_active
+
+    own = {"strategy": strategy, "attack": attack, "output-dir": str(out), "run-name": f"{attack}__{strategy}",
+           **VARIANTS.get(attack, {})}
     if attack == "none":
-        cfg["malicious-fraction"], cfg["malicious-hospitals"] = 0.0, ""
-    elif not str(cfg.get("malicious-hospitals", "")).strip():  # named attackers (-c) win over the fraction
-        cfg["malicious-fraction"] = fraction
+        own["malicious-fraction"], own["malicious-hospitals"] = 0.0, ""
+    elif not str((overrides or {}).get("malicious-hospitals", "")).strip():  # named attackers (-c) win over the fraction
+        own["malicious-fraction"] = fraction
     # rules sized for f: the true number of attackers (a generous assumption for the defence)
-    cfg["assumed-malicious"] = max(1, round(fraction * 10))
-    return cfg
+    own["assumed-malicious"] = max(1, round(fraction * 10))
+    cfg, _notes = legacy.translate({**base, **ATTACK_DEFAULTS, **(overrides or {}), **own})
+    explicit = legacy.translate_keys({*(overrides or {}), *own}, cfg)
+    problems = preset_key_problems(cfg, explicit)
+    if problems:
+        raise ValueError(f"cell {own['run-name']}: " + "; ".join(problems))
+    return restrict_to_active(cfg)
 
 
 def _run_cell(args: tuple[dict, int]) -> tuple[str, float, str]:
@@ -111,8 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     cells = []
     for attack in attacks:
         for strategy in strategies:
-            cfg = _cell_config(base, attack, strategy, args.malicious_fraction, out, overrides)
-            parse_run_config(cfg)  # a bad cell fails here, before any run
+            try:  # a bad cell fails here, before any run
+                cfg = _cell_config(base, attack, strategy, args.malicious_fraction, out, overrides)
+                parse_run_config(cfg)
+            except ValueError as exc:  # ConfigError is one
+                parser.error(f"{exc}")
             if not (out / cfg["run-name"] / "summary.json").is_file():
                 cells.append((cfg, args.hospitals))
     total = len(attacks) * len(strategies)

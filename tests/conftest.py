@@ -11,6 +11,7 @@ data test fails with one line saying what is missing and how to provide it (neve
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,13 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_collection_modifyitems(config, items):
+    # the docs commands (marker docs, tests/test_docs_commands.py) run only when -m names them: .ci/run runs
+    # them after the suite with `python -m pytest -q -m docs`
+    if "docs" not in (config.getoption("markexpr") or ""):
+        kept = [item for item in items if item.get_closest_marker("docs") is None]
+        if len(kept) < len(items):
+            config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("docs") is not None])
+            items[:] = kept
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         if "_medmnist_problem" in fixtures:  # data_dir, or a fixture built on it
@@ -50,6 +58,23 @@ def pytest_collection_modifyitems(config, items):
         if "browser" in fixtures:  # headless Chromium (tests/browser.py)
             item.add_marker(pytest.mark.browser)
 
+
+def pytest_terminal_summary(terminalreporter):
+    docs = sys.modules.get("test_docs_commands")
+    if docs is None or not docs.RECORDS:
+        return
+    ran = [r for r in docs.RECORDS if r[1] == "ran"]
+    exempt = [r for r in docs.RECORDS if r[1] == "exempt"]
+    write = terminalreporter.write_line
+    terminalreporter.section("docs commands")
+    for where, _, seconds, text, _ in ran:
+        write(f"ran     {seconds:6.1f} s  {where}  {' '.join(text.split())[:160]}")
+    for where, _, _, text, reason in exempt:
+        write(f"exempt  {where}  ({reason})  {' '.join(text.split())[:120]}")
+    over = [r for r in ran if r[2] > 60]
+    reasons = dict.fromkeys(r[4] for r in exempt)
+    write(f"docs commands: {len(ran)} ran in {sum(r[2] for r in ran):.0f} s ({len(over)} of them over 60 s here), {len(exempt)} exempt"
+          + (": " + ", ".join(f"{sum(1 for r in exempt if r[4] == why)} {why}" for why in reasons) if reasons else ""))
 
 @pytest.fixture(scope="session")
 def _medmnist_problem() -> str | None:

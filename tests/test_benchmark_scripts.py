@@ -256,3 +256,28 @@ def test_contribution_benchmark_scores_are_efficient_against_exact_and_monte_car
         assert set(row["test_bal_acc"]) == {"fedavg", "shapley", "ee-published"}
         # Everybody-Else never reads the selfish hospital's own reports for its own score
         assert row["selfish_gain"]["ee"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_attack_matrix_cells_carry_only_their_components_options(tmp_path):
+    """Every cell of the full matrix parses (the README's command stopped before its first cell when
+    label-flip's options went to every cell), and a cell keeps only its own components' keys.
+    """
+    from hospitrust.config import parse_run_config
+    from hospitrust.ops.simulate import app_config_defaults, parse_overrides
+
+    matrix = _script("attack_matrix")
+    base = app_config_defaults()
+    overrides = parse_overrides(["num-server-rounds=1 earn.row-cap=0.3 hta.exclusion-fraction=0.4"], base)
+    strategies = [*matrix.STRATEGIES, "fedagain", "hta", "earn"]
+    for attack in [*matrix.ATTACKS, *matrix.VARIANTS]:
+        for strategy in strategies:
+            cfg = matrix._cell_config(base, attack, strategy, 0.3, tmp_path, overrides)
+            parse_run_config(cfg)
+            sections = {k.split(".")[0] for k in cfg if "." in k}
+            assert ("label-flip" in sections) == (matrix.VARIANTS.get(attack, {}).get("attack", attack) == "label-flip"), (attack, strategy)
+            assert ("earn" in sections) == (strategy == "earn"), (attack, strategy)
+    flip = matrix._cell_config(base, "label-flip", "earn", 0.3, tmp_path, overrides)
+    assert (flip["label-flip.mode"], flip["label-flip.source"], flip["label-flip.target"]) == ("source-to-target", 1, 0)
+    assert flip["earn.row-cap"] == 0.3 and flip["num-server-rounds"] == 1 and flip["malicious-fraction"] == 0.3
+    none = matrix._cell_config(base, "none", "hta", 0.3, tmp_path, overrides)
+    assert none["malicious-fraction"] == 0.0 and none["hta.exclusion-fraction"] == 0.4
