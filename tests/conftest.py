@@ -8,11 +8,11 @@ data test fails with one line saying what is missing and how to provide it (neve
 ``python -m pytest -m "not data"`` runs the rest.
 
 The whole suite (no test path named on the command line) runs on ``SUITE_WORKERS`` pytest-xdist
-workers: the real-process tests that share the deployed federation (the modules in
-``FEDERATION_MODULES``) are one unit of work, started first on one worker, since they share one
-set of processes and mostly wait on Flower's polling; the other worker runs the CPU-bound rest
-and both share what is left. A file or test named on the command line runs in one process, as do
-``-n 0`` and ``-p no:xdist``; ``-n N`` distributes any selection, grouped the same way.
+workers, one test module per unit of work: the real-process tests that share the deployed
+federation (the modules in ``FEDERATION_MODULES``) are one unit, started first on one worker,
+since they share one set of processes and mostly wait on Flower's polling; the other worker runs
+the CPU-bound rest, and both share what is left. A file or test named on the command line runs in
+one process, as do ``-n 0`` and ``-p no:xdist``; ``-n N`` distributes any selection module by module.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ os.environ["HOSPITRUST_DATA_DIR"] = str(DATA_DIR)  # what the product (and every
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
-    """The whole suite on ``SUITE_WORKERS`` workers, grouped (``--dist loadgroup``) unless told otherwise."""
+    """The whole suite on ``SUITE_WORKERS`` workers, module by module (``--dist loadfile``) unless told otherwise."""
     if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
         return
     whole_suite = config.args_source == pytest.Config.ArgsSource.TESTPATHS
@@ -54,26 +54,30 @@ def pytest_cmdline_main(config):
         config.option.numprocesses = SUITE_WORKERS
         config.option.tx = ["popen"] * SUITE_WORKERS  # what xdist derives from -n, whichever hook runs first
     if config.option.numprocesses and config.option.dist == "no":
-        config.option.dist = "loadgroup"
+        config.option.dist = "loadfile"
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own (the first answer is taken)
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadgroup`` with the federation's modules as one group.
-
-    xdist's own ``xdist_group`` mark renames the test ids with a private attribute that this pytest no
-    longer has, so the group is named here, from the test ids the controller sees."""
-    if config.getvalue("dist") != "loadgroup":
+    """``--dist loadfile`` (a test module is one unit of work, so its module-scoped fixtures, such as a
+    real run its tests share, are built once), with the federation's modules together as one unit, sent
+    out first as it is the longest.
+    """
+    if config.getvalue("dist") != "loadfile":
         return None
-    from xdist.scheduler import LoadGroupScheduling
+    from xdist.scheduler import LoadFileScheduling
 
-    class FederationGroup(LoadGroupScheduling):
+    class FilesAndFederation(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.split("::", 1)[0] in FEDERATION_MODULES:
-                return "federation"
-            return super()._split_scope(nodeid)
+            module = super()._split_scope(nodeid)
+            return "federation" if module in FEDERATION_MODULES else module
 
-    return FederationGroup(config, log)  # scopes go out largest first: the federation's unit starts at once
+        def _assign_work_unit(self, node) -> None:
+            if "federation" in self.workqueue:  # then the units with the most tests, as xdist orders them
+                self.workqueue.move_to_end("federation", last=False)
+            super()._assign_work_unit(node)
+
+    return FilesAndFederation(config, log)
 
 
 def pytest_sessionstart(session):
