@@ -6,6 +6,13 @@ PneumoniaMNIST and RetinaMNIST from ``$HOSPITRUST_DATA_DIR``; when it is unset, 
 downloads them on the first run. Where the files can be had neither way, each
 data test fails with one line saying what is missing and how to provide it (never a skip);
 ``python -m pytest -m "not data"`` runs the rest.
+
+The whole suite (no test path named on the command line) runs on ``SUITE_WORKERS`` pytest-xdist
+workers, one test module per unit of work: the real-process tests that share the deployed
+federation (the modules in ``FEDERATION_MODULES``) are one unit, started first on one worker,
+since they share one set of processes and mostly wait on Flower's polling; the other worker runs
+the CPU-bound rest, and both share what is left. A file or test named on the command line runs in
+one process, as do ``-n 0`` and ``-p no:xdist``; ``-n N`` distributes any selection module by module.
 """
 
 from __future__ import annotations
@@ -20,6 +27,10 @@ from hospitrust.ops import flwr
 
 REPO = Path(__file__).resolve().parent.parent
 DATA_FILES = ("pneumoniamnist", "retinamnist")  # the MedMNIST flags the tests use, at 28 x 28
+SUITE_WORKERS = 2  # the README's test command: one worker for the federation's tests, one for the rest
+# the modules whose tests take the `federation` fixture (checked at collection): one unit of work under xdist
+FEDERATION_MODULES = frozenset(f"tests/test_{name}.py" for name in
+                               ("control_plane", "deploy", "hospital_control", "run_supervisor", "unattended"))
 
 
 def _data_folder() -> Path:
@@ -31,6 +42,43 @@ def _data_folder() -> Path:
 
 DATA_DIR = _data_folder()
 os.environ["HOSPITRUST_DATA_DIR"] = str(DATA_DIR)  # what the product (and every process a test starts) reads
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """The whole suite on ``SUITE_WORKERS`` workers, module by module (``--dist loadfile``) unless told otherwise."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    whole_suite = config.args_source == pytest.Config.ArgsSource.TESTPATHS
+    if (config.option.numprocesses is None and whole_suite and not config.option.collectonly
+            and not config.option.usepdb):
+        config.option.numprocesses = SUITE_WORKERS
+        config.option.tx = ["popen"] * SUITE_WORKERS  # what xdist derives from -n, whichever hook runs first
+    if config.option.numprocesses and config.option.dist == "no":
+        config.option.dist = "loadfile"
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own (the first answer is taken)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (a test module is one unit of work, so its module-scoped fixtures, such as a
+    real run its tests share, are built once), with the federation's modules together as one unit, sent
+    out first as it is the longest.
+    """
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FilesAndFederation(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return "federation" if module in FEDERATION_MODULES else module
+
+        def _assign_work_unit(self, node) -> None:
+            if "federation" in self.workqueue:  # then the units with the most tests, as xdist orders them
+                self.workqueue.move_to_end("federation", last=False)
+            super()._assign_work_unit(node)
+
+    return FilesAndFederation(config, log)
 
 
 def pytest_sessionstart(session):
@@ -122,6 +170,12 @@ def small_run_config(tmp_path: Path, **overrides) -> dict:
     )
     cfg.update(overrides)
     return cfg
+
+
+def pytest_runtest_setup(item):
+    if "federation" in getattr(item, "fixturenames", ()) and item.nodeid.split("::", 1)[0] not in FEDERATION_MODULES:
+        pytest.fail(f"{item.nodeid} takes the federation fixture: add its module to FEDERATION_MODULES in "
+                    f"tests/conftest.py, so that xdist runs it on the federation's worker", pytrace=False)
 
 
 @pytest.fixture(scope="session")

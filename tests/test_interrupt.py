@@ -1,4 +1,5 @@
-"""An interrupted test run (SIGTERM, or Ctrl-C) leaves no Flower process behind."""
+"""An interrupted test run (SIGTERM, or Ctrl-C) leaves no Flower process behind: in one process, and on
+pytest-xdist workers, as the whole suite runs (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ from conftest import REPO
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
 @pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
-def test_an_interrupted_pytest_stops_every_flower_process(tmp_path, how):
+def test_an_interrupted_pytest_stops_every_flower_process(tmp_path, how, workers):
     probe = tmp_path / "pids.json"
     env = dict(os.environ, HOSPITRUST_PROBE_FILE=str(probe))
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/interrupt_probe.py"],
+    # on xdist the probe runs in a worker: a SIGTERM reaches the controller only, which passes it on
+    child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, "tests/interrupt_probe.py"],
                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)  # its own process group, as a terminal would give it
     try:
