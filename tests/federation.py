@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from conftest import DATA_DIR, REPO
 from hospitrust.ops import deploy, flwr
 from hospitrust.cli.export import export
@@ -33,6 +35,8 @@ EXPORT = dict(formats=["png", "csv", "dicom"], hospitals=3, test_fraction=0.3,
               overrides={"partitioner": "iid", "seed": 42, "train-subsample": 0.1})
 # the run the real federation is compared with (hospital-1 sends NaN: a red team's node, malicious = true)
 HTA_RUN = 'strategy="hta" attack="nan-update"'
+# its rounds (and those of the runs stopped or crashed and resumed to its model): one before the break, one after
+HTA_ROUNDS = 2
 
 
 def flwr_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -169,11 +173,49 @@ class Federation:
         assert res.returncode == 0, res.stdout + res.stderr
         return int(json.loads(res.stdout)["run-id"])
 
+    def serverapp_running(self) -> bool:
+        """Whether a ServerApp process runs under the SuperLink (its SuperExec starts one per run)."""
+        try:
+            procs = psutil.Process(self.procs["superlink"].pid).children(recursive=True)
+        except psutil.Error:
+            return False
+        running = False
+        for p in procs:
+            try:
+                running |= p.status() != psutil.STATUS_ZOMBIE and any(a.endswith("flwr-serverapp") for a in p.cmdline()[:2])
+            except psutil.Error:
+                continue
+        return running
+
     def wait(self, run_id: int, timeout: float = RUN_TIMEOUT) -> tuple[str, str]:
-        status, details = deploy.wait_for_run(run_id, "tls", timeout, env=flwr_env(self.cli_home), poll=3)
-        if status == "timeout":
-            self.flwr("stop", str(run_id), "tls")
-        return status, details
+        """Until the run has finished: its status as `flwr ls` gives it (what the tests assert). `flwr ls` (a CPU
+        second on a loaded machine) is asked while no ServerApp runs (the run not started yet, or just ended), at
+        most every 2 s, and every 30 s while one does; watching for the ServerApp's exit costs next to nothing."""
+        env, deadline = flwr_env(self.cli_home), time.monotonic() + timeout
+        status, details, asked_at = "unknown", "", -1e9
+        while time.monotonic() < deadline:
+            gap = 30.0 if self.serverapp_running() else 2.0
+            if time.monotonic() - asked_at >= gap:
+                asked_at = time.monotonic()
+                status, details = deploy.run_status(run_id, "tls", env=env)
+                if status.startswith("finished"):
+                    return status, details
+            time.sleep(0.2)
+        self.flwr("stop", str(run_id), "tls")
+        return "timeout", f"still {status} after {timeout:.0f} s"
+
+    def wait_for(self, done, run_id: int, what: str, timeout: float = RUN_TIMEOUT) -> None:
+        """Until ``done()`` (checked every 0.2 s); fails if the run finishes first (its status asked only while no
+        ServerApp runs, at most every 2 s) or after ``timeout`` seconds."""
+        env, deadline, asked_at = flwr_env(self.cli_home), time.monotonic() + timeout, -1e9
+        while not done():
+            assert time.monotonic() < deadline, f"{what} not reached in {timeout:.0f} s\n" + self.run_log(run_id)
+            if time.monotonic() - asked_at >= 2 and not self.serverapp_running():
+                asked_at = time.monotonic()
+                status, details = deploy.run_status(run_id, "tls", env=env)
+                if status.startswith("finished") and not done():
+                    raise AssertionError(f"the run ended before {what}: {status}: {details}\n{self.run_log(run_id)}")
+            time.sleep(0.2)
 
     def run_log(self, run_id: int) -> str:
         return self.flwr("log", str(run_id), "tls", "--show").stdout[-6000:]

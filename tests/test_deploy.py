@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from federation import HOSPITALS, HTA_RUN, RUN_TIMEOUT, flwr_env, free_port, run_config, supernode_cli, task_keys
+from federation import HOSPITALS, HTA_ROUNDS, HTA_RUN, RUN_TIMEOUT, flwr_env, free_port, run_config, supernode_cli, task_keys
 from hospitrust.ops import deploy
 
 pytestmark = [pytest.mark.slow, pytest.mark.data]
@@ -26,14 +26,14 @@ def test_own_task_in_three_formats_matches_the_inprocess_run_and_a_nan_hospital_
 
     fed = federation
     extra = f"{HTA_RUN} {task_keys(fed)}"
-    run_id = fed.submit(run_config(fed, "nan", extra))
+    run_id = fed.submit(run_config(fed, "nan", extra, rounds=HTA_ROUNDS))
     status, details = fed.wait(run_id)
     assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}\n{fed.tail('st-mary')}"
     run_dir = fed.work / "runs" / "nan"
     for name in ("summary.json", "rounds.jsonl", "config.json", "model.pt", "class_counts.csv"):
         assert (run_dir / name).is_file(), name
     rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert [r["round"] for r in rounds] == list(range(1, HTA_ROUNDS + 1))
     for r in rounds:
         by = {c["hospital"]: c for c in r["clients"]}
         assert set(by) == {"st-mary", "hospital-1", "hospital-2"}, by.keys()
@@ -41,7 +41,7 @@ def test_own_task_in_three_formats_matches_the_inprocess_run_and_a_nan_hospital_
         assert not by["st-mary"]["rejected"] and not by["hospital-2"]["rejected"]
         assert r["missing"] == [] and r["evaluation"] == "central"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["hospitals"] == 3 and summary["rounds"] == 3 and summary["task"] == "pneumoniamnist-export"
+    assert summary["hospitals"] == 3 and summary["rounds"] == HTA_ROUNDS and summary["task"] == "pneumoniamnist-export"
     config = json.loads((run_dir / "config.json").read_text())
     assert {h: d["format"] for h, d in config["hospital-data"].items()} == {
         "st-mary": "folder (png)", "hospital-1": "csv (png)", "hospital-2": "folder (dicom)"}
@@ -52,7 +52,7 @@ def test_own_task_in_three_formats_matches_the_inprocess_run_and_a_nan_hospital_
     assert "OK: ready to join the federation" in fed.logs["st-mary"].read_text()
 
     # the same run in process, each hospital's same images from a .npz archive
-    values = parse_overrides([run_config(fed, "nan-inprocess", extra)])
+    values = parse_overrides([run_config(fed, "nan-inprocess", extra, rounds=HTA_ROUNDS)])
     run_inprocess({**values, "output-dir": str(fed.work / "runs-inprocess")}, 3, node_configs=[
         {"data-path": str(fed.arrays["hospital-0"]), "hospital": "st-mary", "cache-dir": str(fed.work / "cache" / "ip")},
         {"data-path": str(fed.arrays["hospital-1"]), "hospital": "hospital-1", "malicious": True,
@@ -95,9 +95,9 @@ def test_a_stopped_run_resumes_and_ends_with_the_unbroken_runs_model(federation)
     extra = f"{HTA_RUN} {task_keys(fed)}"  # the first test's run: its model is the unbroken one
     reference = fed.work / "runs" / "nan" / "model.pt"
     if not reference.is_file():  # that test was deselected: run it unbroken here
-        assert fed.wait(fed.submit(run_config(fed, "nan", extra)))[0] == deploy.COMPLETED
+        assert fed.wait(fed.submit(run_config(fed, "nan", extra, rounds=HTA_ROUNDS)))[0] == deploy.COMPLETED
     run_dir = fed.work / "runs" / "resume"
-    run_id = fed.submit(run_config(fed, "resume", extra))
+    run_id = fed.submit(run_config(fed, "resume", extra, rounds=HTA_ROUNDS))
     deadline = time.monotonic() + RUN_TIMEOUT
     while not (run_dir / "checkpoint.pt").is_file():  # round 1 done
         assert time.monotonic() < deadline, fed.run_log(run_id)
@@ -110,14 +110,14 @@ def test_a_stopped_run_resumes_and_ends_with_the_unbroken_runs_model(federation)
     assert stopped_after == 1
 
     # operator: the same run config plus resume-from; it waits for the stopped ServerApp to let go
-    resumed = fed.submit(run_config(fed, "resume", f'{extra} resume-from="{run_dir}"'))
+    resumed = fed.submit(run_config(fed, "resume", f'{extra} resume-from="{run_dir}"', rounds=HTA_ROUNDS))
     status, details = fed.wait(resumed)
     assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(resumed)}"
     assert _model_hash(run_dir / "model.pt") == _model_hash(reference), (
         "--- the unbroken run's rounds.jsonl ---\n" + (reference.parent / "rounds.jsonl").read_text()[-4000:] + "\n"
         + fed.diagnostics(run_dir))
     rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert [r["round"] for r in rounds] == list(range(1, HTA_ROUNDS + 1))
     assert json.loads((run_dir / "summary.json").read_text())["resumed_at"] == [1]
 
 
@@ -217,12 +217,7 @@ def test_a_supernode_killed_mid_run_is_recorded_and_the_run_completes_with_feder
     # no test set and no cohort: FedAvg, evaluated on the hospitals' held-out images
     run_id = fed.submit(run_config(fed, "killed", f"min-hospitals=2 {task_keys(fed, cohort=False, test=False)}", rounds=2))
     config = fed.work / "runs" / "killed" / "config.json"  # written right after the query round
-    deadline = time.monotonic() + RUN_TIMEOUT
-    while not config.is_file():
-        assert time.monotonic() < deadline, "the run never got past its query round\n" + fed.run_log(run_id)
-        status, details = deploy.run_status(run_id, "tls", env=flwr_env(fed.cli_home))
-        assert not status.startswith("finished"), f"{status}: {details}\n{fed.run_log(run_id)}"
-        time.sleep(1)
+    fed.wait_for(config.is_file, run_id, "the end of the query round")
     fed.kill("hospital-2")
     status, details = fed.wait(run_id)
     assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}"

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import torch
 
-from federation import HTA_RUN, RUN_TIMEOUT, run_config, task_keys
+from federation import HTA_ROUNDS, HTA_RUN, RUN_TIMEOUT, run_config, task_keys
 from hospitrust.ops import deploy
 
 pytestmark = [pytest.mark.slow, pytest.mark.data]
@@ -34,12 +34,12 @@ def test_a_run_resumes_by_itself_after_the_superlink_is_killed(federation):
     extra = f"{HTA_RUN} {task_keys(fed)}"  # test_deploy's first run: its model is the unbroken one
     reference = fed.work / "runs" / "nan" / "model.pt"
     if not reference.is_file():  # that test was deselected: run it unbroken here
-        assert fed.wait(fed.submit(run_config(fed, "nan", extra)))[0] == deploy.COMPLETED
+        assert fed.wait(fed.submit(run_config(fed, "nan", extra, rounds=HTA_ROUNDS)))[0] == deploy.COMPLETED
     run_dir = fed.work / "runs" / "crash"
     record = fed.work / "crash.attempts.jsonl"
     fed.wait_idle()
     fed.start("run-supervisor", [sys.executable, "-m", "hospitrust.cli.main", "deploy", "run", str(fed.app), "--connection",
-                                 "tls", "--run-config", run_config(fed, "crash", extra), "--record", str(record), "--poll", "2",
+                                 "tls", "--run-config", run_config(fed, "crash", extra, rounds=HTA_ROUNDS), "--record", str(record), "--poll", "2",
                                  "--attempts", "3"], fed.cli_home)
     supervisor = fed.procs["run-supervisor"]
     deadline = time.monotonic() + RUN_TIMEOUT
@@ -69,5 +69,5 @@ def test_a_run_resumes_by_itself_after_the_superlink_is_killed(federation):
     assert [a["status"] for a in attempts] == ["finished:failed", deploy.COMPLETED], attempts
     assert attempts[0]["resume_from"] == "" and attempts[1]["resume_from"] == str(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["rounds"] == 3 and summary["resumed_at"], summary
+    assert summary["rounds"] == HTA_ROUNDS and summary["resumed_at"], summary
     assert _model_hash(run_dir / "model.pt") == _model_hash(reference), fed.diagnostics(run_dir)

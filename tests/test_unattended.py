@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from federation import HOSPITALS, RUN_TIMEOUT, flwr_env, run_config, task_keys
+from federation import HOSPITALS, flwr_env, run_config, task_keys
 from hospitrust.ops import deploy
 
 pytestmark = [pytest.mark.slow, pytest.mark.data]
@@ -46,12 +46,7 @@ def _left_behind(key: str, port: str) -> list[str]:
 
 def _wait_round_one(fed, run_id: int, run_dir: Path) -> None:
     """Until the query round is over (config.json written): round 1's messages are out."""
-    deadline = time.monotonic() + RUN_TIMEOUT
-    while not (run_dir / "config.json").is_file():
-        assert time.monotonic() < deadline, "the run never got past its query round\n" + fed.run_log(run_id)
-        status, details = deploy.run_status(run_id, "tls", env=flwr_env(fed.cli_home))
-        assert not status.startswith("finished"), f"{status}: {details}\n{fed.run_log(run_id)}"
-        time.sleep(0.5)
+    fed.wait_for((run_dir / "config.json").is_file, run_id, "the end of the query round")
 
 
 def _rounds(run_dir: Path) -> list[dict]:
