@@ -13,12 +13,16 @@ federation (the modules in ``FEDERATION_MODULES``) are one unit, started first o
 since they share one set of processes and mostly wait on Flower's polling; the other worker runs
 the CPU-bound rest, and both share what is left. A file or test named on the command line runs in
 one process, as do ``-n 0`` and ``-p no:xdist``; ``-n N`` distributes any selection module by module.
+
+The manual's commands (``-m docs``, tests/test_docs_commands.py) run on ``HOSPITRUST_DOCS_WORKERS`` workers
+(default 2), page by page (``--dist loadscope`` with the pages whose servers take the same fixed port as one unit):
+each page runs in its own temporary copy with its own free ports, and a page spends much of its time
+waiting on process starts and Flower's polling, so two pages share two cores well.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,6 +35,9 @@ DATA_FILES = ("pneumoniamnist", "retinamnist")  # the MedMNIST flags the tests u
 # (CPU-bound: 1285 s for 1177 tests, 2026-12-02) and the federation's timing-sensitive tests then share
 # the cores with CPU-heavy simulations; 2 gives the federation's tests one worker, the rest the other.
 SUITE_WORKERS = int(os.environ.get("HOSPITRUST_TEST_WORKERS", "1"))
+# Workers for the manual's commands (-m docs): two pages at once (docs/experiments/2026-12-02-suite-time.md)
+DOCS_WORKERS = int(os.environ.get("HOSPITRUST_DOCS_WORKERS", "2"))
+DOCS_RECORDS: list[list] = []  # what the docs pages ran and left out, gathered from the reports (also a worker's)
 # the modules whose tests take the `federation` fixture (checked at collection): one unit of work under xdist
 FEDERATION_MODULES = frozenset(f"tests/test_{name}.py" for name in
                                ("control_plane", "deploy", "hospital_control", "run_supervisor", "unattended"))
@@ -50,15 +57,29 @@ os.environ["HOSPITRUST_DATA_DIR"] = str(DATA_DIR)  # what the product (and every
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
     """The whole suite on ``SUITE_WORKERS`` workers, module by module (``--dist loadfile``) unless told otherwise."""
-    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+    if not config.pluginmanager.hasplugin("xdist"):
         return
+    if hasattr(config, "workerinput"):
+        return
+    docs = _selects_docs(config.option.markexpr)
     whole_suite = config.args_source == pytest.Config.ArgsSource.TESTPATHS
-    if (config.option.numprocesses is None and whole_suite and SUITE_WORKERS > 1 and not config.option.collectonly
-            and not config.option.usepdb):
+    plain = config.option.numprocesses is None and not config.option.collectonly and not config.option.usepdb
+    if plain and docs and DOCS_WORKERS > 1:
+        config.option.numprocesses = DOCS_WORKERS
+        config.option.tx = ["popen"] * DOCS_WORKERS
+    elif plain and whole_suite and SUITE_WORKERS > 1:
         config.option.numprocesses = SUITE_WORKERS
         config.option.tx = ["popen"] * SUITE_WORKERS  # what xdist derives from -n, whichever hook runs first
     if config.option.numprocesses and config.option.dist == "no":
-        config.option.dist = "loadfile"
+        # docs: page by page, the pages whose servers take the same fixed port on one worker (pytest_xdist_make_scheduler)
+        config.option.dist = "loadscope" if docs else "loadfile"
+
+
+def _selects_docs(markexpr: str | None) -> bool:
+    """Whether ``-m`` selects the docs tests (``docs``, ``docs and ...``), not ``not docs``."""
+    import re
+
+    return bool(markexpr) and re.search(r"(?<!not )\bdocs\b", markexpr) is not None
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own (the first answer is taken)
@@ -67,6 +88,8 @@ def pytest_xdist_make_scheduler(config, log):
     real run its tests share, are built once), with the federation's modules together as one unit, sent
     out first as it is the longest.
     """
+    if config.getvalue("dist") == "loadscope" and _selects_docs(config.option.markexpr):
+        return _docs_scheduler(config, log)
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -82,6 +105,24 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return FilesAndFederation(config, log)
+
+
+def _docs_scheduler(config, log):
+    """The docs pages one by one, except the pages whose servers take the same fixed port (README.md's and
+    docs/console.md's `hospitrust console` on 8080): one unit of work, so they never run at once. (xdist's
+    ``loadgroup`` would do it with marks, but with pytest 9 it no longer renames the node ids it groups by.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    from docs_commands import port_groups
+
+    groups = port_groups()
+
+    class DocsPages(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            page = nodeid.rpartition("[")[2].rstrip("]")
+            return f"pages sharing a port with {groups[page]}" if page in groups else nodeid
+
+    return DocsPages(config, log)
 
 
 def pytest_sessionstart(session):
@@ -110,12 +151,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.browser)
 
 
+def pytest_runtest_logreport(report):
+    # a docs page's records travel in its report, so that the controller of an xdist run has them too
+    if report.when == "call":
+        DOCS_RECORDS.extend(value for name, values in report.user_properties if name == "docs-records" for value in values)
+
+
 def pytest_terminal_summary(terminalreporter):
-    docs = sys.modules.get("test_docs_commands")
-    if docs is None or not docs.RECORDS:
+    if not DOCS_RECORDS:
         return
-    ran = [r for r in docs.RECORDS if r[1] == "ran"]
-    exempt = [r for r in docs.RECORDS if r[1] == "exempt"]
+    ran = [r for r in DOCS_RECORDS if r[1] == "ran"]
+    exempt = [r for r in DOCS_RECORDS if r[1] == "exempt"]
     write = terminalreporter.write_line
     terminalreporter.section("docs commands")
     for where, _, seconds, text, _ in ran:

@@ -210,6 +210,25 @@ def commands(path: Path) -> list[Command]:
     return out
 
 
+def fixed_ports(path: Path) -> set[str]:
+    """The fixed ports the page's servers are checked on (``url:http://127.0.0.1:8080/``, ``port:9096``; not ``$PORTn``)."""
+    return {m.group(1) for cmd in commands(path) if not cmd.exempt for check in cmd.server if not check.startswith("log:")
+            for m in re.finditer(r":(\d{2,5})\b", check)}
+
+
+def port_groups() -> dict[str, str]:
+    """Page -> the first page (in scope order) it shares a fixed port with, through any chain of pages; only
+    pages that share one. Two such pages must not run at once (tests/conftest.py runs them on one worker)."""
+    ports = {str(p.relative_to(REPO)): fixed_ports(p) for p in scope()}
+    group = {page: page for page in ports}
+    for a in ports:
+        for b in ports:
+            if a < b and ports[a] & ports[b]:
+                old, new = group[b], group[a]
+                group = {k: (new if v == old else v) for k, v in group.items()}
+    return {page: g for page, g in group.items() if sum(1 for v in group.values() if v == g) > 1}
+
+
 def unmarked_problems(path: Path) -> list[str]:
     """Commands the test would miss: command lines in a fence not marked as shell (```text says output),
     and indented code blocks holding commands (write them as ```bash fences)."""

@@ -25,12 +25,13 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA_DIR, REPO
-from docs_commands import SHELL_LANGS, Command, commands, fences, scope, unmarked_problems
+from docs_commands import RUN_CONFIG_FLAGS, SHELL_LANGS, Command, commands, fences, scope, unmarked_problems
 from hospitrust.ops import flwr
 
 COMMAND_LIMIT = 300.0  # s per command: the exemption's 60 s on an idle machine, with room for a loaded one (load 15: 170 s)
 READY_LIMIT = 120.0
-RECORDS: list[tuple[str, str, float, str, str]] = []  # (where, "ran" / "exempt", seconds, the command, the exemption)
+# (where, "ran" / "exempt", seconds, the command, the exemption): the page's, handed to conftest.py in its report
+Records = list[tuple[str, str, float, str, str]]
 _IGNORE = shutil.ignore_patterns(".git", ".venv", "runs", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache",
                                  "*.egg-info", "shared", "node_modules")
 
@@ -75,7 +76,7 @@ def _ready(check: str, log: Path) -> bool:
     return what in log.read_text(errors="replace")
 
 
-def _run(cmd: Command, work: Path, env: dict[str, str], kept: list) -> None:
+def _run(cmd: Command, work: Path, env: dict[str, str], kept: list, records: Records) -> None:
     for setup in cmd.setup:
         res = subprocess.run(["bash", "-o", "pipefail", "-c", setup], cwd=work, env=env, capture_output=True, text=True,
                              timeout=COMMAND_LIMIT)
@@ -93,7 +94,7 @@ def _run(cmd: Command, work: Path, env: dict[str, str], kept: list) -> None:
             assert proc.popen.poll() is None, f"{cmd.where}: `{text}` exited with {proc.popen.returncode}:\n{log.read_text()[-4000:]}"
             assert time.monotonic() < deadline, f"{cmd.where}: `{text}` not ready ({cmd.server}) in {READY_LIMIT:.0f} s:\n{log.read_text()[-4000:]}"
             time.sleep(0.5)
-        RECORDS.append((cmd.where, "ran", time.monotonic() - started, text + f"   [server: ready, {'kept to the page end' if cmd.keep else 'stopped'}]", ""))
+        records.append((cmd.where, "ran", time.monotonic() - started, text + f"   [server: ready, {'kept to the page end' if cmd.keep else 'stopped'}]", ""))
         if cmd.keep:
             kept.append(proc)
         else:
@@ -110,24 +111,38 @@ def _run(cmd: Command, work: Path, env: dict[str, str], kept: list) -> None:
             proc.wait()
             pytest.fail(f"{cmd.where}: `{text}` still running after {COMMAND_LIMIT:.0f} s:\n{log.read_text()[-4000:]}", pytrace=False)
     seconds = time.monotonic() - started
-    RECORDS.append((cmd.where, "ran", seconds, text, ""))
+    records.append((cmd.where, "ran", seconds, text, ""))
     assert rc == 0, f"{cmd.where}: `{text}` exited with {rc} after {seconds:.0f} s:\n{log.read_text()[-6000:]}"
 
 
+def _pages() -> list[str]:
+    """The pages with shell fences, those with the most simulations and grids first (two workers then finish
+    close together; tests/conftest.py runs the pages that share a fixed port on one worker)."""
+    pages = []
+    for path in scope():
+        if any(f.lang in SHELL_LANGS for f in fences(path)):
+            runs = sum(1 for c in commands(path) if not c.exempt
+                       and (c.program() in RUN_CONFIG_FLAGS or c.program() == ("hospitrust", "bench")))
+            pages.append((-runs, str(path.relative_to(REPO))))
+    return [page for _, page in sorted(pages)]
+
+
 @pytest.mark.docs
-@pytest.mark.parametrize("page", [str(p.relative_to(REPO)) for p in scope() if any(f.lang in SHELL_LANGS for f in fences(p))])
-def test_docs_commands(page, tmp_path, data_dir):
+@pytest.mark.parametrize("page", _pages())
+def test_docs_commands(page, tmp_path, data_dir, request):
     cmds = commands(REPO / page)
     work = tmp_path / "repo"
     shutil.copytree(REPO, work, ignore=_IGNORE, symlinks=True)
     env = _environment(tmp_path)
     kept: list = []
+    records: Records = []
+    request.node.user_properties.append(("docs-records", records))  # filled as the page runs; read from its report
     try:
         for cmd in cmds:
             if cmd.exempt:
-                RECORDS.append((cmd.where, "exempt", 0.0, cmd.text, cmd.exempt))
+                records.append((cmd.where, "exempt", 0.0, cmd.text, cmd.exempt))
                 continue
-            _run(cmd, work, env, kept)
+            _run(cmd, work, env, kept, records)
     finally:
         for proc in reversed(kept):
             proc.stop()
