@@ -188,16 +188,15 @@ class Federation:
         return running
 
     def wait(self, run_id: int, timeout: float = RUN_TIMEOUT) -> tuple[str, str]:
-        """Until the run has finished: its status as `flwr ls` gives it (what the tests assert). `flwr ls` (a CPU
-        second on a loaded machine) is asked while no ServerApp runs (the run not started yet, or just ended), at
-        most every 2 s, and every 30 s while one does; watching for the ServerApp's exit costs next to nothing."""
+        """Until the run has finished: its status as `flwr ls` gives it (what the tests assert). `flwr ls` (a Python
+        start, a CPU second on a loaded machine) is asked 3 s after the last answer while the run's ServerApp
+        runs, as before, and 1 s after it while none does (the run not started yet, or its ServerApp gone)."""
         env, deadline = flwr_env(self.cli_home), time.monotonic() + timeout
-        status, details, asked_at = "unknown", "", -1e9
+        status, details, answered_at = "unknown", "", -1e9
         while time.monotonic() < deadline:
-            gap = 30.0 if self.serverapp_running() else 2.0
-            if time.monotonic() - asked_at >= gap:
-                asked_at = time.monotonic()
+            if time.monotonic() - answered_at >= (3.0 if self.serverapp_running() else 1.0):
                 status, details = deploy.run_status(run_id, "tls", env=env)
+                answered_at = time.monotonic()
                 if status.startswith("finished"):
                     return status, details
             time.sleep(0.2)
