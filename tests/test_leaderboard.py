@@ -13,8 +13,8 @@ import pytest
 from scipy import stats as sps
 
 from hospitrust.bench import stats
-from hospitrust.bench.leaderboard import (LeaderboardError, last_k_mean, load, make_leaderboard, metric_table, rank_analysis,
-                                          worst_case_ranking)
+from hospitrust.bench.leaderboard import (LeaderboardError, MetricTable, last_k_mean, load, make_leaderboard, metric_table, rank_analysis,
+                                          screen_decision, worst_case_ranking)
 from hospitrust.cli.main import main
 
 # ------------------------------------------------------------------ bootstrap CI
@@ -98,6 +98,36 @@ def test_worst_case_is_taken_per_seed_then_summarised():
     assert p["worst"].tolist() == [0.4, 0.6] and p["attacks"].tolist() == [1, 1]
     lower = stats.worst_case_per_seed(table[table["rule"] == "r"], higher_is_better=False)  # e.g. backdoor success
     assert lower["worst"].tolist() == [0.9, 0.9]
+
+
+def test_the_screen_drops_a_rule_more_than_the_margin_below_the_best_and_keeps_each_rules_worst_attack():
+    # one seed; worst cases (attacked cells): fedavg 0.60 (X), median 0.55 (Y), new-a 0.70 (Y and Z tie),
+    # new-b 0.61 (X): 0.09 below the best, within the 0.10 margin; new-c 0.55 (Z): 0.15 below, dropped.
+    # The kept set here is fedavg and median: both stay whatever their worst case.
+    values = {
+        "fedavg": {"none": 0.80, "X": 0.60, "Y": 0.70, "Z": 0.75, "backdoor": 0.78},
+        "median": {"none": 0.70, "X": 0.65, "Y": 0.55, "Z": 0.60, "backdoor": 0.69},
+        "new-a": {"none": 0.75, "X": 0.72, "Y": 0.70, "Z": 0.70, "backdoor": 0.74},
+        "new-b": {"none": 0.74, "X": 0.61, "Y": 0.66, "Z": 0.64, "backdoor": 0.70},
+        "new-c": {"none": 0.78, "X": 0.60, "Y": 0.58, "Z": 0.55, "backdoor": 0.71},
+    }
+    frame = pd.DataFrame([{"rule": r, "attack_label": a, "seed": 1, "v": v}
+                          for r, by in values.items() for a, v in by.items()])
+    decision = screen_decision(metric_table(frame, "v"), kept=("fedavg", "median"), margin=0.10)
+    assert decision.best_worst == pytest.approx(0.70)
+    assert decision.best_new_rule == "new-a"
+    assert set(decision.rules_in) == {"fedavg", "median", "new-a", "new-b"}
+    assert list(decision.rules_out) == ["new-c"] and decision.rules_out["new-c"] == pytest.approx(0.15)
+    # X: worst of fedavg and new-b; Y: median and new-a (tied with Z); Z: new-a and new-c (a dropped rule counts too)
+    assert decision.attacks_in["X"] == ["fedavg", "new-b"]
+    assert decision.attacks_in["Y"] == ["median", "new-a"]
+    assert decision.attacks_in["Z"] == ["new-a", "new-c"]
+    assert "none" in decision.attacks_in
+    # the backdoor is no rule's worst case here, and enters as the protocol's one backdoor
+    assert decision.attacks_in["backdoor"] == ["(one backdoor, scored by its success rate)"]
+    empty = MetricTable("v", True, {}, {}, {}, {}, pd.DataFrame(), [], [])
+    with pytest.raises(LeaderboardError, match="no worst case"):
+        screen_decision(empty)
 
 
 # ------------------------------------------------------------------ ranks, Friedman, Wilcoxon-Holm

@@ -351,6 +351,86 @@ def worst_case_ranking(table: MetricTable, baseline: str, **kw) -> pd.DataFrame:
                                        "minus the rule above", "vs above", f"minus {baseline}"])
 
 
+# The protocol's screen (docs/leaderboard.md, "Rules" and "Attacks"): the rules every part keeps,
+# and how far below the best worst case a screened rule may fall and still enter the full grid.
+KEPT_RULES = ("fedavg", "median", "multi-krum", "fltrust", "hta", "earn")
+SCREEN_MARGIN = 0.10
+BACKDOOR_ATTACKS = ("backdoor", "neurotoxin", "dba")
+
+
+@dataclass
+class ScreenDecision:
+    """Which rules and attacks a one-seed screen sends to a condition's full grid, and why."""
+
+    best_worst: float                      # the best rule's worst case over the attacks
+    rules_in: dict[str, str]               # rule -> why it enters (kept set, best new rule, within the margin)
+    rules_out: dict[str, float]            # rule -> how far its worst case is below the best's
+    best_new_rule: str | None              # the best worst case outside the kept set
+    attacks_in: dict[str, list[str]]       # attack -> the rules it is the worst case of (or why it enters)
+
+
+def screen_decision(table: MetricTable, *, kept: Sequence[str] = KEPT_RULES, margin: float = SCREEN_MARGIN,
+                    tolerance: float = 1e-9) -> ScreenDecision:
+    """Apply the protocol's dropping and attack-screening rules to a screen's table.
+
+    A rule outside ``kept`` whose worst case is more than ``margin`` below the best rule's worst
+    case is dropped; the best rule outside ``kept`` always enters. An attack enters when it is the
+    worst case of at least one rule (every attack tied at that rule's worst counts), and so do no
+    attack and one backdoor (the first of :data:`BACKDOOR_ATTACKS` the screen ran).
+    """
+    if not table.worst:
+        raise LeaderboardError("the screen has no worst case for any rule: it needs attacked cells")
+    sign = _sign(table.higher_is_better)
+    worst = {r: iv.mean for r, iv in table.worst.items()}
+    best = max(worst.values(), key=lambda v: sign * v)
+    outside = [r for r in worst if r not in kept]
+    best_new = max(outside, key=lambda r: sign * worst[r]) if outside else None
+    rules_in: dict[str, str] = {}
+    rules_out: dict[str, float] = {}
+    for rule in sorted(worst, key=lambda r: -sign * worst[r]):
+        gap = sign * (best - worst[rule])
+        if rule in kept:
+            rules_in[rule] = "kept in every part"
+        elif rule == best_new:
+            rules_in[rule] = "the best rule outside the kept set"
+        elif gap <= margin + tolerance:
+            rules_in[rule] = f"within {margin:g} of the best worst case"
+        else:
+            rules_out[rule] = gap
+    attacks_in: dict[str, list[str]] = {}
+    for rule in sorted(worst):
+        runs = {a: v for (r, a), v in ((k, iv.mean) for k, iv in table.cells.items()) if r == rule and a != "none"}
+        for attack, value in runs.items():
+            if abs(value - worst[rule]) <= tolerance:
+                attacks_in.setdefault(attack, []).append(rule)
+    if "none" in table.attacks:
+        attacks_in.setdefault("none", []).append("(no attack: the price of a defence)")
+    backdoors = [a for a in BACKDOOR_ATTACKS if a in table.attacks]
+    if backdoors and not any(a in attacks_in for a in backdoors):
+        attacks_in[backdoors[0]] = ["(one backdoor, scored by its success rate)"]
+    return ScreenDecision(best, rules_in, rules_out, best_new, attacks_in)
+
+
+def _screen_lines(decision: ScreenDecision, table: MetricTable) -> list[str]:
+    lines = ["### Screen decision (one seed: the protocol's dropping and attack-screening rules)", "",
+             f"Best worst case {decision.best_worst:.3f}. A rule outside the kept set ({', '.join(KEPT_RULES)}) "
+             f"enters the full grid when its worst case is within {SCREEN_MARGIN:g} of it; the best rule outside "
+             "the kept set always enters. An attack enters when it is some rule's worst case, and so do no attack "
+             "and one backdoor.", ""]
+    lines += _md_table(["rule", "worst case", "worst attack", "decision"],
+                       [[r, f"{table.worst[r].mean:.3f}", table.worst_attack[r], f"in: {why}"]
+                        for r, why in decision.rules_in.items()]
+                       + [[r, f"{table.worst[r].mean:.3f}", table.worst_attack[r], f"out: {gap:.3f} below the best"]
+                          for r, gap in decision.rules_out.items()])
+    lines += _md_table(["attack", "enters because it is the worst case of"],
+                       [[a, ", ".join(rules)] for a, rules in sorted(decision.attacks_in.items(),
+                                                                      key=lambda kv: (kv[0] != "none", -len(kv[1]), kv[0]))])
+    out = [a for a in table.attacks if a not in decision.attacks_in]
+    if out:
+        lines += [f"Attacks out (no rule's worst case): {', '.join(out)}.", ""]
+    return lines
+
+
 def _call_text(diff: Interval, sign: float) -> str:
     """:func:`stats.call` of a difference, oriented so that "above" is better whatever the metric's direction."""
     low, high = sorted((sign * diff.low, sign * diff.high))
@@ -577,6 +657,8 @@ def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resam
                           str(r["attacks"]), r["worst attack"],
                           _iv(r["minus best"], signed=True), r["verdict"], r["vs above"] or "-",
                           _iv(r[f"minus {baseline}"], signed=True)] for r in ranking.to_dict("records")])
+        if n_seeds == 1 and table.worst:
+            md += _screen_lines(screen_decision(table), table)
         md += _paired_lines(table, order, baseline, kw)
         extra = [("last_k", f"Mean {mname} of the last {board.last_k} rounds", True, "none"),
                  ("final_rare_class_macro_f1", "Rare-class macro-F1 of the final model", True, "none"),
@@ -741,5 +823,6 @@ def make_leaderboard(grid_dirs: Sequence[str | Path], out_dir: str | Path, *, me
     return render(board, out_dir, baseline=baseline, resamples=resamples, progress=progress)
 
 
-__all__ = ["Board", "LeaderboardError", "MetricTable", "RankAnalysis", "cd_diagram", "last_k_mean", "load",
-           "make_leaderboard", "metric_table", "rank_analysis", "render", "worst_case_ranking"]
+__all__ = ["KEPT_RULES", "SCREEN_MARGIN", "Board", "LeaderboardError", "MetricTable", "RankAnalysis", "ScreenDecision",
+           "cd_diagram", "last_k_mean", "load", "make_leaderboard", "metric_table", "rank_analysis", "render",
+           "screen_decision", "worst_case_ranking"]
