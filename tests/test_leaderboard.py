@@ -386,6 +386,31 @@ def test_the_roles_of_a_cells_columns(tmp_path):
     assert sorted(load([tmp_path / "g"]).cells["condition"].unique()) == ["dataset=pneumoniamnist", "dataset=retinamnist"]
 
 
+def test_an_attacks_option_names_it_only_where_it_varies_within_a_condition_and_is_not_its_default(tmp_path):
+    # label-flip's source is 1 in condition "a" and 4 in "b": one attack in each, plain "label-flip";
+    # IPM's copy noise is the default 0 for two rules and 1 for a third in "a": "ipm" and "ipm (ipm.copy-noise=1)"
+    meta = []
+    for cond, source in (("a", 1), ("b", 4)):
+        for seed in (1, 2):
+            for strategy in ("fedavg", "median"):
+                config = {"strategy": strategy, "attack": "label-flip", "seed": seed, "label-flip.source": source,
+                          "label-flip.target": 0, "malicious-fraction": 0.3}
+                axes = {"condition": cond, "strategy": strategy, "attack": "label-flip", "seed": seed}
+                meta.append(_cell(tmp_path / "g", f"{cond}-{strategy}-lf-{seed}", config, 0.6, axes))
+            if cond == "a":
+                for strategy, noise in (("fedavg", 0.0), ("median", 0.0), ("foolsgold", 0.0), ("foolsgold", 1.0)):
+                    config = {"strategy": strategy, "attack": "ipm", "seed": seed, "ipm.copy-noise": noise,
+                              "ipm.eps": 0.5, "malicious-fraction": 0.3}
+                    axes = {"condition": cond, "strategy": strategy, "attack": "ipm", "seed": seed}
+                    meta.append(_cell(tmp_path / "g", f"{cond}-{strategy}-ipm{noise}-{seed}", config, 0.6, axes))
+    (tmp_path / "g" / "grid.json").write_text(json.dumps({"name": "labels", "cells": meta}))
+    cells = load([tmp_path / "g"]).cells
+    assert set(cells.loc[cells["condition"] == "b", "attack_label"]) == {"label-flip"}
+    a = cells[cells["condition"] == "a"]
+    assert set(a["attack_label"]) == {"label-flip", "ipm", "ipm (ipm.copy-noise=1)"}
+    assert set(a.loc[a["attack_label"] == "ipm", "rule"]) == {"fedavg", "median", "foolsgold"}
+
+
 def test_a_rule_axis_names_the_rules_and_a_pre_aggregation_is_always_shown(tmp_path):
     meta = []
     for label, strategy, pre in (("plain-hta", "hta", "none"), (None, "median", "nnm"), (None, "fedavg", "none")):

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,6 +103,16 @@ def _section_kind(key: str) -> str | None:
     return "rule" if found.kind not in ("service", "partitioner") else None
 
 
+def _option_defaults() -> dict[str, Any]:
+    """The run config's defaults (the app's pyproject), or none where the app is not found."""
+    from hospitrust.ops.simulate import SimulationError, app_config_defaults
+
+    try:
+        return app_config_defaults()
+    except (SimulationError, OSError, KeyError):
+        return {}
+
+
 def last_k_mean(rounds: pd.DataFrame, metric: str, k: int) -> pd.Series:
     """Per cell, the mean of ``metric`` over its last ``k`` rounds (all rounds when it has fewer)."""
     if not len(rounds) or metric not in rounds:
@@ -134,17 +144,24 @@ def _wall_seconds(grid_dir: Path) -> float:
     return sum(ends) if ends else math.nan
 
 
-def _label_rows(frame: pd.DataFrame, base: str, extra: list[str], within: str, always: tuple[str, ...] = ()) -> pd.Series:
+def _label_rows(frame: pd.DataFrame, base: str, extra: list[str], within: str | list[str], always: tuple[str, ...] = (),
+                hide: Mapping[str, Any] | None = None) -> pd.Series:
     """``base`` plus each ``extra`` column that takes several values among the rows of the same
-    ``within`` value, and each ``always`` column whatever its spread (unless empty or "none").
+    ``within`` value(s), and each ``always`` column whatever its spread (unless empty or "none");
+    a value equal to its entry in ``hide`` (an option's default) is not shown.
     """
-    varying = {w: [c for c in extra if c in sub and sub[c].nunique(dropna=True) > 1] for w, sub in frame.groupby(within)}
+    keys = [within] if isinstance(within, str) else list(within)
+    varying = {(w if isinstance(w, tuple) else (w,)): [c for c in extra if c in sub and sub[c].nunique(dropna=True) > 1]
+               for w, sub in frame.groupby(keys)}
+    hidden = hide or {}
 
     def shown(row, c: str) -> bool:
         value = row[c]
         if value != value or value is None:
             return False
-        return c in varying.get(row[within], []) or (c in always and str(value) not in ("", "none", "off"))
+        if c in hidden and _fmt(value) == _fmt(hidden[c]):
+            return False
+        return c in varying.get(tuple(row[k] for k in keys), []) or (c in always and str(value) not in ("", "none", "off"))
 
     def one(row) -> str:
         parts = [f"{c}={_fmt(row[c])}" for c in extra if shown(row, c)]
@@ -234,7 +251,9 @@ def load(grid_dirs: Sequence[str | Path], *, metric: str = "balanced_accuracy", 
         cells["condition"] = cells.apply(
             lambda r: ", ".join(f"{c}={_fmt(r[c])}" for c in condition_cols if r[c] == r[c] and r[c] is not None) or "all cells",
             axis=1)
-    cells["attack_label"] = _label_rows(cells, "attack", attack_cols, "attack")
+    # an attack's option is part of its label where it varies within one condition and differs from its
+    # default there ("ipm (ipm.copy-noise=1)" beside plain "ipm"), not because two conditions set it apart
+    cells["attack_label"] = _label_rows(cells, "attack", attack_cols, ["condition", "attack"], hide=_option_defaults())
     if "malicious-fraction" in cells:
         for _, sub in cells[cells["attack"] != "none"].groupby("condition"):
             if sub["malicious-fraction"].nunique() > 1:  # the attacker fraction varies within the condition
