@@ -321,6 +321,22 @@ def test_the_leaderboard_renders_from_two_grid_parts(tmp_path, capsys):
     assert "share a (condition, rule, attack, seed)" in capsys.readouterr().err
 
 
+def test_a_threat_model_without_an_attack_ranks_without_it(tmp_path, capsys):
+    # without sign-flip every worst case is the label flip's: fedavg 0.800, hta 0.772, median 0.770 (means of the rows above)
+    grid = write_grid(tmp_path / "g", VALUES)
+    out = tmp_path / "board"
+    assert main(["report", "--leaderboard", str(grid), "--out", str(out), "--resamples", "2000",
+                 "--without-attacks", "sign-flip"]) == 0
+    md = (out / "leaderboard.md").read_text()
+    assert "attacks left out (a threat model without them): sign-flip" in md
+    assert "| 1 | fedavg | 0.800 [" in md and "sign-flip" not in md.split("## Across conditions")[1]
+    summary = pd.read_csv(out / "leaderboard_summary.csv").set_index("rule")
+    assert summary.loc["hta", "worst_case"] == pytest.approx(0.772) and summary.loc["median", "worst_case"] == pytest.approx(0.770)
+    assert main(["report", "--leaderboard", str(grid), "--out", str(out), "--without-attacks", "sing-flip"]) == 2
+    err = capsys.readouterr().err
+    assert "--without-attacks sing-flip: no such attack" in err and "label-flip, sign-flip" in err
+
+
 def test_folders_without_results_are_refused_clearly(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()

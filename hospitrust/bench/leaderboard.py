@@ -834,11 +834,22 @@ def _pairs_lines(analysis: RankAnalysis) -> list[str]:
 
 def make_leaderboard(grid_dirs: Sequence[str | Path], out_dir: str | Path, *, metric: str = "balanced_accuracy",
                      baseline: str = "fedavg", last_k: int = LAST_K, resamples: int = stats.RESAMPLES,
-                     progress: Callable[[str], None] | None = None) -> Path:
-    """Load the grid folders and write the leaderboard into ``out_dir``; returns leaderboard.md's path."""
+                     progress: Callable[[str], None] | None = None, without_attacks: Sequence[str] = ()) -> Path:
+    """Load the grid folders and write the leaderboard into ``out_dir``; returns leaderboard.md's path.
+
+    ``without_attacks``: attack labels left out (a threat model without them); each must name an attack of the cells.
+    """
     if resamples < 100:
         raise LeaderboardError(f"resamples = {resamples}: use at least 100 bootstrap resamples (default {stats.RESAMPLES})")
     board = load(grid_dirs, metric=metric, last_k=last_k, progress=progress)
+    if without_attacks:
+        known = set(board.cells["attack_label"])
+        unknown = sorted(set(without_attacks) - known)
+        if unknown:
+            raise LeaderboardError(f"--without-attacks {', '.join(unknown)}: no such attack in these grids "
+                                   f"(their attacks: {', '.join(attack_order(sorted(known)))})")
+        board.cells = board.cells[~board.cells["attack_label"].isin(without_attacks)].reset_index(drop=True)
+        board.notes.append(f"attacks left out (a threat model without them): {', '.join(without_attacks)}")
     return render(board, out_dir, baseline=baseline, resamples=resamples, progress=progress)
 
 

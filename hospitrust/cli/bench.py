@@ -66,7 +66,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _leaderboard(folders: list[str], out: str | None, *, metric: str | None, baseline: str | None, last_k: int,
-                 resamples: int, who: str = "report") -> int:
+                 resamples: int, who: str = "report", without_attacks: str = "") -> int:
     from hospitrust.bench.leaderboard import LeaderboardError, make_leaderboard
 
     if out is None and len(folders) > 1:
@@ -81,7 +81,8 @@ def _leaderboard(folders: list[str], out: str | None, *, metric: str | None, bas
     try:
         path = make_leaderboard(folders, out_dir, metric=metric or meta.get("metric") or "balanced_accuracy",
                                 baseline=baseline or meta.get("baseline") or "fedavg",
-                                last_k=last_k, resamples=resamples, progress=lambda line: print(line, flush=True))
+                                last_k=last_k, resamples=resamples, progress=lambda line: print(line, flush=True),
+                                without_attacks=[a.strip() for a in without_attacks.split(",") if a.strip()])
     except LeaderboardError as exc:
         print(f"hospitrust {who}: {exc}", file=sys.stderr)
         return 2
@@ -94,7 +95,7 @@ def _report(args: argparse.Namespace) -> int:
 
     if args.leaderboard:
         return _leaderboard(args.grid_dir, args.out, metric=args.metric, baseline=args.baseline, last_k=args.last_k,
-                            resamples=args.resamples)
+                            resamples=args.resamples, without_attacks=args.without_attacks)
     if len(args.grid_dir) > 1:
         print("hospitrust report: several folders are read together only as one leaderboard: "
               "hospitrust report --leaderboard GRID_DIR [GRID_DIR ...] --out FOLDER", file=sys.stderr)
@@ -157,6 +158,9 @@ def add_bench_parsers(sub) -> None:
                              "Wilcoxon-Holm tests, critical-difference diagrams (docs/benchmark.md)")
     report.add_argument("--last-k", type=int, default=3, help="leaderboard: rounds averaged at the end of a run (default 3)")
     report.add_argument("--resamples", type=int, default=10_000, help="leaderboard: bootstrap resamples (default 10000)")
+    report.add_argument("--without-attacks", default="", metavar="A,B",
+                        help="leaderboard: leave these attacks (their labels, comma-separated) out, for a threat model "
+                             "without them (e.g. no omniscient attacker: tailored-ipm,hta-aware)")
     report.add_argument("--metric", choices=list(METRICS),
                         help="headline metric (default: the grid's, else balanced_accuracy)")
     report.add_argument("--baseline", help="strategy for paired differences (default: the grid's, else fedavg)")
