@@ -143,13 +143,6 @@ def pytest_collection_modifyitems(config, items):
         if len(kept) < len(items):
             config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("docs") is not None])
             items[:] = kept
-    # the federation's tests one after the other, where the first of them was: the federation then stops after
-    # the last of them (pytest_runtest_teardown) instead of idling beside the rest of the suite
-    federated = [item for item in items if _uses_federation(item)]
-    if federated:
-        first = items.index(federated[0])
-        rest = [item for item in items if not _uses_federation(item)]
-        items[:] = rest[:first] + federated + rest[first:]
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         if "_medmnist_problem" in fixtures:  # data_dir, or a fixture built on it
@@ -234,35 +227,13 @@ def pytest_runtest_setup(item):
                     f"tests/conftest.py, so that xdist runs it on the federation's worker", pytrace=False)
 
 
-def _uses_federation(item) -> bool:
-    return "federation" in getattr(item, "fixturenames", ())
-
-
-_FEDERATION: dict = {}  # the running federation's generator (closing it stops every process)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item, nextitem):
-    """After the session's last federation test (and its modules' own teardown), stop the federation: its
-    SuperNodes, SuperLink, launchers and supervisors would otherwise poll beside the CPU-bound rest."""
-    result = yield
-    if _uses_federation(item) and "gen" in _FEDERATION:
-        items = item.session.items
-        if not any(_uses_federation(later) for later in items[items.index(item) + 1:]):
-            _FEDERATION.pop("gen").close()
-    return result
-
-
 @pytest.fixture(scope="session")
 def federation(tmp_path_factory, _medmnist_problem):
-    """The deployed federation the real-process tests share (tests/federation.py): started on first use,
-    stopped after the last test that uses it."""
+    """The deployed federation the real-process tests share (tests/federation.py): started on first use."""
     if _medmnist_problem:
         pytest.fail(_medmnist_problem, pytrace=False)
     from federation import start_federation
 
     gen = start_federation(tmp_path_factory.mktemp("deploy"))
-    _FEDERATION["gen"] = gen
     yield next(gen)
-    _FEDERATION.pop("gen", None)
     gen.close()
