@@ -417,11 +417,9 @@ def screen_decision(table: MetricTable, *, kept: Sequence[str] = KEPT_RULES, mar
         else:
             rules_out[rule] = gap
     attacks_in: dict[str, list[str]] = {}
-    for rule in sorted(worst):
-        runs = {a: v for (r, a), v in ((k, iv.mean) for k, iv in table.cells.items()) if r == rule and a != "none"}
-        for attack, value in runs.items():
-            if abs(value - worst[rule]) <= tolerance:
-                attacks_in.setdefault(attack, []).append(rule)
+    for (rule, attack), cell in sorted(table.cells.items()):
+        if attack != "none" and rule in worst and abs(cell.mean - worst[rule]) <= tolerance:
+            attacks_in.setdefault(attack, []).append(rule)
     if "none" in table.attacks:
         attacks_in.setdefault("none", []).append("(no attack: the price of a defence)")
     backdoors = [a for a in BACKDOOR_ATTACKS if a in table.attacks]
