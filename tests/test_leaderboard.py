@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -13,7 +14,8 @@ import pytest
 from scipy import stats as sps
 
 from hospitrust.bench import stats
-from hospitrust.bench.leaderboard import (LeaderboardError, MetricTable, last_k_mean, load, make_leaderboard, metric_table, rank_analysis,
+from hospitrust.bench.grid import parse_grid
+from hospitrust.bench.leaderboard import (KEPT_RULES, LeaderboardError, MetricTable, last_k_mean, load, make_leaderboard, metric_table, rank_analysis,
                                           screen_decision, worst_case_ranking)
 from hospitrust.cli.main import main
 
@@ -238,8 +240,9 @@ VALUES = {
 }
 
 
-def write_grid(folder, cells, name="lb", end_seconds=60.0):
-    """A grid folder as `hospitrust bench` writes it: grid.json, bench.jsonl, cells/<cell>/{config,rounds,summary}."""
+def write_grid(folder, cells, name="lb", end_seconds=60.0, config=None):
+    """A grid folder as `hospitrust bench` writes it: grid.json, bench.jsonl, cells/<cell>/{config,rounds,summary};
+    ``config(strategy, attack, seed)`` gives more run-config keys of a cell."""
     (folder / "cells").mkdir(parents=True)
     meta_cells = []
     for (strategy, attack), values in cells.items():
@@ -251,7 +254,8 @@ def write_grid(folder, cells, name="lb", end_seconds=60.0):
             (run / "config.json").write_text(json.dumps({
                 "strategy": strategy, "attack": attack, "seed": seed, "dataset": "pneumoniamnist",
                 "malicious-fraction": 0.0 if attack == "none" else 0.25, "num-server-rounds": 3,
-                "class-names": ["normal", "pneumonia"], "hospitals": {str(i): f"hospital-{i}" for i in range(4)}}))
+                "class-names": ["normal", "pneumonia"], "hospitals": {str(i): f"hospital-{i}" for i in range(4)},
+                **(config(strategy, attack, seed) if config else {})}))
             lines = []
             for rnd, v in ((1, value - 0.1), (2, value - 0.05), (3, value)):
                 central = {"balanced_accuracy": v, "accuracy": v, "auc": 0.9, "macro_f1": v, "worst_class_recall": 0.5,
@@ -320,6 +324,19 @@ def test_the_leaderboard_renders_from_two_grid_parts(tmp_path, capsys):
     assert main(["report", "--leaderboard", str(first), str(first / ".." / "part1"), "--out", str(out)]) == 2
     assert "share a (condition, rule, attack, seed)" in capsys.readouterr().err
 
+
+def test_an_option_one_part_keeps_constant_and_another_varies_is_filled_in(tmp_path):
+    # part 1 runs every cell at train-subsample 0.25 (its store drops the constant column); part 2 runs the
+    # median at 0.25 on seeds 1-3 and 0.5 on seeds 4-5: part 1's cells belong with the median's 0.25 cells
+    first = write_grid(tmp_path / "part1", {k: v for k, v in VALUES.items() if k[0] != "median"}, name="lb-part1",
+                       config=lambda strategy, attack, seed: {"train-subsample": 0.25})
+    second = write_grid(tmp_path / "part2", {k: v for k, v in VALUES.items() if k[0] == "median"}, name="lb-part2",
+                        config=lambda strategy, attack, seed: {"train-subsample": 0.25 if seed <= 3 else 0.5})
+    cells = load([first, second]).cells
+    assert cells["train-subsample"].notna().all()
+    by_condition = cells.groupby("condition")["cell"].count().to_dict()
+    assert by_condition == {"dataset=pneumoniamnist, train-subsample=0.25": 30 + 9,
+                            "dataset=pneumoniamnist, train-subsample=0.5": 6}, by_condition
 
 def test_a_threat_model_without_an_attack_ranks_without_it(tmp_path, capsys):
     # without sign-flip every worst case is the label flip's: fedavg 0.800, hta 0.772, median 0.770 (means of the rows above)
@@ -436,3 +453,29 @@ def test_a_rule_axis_names_the_rules_and_a_pre_aggregation_is_always_shown(tmp_p
             meta.append(_cell(tmp_path / "g", f"{strategy}-{pre}-{seed}", config, 0.7, axes))
     (tmp_path / "g" / "grid.json").write_text(json.dumps({"name": "rules", "cells": meta}))
     assert sorted(load([tmp_path / "g"]).cells["rule"].unique()) == ["fedavg", "median (pre-aggregation=nnm)", "plain-hta"]
+
+
+# ------------------------------------------------------------------ the grid files
+
+LEADERBOARD_GRIDS = Path(__file__).resolve().parents[1] / "benchmarks" / "leaderboard"
+
+
+def test_every_leaderboard_grid_parses_and_its_header_states_its_budget_and_wall_time():
+    files = sorted(LEADERBOARD_GRIDS.glob("*.toml"))
+    assert len(files) >= 8, files
+    for path in files:
+        grid = parse_grid(path)
+        header = path.read_text().split("[grid]", 1)[0]
+        assert re.search(r"[Bb]udget", header) and "Measured" in header and re.search(r"\d+(\.\d+)? min", header), path.name
+        assert f"hospitrust bench benchmarks/leaderboard/{path.name}" in header, path.name  # the command that runs it
+        assert grid.cells, path.name
+
+
+def test_the_screen_parts_are_split_by_attack_and_each_holds_every_rule():
+    parts = [parse_grid(LEADERBOARD_GRIDS / f"pneumonia-screen-{p}.toml") for p in "ab"]
+    names = [{c.name for c in g.cells} for g in parts]
+    assert not names[0] & names[1] and len(names[0]) == 140 and len(names[1]) == 124
+    rules = [{c.axes["strategy"] for c in g.cells} for g in parts]
+    assert rules[0] == rules[1] and len(rules[0]) == 28 and set(KEPT_RULES) <= rules[0]
+    attacks = [{c.axes["attack"] for c in g.cells} for g in parts]
+    assert not attacks[0] & attacks[1]

@@ -189,6 +189,31 @@ def _condition_columns(frame: pd.DataFrame, candidates: list[str]) -> list[str]:
     return kept
 
 
+def _fill_constant_options(frame: pd.DataFrame, grid_dir: Path, config_cols: list[str]) -> None:
+    """A grid's results store keeps only the options that vary within it: an option another part varies
+    is filled in from this grid's run configs, where it has one value, so that the parts' cells compare
+    (their conditions and labels) on every option."""
+    from hospitrust.bench.store import cell_dirs
+    from hospitrust.config import legacy
+
+    missing = [c for c in config_cols if c not in frame]
+    if not missing:
+        return
+    values: dict[str, set[str]] = {c: set() for c in missing}
+    found: dict[str, Any] = {}
+    names = set(frame["cell"])
+    for cell_dir in cell_dirs(grid_dir):
+        if cell_dir.name not in names:
+            continue
+        cfg, _ = legacy.translate(json.loads((cell_dir / "config.json").read_text()))
+        for col in missing:
+            values[col].add(json.dumps(cfg.get(col)))
+            found[col] = cfg.get(col)
+    for col in missing:
+        if len(values[col]) == 1 and isinstance(found.get(col), (str, int, float, bool)):
+            frame[col] = found[col]
+
+
 def load(grid_dirs: Sequence[str | Path], *, metric: str = "balanced_accuracy", last_k: int = LAST_K,
          progress: Callable[[str], None] | None = None) -> Board:
     """Read the grid folders' finished cells into one :class:`Board` (clear errors for folders without results)."""
@@ -229,6 +254,8 @@ def load(grid_dirs: Sequence[str | Path], *, metric: str = "balanced_accuracy", 
         grids.append(GridInfo(path, name, len(done), len(cells), _wall_seconds(path)))
     if problems:
         raise LeaderboardError("no leaderboard:\n  " + "\n  ".join(problems))
+    for frame, info in zip(frames, grids):
+        _fill_constant_options(frame, info.path, config_cols)
     cells = pd.concat(frames, ignore_index=True)
     for col, default in (("attack", "none"), ("seed", 0), ("strategy", "?")):
         if col not in cells:
