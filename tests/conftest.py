@@ -7,7 +7,7 @@ downloads them on the first run. Where the files can be had neither way, each
 data test fails with one line saying what is missing and how to provide it (never a skip);
 ``python -m pytest -m "not data"`` runs the rest.
 
-With ``HOSPITRUST_TEST_WORKERS=2`` (default 1: one process) the whole suite (no test path named on the
+With ``HOSPITRUST_TEST_WORKERS`` workers (default 2; 1: one process) the whole suite (no test path named on the
 command line) runs on that many pytest-xdist workers, one test module per unit of work: the real-process tests that share the deployed
 federation (the modules in ``FEDERATION_MODULES``) are one unit, started first on one worker,
 since they share one set of processes and mostly wait on Flower's polling; the other worker runs
@@ -31,10 +31,10 @@ from hospitrust.ops import flwr
 
 REPO = Path(__file__).resolve().parent.parent
 DATA_FILES = ("pneumoniamnist", "retinamnist")  # the MedMNIST flags the tests use, at 28 x 28
-# Workers for the whole suite. One by default: on a 2-core machine two workers were only about 8 % faster
-# (CPU-bound: 1285 s for 1177 tests, 2026-12-02) and the federation's timing-sensitive tests then share
-# the cores with CPU-heavy simulations; 2 gives the federation's tests one worker, the rest the other.
-SUITE_WORKERS = int(os.environ.get("HOSPITRUST_TEST_WORKERS", "1"))
+# Workers for the whole suite: two by default, the federation's tests (which mostly wait on Flower's polling)
+# on one, the CPU-bound rest on the other. Idle on 2 cores (2026-12-02): 659 s on two workers, 971 s in one
+# process (docs/experiments/2026-12-02-suite-on-xdist.md); HOSPITRUST_TEST_WORKERS=1 runs it in one process.
+SUITE_WORKERS = int(os.environ.get("HOSPITRUST_TEST_WORKERS", "2"))
 # Workers for the manual's commands (-m docs): two pages at once (docs/experiments/2026-12-02-suite-time.md)
 DOCS_WORKERS = int(os.environ.get("HOSPITRUST_DOCS_WORKERS", "2"))
 DOCS_RECORDS: list[list] = []  # what the docs pages ran and left out, gathered from the reports (also a worker's)

@@ -156,14 +156,27 @@ def test_deploy_hospitals_names_the_federations_hospitals_with_their_data_and_ru
     (fed.work / "deploy-hospitals.txt").write_text(table.stdout)  # what docs/operators.md shows
 
 
+def _cmdline(proc: psutil.Process) -> list[str]:
+    """A process's command line, empty if it exited while we looked."""
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
 def test_a_hospital_online_that_never_answers_is_recorded_unresponsive(federation):
     """(d) hospital-1's launcher is frozen (SIGSTOP): its SuperNode keeps its heartbeats, so the SuperLink lists it
     online, but no ClientApp ever answers. The query round records it `unresponsive`, and the run goes on."""
     fed = federation
     fed.wait_idle()
-    launcher = [p for p in psutil.Process(fed.procs["hospital-1"].pid).children(recursive=True)
-                if "hospitrust.supervision.launcher" in " ".join(p.cmdline())]
-    assert len(launcher) == 1, [p.cmdline() for p in psutil.Process(fed.procs["hospital-1"].pid).children(recursive=True)]
+    # the launcher of an earlier restart may still be exiting (seen beside a busy second xdist worker): wait for one
+    deadline = time.monotonic() + 60
+    while True:
+        children = psutil.Process(fed.procs["hospital-1"].pid).children(recursive=True)
+        launcher = [p for p in children if _cmdline(p) and "hospitrust.supervision.launcher" in " ".join(_cmdline(p))]
+        if len(launcher) == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(launcher) == 1, [_cmdline(p) for p in children]
     run_dir = fed.work / "runs" / "unresponsive"
     launcher[0].suspend()
     try:

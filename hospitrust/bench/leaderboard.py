@@ -192,7 +192,8 @@ def _condition_columns(frame: pd.DataFrame, candidates: list[str]) -> list[str]:
 def _fill_constant_options(frame: pd.DataFrame, grid_dir: Path, config_cols: list[str]) -> None:
     """A grid's results store keeps only the options that vary within it: an option another part varies
     is filled in from this grid's run configs, where it has one value, so that the parts' cells compare
-    (their conditions and labels) on every option."""
+    (their conditions and labels) on every option.
+    """
     from hospitrust.bench.store import cell_dirs
     from hospitrust.config import legacy
 
