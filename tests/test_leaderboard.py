@@ -337,6 +337,16 @@ def test_an_option_one_part_keeps_constant_and_another_varies_is_filled_in(tmp_p
     by_condition = cells.groupby("condition")["cell"].count().to_dict()
     assert by_condition == {"dataset=pneumoniamnist, train-subsample=0.25": 30 + 9,
                             "dataset=pneumoniamnist, train-subsample=0.5": 6}, by_condition
+    # two parts that each keep it constant, at different values: two conditions, not one pool
+    third = write_grid(tmp_path / "part3", {k: v for k, v in VALUES.items() if k[0] == "median"}, name="lb-part3",
+                       config=lambda strategy, attack, seed: {"train-subsample": 1.0})
+    cells = load([first, third]).cells
+    by_condition = cells.groupby("condition")["cell"].count().to_dict()
+    assert by_condition == {"dataset=pneumoniamnist, train-subsample=0.25": 30,
+                            "dataset=pneumoniamnist, train-subsample=1": 15}, by_condition
+    # an option only one part sets is left out, as before (no column of NaNs)
+    fourth = write_grid(tmp_path / "part4", {k: v for k, v in VALUES.items() if k[0] == "median"}, name="lb-part4")
+    assert "train-subsample" not in load([first, fourth]).cells
 
 def test_a_threat_model_without_an_attack_ranks_without_it(tmp_path, capsys):
     # without sign-flip every worst case is the label flip's: fedavg 0.800, hta 0.772, median 0.770 (means of the rows above)

@@ -189,30 +189,48 @@ def _condition_columns(frame: pd.DataFrame, candidates: list[str]) -> list[str]:
     return kept
 
 
-def _fill_constant_options(frame: pd.DataFrame, grid_dir: Path, config_cols: list[str]) -> None:
-    """A grid's results store keeps only the options that vary within it: an option another part varies
-    is filled in from this grid's run configs, where it has one value, so that the parts' cells compare
-    (their conditions and labels) on every option.
+def _constant_options(frame: pd.DataFrame, grid_dir: Path) -> dict[str, Any]:
+    """The scalar run-config options a grid's finished cells all set to one value: what its results store
+    leaves out (it keeps the options that vary within the grid).
     """
-    from hospitrust.bench.store import cell_dirs
+    from hospitrust.bench.store import NOT_CONFIG, cell_dirs
     from hospitrust.config import legacy
 
-    missing = [c for c in config_cols if c not in frame]
-    if not missing:
-        return
-    values: dict[str, set[str]] = {c: set() for c in missing}
-    found: dict[str, Any] = {}
     names = set(frame["cell"])
+    values: dict[str, set[str]] = {}
+    last: dict[str, Any] = {}
+    count: dict[str, int] = {}
+    cells = 0
     for cell_dir in cell_dirs(grid_dir):
         if cell_dir.name not in names:
             continue
+        cells += 1
         cfg, _ = legacy.translate(json.loads((cell_dir / "config.json").read_text()))
-        for col in missing:
-            values[col].add(json.dumps(cfg.get(col)))
-            found[col] = cfg.get(col)
-    for col in missing:
-        if len(values[col]) == 1 and isinstance(found.get(col), (str, int, float, bool)):
-            frame[col] = found[col]
+        for key, v in cfg.items():
+            if key not in NOT_CONFIG and key not in frame and isinstance(v, (str, int, float, bool)):
+                values.setdefault(key, set()).add(json.dumps(v))
+                last[key] = v
+                count[key] = count.get(key, 0) + 1
+    return {key: last[key] for key, vals in values.items() if len(vals) == 1 and count[key] == cells}
+
+
+def _fill_constant_options(frames: list[pd.DataFrame], constants: list[dict[str, Any]], config_cols: list[str]) -> None:
+    """Give every part the columns of the options another part varies, or sets to another constant.
+
+    A grid's results store keeps only the options that vary within it; merged as they are, an option
+    one part varies would be missing (NaN) for another part's cells, and an option two parts each keep
+    at a different value would vanish, pooling their cells. Filled from each part's run configs, the
+    parts' cells compare (conditions and labels) on every option they set.
+    """
+    differing = {key for const in constants for key in const
+                 if len({json.dumps(c.get(key)) for c in constants if key in c}) > 1
+                 or any(key in frame for frame in frames)}
+    for key in sorted(differing):
+        if key not in config_cols:
+            config_cols.append(key)
+        for frame, const in zip(frames, constants):
+            if key not in frame and key in const:  # a part whose runs lack the option keeps NaN, as in its store
+                frame[key] = const[key]
 
 
 def load(grid_dirs: Sequence[str | Path], *, metric: str = "balanced_accuracy", last_k: int = LAST_K,
@@ -255,8 +273,7 @@ def load(grid_dirs: Sequence[str | Path], *, metric: str = "balanced_accuracy", 
         grids.append(GridInfo(path, name, len(done), len(cells), _wall_seconds(path)))
     if problems:
         raise LeaderboardError("no leaderboard:\n  " + "\n  ".join(problems))
-    for frame, info in zip(frames, grids):
-        _fill_constant_options(frame, info.path, config_cols)
+    _fill_constant_options(frames, [_constant_options(frame, info.path) for frame, info in zip(frames, grids)], config_cols)
     cells = pd.concat(frames, ignore_index=True)
     for col, default in (("attack", "none"), ("seed", 0), ("strategy", "?")):
         if col not in cells:
