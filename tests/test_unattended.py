@@ -163,20 +163,29 @@ def _cmdline(proc: psutil.Process) -> list[str]:
     except psutil.Error:
         return []
 
+
+def _ppid(proc: psutil.Process) -> int:
+    try:
+        return proc.ppid()
+    except psutil.Error:
+        return -1
+
 def test_a_hospital_online_that_never_answers_is_recorded_unresponsive(federation):
     """(d) hospital-1's launcher is frozen (SIGSTOP): its SuperNode keeps its heartbeats, so the SuperLink lists it
     online, but no ClientApp ever answers. The query round records it `unresponsive`, and the run goes on."""
     fed = federation
     fed.wait_idle()
-    # the launcher of an earlier restart may still be exiting (seen beside a busy second xdist worker): wait for one
+    # the launcher, not the ClientApps it forks (they carry its command line); one that is still exiting after
+    # an earlier run (seen beside a busy second xdist worker) is waited for
     deadline = time.monotonic() + 60
     while True:
         children = psutil.Process(fed.procs["hospital-1"].pid).children(recursive=True)
-        launcher = [p for p in children if _cmdline(p) and "hospitrust.supervision.launcher" in " ".join(_cmdline(p))]
+        matches = [p for p in children if "hospitrust.supervision.launcher" in " ".join(_cmdline(p))]
+        launcher = [p for p in matches if _ppid(p) not in {q.pid for q in matches}]
         if len(launcher) == 1 or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    assert len(launcher) == 1, [_cmdline(p) for p in children]
+    assert len(launcher) == 1, [(p.pid, _ppid(p), _cmdline(p)) for p in matches]
     run_dir = fed.work / "runs" / "unresponsive"
     launcher[0].suspend()
     try:
