@@ -170,6 +170,7 @@ def _ppid(proc: psutil.Process) -> int:
     except psutil.Error:
         return -1
 
+
 def test_a_hospital_online_that_never_answers_is_recorded_unresponsive(federation):
     """(d) hospital-1's launcher is frozen (SIGSTOP): its SuperNode keeps its heartbeats, so the SuperLink lists it
     online, but no ClientApp ever answers. The query round records it `unresponsive`, and the run goes on."""

@@ -190,28 +190,18 @@ def _condition_columns(frame: pd.DataFrame, candidates: list[str]) -> list[str]:
 
 
 def _constant_options(frame: pd.DataFrame, grid_dir: Path) -> dict[str, Any]:
-    """The scalar run-config options a grid's finished cells all set to one value: what its results store
-    leaves out (it keeps the options that vary within the grid).
+    """The options a grid's finished cells all set to one value: what its results store leaves out
+    (it keeps the options that vary within the grid).
     """
-    from hospitrust.bench.store import NOT_CONFIG, cell_dirs
-    from hospitrust.config import legacy
+    from hospitrust.bench.store import is_option, run_configs
 
     names = set(frame["cell"])
-    values: dict[str, set[str]] = {}
-    last: dict[str, Any] = {}
-    count: dict[str, int] = {}
-    cells = 0
-    for cell_dir in cell_dirs(grid_dir):
-        if cell_dir.name not in names:
-            continue
-        cells += 1
-        cfg, _ = legacy.translate(json.loads((cell_dir / "config.json").read_text()))
-        for key, v in cfg.items():
-            if key not in NOT_CONFIG and key not in frame and isinstance(v, (str, int, float, bool)):
-                values.setdefault(key, set()).add(json.dumps(v))
-                last[key] = v
-                count[key] = count.get(key, 0) + 1
-    return {key: last[key] for key, vals in values.items() if len(vals) == 1 and count[key] == cells}
+    configs = [cfg for name, cfg in run_configs(grid_dir).items() if name in names]
+    if not configs:
+        return {}
+    first = configs[0]
+    return {key: value for key, value in first.items() if is_option(key, value) and key not in frame
+            and all(key in cfg and json.dumps(cfg[key]) == json.dumps(value) for cfg in configs)}
 
 
 def _fill_constant_options(frames: list[pd.DataFrame], constants: list[dict[str, Any]], config_cols: list[str]) -> None:

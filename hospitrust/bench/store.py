@@ -43,6 +43,16 @@ def cell_dirs(grid_dir: Path) -> list[Path]:
     return sorted(p for p in base.iterdir() if p.is_dir() and (p / "config.json").is_file())
 
 
+def run_configs(grid_dir: Path) -> dict[str, dict[str, Any]]:
+    """Cell name -> its run config (``config.json``, old flat keys of a 0.1 run translated)."""
+    return {p.name: legacy.translate(json.loads((p / "config.json").read_text()))[0] for p in cell_dirs(grid_dir)}
+
+
+def is_option(key: str, value: Any) -> bool:
+    """Whether a run-config entry is an option a results table shows (a scalar setting, not a path or a name)."""
+    return key not in NOT_CONFIG and isinstance(value, (str, int, float, bool))
+
+
 def _num(x: Any) -> float:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
 
@@ -73,15 +83,11 @@ def collect(grid_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
     meta = _grid_meta(grid_dir)
     axes_by_cell = {c["cell"]: {**c.get("axes", {}), "hospitals": c.get("hospitals")} for c in meta.get("cells", [])}
     done_events, failed_events = _cell_events(grid_dir)
-    configs: dict[str, dict[str, Any]] = {}
     dirs = {p.name: p for p in cell_dirs(grid_dir)}
-    for name, cell_dir in dirs.items():
-        cfg, _ = legacy.translate(json.loads((cell_dir / "config.json").read_text()))  # a 0.1 run: old flat keys
-        configs[name] = cfg
+    configs = run_configs(grid_dir)
     # cells named in grid.json that never started (or failed before writing config.json)
     names = list(dict.fromkeys([*axes_by_cell, *dirs]))
-    scalar_keys = sorted({k for cfg in configs.values() for k, v in cfg.items()
-                          if k not in NOT_CONFIG and isinstance(v, (str, int, float, bool))})
+    scalar_keys = sorted({k for cfg in configs.values() for k, v in cfg.items() if is_option(k, v)})
     varying = [k for k in scalar_keys if len({json.dumps(cfg.get(k)) for cfg in configs.values()}) > 1]
     axis_cols = list(dict.fromkeys(k for c in axes_by_cell.values() for k in c))
     config_cols = list(dict.fromkeys([*axis_cols, *[k for k in ALWAYS if k in scalar_keys], *varying]))
