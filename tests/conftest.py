@@ -50,6 +50,8 @@ def _data_folder() -> Path:
     return data_folder()[0]
 
 
+# whether the user gave the folder, decided once before the line below sets it for every process (xdist workers too)
+os.environ.setdefault("HOSPITRUST_DATA_DIR_GIVEN", "1" if os.environ.get("HOSPITRUST_DATA_DIR") else "0")
 DATA_DIR = _data_folder()
 os.environ["HOSPITRUST_DATA_DIR"] = str(DATA_DIR)  # what the product (and every process a test starts) reads
 
@@ -187,9 +189,17 @@ def _medmnist_problem() -> str | None:
             missing.append(f"{flag}.npz")
     if not missing:
         return None
-    return (f"MedMNIST files missing: {', '.join(missing)} not in {DATA_DIR} and not downloadable here; "
-            f"set HOSPITRUST_DATA_DIR to a folder holding them, run once with network access, "
-            f"or run the offline tests with -m 'not data'")
+    return missing_data_line(missing)
+
+
+def missing_data_line(missing: list[str]) -> str:
+    """The one line every data-dependent test and fixture fails with: what is missing, where it was looked for
+    ($HOSPITRUST_DATA_DIR, else ~/.medmnist) and the remedies."""
+    where = ("$HOSPITRUST_DATA_DIR" if os.environ["HOSPITRUST_DATA_DIR_GIVEN"] == "1"
+             else "the default ~/.medmnist, as $HOSPITRUST_DATA_DIR is unset")
+    return (f"MedMNIST files missing: {', '.join(missing)} not in {DATA_DIR} ({where}) and not downloadable here; "
+            f"set $HOSPITRUST_DATA_DIR to a folder holding them (or copy them into ~/.medmnist, or run once with "
+            f"network access), or run the offline tests with -m 'not data'")
 
 
 @pytest.fixture
@@ -237,3 +247,44 @@ def federation(tmp_path_factory, _medmnist_problem):
     gen = start_federation(tmp_path_factory.mktemp("deploy"))
     yield next(gen)
     gen.close()
+
+
+# ---- recorded numbers on any CPU -------------------------------------------------------------------
+#: Relative tolerance for float32 results compared with numbers recorded on another machine: each float32
+#: operation rounds at 6e-8 relative, and another CPU's kernels (AVX-512 against AVX2, another summation
+#: order) move a rule's output by up to about 3e-7 relative (measured, issue 42); a rule's few dozen
+#: accumulations stay well inside 1e-5, while a deliberate change of 1e-4 does not.
+RECORDED_RTOL = 1e-5
+#: The guard's input jitter: about one float32 rounding, the size of what another CPU's kernels change.
+JITTER = 1e-7
+
+
+def jitter(t, rel: float, seed: int = 0):
+    """``t`` with every element moved by ``rel`` times a seeded standard normal, relative to itself (float64
+    arithmetic, returned in ``t``'s dtype); ``rel = 0`` returns ``t`` unchanged."""
+    import torch
+
+    if not rel:
+        return t
+    noise = torch.randn(t.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return (t.double() * (1.0 + rel * noise)).to(t.dtype)
+
+
+@pytest.fixture(params=[0.0, JITTER], ids=["as-recorded", "jittered"])
+def input_jitter(request) -> float:
+    """The guard that does not depend on CI's CPU: a recorded-number test runs once on its inputs as recorded
+    and once with them jittered by about one float32 rounding (``jitter``); both must pass, so a tolerance
+    tighter than the arithmetic, or a decision on a knife edge, fails on every machine, not only on another CPU."""
+    return request.param
+
+
+def assert_close_by_norm(got, want, what: str, rtol: float = RECORDED_RTOL, floor: float = 1e-12) -> None:
+    """``||got - want|| <= rtol * ||want|| + floor`` (``floor``: the recorded numbers' rounding), naming the
+    relative difference found."""
+    import numpy as np
+
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, recorded {want.shape}"
+    err, scale = float(np.linalg.norm(got - want)), float(np.linalg.norm(want))
+    assert err <= rtol * scale + floor, (f"{what}: differs from the record by {err:.3g} ({err / max(scale, 1e-300):.3g} "
+                                         f"relative to its norm {scale:.3g}; tolerance {rtol:g} relative)")

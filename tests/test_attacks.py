@@ -71,7 +71,7 @@ def test_alie_hand_computed_3x2():
     # columns: [1, 3, 5] -> mean 3, std (ddof=1) 2 ; [2, 6, 1] -> mean 3, std sqrt(7)
     h = torch.tensor([[1.0, 2.0], [3.0, 6.0], [5.0, 1.0]], dtype=torch.float64)
     expected = torch.tensor([3.0 - 1.5 * 2.0, 3.0 - 1.5 * math.sqrt(7.0)], dtype=torch.float64)
-    assert torch.allclose(U.alie(h, 1.5), expected, atol=1e-12)
+    assert torch.allclose(U.alie(h, 1.5), expected, atol=1e-12)  # float64
 
 
 def test_alie_within_z_std_of_mean():

@@ -252,10 +252,10 @@ def test_contribution_benchmark_scores_are_efficient_against_exact_and_monte_car
         # each order's marginals telescope to v(N) - v({})) all sum to the rounds' total gain
         total = sum(row["shapley"])
         for score in ("fp", "fp-published", "ee-published"):
-            assert sum(row[score]) == pytest.approx(total, abs=1e-9), score
+            assert sum(row[score]) == pytest.approx(total, abs=1e-9), score  # float64
         assert set(row["test_bal_acc"]) == {"fedavg", "shapley", "ee-published"}
         # Everybody-Else never reads the selfish hospital's own reports for its own score
-        assert row["selfish_gain"]["ee"] == pytest.approx(0.0, abs=1e-12)
+        assert row["selfish_gain"]["ee"] == pytest.approx(0.0, abs=1e-12)  # float64
 
 
 def test_attack_matrix_cells_carry_only_their_components_options(tmp_path):

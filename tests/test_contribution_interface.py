@@ -99,8 +99,8 @@ def test_scores_depend_on_the_reported_scalars_only():
     s2 = score_round(SecureRoundView(round=3, total_weight=1.0, reports=tuple(dataclasses.replace(r) for r in reports)))
     assert s1.scores == s2.scores
     # hand check: LOO = v_new - v_without, IOI = v_alone - v_prev, FP sums to the mean gain
-    np.testing.assert_allclose(s1.scores["loo"], [0.1, 0.04, -0.01], atol=1e-12)
-    np.testing.assert_allclose(s1.scores["ioi"], [0.15, 0.01, -0.03], atol=1e-12)
+    np.testing.assert_allclose(s1.scores["loo"], [0.1, 0.04, -0.01], atol=1e-12)  # float64
+    np.testing.assert_allclose(s1.scores["ioi"], [0.15, 0.01, -0.03], atol=1e-12)  # float64
     assert sum(s1.scores["fp"]) == pytest.approx(np.mean([0.2, 0.21, 0.21]))
     # EE of "a" from b's and c's reports only: mean gain (0.21, 0.21) minus their midpoints
     # m_b = (0.04 + 0.01) / 2 = 0.025, m_c = (-0.01 - 0.03) / 2 = -0.02

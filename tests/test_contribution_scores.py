@@ -144,8 +144,8 @@ def test_fair_private_null_player_and_shapley_agree(seed):
     null = int(rng.integers(n))
     values = _game_with_null_player(rng, n, null)
     fp, ee = _fp_ee_from_table(values)
-    assert fp[null] == pytest.approx(0.0, abs=1e-12)
-    assert shapley_exact(values)[null] == pytest.approx(0.0, abs=1e-12)
+    assert fp[null] == pytest.approx(0.0, abs=1e-12)  # float64
+    assert shapley_exact(values)[null] == pytest.approx(0.0, abs=1e-12)  # float64
 
 
 def test_everybody_else_gives_up_the_null_player_axiom():
@@ -199,9 +199,9 @@ def test_additive_games_all_three_equal_shapley(seed):
     a = rng.normal(size=n)
     values = coalition_values(n, lambda mask: 0.7 + sum(a[i] for i in range(n) if (mask >> i) & 1))
     fp, ee = _fp_ee_from_table(values)
-    np.testing.assert_allclose(shapley_exact(values), a, atol=1e-12)
-    np.testing.assert_allclose(fp, a, atol=1e-12)
-    np.testing.assert_allclose(ee, a, atol=1e-12)
+    np.testing.assert_allclose(shapley_exact(values), a, atol=1e-12)  # float64
+    np.testing.assert_allclose(fp, a, atol=1e-12)  # float64
+    np.testing.assert_allclose(ee, a, atol=1e-12)  # float64
 
 
 @pytest.mark.parametrize("seed", range(10))

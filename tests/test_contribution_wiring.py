@@ -48,7 +48,7 @@ def test_contribution_strategy_run_scores_every_round_and_weights_by_score(tmp_p
         for vals in c["hospitals"].values():
             assert set(vals) == SCORES and all(np.isfinite(v) for v in vals.values())
         # Fair-Private is efficient: it shares out exactly the round's (mean reported) gain
-        assert sum(v["fp"] for v in c["hospitals"].values()) == pytest.approx(c["total_gain"], abs=1e-9)
+        assert sum(v["fp"] for v in c["hospitals"].values()) == pytest.approx(c["total_gain"], abs=1e-9)  # float64
     # round 1 is FedAvg (no scores yet); round 2 weighs by round 1's clipped positive FP
     first = {c["hospital"]: c for c in rounds[0]["clients"]}
     n = np.array([first[h]["num_examples"] for h in sorted(first)], dtype=float)
@@ -143,8 +143,8 @@ def test_a_selfish_hospital_moves_its_loo_ioi_and_fp_but_not_its_ee(tmp_path, da
     # its reports do enter its Fair-Private score (up or down: the residual moves too) ...
     assert selfish[me]["fp"] != pytest.approx(honest[me]["fp"], abs=1e-6)
     # ... which stays efficient: the lie does not change the round's gain being shared
-    assert sum(v["fp"] for v in selfish.values()) == pytest.approx(sum(v["fp"] for v in honest.values()), abs=1e-9)
-    assert selfish[me]["ee"] == pytest.approx(honest[me]["ee"], abs=1e-9)  # its own reports never enter it
+    assert sum(v["fp"] for v in selfish.values()) == pytest.approx(sum(v["fp"] for v in honest.values()), abs=1e-9)  # float64
+    assert selfish[me]["ee"] == pytest.approx(honest[me]["ee"], abs=1e-9)  # float64: its own reports never enter it
     for other in ("hospital-1", "hospital-2"):  # its lie lowers the others' EE by exactly its inflation
         assert selfish[other]["ee"] == pytest.approx(honest[other]["ee"] - 0.1, abs=1e-6)
 

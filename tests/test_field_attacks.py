@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import jitter
+
 from hospitrust import aggregation as agg
 from hospitrust.aggregation import earn
 from hospitrust.aggregation.hta import hta_fusion, hta_signals, mad_exclusion, reputation_update
@@ -23,7 +25,7 @@ from hospitrust.attacks.math import update as U
 T = functools.partial(torch.tensor, dtype=torch.float64)
 
 
-def close(a, b, atol=1e-9):
+def close(a, b, atol=1e-9):  # float64
     torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
                                atol=atol, rtol=0)
 
@@ -68,7 +70,7 @@ def test_tailored_ipm_keeps_the_start_when_nothing_is_better():
     h = _honest()
     # a rule that ignores the last rows: no strength moves it, the search keeps eps = start
     _, rec = TA.tailored_ipm(h, lambda x: x[:8].mean(0), 2, start=0.5)
-    assert rec["strength"] == 0.5 and rec["distance"] == pytest.approx(0.0, abs=1e-12)
+    assert rec["strength"] == 0.5 and rec["distance"] == pytest.approx(0.0, abs=1e-12)  # float64
 
 
 def test_tailored_attack_with_a_pre_aggregation_chain_in_the_loop():
@@ -139,11 +141,11 @@ def test_turn_towards_hand():
 
 def test_hta_trust_needed_hand():
     others = torch.full((8,), 0.8, dtype=torch.float64)  # median 0.8, MAD 0: excluded iff R < 0.4
-    assert A.hta_trust_needed(None, 0.0, others)["tau"] == pytest.approx(0.4, abs=1e-9)  # first round: R = tau
+    assert A.hta_trust_needed(None, 0.0, others)["tau"] == pytest.approx(0.4, abs=1e-9)  # float64: first round: R = tau
     # r = 0.9 + 0.3 delta, sd = sqrt(0.21) |delta|: R = 0.9 + (0.3 + sqrt(0.21)) delta >= 0.4
     expected = 0.9 - 0.5 / (0.3 + math.sqrt(0.21))
     need = A.hta_trust_needed(0.9, 0.0, others)
-    assert need["tau"] == pytest.approx(expected, abs=1e-9) and need["feasible"]
+    assert need["tau"] == pytest.approx(expected, abs=1e-9) and need["feasible"]  # float64
 
 
 def test_hta_band_attack_stays_in_the_band_under_htas_own_functions():
@@ -219,8 +221,8 @@ RULE_PAIRS = {
 
 
 @pytest.mark.parametrize("name", list(RULE_PAIRS))
-def test_tailored_alie_and_ipm_match_byzfls_optimal_attacks(name):
-    honest = torch.randn(9, 6, generator=torch.Generator().manual_seed(7)) + 0.3
+def test_tailored_alie_and_ipm_match_byzfls_optimal_attacks(name, input_jitter):
+    honest = jitter(torch.randn(9, 6, generator=torch.Generator().manual_seed(7)) + 0.3, input_jitter)
     ours_rule, theirs_rule, pre = RULE_PAIRS[name]
     pre_list = [byzfl.NNM(2)] if pre else []
     theirs = byzfl.Optimal_ALittleIsEnough(agg=theirs_rule(), pre_agg_list=pre_list, f=2)(honest.clone())

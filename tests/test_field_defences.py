@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from conftest import jitter
 from hospitrust.aggregation import pre_aggregation as P
 from hospitrust.aggregation.clipped_clustering import clipped_clustering
 from hospitrust.aggregation.dnc import dnc, random_coordinates
@@ -21,7 +22,7 @@ from hospitrust.aggregation.subset_rules import caf, mda, monna, smea
 T = functools.partial(torch.tensor, dtype=torch.float64)
 
 
-def close(a, b, atol=1e-9):
+def close(a, b, atol=1e-9):  # float64
     torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
                                atol=atol, rtol=0)
 
@@ -68,13 +69,13 @@ def test_chain_is_the_steps_in_order_and_origin_traces_the_hospitals():
              functools.partial(P.bucketing_mixing, bucket_size=2, permutation=[8, 7, 6, 5, 4, 3, 2, 1, 0])]
     y, recs = P.chain(x, steps)
     step_by_step = P.bucketing(P.nnm(P.arc(x, 2)[0], 2)[0], 2, permutation=[8, 7, 6, 5, 4, 3, 2, 1, 0])[0]
-    close(y, step_by_step, atol=1e-10)
+    close(y, step_by_step, atol=1e-10)  # float64
     assert [r.step for r in recs] == ["arc", "nnm", "bucketing"] and y.shape == (5, 6)
-    close(P.origin(recs) @ x, y, atol=1e-10)
+    close(P.origin(recs) @ x, y, atol=1e-10)  # float64
     assert P.chain(x, [])[0] is x
     buf = torch.empty_like(y)
     assert P.chain(x, steps, out=buf)[0] is buf and P.nnm(x, 2, out=torch.empty_like(x))[0].shape == x.shape
-    close(buf, y, atol=1e-10)
+    close(buf, y, atol=1e-10)  # float64
     with pytest.raises(ValueError, match="out must have shape"):
         P.arc(x, 2, out=buf)
     with pytest.raises(ValueError, match="f < n"):
@@ -84,7 +85,7 @@ def test_chain_is_the_steps_in_order_and_origin_traces_the_hospitals():
 def test_nnm_is_permutation_equivariant():
     x = torch.randn(7, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     perm = torch.tensor([3, 0, 6, 1, 5, 2, 4])
-    close(P.nnm(x[perm], 2)[0], P.nnm(x, 2)[0][perm], atol=1e-12)
+    close(P.nnm(x[perm], 2)[0], P.nnm(x, 2)[0][perm], atol=1e-12)  # float64
 
 
 # ------------------------------------------------------------------ rules, by hand
@@ -163,11 +164,12 @@ def test_foolsgold_pardoning_hand():
     close(parts["weights"], [0.0, 0.0, 1.0])
 
 
-def test_foolsgold_history_is_state_in_and_out():
+def test_foolsgold_history_is_state_in_and_out(input_jitter):
     x1, x2 = T([[1.0, 0.0], [0.0, 1.0]]), T([[0.0, 1.0], [1.0, 0.0]])
+    x1, x2 = jitter(x1, input_jitter, seed=1), jitter(x2, input_jitter, seed=2)  # copies up to rounding are copies
     _, h1, _ = foolsgold(x1)
     out, h2, rec = foolsgold(x2, h1)
-    close(h2, [[1.0, 1.0], [1.0, 1.0]])  # the histories now agree: both are Sybils
+    close(h2, [[1.0, 1.0], [1.0, 1.0]], atol=1e-6)  # the histories now agree: both are Sybils
     close(rec.detail["learning_rates"], [0.0, 0.0])
     close(out, [0.0, 0.0])
     buf = h1.clone()
@@ -175,6 +177,23 @@ def test_foolsgold_history_is_state_in_and_out():
     close(buf, h2)
     with pytest.raises(ValueError, match="history must have the updates' shape"):
         foolsgold(x2, torch.zeros(3, 2))
+
+
+@pytest.mark.parametrize("cosine", [1.0 - 2.0 ** -52, 1.0, 1.0 + 2.0 ** -52])
+def test_foolsgold_copies_get_zero_whatever_the_last_bit_of_their_cosine(cosine):
+    """2 / (sqrt(2) sqrt(2)) is 0.9999999999999998 on one CPU and 1.0 on another: both, and one ulp above, give 0."""
+    assert foolsgold_weights(T([[1.0, cosine], [cosine, 1.0]]))["weights"].tolist() == [0.0, 0.0]
+
+
+def test_foolsgold_decides_a_copy_at_the_explicit_threshold():
+    """alpha = 1 - cosine: just below ALPHA_ZERO it is a copy (weight 0), just above it a distinct client (after
+    the rescaling by the largest, alpha = 1 -> 0.99, logit ln 99 + 0.5 > 1: weight 1)."""
+    from hospitrust.aggregation.foolsgold import ALPHA_ZERO
+
+    for alpha, weight in ((0.5 * ALPHA_ZERO, 0.0), (2.0 * ALPHA_ZERO, 1.0)):
+        c = 1.0 - alpha
+        got = foolsgold_weights(T([[1.0, c], [c, 1.0]]))["weights"]
+        assert got.tolist() == [weight, weight], (alpha, got)
 
 
 def test_dnc_hand():
@@ -253,7 +272,7 @@ def test_permutation_invariant(name):
             "dnc": lambda x: dnc(x, f)[0], "flame": lambda x: flame(x, noise_lambda=0.0)[0],
             "signguard": lambda x: signguard(x, coordinate_fraction=1.0)[0],
             "clipped_clustering": lambda x: clipped_clustering(x)[0], "foolsgold": lambda x: foolsgold(x)[0]}[name]
-    close(rule(x[perm]), rule(x), atol=1e-9)
+    close(rule(x[perm]), rule(x), atol=1e-9)  # float64
 
 
 def test_subset_rules_stay_in_the_honest_hull():
@@ -290,8 +309,8 @@ def _near(ours, theirs):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("f", [1, 2, 3])
-def test_pre_aggregation_and_subset_rules_match_byzfl(seed, f):
-    x = _data(seed)
+def test_pre_aggregation_and_subset_rules_match_byzfl(seed, f, input_jitter):
+    x = jitter(_data(seed), input_jitter, seed=seed)
     _near(P.nnm(x, f)[0], byzfl.NNM(f)(x.clone()))
     _near(P.arc(x, f)[0], byzfl.ARC(f)(x.clone()))
     _near(mda(x, f)[0], byzfl.MDA(f)(x.clone()))

@@ -25,7 +25,7 @@ NAMES = ["h0", "h1", "h2", "h3"]
 X = T([[3.0, 4.0], [0.0, 1.0], [0.0, 2.0], [6.0, 8.0]])  # norms 5, 1, 2, 10
 
 
-def close(a, b, atol=1e-12):
+def close(a, b, atol=1e-12):  # float64
     torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
                                atol=atol, rtol=0)
 
@@ -249,4 +249,4 @@ def test_bucketing_before_the_median_in_a_real_inprocess_run(tmp_path, data_dir)
         mine = next(b for b in buckets if c["hospital"] in b)
         assert c["pre_aggregation"]["steps"] == [{"step": "bucketing", "bucket": mine}]
         assert c["pre_aggregation"]["mixed_from"] == {h: 0.5 for h in sorted(mine)}
-        assert norm[mine[0]] == pytest.approx(norm[mine[1]], rel=1e-12)  # both members handed the bucket's mean
+        assert norm[mine[0]] == pytest.approx(norm[mine[1]], rel=1e-12)  # float64: both members handed the bucket's mean

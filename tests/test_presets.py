@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import assert_close_by_norm, jitter
 from hospitrust.strategies import build_strategy
 
 #: each variant subclass's ``Options().to_flat()`` at commit d43dd7e
@@ -46,9 +47,10 @@ OLD_AGGREGATES = json.loads((Path(__file__).parent / "golden" / "preset_aggregat
 COUNTS = [[100, 25, 19], [100, 30, 0], [100, 5, 50], [100, 0, 0], [80, 22, 3]]
 
 
-def _fingerprint(name):
+def _fingerprint(name, rel_jitter=0.0):
     """Two rounds of five hospitals on a linear head (weight (3, 2), bias (3,)): reported class counts
-    (EARN) and benchmark errors (FedAgain) in the replies, one update four times larger."""
+    (EARN) and benchmark errors (FedAgain) in the replies, one update four times larger. ``rel_jitter``
+    moves the updates and benchmark errors by that much, relative (the any-CPU guard)."""
     n = 5
     s = build_strategy(name, {100 + i: f"h{i}" for i in range(n)})
     s.global_state = {"fc.weight": torch.zeros(3, 2), "fc.bias": torch.zeros(3)}
@@ -57,7 +59,9 @@ def _fingerprint(name):
     for rnd in (1, 2):
         u = torch.randn(n, 9, generator=gen) * torch.tensor([0.1, 0.2, 0.1, 0.3, 0.1, 0.2, 0.05, 0.1, 0.2])
         u[4] *= 4.0
-        replies = [SimpleNamespace(node_id=100 + i, metrics={"class-counts": COUNTS[i], "benchmark-error": 0.1 + 0.07 * i})
+        u = jitter(u, rel_jitter, seed=rnd)
+        errors = jitter(torch.tensor([0.1 + 0.07 * i for i in range(n)], dtype=torch.float64), rel_jitter, seed=10 + rnd)
+        replies = [SimpleNamespace(node_id=100 + i, metrics={"class-counts": COUNTS[i], "benchmark-error": float(errors[i])})
                    for i in range(n)]
         agg = s.aggregate_updates(rnd, u, torch.tensor([10.0, 20, 30, 40, 50], dtype=torch.float64), replies)
         out.append(([round(float(x), 12) for x in agg.update], [round(float(x), 12) for x in agg.weights],
@@ -70,13 +74,34 @@ def test_each_variant_resolves_to_the_old_subclass_defaults(name):
     assert build_strategy(name, {1: "a", 2: "b"}).options.to_flat() == OLD_DEFAULTS[name]
 
 
+def assert_aggregates_as_recorded(name, got):
+    """The same hospitals selected, update and weights within the float32 arithmetic's tolerance (by norm)."""
+    for rnd, ((update, weights, selected), (old_update, old_weights, old_selected)) in enumerate(
+            zip(got, OLD_AGGREGATES[name], strict=True), start=1):
+        assert selected == old_selected, f"{name} round {rnd}: selected {selected}, recorded {old_selected}"
+        assert_close_by_norm(update, old_update, f"{name} round {rnd}: the aggregate")
+        assert_close_by_norm(weights, old_weights, f"{name} round {rnd}: the weights")
+
+
 @pytest.mark.parametrize("name", sorted(OLD_AGGREGATES))
-def test_each_variant_and_renamed_rule_aggregates_as_before(name):
-    got = _fingerprint(name)
-    for (update, weights, selected), (old_update, old_weights, old_selected) in zip(got, OLD_AGGREGATES[name]):
-        assert selected == old_selected
-        assert update == pytest.approx(old_update, abs=1e-11)
-        assert weights == pytest.approx(old_weights, abs=1e-11)
+def test_each_variant_and_renamed_rule_aggregates_as_before(name, input_jitter):
+    assert_aggregates_as_recorded(name, _fingerprint(name, input_jitter))
+
+
+@pytest.mark.parametrize("name", ["hta", "earn", "fedagain"])
+def test_a_change_of_1e_4_in_a_rules_output_fails_the_comparison(name, monkeypatch):
+    """The tolerance is no blanket: the rule's aggregate moved by 1e-4 (on each coordinate) is told apart."""
+    cls = type(build_strategy(name, {1: "a", 2: "b"}))
+    aggregate = cls.aggregate_updates
+
+    def nudged(self, *args, **kwargs):
+        out = aggregate(self, *args, **kwargs)
+        out.update.add_(1e-4)
+        return out
+
+    monkeypatch.setattr(cls, "aggregate_updates", nudged)
+    with pytest.raises(AssertionError, match="the aggregate: differs from the record"):
+        assert_aggregates_as_recorded(name, _fingerprint(name))
 
 
 # ---- the registry: rules and presets ------------------------------------------------------------

@@ -101,7 +101,7 @@ def test_fedagain_authors_code_uses_cosine_divergence_and_eps_on_each_factor():
     assert agg.extra["divergence"] == pytest.approx([d0, 2.0], rel=1e-6)
     assert float(agg.weights[0]) == pytest.approx((4 + 2 * math.sqrt(2)) / (5 + 2 * math.sqrt(2)), rel=1e-5)
     t0 = 1 / ((0.5 + 1e-6) * (d0 + 1e-6))
-    assert agg.extra["trust"][0] == pytest.approx(t0, rel=1e-9)
+    assert agg.extra["trust"][0] == pytest.approx(t0, rel=1e-9)  # float64
 
 
 # ---- HTA ---------------------------------------------------------------------------------------
@@ -247,8 +247,8 @@ def test_fair_private_published_null_player_and_additive_games(seed):
     values = np.array([sum(a[i] for i in range(4) if (m >> i) & 1) for m in masks])  # additive: v(S) = sum a
     loo, ioi, delta = marginals_from_table(values)
     fp = fair_private_published(loo, ioi, delta)
-    np.testing.assert_allclose(fp, shapley_exact(values), atol=1e-12)  # = Shapley = a
-    assert fp[2] == pytest.approx(0.0, abs=1e-12)
+    np.testing.assert_allclose(fp, shapley_exact(values), atol=1e-12)  # float64: = Shapley = a
+    assert fp[2] == pytest.approx(0.0, abs=1e-12)  # float64
     assert everybody_else_published(loo, ioi, np.full(4, delta))[2] != pytest.approx(0.0, abs=1e-6)
 
 
@@ -297,7 +297,7 @@ def test_fedagain_published_in_a_real_inprocess_run(tmp_path, data_dir):
     assert [c["weight"] for c in rec["clients"]] == pytest.approx([t / sum(trust) for t in trust])
     for c in rec["clients"]:  # the paper's factors, unfloored: T = 1 / (E D + 1e-6)
         assert c["error_floored"] == pytest.approx(c["benchmark_error_used"])
-        assert c["trust"] == pytest.approx(1 / (c["benchmark_error_used"] * c["divergence"] + 1e-6), rel=1e-9)
+        assert c["trust"] == pytest.approx(1 / (c["benchmark_error_used"] * c["divergence"] + 1e-6), rel=1e-9)  # float64
         assert c["flagged"] is False
 
 

@@ -146,4 +146,6 @@ def test_fedrs_alpha_reaches_the_hospitals_training(tmp_path, data_dir):
     assert final_loss("spec-on", **specialist, **{"train.fedrs-alpha": 0.0}) != pytest.approx(
         final_loss("spec-off", **specialist), rel=1e-6)
     iid = {"partitioner": "iid"}
-    assert final_loss("iid-on", **iid, **{"train.fedrs-alpha": 0.0}) == pytest.approx(final_loss("iid-off", **iid), rel=1e-9)
+    # float32 runs on one machine: the same arithmetic gives the same bits; 1e-6 allows a reordered sum and still
+    # tells apart the specialist case above
+    assert final_loss("iid-on", **iid, **{"train.fedrs-alpha": 0.0}) == pytest.approx(final_loss("iid-off", **iid), rel=1e-6)

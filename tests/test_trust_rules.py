@@ -495,7 +495,7 @@ def test_earn_on_an_hta_base_weighs_the_body_by_reputation_and_keeps_it_across_a
     for rnd in range(1, 13):
         _, by = _earn_round(s, rnd, gen, n=7, flipper=6)
     # HTA's direction signal is 0 for the negated update: no reputation, no weight in the body
-    assert by["h6"]["s"] == 0.0 and by["h6"]["weight"] == pytest.approx(0.0, abs=1e-12)
+    assert by["h6"]["s"] == 0.0 and by["h6"]["weight"] == pytest.approx(0.0, abs=1e-12)  # float64
     assert by["h6"]["flagged"]
     assert sum(c["weight"] for c in by.values()) == pytest.approx(1.0)
     # the rare row still rewards the specialist and holds the faker to at most its base weight
@@ -528,7 +528,7 @@ def test_earn_excuses_an_audited_specialists_direction_but_not_a_sign_flipper():
         for rnd in range(1, 16):
             _, by = _earn_round(s, rnd, gen, n=7, flipper=6, specialist_body=torch.tensor([1.0, -2.5, 0.0]))
         assert s.trust["h0"][2] == pytest.approx(1.0) and s.trust["h6"][2] >= 0.8  # both pass the row audit
-        assert by["h6"]["weight"] == pytest.approx(0.0, abs=1e-12) and by["h6"]["excluded"]
+        assert by["h6"]["weight"] == pytest.approx(0.0, abs=1e-12) and by["h6"]["excluded"]  # float64
         body[excuse] = by["h0"]
     assert body[False]["s"] < 0.1 and body[False]["weight"] < 0.05
     assert body[True]["s"] > 0.9 and body[True]["s_raw"] < 0.1  # the others' s are about 1 here

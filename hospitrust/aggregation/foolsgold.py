@@ -8,7 +8,14 @@ from ._validation import check_updates
 from .kernels import gram, weighted_row_sum
 from .records import RuleRecord
 
-__all__ = ["foolsgold_weights", "foolsgold"]
+__all__ = ["foolsgold_weights", "foolsgold", "ALPHA_ZERO"]
+
+#: Learning rates below this are 0 before the rescaling by the largest. Exact copies have cosine 1 up to one
+#: rounding (2 / (sqrt(2) sqrt(2)) = 0.9999999999999998 on one CPU, 1.0 on another), so their alpha is 0 or 2e-16
+#: by the CPU's rounding; without the threshold, ``alpha / max(alpha)`` turns 2e-16 into 1 and the copies get
+#: full weight. 1e-12 is far above float64's rounding (1e-16) and far below any similarity a real pair of
+#: histories has short of a copy (1 - 1e-12 is a cosine no two independent updates reach).
+ALPHA_ZERO = 1e-12
 
 
 def foolsgold_weights(history_gram: torch.Tensor, confidence: float = 1.0) -> dict[str, torch.Tensor]:
@@ -23,9 +30,10 @@ def foolsgold_weights(history_gram: torch.Tensor, confidence: float = 1.0) -> di
         \alpha \leftarrow \alpha / \max_j \alpha_j \ (\alpha_i = 1 \to 0.99),\quad
         \alpha_i \leftarrow \mathrm{clip}\bigl(\kappa(\ln\tfrac{\alpha_i}{1 - \alpha_i} + 0.5), 0, 1\bigr)
 
-    (Fung et al., Algorithm 1, with the authors' code's zero diagonal and clips). All :math:`\alpha = 0` before the
-    rescaling (every history identical to another) gives all weights 0. A zero history has
-    cosine 0 with everything.
+    (Fung et al., Algorithm 1, with the authors' code's zero diagonal and clips). An :math:`\alpha` below
+    ``ALPHA_ZERO`` (1e-12) is 0 before the rescaling, so that copies get 0 on every CPU, not 0 or 1 by one
+    rounding. All :math:`\alpha = 0` before the rescaling (every history identical to another) gives all
+    weights 0. A zero history has cosine 0 with everything.
 
     Parameters
     ----------
@@ -52,6 +60,7 @@ def foolsgold_weights(history_gram: torch.Tensor, confidence: float = 1.0) -> di
     pardon = v[None, :] > v[:, None]  # [i, j]: v_j > v_i (> 0)
     cs = torch.where(pardon, cs * v[:, None] / v.clamp_min(1e-300)[None, :], cs)
     alpha = (1.0 - cs.amax(1)).clamp(0.0, 1.0)
+    alpha = torch.where(alpha < ALPHA_ZERO, torch.zeros_like(alpha), alpha)  # a copy up to rounding is a copy
     if float(alpha.max()) <= 0:
         return {"weights": torch.zeros(n, dtype=torch.float64), "max_similarity": v, "similarity": cs}
     alpha = alpha / alpha.max()
