@@ -161,3 +161,19 @@ def test_the_clientapp_uses_the_gate_values_and_nothing_else(data_dir):
     assert (plain.local_epochs(server), plain.batch_size(server)) == (50, 512)
     with pytest.raises(GateValuesError, match="not version 1"):
         gate_values({GATE_KEY: json.dumps({"version": 2})})
+
+
+def test_min_hospitals_counts_the_key_entries_the_server_lists_and_says_so():
+    """Finding 6, what can be tested: the count is of the key entries at SecAgg+'s key-sharing stage (Flower's record:
+    the stage, then one public-key pair per node id). The server makes that list, so entries it made itself count
+    too; the policy's own description and docs/security.md say so rather than claim more."""
+    policy = SitePolicy.model_validate({"min-hospitals": 3})
+    run = {"min-hospitals": 3, "secagg.enabled": True}
+    own = {"stage": "share_keys", "101": [b"pk1", b"pk2"]}
+    assert refusal(policy, "train", {}, run, secagg=own) == "min-hospitals: SecAgg+ shares keys among 1 key entries < 3"
+    made_up = {**own, "900": [b"s1", b"s2"], "901": [b"s3", b"s4"]}  # two entries of key pairs the server made
+    assert refusal(policy, "train", {}, run, secagg=made_up) is None  # the documented limit: a count, not identities
+    description = SitePolicy.model_fields["min_hospitals"].description or ""
+    assert "The server makes that list" in description and "not against one that adds keys it made itself" in description
+    security = (Path(__file__).resolve().parents[1] / "docs" / "security.md").read_text()
+    assert "one real hospital and two made-up entries pass `min-hospitals = 3`" in security
