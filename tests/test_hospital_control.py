@@ -66,8 +66,8 @@ def guarded(federation):
         fed.wait_connected(NAME)
 
 
-def _run(fed, name: str, app: Path, extra: str = "") -> tuple[dict, list[dict]]:
-    config = run_config(fed, name, f"{task_keys(fed)} {extra}", rounds=1)
+def _run(fed, name: str, app: Path, extra: str = "", keys: bool = True) -> tuple[dict, list[dict]]:
+    config = run_config(fed, name, f"{task_keys(fed) if keys else ''} {extra}", rounds=1)
     if "local-epochs=" in extra:  # flwr refuses a key given twice: the federation's default gives way
         config = config.replace("local-epochs=2 ", "", 1)
     run_id = fed.submit(config, app=app)
@@ -145,3 +145,54 @@ def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refu
     res = subprocess.run([sys.executable, "-m", "hospitrust.cli.main", "deploy", "audit", str(audit_log), "--quiet"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 1 and "line 3:" in res.stderr, res.stdout + res.stderr
+
+
+POLICY = "max-local-epochs = 2\nallow-attacks = false\n"  # the guarded fixture's policy, restored after each test
+
+
+def test_the_image_limit_is_checked_against_the_images_the_hospital_trains_on(guarded):
+    """Finding 1: max-images-per-round = 50 with train-subsample = 0.02 was accepted (the policy scaled this hospital's
+    count by train-subsample, which its own data ignores) and it trained on every image. Now the gate counts what the
+    ClientApp will use: local epochs x its data check's images, whatever train-subsample says."""
+    fed = guarded
+    policy = fed.work / "gate" / "policy.toml"
+    images = sum(1 for p in Path(fed.export[NAME]).rglob("*") if p.is_file() and p.suffix.lower() == ".dcm")
+    assert images * 2 * 0.02 < 50 < images * 2  # the old rule accepted this run, the new one refuses it
+    policy.write_text(POLICY + "max-images-per-round = 50\n")
+    try:
+        config, rounds = _run(fed, "gate-images", fed.app, "train-subsample=0.02")
+    finally:
+        policy.write_text(POLICY)
+    assert config["failed-hospitals"] == []  # it answered the query: the rule is about training
+    entry = next(c for c in rounds[0]["clients"] if c["hospital"] == NAME)
+    assert entry["rejected"] and entry["reason"] == (
+        f"refused by site policy: max-images-per-round: 2 epochs x {images} images = {2 * images} > 50"), entry
+    assert _trained(rounds) == {"st-mary", "hospital-1"}
+    # the gate's resolved values are in the audit entry of every message it decided
+    entries = [e for e in map(json.loads, fed.gate["audit"].read_text().splitlines())
+               if e["message"] == "train" and e["decision"] == "refused" and "max-images-per-round" in e.get("reason", "")]
+    assert entries and entries[-1]["agreed"] == {
+        "task": "pneumoniamnist-export", "classes": ["normal", "pneumonia"], "local-epochs": 2, "batch-size": 32,
+        "images-per-epoch": images, "images-per-round": 2 * images}, entries[-1]
+
+
+def test_a_message_without_a_task_is_refused_where_the_policy_names_tasks(guarded):
+    """Finding 2: an operator-side ServerApp edit sends its query without the task, and the run's task.file names
+    another task (64x64 chest-xray). The old policy read the run config's default dataset (pneumoniamnist, a task this
+    hospital joins), skipped the class check and accepted; the ClientApp then decoded the images as chest-xray."""
+    fed = guarded
+    variant = _variant(fed, "no-task")
+    discovery = variant / "hospitrust" / "server_app" / "discovery.py"
+    sent = 'RecordDict({"config": ConfigRecord({TASK_KEY: task.to_json()})}) if task is not None else RecordDict()'
+    assert sent in discovery.read_text()
+    discovery.write_text(discovery.read_text().replace(sent, "RecordDict()"))
+    fed.gate["store"].approve(approval.build_fab(variant), by="security-officer")  # approved: the policy must hold
+    policy = fed.work / "gate" / "policy.toml"
+    policy.write_text(POLICY + 'tasks = ["pneumoniamnist-export", "pneumoniamnist"]\n')
+    try:
+        config, rounds = _run(fed, "gate-no-task", variant, 'task.file="tasks/chest-xray.toml"', keys=False)
+    finally:
+        policy.write_text(POLICY)
+    refused = {f["hospital"]: f["reason"] for f in config["failed-hospitals"]}
+    assert refused.get(NAME, "").startswith("refused by site policy: tasks: the message names no task"), config["failed-hospitals"]
+    assert NAME not in _trained(rounds)

@@ -117,8 +117,10 @@ def test_the_site_policy_rule_by_rule():
     assert refusal(policy, TRAIN, ok, run, hospital_images=400) is None
     assert refusal(policy, TRAIN, {**ok, "local-epochs": 3}, run, hospital_images=400) == "max-local-epochs: 3 > 2"
     assert refusal(policy, TRAIN, {**ok, "batch-size": 128}, run, hospital_images=400) == "max-batch-size: 128 > 64"
-    assert refusal(policy, TRAIN, ok, run, hospital_images=600) == "max-images-per-round: 1200 > 1000"
-    assert refusal(policy, TRAIN, ok, {**run, "train-subsample": 0.5}, hospital_images=600) is None
+    assert refusal(policy, TRAIN, ok, run, hospital_images=600) == "max-images-per-round: 2 epochs x 600 images = 1200 > 1000"
+    # a hospital's own data ignores train-subsample: the count it trains on is not scaled by it
+    assert refusal(policy, TRAIN, ok, {**run, "train-subsample": 0.5}, hospital_images=600) == \
+        "max-images-per-round: 2 epochs x 600 images = 1200 > 1000"
     assert "unknown" in refusal(policy, TRAIN, ok, run)
     assert refusal(policy, "query", {"task": task}, {**run, "attack": "sign-flip"}) == \
         "allow-attacks: the run configures attack 'sign-flip'"
@@ -137,7 +139,7 @@ def test_the_site_policy_rule_by_rule():
     # at SecAgg+'s key-sharing stage the hospital counts the keys it will mask with: the server cannot state more
     run = {"min-hospitals": 3, "secagg.enabled": True}
     two = {"stage": "share_keys", "11": (b"a", b"b"), "12": (b"c", b"d")}
-    assert refusal(quorum, TRAIN, {}, run, secagg=two) == "min-hospitals: SecAgg+ shares keys among 2 hospitals < 3"
+    assert refusal(quorum, TRAIN, {}, run, secagg=two) == "min-hospitals: SecAgg+ shares keys among 2 key entries < 3"
     assert refusal(quorum, TRAIN, {}, run, secagg={**two, "13": (b"e", b"f")}) is None
     assert refusal(quorum, TRAIN, {}, run, secagg={"stage": "setup", "sample_num": 2}) is None
     silent = SitePolicy.model_validate({"messages": ["query", "train", "evaluate"]})
@@ -177,7 +179,9 @@ def test_the_audit_chain_verifies_and_names_an_edited_or_deleted_line(tmp_path):
 
 
 def test_the_gate_decides_from_approvals_signatures_and_policy(tmp_path):
-    content = approval.build_fab(make_app(tmp_path / "app"))
+    app = make_app(tmp_path / "app")
+    (app / "pyproject.toml").write_text(APP_TOML + "\n[tool.hospitrust]\ngate-values = 1\n")  # it uses the gate's values
+    content = approval.build_fab(app)
     sha = approval.fab_sha256(content)
     key, pub, key_id = approval.create_signing_key(tmp_path / "keys", "release")
     policy = tmp_path / "policy.toml"

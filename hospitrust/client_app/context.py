@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -15,6 +16,7 @@ from hospitrust import metrics
 from hospitrust.config import NodeConfig, RunConfig, memoised_node_config, memoised_run_config
 from hospitrust.datasets.federation import HospitalData, LabelledImages, simulated_hospital
 from hospitrust.datasets.local import HospitalDataError, RowView, data_card, load_local, split_local
+from hospitrust.errors import HospitalError
 from hospitrust.models.training import predict_proba
 from hospitrust.privacy.ledger import content_hash
 from hospitrust.tasks.model import task_model
@@ -22,6 +24,28 @@ from hospitrust.tasks.task import TASK_KEY, Task, resolve_task
 
 #: Where a hospital keeps the task the server sent with the query round (``context.state``).
 TASK_STATE = "hospitrust-task"
+#: The node-config key where the hospital's gate (``hospitrust.ops.deploy.policy.GATE_KEY``) hands this ClientApp the
+#: values it checked its site policy against; this bundle declares that it uses them ([tool.hospitrust] gate-values = 1).
+GATE_KEY = "hospitrust-gate"
+GATE_VALUES_VERSION = 1
+
+
+class GateValuesError(HospitalError, ValueError):
+    """The hospital's gate handed values this ClientApp cannot use, or its data no longer fits them."""
+
+
+def gate_values(node_config: dict[str, Any]) -> dict[str, Any] | None:
+    """The values the hospital's gate resolved for this message (None: no gate runs at this hospital)."""
+    text = node_config.get(GATE_KEY)
+    if text is None:
+        return None
+    try:
+        values = json.loads(str(text))
+    except ValueError:
+        raise GateValuesError("the hospital's gate values are not valid JSON") from None
+    if not isinstance(values, dict) or values.get("version") != GATE_VALUES_VERSION:
+        raise GateValuesError(f"the hospital's gate values are not version {GATE_VALUES_VERSION}, the one this ClientApp uses")
+    return values
 
 
 @dataclass(frozen=True)
@@ -33,6 +57,33 @@ class HospitalContext:
     task: Task
     data: HospitalData
     card: dict[str, Any] = field(default_factory=dict, compare=False)
+    #: what the hospital's gate checked its site policy against (:func:`gate_values`); None without a gate
+    agreed: dict[str, Any] | None = field(default=None, compare=False)
+
+    def _agreed_int(self, key: str) -> int:
+        value = cast(dict, self.agreed).get(key)
+        if not isinstance(value, int):
+            raise GateValuesError(f"the hospital's gate resolved no {key.replace('_', '-')} for this message")
+        return value
+
+    def local_epochs(self, server_cfg: ConfigRecord) -> int:
+        """The local epochs: the gate's, else the message's, else the run config's."""
+        if self.agreed is not None:
+            return self._agreed_int("local_epochs")
+        return int(cast(int, server_cfg.get("local-epochs", self.cfg.local_epochs)))
+
+    def batch_size(self, server_cfg: ConfigRecord) -> int:
+        """The batch size: the gate's, else the message's, else the run config's."""
+        if self.agreed is not None:
+            return self._agreed_int("batch_size")
+        return int(cast(int, server_cfg.get("batch-size", self.cfg.batch_size)))
+
+    def check_train_images(self, count: int) -> None:
+        """Refuse to train on more images per epoch than the gate counted (the data grew after its data check)."""
+        limit = None if self.agreed is None else self.agreed.get("images_per_epoch")
+        if isinstance(limit, int) and count > limit:
+            raise GateValuesError(f"hospital '{self.node.hospital_name}' cannot train: {count} training images, more than "
+                                  f"the {limit} its gate checked the site policy against (restart it with its data check)")
 
     @property
     def info(self) -> Task:
@@ -99,10 +150,14 @@ def message_task(context: Context, msg: Message | None, cfg: RunConfig) -> Task:
 def hospital_context(context: Context, msg: Message | None = None) -> HospitalContext:
     """Parse the configs (a bad value fails here, naming it) and load this hospital's data."""
     cfg = memoised_run_config(context.run_config)
-    node = memoised_node_config(context.node_config)
-    task = message_task(context, msg, cfg)
+    agreed = gate_values(context.node_config)
+    node = memoised_node_config({k: v for k, v in context.node_config.items() if k != GATE_KEY})
+    if agreed is None:
+        task = message_task(context, msg, cfg)
+    else:  # the task the gate checked (the message's, or the one it accepted earlier in this run), else the run config's
+        task = Task.from_json(str(agreed["task"])) if agreed.get("task") else resolve_task(cfg)
     data, card = load_hospital(cfg, node, task)
-    return HospitalContext(cfg, node, task, data, card)
+    return HospitalContext(cfg, node, task, data, card, agreed)
 
 
 def process_start_time() -> float:

@@ -76,14 +76,14 @@ def fbd_train(msg: Message, context: Context) -> Message:
         teacher.load_state_dict(_color_state(arrays, sibling), strict=True)
 
     attack = hospital_attack(cfg.threat_model, node)
+    hospital.check_train_images(len(data.train))
     images, labels = data.train.images, data.train.labels
     if isinstance(attack, DataAttack):
         images, labels = attack.poison_for_round(images, labels, server_round=server_round, rng=data_rng(cfg.seed, node),
                                                  num_classes=info.num_classes)
     result = train_with_sibling(
         student, teacher, images, labels, lam=lam,
-        epochs=int(cast(int, server_cfg.get("local-epochs", cfg.local_epochs))),
-        batch_size=int(cast(int, server_cfg.get("batch-size", cfg.batch_size))),
+        epochs=hospital.local_epochs(server_cfg), batch_size=hospital.batch_size(server_cfg),  # the gate's, where it runs
         learning_rate=float(cast(float, server_cfg.get("learning-rate", cfg.learning_rate))),
         optimizer=cfg.train.optimizer, momentum=cfg.train.momentum, weight_decay=cfg.train.weight_decay, device=device,
     )

@@ -41,6 +41,7 @@ def local_training_step(msg: Message, context: Context, hospital: HospitalContex
     seed_everything(cfg.seed, node.partition_id if node.partition_id is not None else 0, server_round)
     model = hospital.model_from(msg).to(device)
     attack = hospital_attack(cfg.threat_model, node)  # None unless this hospital is one of the run's attackers
+    hospital.check_train_images(len(data.train))
     train_images, train_labels = data.train.images, data.train.labels
     if isinstance(attack, DataAttack):
         train_images, train_labels = attack.poison_for_round(
@@ -52,8 +53,7 @@ def local_training_step(msg: Message, context: Context, hospital: HospitalContex
     val = data.val if len(data.val) else data.train
     before = local_report(model, val.images, val.labels, info.num_classes, device)
 
-    epochs = int(cast(int, server_cfg.get("local-epochs", cfg.local_epochs)))
-    batch_size = int(cast(int, server_cfg.get("batch-size", cfg.batch_size)))
+    epochs, batch_size = hospital.local_epochs(server_cfg), hospital.batch_size(server_cfg)  # the gate's, where it runs
     privacy_metrics: dict[str, float | int] = {}
     if cfg.privacy.local:  # DP-SGD with Opacus, within the hospital's own budget
         from hospitrust.privacy.client import Refusal, commit_round, plan_round, refusal_reply, round_metrics

@@ -16,6 +16,19 @@ from hospitrust.errors import DeployError
 
 # the organizational unit of the certificates `deploy operator-cert` issues; the gateway admits only these to the Control API
 OPERATOR_OU = "hospitrust-operators"
+# What the gateway's nginx matches the client certificate's subject against ($ssl_client_s_dn: RFC 2253 as OpenSSL
+# prints it, a value's ',', '+' and '\' escaped with a backslash): the DN read attribute by attribute, each
+# separated by an unescaped ',' or '+' (a multi-valued RDN), one of them exactly OU=hospitrust-operators. So a CN
+# or another OU containing ",OU=hospitrust-operators" does not match; tests/test_operator_ou.py checks real nginx
+# against is_operator() on real certificates.
+OPERATOR_DN_PATTERN = r"^((\\.|[^\\,+])*[,+])*OU=" + OPERATOR_OU + r"([,+]|$)"
+
+
+def is_operator(cert: x509.Certificate) -> bool:
+    """Whether a certificate's subject has an organizational-unit attribute exactly ``OPERATOR_OU``."""
+    from cryptography.x509.oid import NameOID
+
+    return any(a.value == OPERATOR_OU for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME))
 
 if TYPE_CHECKING:
     from cryptography import x509

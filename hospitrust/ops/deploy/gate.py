@@ -6,7 +6,11 @@ Flower's ``run_clientapp`` (``flwr/supernode/runtime/run_clientapp.py``) pulls t
 (``install_from_fab``), imports and runs the ClientApp, and pushes the reply (``push_message``). The warm
 launcher's child wraps those three module-level functions before it calls ``run_clientapp``:
 
-- ``pull_task_input``: remembers the message type and round, the run config and the bundle;
+- ``pull_task_input``: remembers the message type and round, the run config and the bundle, and resolves the
+  values the ClientApp will use (:func:`hospitrust.ops.deploy.policy.resolve`: task, classes, local epochs, batch
+  size, images per epoch) into ``context.node_config["hospitrust-gate"]``; the policy is checked against those,
+  and a bundle that declares ``[tool.hospitrust] gate-values = 1`` in its pyproject.toml uses them and nothing
+  else (with a site policy, a bundle that does not declare it is refused);
 - ``install_from_fab``: recomputes the bundle's SHA-256 from its bytes (never from the message) and checks it
   against the hospital's approvals, a trusted signature, and the site policy. A refusal is raised *here*, so
   nothing of the bundle is installed or imported, and Flower's own error path sends the server an error reply
@@ -21,8 +25,11 @@ launcher's hospitrust modules so that the ClientApp imports the bundle's).
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import sys
+import tomllib
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,13 +37,16 @@ from typing import Any
 from hospitrust.ops.deploy import audit
 from hospitrust.ops.deploy.approval import SIGNATURE_KEY, Approvals, load_trusted, short, verify
 from hospitrust.errors import DeployError
-from hospitrust.ops.deploy.policy import SECAGG_CONFIGS, load_policy, message_kind, refusal
+from hospitrust.ops.deploy.policy import (GATE_KEY, GATE_VALUES_VERSION, SECAGG_CONFIGS, Agreed, load_policy, message_kind,
+                                          refusal, resolve)
 
 APPROVALS_ENV = "HOSPITRUST_APPROVED_APPS"
 TRUSTED_ENV = "HOSPITRUST_TRUSTED_SIGNERS"
 POLICY_ENV = "HOSPITRUST_SITE_POLICY"
 AUDIT_ENV = "HOSPITRUST_AUDIT_LOG"
 IMAGES_ENV = "HOSPITRUST_HOSPITAL_IMAGES"  # this hospital's image count, from the data check before it started
+TASK_STATE = "hospitrust-gate-task"  # context.state: the task the gate accepted in this run (for task-less messages)
+LEGACY_TRAIN_CONFIG = "fitins.config"  # a SecAgg+ train message's config (Flower's legacy FitIns record)
 
 
 class Refused(Exception):
@@ -76,10 +86,26 @@ class GateConfig:
             Approvals(self.approvals).load()
 
 
+def declared_gate_values(content: bytes) -> int:
+    """The ``[tool.hospitrust] gate-values`` a bundle's pyproject.toml declares (0: none, or not readable)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(content)) as zf:
+            raw = tomllib.loads(zf.read("pyproject.toml").decode())
+        value = raw.get("tool", {}).get("hospitrust", {}).get("gate-values", 0)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    except (zipfile.BadZipFile, KeyError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+        return 0
+
+
 def decide(config: GateConfig, content: bytes, message_type: str, msg_config: dict[str, Any],
-           run_config: dict[str, Any], secagg: dict[str, Any] | None = None) -> str | None:
-    """None when this hospital runs the message, else the reason (a str starting ``refused``)."""
+           run_config: dict[str, Any], secagg: dict[str, Any] | None = None, agreed: Agreed | None = None) -> str | None:
+    """None when this hospital runs the message, else the reason (a str starting ``refused``).
+
+    ``agreed``: the values the ClientApp will use (:func:`resolve`, from the same message when not given).
+    """
     sha = hashlib.sha256(content).hexdigest()
+    if agreed is None:
+        agreed = resolve(message_type, msg_config, run_config, hospital_images=config.hospital_images)
     max_age = None
     try:
         policy = load_policy(config.policy) if config.policy is not None else None
@@ -95,8 +121,12 @@ def decide(config: GateConfig, content: bytes, message_type: str, msg_config: di
                 if why is not None:
                     return f"refused: {why}"
         if policy is not None:
+            if declared_gate_values(content) < GATE_VALUES_VERSION:
+                return ("refused: the bundle does not declare that it uses this hospital's gate values "
+                        f"([tool.hospitrust] gate-values = {GATE_VALUES_VERSION} in its pyproject.toml), so the site "
+                        "policy could not bind what it runs")
             rule = refusal(policy, message_type, msg_config, run_config, hospital_images=config.hospital_images,
-                           secagg=secagg)
+                           secagg=secagg, agreed=agreed)
             if rule is not None:
                 return f"refused by site policy: {rule}"
     except DeployError as exc:  # the hospital's own files are broken: refuse, and say so in its log
@@ -112,22 +142,33 @@ def install(config: GateConfig) -> None:
     pull, install_fab, push = rc.pull_task_input, rc.install_from_fab, rc.push_message
 
     def pull_task_input(client):
+        from flwr.app import ConfigRecord
+
         message, context, run, fab = pull(client)
         records = message.content.config_records if message.has_content() else {}
-        msg_config = dict(records.get("config", {}))
+        # a SecAgg+ train message carries its train config in Flower's legacy FitIns record
+        msg_config = dict(records.get("config", records.get(LEGACY_TRAIN_CONFIG, {})))
         secagg = records.get(SECAGG_CONFIGS)
-        seen.update(message_type=str(message.metadata.message_type), run_id=int(run.run_id), fab=fab.content,
-                    msg_config=msg_config, run_config=dict(context.run_config),
+        remembered = context.state.config_records.get(TASK_STATE)
+        message_type, run_config = str(message.metadata.message_type), dict(context.run_config)
+        # what the ClientApp will use, resolved here by the hospital's own code and handed to it
+        agreed = resolve(message_type, msg_config, run_config, hospital_images=config.hospital_images,
+                         remembered_task=str(remembered["json"]) if remembered is not None and "json" in remembered else None)
+        context.node_config[GATE_KEY] = agreed.to_json()
+        seen.update(message_type=message_type, run_id=int(run.run_id), fab=fab.content,
+                    msg_config=msg_config, run_config=run_config, agreed=agreed, context=context,
                     round=int(msg_config.get("server-round", 0) or 0),
                     hospital=str(dict(context.node_config).get("hospital", "") or ""),
                     secagg=dict(secagg) if secagg is not None else None)
+        if agreed.task and (remembered is None or remembered.get("json") != agreed.task):
+            seen["remember"] = ConfigRecord({"json": agreed.task})  # kept once the message is accepted
         return message, context, run, fab
 
     def install_from_fab(content, *args, **kwargs):
         sha = hashlib.sha256(content).hexdigest()
         seen["sha256"] = sha
         reason = decide(config, content, seen.get("message_type", ""), seen.get("msg_config", {}), seen.get("run_config", {}),
-                        seen.get("secagg"))
+                        seen.get("secagg"), seen.get("agreed"))
         if reason is not None:
             seen["refused"] = reason
             hint = ""
@@ -142,6 +183,8 @@ def install(config: GateConfig) -> None:
             # at the query round the server learns who refused the way it learns who cannot join (discovery)
             query = message_kind(seen.get("message_type", ""), {}) == "query" and seen.get("hospital")
             raise Refused(f"hospital '{seen['hospital']}' cannot join: {reason}" if query else reason)
+        if "remember" in seen:  # a later message of this run without a task (SecAgg+'s key stages) uses this one
+            seen["context"].state.config_records[TASK_STATE] = seen["remember"]
         return install_fab(content, *args, **kwargs)
 
     def push_message(client, message, context):
@@ -151,6 +194,7 @@ def install(config: GateConfig) -> None:
                 "message": message_kind(seen.get("message_type", ""), seen.get("msg_config", {})),
                 "round": seen.get("round"), "decision": "refused" if "refused" in seen else "accepted",
                 **({"reason": seen["refused"]} if "refused" in seen else {}),
+                **({"agreed": seen["agreed"].summary()} if "agreed" in seen else {}),
                 "reply": audit.describe_reply(message),
             })
         return push(client, message, context)

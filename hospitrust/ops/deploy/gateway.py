@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hospitrust.errors import DeployError
-from hospitrust.pki.certificates import OPERATOR_OU
+from hospitrust.pki.certificates import OPERATOR_DN_PATTERN, OPERATOR_OU
 
 # Every path Flower 1.42's SuperNode calls (flwr/supernode/fleet_http_client.py; the SuperLink's fleet
 # router has the same twelve: tests/test_gateway.py checks both against the installed flwr)
@@ -104,6 +104,11 @@ http {{
 """
 
 
+def _q_regex(pattern: str) -> str:
+    """A regular expression as an nginx double-quoted string (nginx reads a backslash pair as one backslash)."""
+    return pattern.replace("\\", "\\\\").replace('"', '\\"')
+
+
 def _upstream_tls(ca: Path, name: str) -> str:
     return f"""            proxy_ssl_trusted_certificate {_q(ca)};
             proxy_ssl_verify on;
@@ -148,8 +153,9 @@ def gateway_config(layout: GatewayLayout, *, ca: Path, cert: Path, key: Path, st
         ssl_client_certificate {_q(ca)};
         ssl_verify_client on;
         ssl_verify_depth 1;
-        # the CA also signs the SuperLink's own certificate: only an operator's (OU={OPERATOR_OU}) opens the Control API
-        if ($ssl_client_s_dn !~ ",OU={OPERATOR_OU}(,|$)") {{ return 403; }}
+        # the CA also signs the SuperLink's own certificate: only an operator's (OU={OPERATOR_OU}) opens the Control API;
+        # the subject is matched attribute by attribute (an escaped ',' inside a CN is not a separator)
+        if ($ssl_client_s_dn !~ "{_q_regex(OPERATOR_DN_PATTERN)}") {{ return 403; }}
         location /v1/control/ {{
             limit_except POST {{ deny all; }}
             proxy_pass {upstream};

@@ -7,16 +7,20 @@ warm launcher before any code of the run's app bundle is imported: from the mess
 ```toml
 max-local-epochs = 5
 max-batch-size = 64
-max-images-per-round = 20000   # local epochs x the images the run trains on (this hospital's count x train-subsample)
+max-images-per-round = 20000   # local epochs x this hospital's images (its data check; train-subsample does not apply)
 require-local-dp = true
 max-epsilon = 8.0
-min-hospitals = 3              # needs SecAgg+: a count the server merely states is not a guarantee
+min-hospitals = 3              # SecAgg+ key entries: the server makes that list (see docs/security.md)
 messages = ["query", "train", "evaluate"]   # "contribution": evaluate messages asking for contribution scores
 allow-attacks = false          # runs that configure a simulated attack (red-team exercises)
 tasks = ["chest-xray"]
 classes = ["normal", "pneumonia"]
 max-signature-age-days = 90    # a consortium signature older than this is refused
 ```
+
+:func:`resolve` turns a message into the values the ClientApp will use (:class:`Agreed`): the gate checks the
+policy against those and hands them to the ClientApp (``context.node_config[GATE_KEY]``), which uses them and
+nothing else, so what was checked is what runs.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from __future__ import annotations
 import json
 import tomllib
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from pydantic import Field, ValidationError
 
@@ -44,12 +49,14 @@ class SitePolicy(Options):
     max_local_epochs: int | None = Field(None, ge=1, description="The most local epochs a train message may ask for.")
     max_batch_size: int | None = Field(None, ge=1, description="The largest batch size.")
     max_images_per_round: int | None = Field(None, ge=1, description=(
-        "The most images a round may train on: local epochs x this hospital's images x train-subsample."))
+        "The most images a round may train on: local epochs x this hospital's images (its data check's count; "
+        "train-subsample does not apply to a hospital's own data)."))
     require_local_dp: bool = Field(False, description="Train only with local differential privacy (privacy.mode local or both).")
     max_epsilon: float | None = Field(None, gt=0, description="The largest local-DP target epsilon a run may set.")
     min_hospitals: int | None = Field(None, ge=2, description=(
-        "The fewest hospitals an aggregation may have; requires SecAgg+ (secagg.enabled) and a run min-hospitals "
-        "at least this large."))
+        "The fewest public-key entries SecAgg+'s key-sharing stage must list (requires secagg.enabled and a run "
+        "min-hospitals at least this large). The server makes that list: it holds against a server running Flower's "
+        "SecAgg+ unmodified, not against one that adds keys it made itself."))
     messages: list[MessageKind] = Field(default_factory=lambda: list(ALL_KINDS),
                                         description="The message kinds this hospital answers.")
     allow_attacks: bool = Field(False, description="Accept runs that configure a simulated attack.")
@@ -89,11 +96,14 @@ SECAGG_CONFIGS, SECAGG_STAGE, SHARE_KEYS = "secaggplus_configs", "stage", "share
 
 
 def refusal(policy: SitePolicy, message_type: str, config: Mapping[str, object], run_config: Mapping[str, object], *,
-            hospital_images: int | None = None, secagg: Mapping[str, object] | None = None) -> str | None:
+            hospital_images: int | None = None, secagg: Mapping[str, object] | None = None,
+            remembered_task: str | None = None, agreed: Agreed | None = None) -> str | None:
     """None when the policy accepts this message, else the rule it breaks (said to the server and in the audit).
 
-    ``secagg`` is the message's SecAgg+ config record, when it has one: at its key-sharing stage it lists the
-    public keys of every hospital the masked sum will cover, the one count a hospital can check itself.
+    The rules are checked against :func:`resolve`'s values (``agreed``, or resolved here from the same inputs), the
+    ones the ClientApp will use. ``secagg`` is the
+    message's SecAgg+ config record, when it has one: at its key-sharing stage it lists one public-key entry per
+    hospital the masked sum will cover, as the server states it (it can add entries: see ``min-hospitals``).
     """
     kind = message_kind(message_type, config)
     if kind not in policy.messages:
@@ -101,11 +111,19 @@ def refusal(policy: SitePolicy, message_type: str, config: Mapping[str, object],
     attack = str(run_config.get("attack", "none") or "none")
     if attack != "none" and not policy.allow_attacks:
         return f"allow-attacks: the run configures attack {attack!r}"
-    task = _task(config, run_config)
-    if policy.tasks and task[0] not in policy.tasks:
-        return f"tasks: task {task[0]!r} is not one this hospital joins"
-    if policy.classes and task[1] and not set(task[1]) <= set(policy.classes):
-        return f"classes: {sorted(set(task[1]) - set(policy.classes))} not agreed"
+    if agreed is None:
+        agreed = resolve(message_type, config, run_config, hospital_images=hospital_images, remembered_task=remembered_task)
+    if (policy.tasks or policy.classes) and not agreed.task:
+        return ("tasks: the message names no task (this hospital's policy names "
+                f"{'its tasks' if policy.tasks else 'its classes'}; the server sends the task with its messages)")
+    if agreed.task and not agreed.task_name and (policy.tasks or policy.classes):
+        return "tasks: the message's task is not a task description"
+    if policy.tasks and agreed.task_name not in policy.tasks:
+        return f"tasks: task {agreed.task_name!r} is not one this hospital joins"
+    if policy.classes and not agreed.classes:
+        return f"classes: task {agreed.task_name!r} names no classes"
+    if policy.classes and not set(agreed.classes) <= set(policy.classes):
+        return f"classes: {sorted(set(agreed.classes) - set(policy.classes))} not agreed"
     mode = str(run_config.get("privacy.mode", "off"))
     if policy.require_local_dp and mode not in ("local", "both"):
         return f"require-local-dp: the run trains with privacy.mode {mode!r}"
@@ -120,37 +138,91 @@ def refusal(policy: SitePolicy, message_type: str, config: Mapping[str, object],
         if stated is None or stated < policy.min_hospitals:
             return f"min-hospitals: the run's min-hospitals {stated} < {policy.min_hospitals}"
         if secagg is not None and secagg.get(SECAGG_STAGE) == SHARE_KEYS:
-            peers = sum(1 for k in secagg if k != SECAGG_STAGE)  # this hospital's key among them
-            if peers < policy.min_hospitals:
-                return f"min-hospitals: SecAgg+ shares keys among {peers} hospitals < {policy.min_hospitals}"
+            # the key entries the server lists, this hospital's among them: the server makes this list, so it can add
+            # entries of key pairs it made itself (docs/security.md: what a hospital can and cannot verify)
+            entries = sum(1 for k in secagg if k != SECAGG_STAGE)
+            if entries < policy.min_hospitals:
+                return f"min-hospitals: SecAgg+ shares keys among {entries} key entries < {policy.min_hospitals}"
     if kind == "train":
-        epochs = _number(config, "local-epochs", run_config.get("local-epochs"))
-        batch = _number(config, "batch-size", run_config.get("batch-size"))
+        epochs, batch = agreed.local_epochs, agreed.batch_size
         if policy.max_local_epochs is not None and (epochs is None or epochs > policy.max_local_epochs):
-            return f"max-local-epochs: {epochs:g} > {policy.max_local_epochs}" if epochs else "max-local-epochs: not stated"
+            return f"max-local-epochs: {epochs} > {policy.max_local_epochs}" if epochs else "max-local-epochs: not stated"
         if policy.max_batch_size is not None and (batch is None or batch > policy.max_batch_size):
-            return f"max-batch-size: {batch:g} > {policy.max_batch_size}" if batch else "max-batch-size: not stated"
+            return f"max-batch-size: {batch} > {policy.max_batch_size}" if batch else "max-batch-size: not stated"
         if policy.max_images_per_round is not None:
-            if hospital_images is None:
+            if agreed.images_per_epoch is None:
                 return "max-images-per-round: this hospital's image count is unknown (start it with its data check)"
-            share = _number(run_config, "train-subsample", 1.0) or 1.0
-            images = (epochs or 1) * hospital_images * min(share, 1.0)
-            if images > policy.max_images_per_round:
-                return f"max-images-per-round: {images:.0f} > {policy.max_images_per_round}"
+            if epochs is None:
+                return "max-images-per-round: the local epochs are not stated"
+            if agreed.images_per_round is not None and agreed.images_per_round > policy.max_images_per_round:
+                return (f"max-images-per-round: {epochs} epochs x {agreed.images_per_epoch} images = "
+                        f"{agreed.images_per_round} > {policy.max_images_per_round}")
     return None
 
 
-def _task(config: Mapping[str, object], run_config: Mapping[str, object]) -> tuple[str, list[str]]:
-    """The task's name and classes: from the message (the server sends the resolved task), else the run config."""
+@dataclass(frozen=True)
+class Agreed:
+    """What the ClientApp uses for one message, resolved by the gate before any of the bundle's code runs.
+
+    The gate checks the policy against these values and writes them into ``context.node_config[GATE_KEY]``
+    (:meth:`to_json`); a bundle that declares ``[tool.hospitrust] gate-values = 1`` uses them and nothing else.
+    """
+
+    task: str = ""  # the task's JSON (the message's, or the one accepted earlier in this run); "" when none was sent
+    task_name: str = ""
+    classes: tuple[str, ...] = ()
+    local_epochs: int | None = None
+    batch_size: int | None = None
+    images_per_epoch: int | None = None  # the most images it trains on per epoch: its data check's count
+
+    @property
+    def images_per_round(self) -> int | None:
+        if self.images_per_epoch is None or self.local_epochs is None:
+            return None
+        return self.local_epochs * self.images_per_epoch
+
+    def to_json(self) -> str:
+        return json.dumps({"version": GATE_VALUES_VERSION, **asdict(self)}, sort_keys=True)
+
+    def summary(self) -> dict[str, object]:
+        """The values for the audit log (the task by name and classes, not its whole description)."""
+        return {"task": self.task_name, "classes": list(self.classes), "local-epochs": self.local_epochs,
+                "batch-size": self.batch_size, "images-per-epoch": self.images_per_epoch,
+                "images-per-round": self.images_per_round}
+
+
+GATE_KEY = "hospitrust-gate"  # the node_config key the gate writes and a bundle that honours it reads
+GATE_VALUES_VERSION = 1  # what a bundle declares in its pyproject.toml: [tool.hospitrust] gate-values = 1
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)  # the ClientApp's own int(): 2.9 epochs train 2
+
+
+def resolve(message_type: str, config: Mapping[str, object], run_config: Mapping[str, object], *,
+            hospital_images: int | None = None, remembered_task: str | None = None) -> Agreed:
+    """The values the ClientApp will use for this message.
+
+    The task: the message's (the server resolves it once and sends it with its messages), else the task the gate
+    accepted earlier in this run (``remembered_task``: SecAgg+'s key stages carry none), else none: with no task
+    named in the policy the ClientApp then resolves it from the run config, as before; a policy that names tasks or
+    classes refuses such a message. Epochs and batch size: the message's, else the run config's. Images per epoch:
+    ``hospital_images``, every image of this hospital's data check (its own data: ``train-subsample`` applies to
+    simulated hospitals only, and the validation split is counted too, so this is an upper bound).
+    """
     text = config.get(TASK_KEY)
-    if isinstance(text, str):
+    task = text if isinstance(text, str) else (remembered_task or "")
+    name, classes = "", cast(tuple[str, ...], ())
+    if task:
         try:
-            raw = json.loads(text)
-            return str(raw.get("name", "")), [str(c) for c in raw.get("class_names", [])]
-        except (ValueError, AttributeError):
-            return "", []
-    classes = [c.strip() for c in str(run_config.get("task.classes", "")).split(",") if c.strip()]
-    return str(run_config.get("task.name") or run_config.get("dataset") or ""), classes
+            raw = json.loads(task)
+            name, classes = str(raw.get("name", "")), tuple(str(c) for c in raw.get("class_names", []))
+        except (ValueError, AttributeError, TypeError):
+            name, classes = "", ()
+    return Agreed(task=task, task_name=name, classes=classes,
+                  local_epochs=_int(_number(config, "local-epochs", run_config.get("local-epochs"))),
+                  batch_size=_int(_number(config, "batch-size", run_config.get("batch-size"))),
+                  images_per_epoch=hospital_images)
 
 
 def describe(policy: SitePolicy) -> str:
