@@ -306,6 +306,16 @@ def test_a_revoked_bundle_or_key_is_refused_by_the_gate(tmp_path):
     assert cfg.approvals.stat().st_mode & 0o777 == 0o600
     cfg.approvals.write_text('[[revoked]]\nkey = "not-a-key"\n')
     assert "gate configuration is broken" in decide(cfg, content, "train", {}, {})
+    # the revocation list lives in the approvals file: a SuperNode that trusts signers must name it
+    from types import SimpleNamespace
+
+    from hospitrust.cli.deploy import _gate_env
+
+    args = SimpleNamespace(approved_apps=None, trusted_signers=str(cfg.trusted), policy=None, audit_log=None)
+    with pytest.raises(DeployError, match="--trusted-signers needs --approved-apps too"):
+        _gate_env(args)
+    args.approved_apps = str(tmp_path / "not-yet.toml")
+    assert _gate_env(args)["HOSPITRUST_APPROVED_APPS"] == str(tmp_path / "not-yet.toml")
 
 
 def test_app_errors_are_one_line_without_a_traceback(tmp_path, capsys):

@@ -318,6 +318,10 @@ def _gate_env(args) -> dict[str, str]:
     """The hospital's gate (approvals, signers, site policy, audit log) for the launcher's children, checked now."""
     from hospitrust.ops.deploy import gate
 
+    if args.trusted_signers and not args.approved_apps:
+        raise DeployError("--trusted-signers needs --approved-apps too: that file holds this hospital's revocation list "
+                          "(hospitrust app revoke), which the gate reads before it accepts a signature; a file not yet "
+                          "made is fine")
     paths = {gate.APPROVALS_ENV: args.approved_apps, gate.TRUSTED_ENV: args.trusted_signers,
              gate.POLICY_ENV: args.policy, gate.AUDIT_ENV: args.audit_log}
     env = {k: str(Path(v).expanduser().resolve()) for k, v in paths.items() if v}
@@ -496,7 +500,8 @@ def add_deploy_parser(sub) -> None:
                         "trusted signer signed, run here (needs --launcher warm; without it any bundle the SuperLink "
                         "sends runs)")
     p.add_argument("--trusted-signers", metavar="FILE", help="public keys whose signed bundles count as approved (Flower's "
-                                                            "trusted-entities format: fpk_<id>: \"ssh-ed25519 ...\")")
+                                                            "trusted-entities format: fpk_<id>: \"ssh-ed25519 ...\"); "
+                                                            "needs --approved-apps, whose file holds the revocation list")
     p.add_argument("--policy", metavar="PATH", help="this hospital's site policy (TOML): what it accepts whatever a run "
                                                    "config asks (docs/security.md#site-policy)")
     p.add_argument("--audit-log", metavar="PATH", help="append every message (what ran, what went back) to this "
@@ -552,8 +557,8 @@ def cmd_app(args) -> int:
         if bool(args.sha256) == bool(args.key_id):
             raise DeployError("give a bundle's SHA-256 or --key-id fpk_... (a signer's key), one of them")
         if args.key_id:
-            key = store.revoke_key(args.key_id, by=args.by, comment=args.comment)
-            print(f"revoked signer key {key.key} in {store.path}: bundles it signed run here only if approved by hash")
+            gone = store.revoke_key(args.key_id, by=args.by, comment=args.comment)
+            print(f"revoked signer key {gone.key} in {store.path}: bundles it signed run here only if approved by hash")
             return 0
         entry, was = store.revoke(args.sha256, by=args.by, comment=args.comment)
         print(f"revoked {entry.sha256} in {store.path}"
