@@ -14,7 +14,7 @@ import pytest
 
 from hospitrust.ops.deploy import approval, audit
 from hospitrust.errors import DeployError
-from hospitrust.ops.deploy.gate import GateConfig, decide
+from hospitrust.ops.deploy.gate import REVOKED_BUNDLE, REVOKED_KEY, GateConfig, Refused, decide
 from hospitrust.ops.deploy.policy import SitePolicy, load_policy, refusal
 
 APP_TOML = """[build-system]
@@ -74,10 +74,11 @@ def test_approve_review_diff_and_revoke(tmp_path):
     diff = approval.review(second, store)
     assert "-VALUE = 1" in diff and "+VALUE = 2  # one line differs" in diff and "approved/tinyapp/server.py" not in diff
     assert approval.review(first, store).endswith(f"already approved in {store.path}")
-    gone = store.revoke(done.sha256[:12])
-    assert gone.comment == "ticket 42" and not store.is_approved(done.sha256)
+    entry, gone = store.revoke(done.sha256[:12], comment="incident 7")
+    assert gone is not None and gone.comment == "ticket 42" and not store.is_approved(done.sha256)
+    assert entry.sha256 == done.sha256 and store.revoked_bundle(done.sha256).comment == "incident 7"
     with pytest.raises(DeployError, match="no approval matches"):
-        store.revoke(done.sha256)
+        store.revoke(done.sha256[:12])  # a prefix names an approved bundle only; the full hash revokes any
     store.path.write_text('[[approved]]\nsha256 = "abc"\n')
     with pytest.raises(DeployError, match="all 64 lower-case hex"):
         store.load()
@@ -228,3 +229,255 @@ def test_data_check_prints_what_the_policy_allows(tmp_path):
     assert any(line.split()[:2] == ["max-local-epochs", "3"] for line in lines)
     assert any(line.split()[:3] == ["messages", "query,", "train"] for line in lines)
     assert any(line.split()[:2] == ["allow-attacks", "false"] for line in lines)
+
+
+# -- issue 46: signatures dated in the future or expired, revocation, installed equals approved, one-line errors ----
+
+def _gate_files(tmp_path):
+    """A bundle, a release key in a trusted-signers file, and an (empty) approvals file: real files."""
+    content = approval.build_fab(make_app(tmp_path / "app"))
+    key, pub, key_id = approval.create_signing_key(tmp_path / "keys", "release")
+    return content, key, key_id, GateConfig(approvals=tmp_path / "approved.toml", trusted=pub)
+
+
+def test_a_signature_dated_in_the_future_or_past_its_expiry_is_refused(tmp_path):
+    content, key, key_id, cfg = _gate_files(tmp_path)
+    sha = approval.fab_sha256(content)
+    trusted = approval.load_trusted(cfg.trusted)
+    # the finding: a signature dated 2100-01-01 was accepted, and never expired
+    future = approval.sign(content, key, key_id, timestamp=4_102_444_800)
+    why = decide(cfg, content, "train", {}, {approval.SIGNATURE_KEY: future})
+    assert why.startswith(f"refused: app signature by {key_id} is dated in the future (2100-01-01T00:00:00Z; ")
+    assert "5 minutes of clock skew" in why and "\n" not in why
+    now = 1_800_000_000
+    skewed = approval.sign(content, key, key_id, timestamp=now + approval.CLOCK_SKEW_SECONDS)
+    assert approval.verify(skewed, sha, trusted, now=now) is None  # a clock up to 5 minutes behind the signer's: fine
+    late = approval.sign(content, key, key_id, timestamp=now + approval.CLOCK_SKEW_SECONDS + 1)
+    assert "dated in the future" in approval.verify(late, sha, trusted, now=now)
+    # an expiry of its own, signed with the rest: valid until then, refused after, and cannot be cut off
+    expiring = approval.sign(content, key, key_id, timestamp=now, expires=now + 86400)
+    assert expiring.count(":") == 3 and approval.verify(expiring, sha, trusted, now=now + 86400) is None
+    assert approval.verify(expiring, sha, trusted, now=now + 86401) == \
+        f"app signature by {key_id} expired at 2027-01-16T08:00:00Z"
+    key_id_, ts, expires, sig = expiring.split(":")
+    assert "bad app signature" in approval.verify(f"{key_id_}:{ts}:{sig}", sha, trusted, now=now)  # expiry stripped
+    assert "bad app signature" in approval.verify(f"{key_id_}:{ts}:{int(expires) + 10**6}:{sig}", sha, trusted, now=now)
+    assert approval.signed_message(1, sha, 2) == approval.signed_message(1, sha) + b"\0" * 7 + b"\2"
+    valid = approval.sign(content, key, key_id, expires=approval.parse_expires("30d"))
+    assert decide(cfg, content, "train", {}, {approval.SIGNATURE_KEY: valid}) is None
+    assert approval.parse_expires("2027-01-15", now=now) == now + 57599  # the date's end, UTC
+    assert approval.parse_expires("2027-01-15T08:00:00Z", now=now - 1) == now
+    with pytest.raises(DeployError, match="not in the future"):
+        approval.parse_expires("2020-01-01")
+    with pytest.raises(DeployError, match="expected a number of days"):
+        approval.parse_expires("soon")
+    with pytest.raises(DeployError, match="expire"):
+        approval.sign(content, key, key_id, timestamp=now, expires=now)
+
+
+def test_a_revoked_bundle_or_key_is_refused_by_the_gate(tmp_path):
+    from hospitrust.cli.main import main
+
+    content, key, key_id, cfg = _gate_files(tmp_path)
+    sha = approval.fab_sha256(content)
+    signed = {approval.SIGNATURE_KEY: approval.sign(content, key, key_id)}
+    store = approval.Approvals(cfg.approvals)
+    store.approve(content)
+    assert decide(cfg, content, "train", {}, signed) is None and decide(cfg, content, "train", {}, {}) is None
+    # the finding: `hospitrust app revoke HASH` ended in a traceback, and a signed bundle could not be revoked
+    assert main(["app", "revoke", sha[:8], "--approvals", str(cfg.approvals), "--comment", "incident 7"]) == 0
+    assert not store.is_approved(sha)
+    assert decide(cfg, content, "train", {}, signed) == f"{REVOKED_BUNDLE} (sha256 {sha})"  # signed, and still refused
+    assert decide(cfg, content, "train", {}, {}) == f"{REVOKED_BUNDLE} (sha256 {sha})"
+    assert "REVOKED in" in approval.review(content, store)
+    store.approve(content)  # an explicit approval lifts the revocation
+    assert store.revoked_bundle(sha) is None and decide(cfg, content, "train", {}, {}) is None
+    # a bundle never approved here, only signed: revoked by its full hash
+    other = approval.build_fab(make_app(tmp_path / "other", line="VALUE = 3"))
+    other_signed = {approval.SIGNATURE_KEY: approval.sign(other, key, key_id)}
+    assert decide(cfg, other, "train", {}, other_signed) is None
+    assert main(["app", "revoke", approval.fab_sha256(other), "--approvals", str(cfg.approvals)]) == 0
+    assert decide(cfg, other, "train", {}, other_signed).startswith(REVOKED_BUNDLE)
+    # the signer's key: its signatures count for nothing; bundles approved by hash still run
+    third = approval.build_fab(make_app(tmp_path / "third", line="VALUE = 4"))
+    third_signed = {approval.SIGNATURE_KEY: approval.sign(third, key, key_id)}
+    assert decide(cfg, third, "train", {}, third_signed) is None
+    assert main(["app", "revoke", "--key-id", key_id, "--approvals", str(cfg.approvals)]) == 0
+    assert decide(cfg, third, "train", {}, third_signed) == f"{REVOKED_KEY} ({key_id})"
+    assert decide(cfg, content, "train", {}, signed) is None  # approved by hash
+    assert [(r.sha256[:8], r.key) for r in store.load_revoked()] == [(approval.short(approval.fab_sha256(other)), ""),
+                                                                     ("", key_id)]
+    assert cfg.approvals.stat().st_mode & 0o777 == 0o600
+    cfg.approvals.write_text('[[revoked]]\nkey = "not-a-key"\n')
+    assert "gate configuration is broken" in decide(cfg, content, "train", {}, {})
+    # the revocation list lives in the approvals file: a SuperNode that trusts signers must name it
+    from types import SimpleNamespace
+
+    from hospitrust.cli.deploy import _gate_env
+
+    args = SimpleNamespace(approved_apps=None, trusted_signers=str(cfg.trusted), policy=None, audit_log=None)
+    with pytest.raises(DeployError, match="--trusted-signers needs --approved-apps too"):
+        _gate_env(args)
+    args.approved_apps = str(tmp_path / "not-yet.toml")
+    assert _gate_env(args)["HOSPITRUST_APPROVED_APPS"] == str(tmp_path / "not-yet.toml")
+
+
+def test_app_errors_are_one_line_without_a_traceback(tmp_path, capsys):
+    from hospitrust.cli.main import main
+
+    approvals = str(tmp_path / "approved.toml")
+    (tmp_path / "bad-key").write_text("not a key\n")
+    app = make_app(tmp_path / "app")
+    cases = [
+        (["app", "revoke", "3f9a2c1b", "--approvals", approvals], "no approval matches"),  # the finding's command
+        (["app", "revoke", "--approvals", approvals], "give a bundle's SHA-256 or --key-id"),
+        (["app", "revoke", "--key-id", "release", "--approvals", approvals], "expected the signer's fpk_<uuid> id"),
+        (["app", "review", str(tmp_path / "missing.fab")], "no such .fab file"),
+        (["app", "sign", str(app), "--key", str(tmp_path / "bad-key"), "--key-id", "fpk_x"], "not an unencrypted"),
+        (["app", "sign", str(app), "--key", str(tmp_path / "bad-key"), "--key-id", "fpk_x", "--expires", "soon"],
+         "--expires 'soon'"),
+        (["app", "build", str(tmp_path)], "not a Flower app"),
+    ]
+    for argv, expected in cases:
+        assert main(argv) == 2, argv
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and err.startswith("hospitrust app: ") and expected in err, (argv, err)
+        assert "Traceback" not in err
+    (tmp_path / "app" / "pyproject.toml").write_text('[project]\nname = "x"\n')  # Flower's multi-line complaint
+    assert main(["app", "build", str(app)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "version" in err and "Traceback" not in err
+
+
+def _rezip(content: bytes, *, comment: bytes = b"", reverse: bool = False) -> bytes:
+    import io
+    import zipfile
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(content)) as src, zipfile.ZipFile(out, "w") as dst:
+        for info in src.infolist()[::-1] if reverse else src.infolist():
+            dst.writestr(info, src.read(info.filename))
+        dst.comment = comment
+    return out.getvalue()
+
+
+def test_app_review_says_when_a_bundle_differs_only_outside_its_files(tmp_path):
+    store = approval.Approvals(tmp_path / "approved.toml")
+    content = approval.build_fab(make_app(tmp_path / "app"))
+    store.approve(content)
+    commented = _rezip(content, comment=b"same files, new hash")
+    assert approval.fab_sha256(commented) != approval.fab_sha256(content)
+    assert approval.fab_files(commented) == approval.fab_files(content)
+    text = approval.review(commented, store)
+    assert "no file differs, but the bundle's bytes do: its zip comment (0 B approved, 20 B now)" in text
+    assert "zip comment: 20 B" in text and "\n  no file differs\n" not in text + "\n"
+    assert "its zip structure" in approval.review(_rezip(content, reverse=True), store)  # re-packed: same files
+
+
+def _wired_gate(tmp_path, monkeypatch, cfg, run_config=None, *, run_fab=None):
+    """The gate's wrappers on Flower's own ``run_clientapp`` module, as in a gated ClientApp: ``deliver(content)``
+    pulls a train message for that bundle (``run_fab``: what the run names instead: id, version, hash) and calls
+    the wrapped ``install_from_fab``; it returns the folder Flower would import from, or raises ``Refused``.
+    Once per test: the wrappers stay on the module until the test ends.
+    """
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+    from flwr.cli.config_utils import get_fab_metadata
+    from flwr.supercore.fab import Fab
+    from flwr.supercore.run import Run
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.supernode.runtime import run_clientapp as rc
+
+    from hospitrust.ops.deploy import gate
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
+    for name in ("_run_id", "_node_id", "_task_id"):  # else Message() raises outside a real ClientApp process
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    monkeypatch.setattr(sys, "dont_write_bytecode", sys.dont_write_bytecode)
+    task: dict = {}
+
+    def pull(client):
+        content = task["content"]
+        fab_id, fab_version = get_fab_metadata(content)
+        fab_id, fab_version, fab_hash = run_fab or (fab_id, fab_version, approval.fab_sha256(content))
+        run = Run.create_empty(7)
+        run.fab_id, run.fab_version, run.fab_hash = fab_id, fab_version, fab_hash
+        message = Message(RecordDict({"config": ConfigRecord({"server-round": 1})}), dst_node_id=1, message_type="train")
+        context = Context(run_id=7, node_id=1, node_config={}, state=RecordDict(), run_config=dict(run_config or {}))
+        return message, context, run, Fab(fab_hash, content, {})
+
+    # restored after the test: gate.install replaces these three in the module, as in a forked child
+    monkeypatch.setattr(rc, "pull_task_input", pull)
+    monkeypatch.setattr(rc, "install_from_fab", rc.install_from_fab)
+    monkeypatch.setattr(rc, "push_message", rc.push_message)
+    gate.install(cfg)
+    assert sys.dont_write_bytecode  # gated children write no bytecode beside the checked sources
+
+    def deliver(content: bytes) -> Path:
+        task["content"] = content
+        rc.pull_task_input(None)
+        return rc.install_from_fab(content, skip_prompt=True)
+
+    return deliver
+
+
+def test_the_gate_imports_only_a_folder_that_holds_exactly_the_approved_bundle(tmp_path, monkeypatch, capfd):
+    content, _, _, cfg = _gate_files(tmp_path)
+    sha = approval.fab_sha256(content)
+    approval.Approvals(cfg.approvals).approve(content)
+    deliver = _wired_gate(tmp_path, monkeypatch, cfg)
+    folder = deliver(content)
+    assert folder == tmp_path / "flwr-home" / "apps" / f"consortium.tinyapp.1.0.0.{sha[:8]}"
+    files = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    assert files == {"pyproject.toml", "tinyapp/__init__.py", "tinyapp/client.py", "tinyapp/server.py"}
+    assert deliver(content) == folder  # installed and unchanged: accepted again
+    # Python's caches are not the bundle's: removed before the check, so stale or planted bytecode never runs
+    (folder / "tinyapp" / "__pycache__").mkdir()
+    (folder / "tinyapp" / "__pycache__" / "client.cpython-311.pyc").write_bytes(b"planted")
+    assert deliver(content) == folder and not (folder / "tinyapp" / "__pycache__").exists()
+    # the finding: Flower skips the install when the folder exists, and imports whatever is in it
+    (folder / "torch.py").write_text("import os  # shadows the real torch: the app dir is first on sys.path\n")
+    with pytest.raises(Refused) as refused:
+        deliver(content)
+    assert str(refused.value) == "refused: the installed app folder differs from the approved bundle: 1 extra file not in " \
+                                 "the bundle"
+    assert "torch.py" in capfd.readouterr().err  # the name in the hospital's own log only
+    (folder / "torch.py").unlink()
+    (folder / "tinyapp" / "client.py").write_text("VALUE = 666\napp = None\n")
+    (folder / "tinyapp" / "server.py").unlink()
+    with pytest.raises(Refused, match=r"1 changed \(tinyapp/client.py\), 1 missing \(tinyapp/server.py\)$"):
+        deliver(content)
+    (folder / "tinyapp" / "client.py").unlink()
+    (folder / "tinyapp" / "client.py").symlink_to(tmp_path / "app" / "tinyapp" / "client.py")  # same bytes, elsewhere
+    with pytest.raises(Refused, match="1 changed"):
+        deliver(content)
+
+
+def test_the_gate_refuses_a_run_that_names_another_install_folder(tmp_path, monkeypatch):
+    content, _, _, cfg = _gate_files(tmp_path)
+    approval.Approvals(cfg.approvals).approve(content)
+    other = approval.short(approval.fab_sha256(approval.build_fab(make_app(tmp_path / "other", line="VALUE = 2"))))
+    # Flower imports from the folder the run's metadata names, not the one it installs the bundle into
+    lying = _wired_gate(tmp_path, monkeypatch, cfg, run_fab=("consortium/tinyapp", "1.0.0", other + "0" * 56))
+    with pytest.raises(Refused, match=rf"refused: the run names app consortium/tinyapp 1.0.0 \({other}\), but the "
+                                      rf"bundle sent is consortium/tinyapp 1.0.0 \({approval.short(approval.fab_sha256(content))}\)"):
+        lying(content)
+    assert not (tmp_path / "flwr-home" / "apps").exists()  # nothing installed
+
+
+def test_the_gate_removes_a_revoked_bundles_install(tmp_path, monkeypatch):
+    content, _, _, cfg = _gate_files(tmp_path)
+    sha = approval.fab_sha256(content)
+    store = approval.Approvals(cfg.approvals)
+    store.approve(content)
+    other = approval.build_fab(make_app(tmp_path / "other", line="VALUE = 2"))
+    store.approve(other)
+    deliver = _wired_gate(tmp_path, monkeypatch, cfg)
+    folder, other_folder = deliver(content), deliver(other)
+    assert folder.is_dir() and other_folder.is_dir() and folder != other_folder
+    store.revoke(sha)
+    with pytest.raises(Refused, match=REVOKED_BUNDLE):
+        deliver(content)
+    assert not folder.exists() and other_folder.is_dir()  # the revoked bundle's install is gone, the other stays
+    folder.mkdir(parents=True)  # put back by hand, or left by an old launcher: removed at the next message of any bundle
+    (folder / "pyproject.toml").write_text(APP_TOML)
+    assert deliver(other) == other_folder and not folder.exists()

@@ -318,6 +318,10 @@ def _gate_env(args) -> dict[str, str]:
     """The hospital's gate (approvals, signers, site policy, audit log) for the launcher's children, checked now."""
     from hospitrust.ops.deploy import gate
 
+    if args.trusted_signers and not args.approved_apps:
+        raise DeployError("--trusted-signers needs --approved-apps too: that file holds this hospital's revocation list "
+                          "(hospitrust app revoke), which the gate reads before it accepts a signature; a file not yet "
+                          "made is fine")
     paths = {gate.APPROVALS_ENV: args.approved_apps, gate.TRUSTED_ENV: args.trusted_signers,
              gate.POLICY_ENV: args.policy, gate.AUDIT_ENV: args.audit_log}
     env = {k: str(Path(v).expanduser().resolve()) for k, v in paths.items() if v}
@@ -496,7 +500,8 @@ def add_deploy_parser(sub) -> None:
                         "trusted signer signed, run here (needs --launcher warm; without it any bundle the SuperLink "
                         "sends runs)")
     p.add_argument("--trusted-signers", metavar="FILE", help="public keys whose signed bundles count as approved (Flower's "
-                                                            "trusted-entities format: fpk_<id>: \"ssh-ed25519 ...\")")
+                                                            "trusted-entities format: fpk_<id>: \"ssh-ed25519 ...\"); "
+                                                            "needs --approved-apps, whose file holds the revocation list")
     p.add_argument("--policy", metavar="PATH", help="this hospital's site policy (TOML): what it accepts whatever a run "
                                                    "config asks (docs/security.md#site-policy)")
     p.add_argument("--audit-log", metavar="PATH", help="append every message (what ran, what went back) to this "
@@ -548,8 +553,17 @@ def cmd_app(args) -> int:
         print(f"{out}  sha256 {sha}  (flwr run of the same folder sends this bundle: flwr shows {approval.short(sha)})")
         return 0
     if args.app_command == "revoke":
-        gone = approval.Approvals(Path(args.approvals)).revoke(args.sha256)
-        print(f"revoked {gone.sha256} (approved by {gone.by}, {gone.at})")
+        store = approval.Approvals(Path(args.approvals))
+        if bool(args.sha256) == bool(args.key_id):
+            raise DeployError("give a bundle's SHA-256 or --key-id fpk_... (a signer's key), one of them")
+        if args.key_id:
+            gone = store.revoke_key(args.key_id, by=args.by, comment=args.comment)
+            print(f"revoked signer key {gone.key} in {store.path}: bundles it signed run here only if approved by hash")
+            return 0
+        entry, was = store.revoke(args.sha256, by=args.by, comment=args.comment)
+        print(f"revoked {entry.sha256} in {store.path}"
+              + (f" (approved by {was.by}, {was.at}; approval removed)" if was else " (it was not approved here)")
+              + ": refused from the next message, even when signed; its installed copy is removed then")
         return 0
     content = approval.read_fab(Path(args.bundle))
     if args.app_command == "review":
@@ -560,7 +574,8 @@ def cmd_app(args) -> int:
         print(f"approved {done.sha256} (flwr shows {approval.short(done.sha256)}) by {done.by} at {done.at} in {args.approvals}")
         return 0
     # sign
-    value = approval.sign(content, Path(args.key), args.key_id or _key_id(Path(args.key)))
+    expires = approval.parse_expires(args.expires) if args.expires else None
+    value = approval.sign(content, Path(args.key), args.key_id or _key_id(Path(args.key)), expires=expires)
     print(f"pass it with the run: flwr run ... --run-config '{approval.SIGNATURE_KEY}=\"{value}\"'\n{value}")
     return 0
 
@@ -588,9 +603,14 @@ def add_app_parser(sub) -> None:
     p.add_argument("--approvals", default=default, help=f"the approvals file (default {default})")
     p.add_argument("--by", help="who approves (default: this user)")
     p.add_argument("--comment", default="", help="why, e.g. the review ticket")
-    p = asub.add_parser("revoke", help="remove an approval")
-    p.add_argument("sha256", help="the bundle's SHA-256 (all 64 hex digits, or a unique prefix of 8 or more)")
+    p = asub.add_parser("revoke", help="revoke a bundle (its approval goes, and signatures of it no longer count) or a "
+                                       "signer's key (--key-id): the revocation list in the approvals file")
+    p.add_argument("sha256", nargs="?", help="the bundle's SHA-256 (all 64 hex digits, or a unique prefix of 8 or more "
+                                             "of an approved bundle's)")
+    p.add_argument("--key-id", help="revoke a signer's key instead: its fpk_... id (the part before ':' in its .pub line)")
     p.add_argument("--approvals", default=default, help=f"the approvals file (default {default})")
+    p.add_argument("--by", help="who revokes (default: this user)")
+    p.add_argument("--comment", default="", help="why, e.g. the incident ticket")
     p = asub.add_parser("build", help="the exact bundle flwr run of an app folder sends (to hand to hospitals for review)")
     p.add_argument("app", nargs="?", default=".", help="the app folder (default .)")
     p.add_argument("--out", help="the .fab file (default NAME.HASH8.fab here)")
@@ -602,4 +622,6 @@ def add_app_parser(sub) -> None:
     p.add_argument("bundle", help="a .fab file, or an app folder")
     p.add_argument("--key", required=True, help="the Ed25519 private key (hospitrust app keygen)")
     p.add_argument("--key-id", help="its fpk_... id (default: read from KEY's .pub beside it)")
+    p.add_argument("--expires", help="the end of the signature's validity: days (90d), a date (2027-06-30, its end, "
+                                     "UTC) or a UTC date-time; hospitals refuse it after that (default: no end of its own)")
     app.set_defaults(func=cmd_app)

@@ -1,5 +1,5 @@
 """The ``hospitrust`` command: the parser built from the registry (:mod:`hospitrust.cli.registry`)
-and the call of the chosen command's handler (``deploy`` and ``data`` failures as one line, exit 2).
+and the call of the chosen command's handler (``deploy``, ``data`` and ``app`` failures as one line, exit 2).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run ``hospitrust ARGV``; returns the exit code."""
     args = build_parser().parse_args(argv)
-    if args.command in ("deploy", "data"):
+    if args.command in ("deploy", "data", "app"):
         from hospitrust.ops.deploy import DeployError
 
         try:

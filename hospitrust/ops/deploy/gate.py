@@ -12,9 +12,12 @@ launcher's child wraps those three module-level functions before it calls ``run_
   and a bundle that declares ``[tool.hospitrust] gate-values = 1`` in its pyproject.toml uses them and nothing
   else (with a site policy, a bundle that does not declare it is refused);
 - ``install_from_fab``: recomputes the bundle's SHA-256 from its bytes (never from the message) and checks it
-  against the hospital's approvals, a trusted signature, and the site policy. A refusal is raised *here*, so
-  nothing of the bundle is installed or imported, and Flower's own error path sends the server an error reply
-  with the reason (raised earlier, no reply would go and the server would wait out ``reply-timeout``);
+  against the hospital's revocation list, approvals, a trusted signature, and the site policy; then installs
+  the accepted bundle (into a temporary folder, renamed into place) and checks that the folder Flower will
+  import from holds exactly the bundle's files with their hashes (Flower skips the install when the folder
+  exists, and imports whatever is in it). A refusal is raised *here*, so nothing of the bundle is imported,
+  and Flower's own error path sends the server an error reply with the reason (raised earlier, no reply would
+  go and the server would wait out ``reply-timeout``). A revoked bundle's install folders are removed;
 - ``push_message``: appends the audit entry with what the reply carries (names, shapes, bytes; no values).
 
 This module is the hospital's own installed hospitrust, imported by the launcher before it forks: the bundle's
@@ -27,15 +30,19 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
 import sys
+import tempfile
 import tomllib
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hospitrust.ops.deploy import audit
-from hospitrust.ops.deploy.approval import SIGNATURE_KEY, Approvals, load_trusted, short, verify
+from hospitrust.ops.deploy.approval import (SIGNATURE_KEY, Approvals, check_installed, installed_files, load_trusted, short,
+                                           verify)
 from hospitrust.errors import DeployError
 from hospitrust.ops.deploy.policy import (GATE_KEY, GATE_VALUES_VERSION, SECAGG_CONFIGS, Agreed, load_policy, message_kind,
                                           refusal, resolve)
@@ -47,6 +54,10 @@ AUDIT_ENV = "HOSPITRUST_AUDIT_LOG"
 IMAGES_ENV = "HOSPITRUST_HOSPITAL_IMAGES"  # this hospital's image count, from the data check before it started
 TASK_STATE = "hospitrust-gate-task"  # context.state: the task the gate accepted in this run (for task-less messages)
 LEGACY_TRAIN_CONFIG = "fitins.config"  # a SecAgg+ train message's config (Flower's legacy FitIns record)
+
+
+REVOKED_BUNDLE = "refused: app bundle revoked by this hospital"
+REVOKED_KEY = "refused: app signed by a revoked key"
 
 
 class Refused(Exception):
@@ -111,13 +122,20 @@ def decide(config: GateConfig, content: bytes, message_type: str, msg_config: di
         policy = load_policy(config.policy) if config.policy is not None else None
         if policy is not None and policy.max_signature_age_days is not None:
             max_age = policy.max_signature_age_days * 86400
-        if config.approvals is not None or config.trusted is not None:
+        store = Approvals(config.approvals) if config.approvals is not None else None
+        revoked_keys: set[str] = set()
+        if store is not None:  # the revocation list first: a revoked bundle is refused whatever approves or signs it
+            if store.revoked_bundle(sha) is not None:
+                return f"{REVOKED_BUNDLE} (sha256 {sha})"
+            revoked_keys = {r.key for r in store.load_revoked() if r.key}
+        if store is not None or config.trusted is not None:
             signature = str(run_config.get(SIGNATURE_KEY, "") or "")
-            approved = config.approvals is not None and Approvals(config.approvals).is_approved(sha)
+            approved = store is not None and store.is_approved(sha)
             if not approved:
                 if not signature or config.trusted is None:
                     return f"refused: app not approved (sha256 {sha})"
-                why = verify(signature, sha, load_trusted(config.trusted), max_age_seconds=max_age)
+                why = verify(signature, sha, load_trusted(config.trusted), max_age_seconds=max_age,
+                             revoked_keys=revoked_keys)
                 if why is not None:
                     return f"refused: {why}"
         if policy is not None:
@@ -134,10 +152,61 @@ def decide(config: GateConfig, content: bytes, message_type: str, msg_config: di
     return None
 
 
+def _purge_bytecode(folder: Path, expected: dict[str, str]) -> None:
+    """Remove ``__pycache__`` folders the bundle does not have: Python would run their bytecode instead of the
+    checked sources (they are caches; gated children write none, see :func:`install`).
+    """
+    keep = {Path(name).parent for name in expected}
+    for root, dirs, _ in os.walk(folder):
+        for d in list(dirs):
+            path = Path(root) / d
+            if d == "__pycache__" and not path.is_symlink() and path.relative_to(folder) not in keep:
+                shutil.rmtree(path, ignore_errors=True)
+                dirs.remove(d)
+
+
+def install_verified(content: bytes, target: Path, install_fab: Callable[..., Path]) -> tuple[str, str] | None:
+    """Install an accepted bundle into ``target`` (the folder Flower imports it from) unless it is there, then
+    check the folder: None when it holds exactly the bundle's files with their hashes, else (public, detail).
+
+    ``install_fab`` is Flower's ``install_from_fab``; it installs into a temporary folder beside ``target``, which
+    is then renamed into place, so a concurrent message never sees a half-copied folder.
+    """
+    expected = installed_files(content)
+    if target.is_dir() and not target.is_symlink():
+        _purge_bytecode(target, expected)
+    elif not target.exists() and not target.is_symlink():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".hospitrust-install-", dir=target.parent) as tmp:
+            installed = Path(install_fab(content, install_dir=Path(tmp), skip_prompt=True))
+            try:
+                os.rename(installed, target)
+            except OSError:
+                pass  # another message's child installed it meanwhile: checked below like any existing folder
+    return check_installed(target, expected)
+
+
+def remove_installs(apps: Path, sha: str) -> list[Path]:
+    """Remove the install folders of a (revoked) bundle: ``<publisher>.<name>.<version>.<first 8 hex>``."""
+    gone = []
+    for folder in apps.glob(f"*.{short(sha)}") if apps.is_dir() else []:
+        if folder.is_symlink() or not folder.is_dir():
+            folder.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+        gone.append(folder)
+    return gone
+
+
 def install(config: GateConfig) -> None:
     """Wrap Flower's ``pull_task_input``, ``install_from_fab`` and ``push_message`` in this (forked) process."""
+    from flwr.cli.config_utils import get_fab_metadata
+    from flwr.common.config import get_flwr_home, get_project_dir
+    from flwr.common.constant import APP_DIR
     from flwr.supernode.runtime import run_clientapp as rc
 
+    sys.dont_write_bytecode = True  # no bytecode beside the checked sources: the next message checks the same folder
+    apps = get_flwr_home() / APP_DIR
     seen: dict[str, Any] = {}
     pull, install_fab, push = rc.pull_task_input, rc.install_from_fab, rc.push_message
 
@@ -159,7 +228,8 @@ def install(config: GateConfig) -> None:
                     msg_config=msg_config, run_config=run_config, agreed=agreed, context=context,
                     round=int(msg_config.get("server-round", 0) or 0),
                     hospital=str(dict(context.node_config).get("hospital", "") or ""),
-                    secagg=dict(secagg) if secagg is not None else None)
+                    secagg=dict(secagg) if secagg is not None else None,
+                    fab_id=str(run.fab_id), fab_version=str(run.fab_version), fab_hash=str(fab.hash_str))
         if agreed.task and (remembered is None or remembered.get("json") != agreed.task):
             seen["remember"] = ConfigRecord({"json": agreed.task})  # kept once the message is accepted
         return message, context, run, fab
@@ -169,8 +239,36 @@ def install(config: GateConfig) -> None:
         seen["sha256"] = sha
         reason = decide(config, content, seen.get("message_type", ""), seen.get("msg_config", {}), seen.get("run_config", {}),
                         seen.get("secagg"), seen.get("agreed"))
+        detail = ""
+        if config.approvals is not None:  # a revoked bundle's install folders go, whichever bundle this message runs
+            try:
+                for revoked in Approvals(config.approvals).load_revoked():
+                    if revoked.sha256:
+                        remove_installs(apps, revoked.sha256)
+            except DeployError:
+                pass  # decide() has refused already, naming the broken file
+        target = None
+        if reason is None:
+            try:
+                fab_id, fab_version = get_fab_metadata(content)
+                target = get_project_dir(fab_id, fab_version, sha)
+            except Exception as exc:  # noqa: BLE001 - Flower's own errors for a bundle without valid metadata
+                reason = f"refused: the bundle's pyproject.toml has no valid app metadata ({type(exc).__name__})"
+            else:
+                run_says = (seen.get("fab_id"), seen.get("fab_version"), seen.get("fab_hash"))
+                if run_says != (fab_id, fab_version, sha):  # else Flower would import from another folder than this
+                    reason = (f"refused: the run names app {run_says[0]} {run_says[1]} ({short(str(run_says[2]))}), but "
+                              f"the bundle sent is {fab_id} {fab_version} ({short(sha)})")
+                elif target.parent != apps:
+                    reason = f"refused: the bundle's app name or version does not make one folder under {APP_DIR}/"
+        if reason is None and target is not None:
+            problem = install_verified(content, target, install_fab)
+            if problem is not None:
+                reason, detail = f"refused: {problem[0]}", problem[1]
         if reason is not None:
             seen["refused"] = reason
+            if reason.startswith((REVOKED_BUNDLE, REVOKED_KEY)):
+                remove_installs(apps, sha)
             hint = ""
             if reason.startswith("refused: app not approved") and config.approvals is not None:
                 pending = config.approvals.with_name(config.approvals.stem + ".d") / "pending" / f"{sha}.fab"
@@ -179,13 +277,13 @@ def install(config: GateConfig) -> None:
                 hint = (f"; review it: hospitrust app review {pending} --approvals {config.approvals}, then "
                         f"hospitrust app approve {pending} --approvals {config.approvals}")
             print(f"hospitrust gate: {reason} (run {seen.get('run_id')}, {seen.get('message_type')} message, bundle "
-                  f"{short(sha)}){hint}", file=sys.stderr, flush=True)
+                  f"{short(sha)}){hint}{f' [{detail}]' if detail else ''}", file=sys.stderr, flush=True)
             # at the query round the server learns who refused the way it learns who cannot join (discovery)
             query = message_kind(seen.get("message_type", ""), {}) == "query" and seen.get("hospital")
             raise Refused(f"hospital '{seen['hospital']}' cannot join: {reason}" if query else reason)
         if "remember" in seen:  # a later message of this run without a task (SecAgg+'s key stages) uses this one
             seen["context"].state.config_records[TASK_STATE] = seen["remember"]
-        return install_fab(content, *args, **kwargs)
+        return target
 
     def push_message(client, message, context):
         if config.audit_log is not None:
