@@ -107,12 +107,21 @@ def cmd_superlink(args) -> int:
           f"itself 127.0.0.1:{args.superlink_port}; gateway configuration {conf}", flush=True)
 
     def healthy(proc) -> None:  # nginx forwards only once the SuperLink answers
-        from hospitrust.ops.flwr import wait_healthy
+        from hospitrust.ops.flwr import FlowerProcessError, wait_healthy
 
-        wait_healthy(f"127.0.0.1:{args.superlink_port}", ca=ca, timeout=120, proc=_Popened("flower-superlink", proc))
+        try:
+            wait_healthy(f"127.0.0.1:{args.superlink_port}", ca=ca, timeout=120, proc=_Popened("flower-superlink", proc))
+        except FlowerProcessError as exc:
+            raise DeployError(str(exc)) from None
 
-    return gateway.run_together([("flower-superlink", superlink), ("nginx", gateway.nginx_command(conf))],
-                                ready=[healthy, None])
+    # the wrapper restarts either one when it dies (with backoff; a stale copy holding its port is stopped first);
+    # what restarts the wrapper itself is the service manager (deploy/systemd/hospitrust-superlink.service)
+    return gateway.run_together([
+        gateway.Child("flower-superlink", superlink, ready=healthy, ports=(("127.0.0.1", args.superlink_port),),
+                      mine=str(database)),
+        gateway.Child("nginx", gateway.nginx_command(conf), ports=((args.host, args.port), (args.operator_host, args.operator_port)),
+                      mine=str(conf)),
+    ], restart=True)
 
 
 class _Popened:
