@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 
@@ -82,6 +83,9 @@ def cmd_superlink(args) -> int:
     layout = gateway.GatewayLayout(host=args.host, port=args.port, operator_host=args.operator_host,
                                    operator_port=args.operator_port, superlink_port=args.superlink_port)
     layout.check()
+    if args.access_log_max_mb < 0 or args.access_log_keep < 0:
+        raise DeployError(f"--access-log-max-mb {args.access_log_max_mb:g} --access-log-keep {args.access_log_keep}: "
+                          f"expected 0 or more")
     state = Path(args.state_dir).expanduser().resolve() if args.state_dir else database.parent / "gateway"
     conf_text = gateway.gateway_config(layout, ca=ca, cert=cert, key=key, state=state)
     superlink = superlink_command(ca=ca, cert=cert, key=key, database=database, host="127.0.0.1",
@@ -114,6 +118,12 @@ def cmd_superlink(args) -> int:
         except FlowerProcessError as exc:
             raise DeployError(str(exc)) from None
 
+    def rotate(procs) -> None:  # the access log, past --access-log-max-mb: nginx reopens it on SIGUSR1
+        nginx = procs.get("nginx")
+        if args.access_log_max_mb > 0 and nginx is not None and nginx.poll() is None:
+            gateway.rotate_log(state / "access.log", max_bytes=int(args.access_log_max_mb * 1024 * 1024),
+                               keep=args.access_log_keep, reopen=lambda: os.kill(nginx.pid, signal.SIGUSR1))
+
     # the wrapper restarts either one when it dies (with backoff; a stale copy holding its port is stopped first);
     # what restarts the wrapper itself is the service manager (deploy/systemd/hospitrust-superlink.service)
     return gateway.run_together([
@@ -121,7 +131,7 @@ def cmd_superlink(args) -> int:
                       mine=str(database)),
         gateway.Child("nginx", gateway.nginx_command(conf), ports=((args.host, args.port), (args.operator_host, args.operator_port)),
                       mine=str(conf)),
-    ], restart=True)
+    ], restart=True, tick=rotate)
 
 
 class _Popened:
@@ -403,6 +413,11 @@ def add_deploy_parser(sub) -> None:
                         "proxy (the nginx configuration to start from is written to STATE_DIR/nginx.conf)")
     p.add_argument("--state-dir", help="the gateway's configuration, pid and logs (default: DATABASE's folder/gateway)")
     p.add_argument("--log-file", help="also log the SuperLink to this file")
+    p.add_argument("--access-log-max-mb", type=float, default=10.0,
+                   help="rotate the gateway's access log (STATE_DIR/access.log) past this size (default 10; 0: never, "
+                        "e.g. when logrotate does it)")
+    p.add_argument("--access-log-keep", type=int, default=5,
+                   help="rotated access logs kept: access.log.1 (newest) .. access.log.N (default 5)")
     p.add_argument("--dry-run", action="store_true", help="print the commands and the gateway configuration, start nothing")
     p.set_defaults(func=cmd_superlink)
 

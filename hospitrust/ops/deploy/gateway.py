@@ -130,6 +130,9 @@ def gateway_config(layout: GatewayLayout, *, ca: Path, cert: Path, key: Path, st
         listen {_listen(layout.host, layout.port)} ssl;
         ssl_certificate {_q(cert)};
         ssl_certificate_key {_q(key)};
+        # nginx matches locations on the normalised path but forwards the request line as sent: anything but the
+        # canonical form (//, /./, %-escapes, %0a, a query) is refused, so the SuperLink sees only what matched
+        if ($request_uri !~ "^/(v1/fleet/({fleet})|health)$") {{ return 400; }}
         location ~ ^/v1/fleet/({fleet})$ {{
             limit_except POST {{ deny all; }}
             proxy_pass {upstream};
@@ -153,6 +156,7 @@ def gateway_config(layout: GatewayLayout, *, ca: Path, cert: Path, key: Path, st
         ssl_verify_depth 1;
         # the CA also signs the SuperLink's own certificate: only an operator's (OU={OPERATOR_OU}) opens the Control API
         if ($ssl_client_s_dn !~ ",OU={OPERATOR_OU}(,|$)") {{ return 403; }}
+        if ($request_uri !~ "^/(v1/control/[a-z-]+|health)$") {{ return 400; }}  # canonical paths only (above)
         location /v1/control/ {{
             limit_except POST {{ deny all; }}
             proxy_pass {upstream};
@@ -344,7 +348,36 @@ def _reap_adopted(keep: set[int] | frozenset[int]) -> list[psutil.Process]:
     return alive
 
 
-def run_together(commands: Sequence[Child | tuple[str, list[str]]], *, restart: bool = False) -> int:
+#: the gateway's access log is rotated past this size (the wrapper checks it twice a second), this many kept
+ACCESS_LOG_MAX_MB = 10.0
+ACCESS_LOG_KEEP = 5
+
+
+def rotate_log(path: Path, *, max_bytes: int, keep: int, reopen: Callable[[], None]) -> bool:
+    """When ``path`` is at least ``max_bytes``: shift ``path.1`` .. ``path.KEEP-1`` up one (the oldest dropped),
+    rename ``path`` to ``path.1``, create a new empty ``path`` (mode 0600) and call ``reopen`` (SIGUSR1 to the nginx
+    master, which then appends to the new file). Returns whether it rotated.
+    """
+    try:
+        if path.stat().st_size < max_bytes:
+            return False
+    except FileNotFoundError:
+        return False
+    for n in range(keep - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{n}")
+        if older.exists():
+            os.replace(older, path.with_name(f"{path.name}.{n + 1}"))
+    if keep >= 1:
+        os.replace(path, path.with_name(f"{path.name}.1"))
+    else:
+        path.unlink()
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    reopen()
+    return True
+
+
+def run_together(commands: Sequence[Child | tuple[str, list[str]]], *, restart: bool = False,
+                 tick: Callable[[dict[str, subprocess.Popen]], None] | None = None) -> int:
     """Start each command (in a session of its own, output to this process's, with the parent-death signal so a
     SIGKILLed wrapper leaves none of them running) and stay until a signal comes: then stop them all (with their
     descendants, and any orphans they left) and return 0.
@@ -353,6 +386,7 @@ def run_together(commands: Sequence[Child | tuple[str, list[str]]], *, restart: 
     exits is restarted (what it left running stopped, its ports freed) after a backoff doubling from
     ``RESTART_BACKOFF[0]`` to ``[1]``. Either way a first start that fails (its ``ready`` raises, a port held by
     another program) ends the wrapper with that error: a bad certificate is said once, not retried in a loop.
+    ``tick``, when given, is called with the running processes by name twice a second (log rotation).
     """
     from hospitrust.ops.flwr import stop_tree
     from hospitrust.supervision.supervisor import die_with_parent
@@ -416,6 +450,8 @@ def run_together(commands: Sequence[Child | tuple[str, list[str]]], *, restart: 
                 started[child.name] = time.monotonic()
             else:
                 stop_adopted()
+                if tick is not None:
+                    tick(procs)
                 time.sleep(0.5)
         return 0
     finally:
