@@ -32,7 +32,8 @@ def _wrapper(tmp: Path, ports: dict[str, int]) -> tuple[subprocess.Popen, Path]:
            "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
     cmd = [sys.executable, "-m", "hospitrust.cli.main", "deploy", "superlink", "--certs", str(tmp / "certs"),
            "--database", str(tmp / "state" / "superlink.db"), "--host", "127.0.0.1", "--port", str(ports["fleet"]),
-           "--operator-port", str(ports["operator"]), "--superlink-port", str(ports["superlink"])]
+           "--operator-port", str(ports["operator"]), "--superlink-port", str(ports["superlink"]),
+           "--access-log-max-mb", "0.0005", "--access-log-keep", "2"]  # rotated after a few requests
     with log.open("w") as fh:
         return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=tmp), log
 
@@ -115,6 +116,8 @@ def test_the_wrapper_restarts_its_children_leaves_no_orphans_and_stops_cleanly(t
         wrapper.send_signal(signal.SIGTERM)
         assert wrapper.wait(timeout=60) == 0, log.read_text()
         assert not _gone(children, timeout=5), log.read_text()
+        gw = tmp_path / "state" / "gateway"  # the wrapper rotated nginx's access log (the health checks filled it)
+        assert (gw / "access.log.1").is_file() and not (gw / "access.log.3").exists(), sorted(p.name for p in gw.iterdir())
     finally:
         if wrapper.poll() is None:
             wrapper.kill()
