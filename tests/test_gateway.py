@@ -231,13 +231,15 @@ def test_the_gateway_forwards_only_canonical_uris(pki, running_gateway):
                    "/v1/fleet/%70ull-messages", "/v1/./fleet/pull-messages", "/v1/x/../fleet/pull-messages",
                    "/v1/fleet/pull-messages?x=1", "//v1/fleet/pull-messages", "/health/", "/v1/fleet/pull-messages/"):
         assert _raw(layout.port, ca, f"POST {target}") == 400, target
-    assert _raw(layout.port, ca, "POST /v1/fleet/no-such-path") == 400  # not a Fleet path at all
-    assert _raw(layout.port, ca, "POST /v1/control/list-runs") == 400  # the Control API is not on this listener
+    # canonical but not published: the listener's own refusal, as before
+    assert _raw(layout.port, ca, "POST /v1/fleet/no-such-path") == 403
+    assert _raw(layout.port, ca, "POST /v1/control/list-runs") == 403
     # the operators' listener: the same rule for the Control API
     assert _raw(layout.operator_port, ca, "POST /v1/control/list-runs", cert=op) == 200
     for target in ("/v1//control/list-runs", "/v1/control/list-runs%0a", "/v1/control/%6cist-runs",
-                   "/v1/control/../fleet/pull-messages"):
+                   "/v1/control/../fleet/pull-messages", "/v1/control/list-runs?x=1"):
         assert _raw(layout.operator_port, ca, f"POST {target}", cert=op) == 400, target
+    assert _raw(layout.operator_port, ca, "GET /openapi.json", cert=op) == 403
     assert upstream.paths == ["/v1/fleet/pull-messages", "/health", "/v1/control/list-runs"]
 
 

@@ -52,6 +52,9 @@ DEFAULT_SUPERLINK_PORT = 9092  # the SuperLink's own port, on 127.0.0.1 only
 DEFAULT_TUNNEL_PORT = 9096
 # Flower sends arrays in 5 MB chunks and bundles up to 10 MB; nginx's default body limit (1 MB) would answer 413
 MAX_BODY = "64m"
+#: a request target in canonical form: "/" or "/seg/seg...", each segment letters, digits, "_", "-" and (not first) ".";
+#: no "//", "/./", "/../", trailing "/", %-escape or query. Anything else is refused (400) before a location matches.
+CANONICAL_TARGET = r"^(/|(/[A-Za-z0-9_-][A-Za-z0-9._-]*)+)$"
 SUPERLINK_NAME = "localhost"  # the name the gateway checks the SuperLink's certificate for (server-cert adds it)
 
 
@@ -132,7 +135,7 @@ def gateway_config(layout: GatewayLayout, *, ca: Path, cert: Path, key: Path, st
         ssl_certificate_key {_q(key)};
         # nginx matches locations on the normalised path but forwards the request line as sent: anything but the
         # canonical form (//, /./, %-escapes, %0a, a query) is refused, so the SuperLink sees only what matched
-        if ($request_uri !~ "^/(v1/fleet/({fleet})|health)$") {{ return 400; }}
+        if ($request_uri !~ "{CANONICAL_TARGET}") {{ return 400; }}
         location ~ ^/v1/fleet/({fleet})$ {{
             limit_except POST {{ deny all; }}
             proxy_pass {upstream};
@@ -156,7 +159,7 @@ def gateway_config(layout: GatewayLayout, *, ca: Path, cert: Path, key: Path, st
         ssl_verify_depth 1;
         # the CA also signs the SuperLink's own certificate: only an operator's (OU={OPERATOR_OU}) opens the Control API
         if ($ssl_client_s_dn !~ ",OU={OPERATOR_OU}(,|$)") {{ return 403; }}
-        if ($request_uri !~ "^/(v1/control/[a-z-]+|health)$") {{ return 400; }}  # canonical paths only (above)
+        if ($request_uri !~ "{CANONICAL_TARGET}") {{ return 400; }}  # canonical request targets only (above)
         location /v1/control/ {{
             limit_except POST {{ deny all; }}
             proxy_pass {upstream};
@@ -348,11 +351,6 @@ def _reap_adopted(keep: set[int] | frozenset[int]) -> list[psutil.Process]:
     return alive
 
 
-#: the gateway's access log is rotated past this size (the wrapper checks it twice a second), this many kept
-ACCESS_LOG_MAX_MB = 10.0
-ACCESS_LOG_KEEP = 5
-
-
 def rotate_log(path: Path, *, max_bytes: int, keep: int, reopen: Callable[[], None]) -> bool:
     """When ``path`` is at least ``max_bytes``: shift ``path.1`` .. ``path.KEEP-1`` up one (the oldest dropped),
     rename ``path`` to ``path.1``, create a new empty ``path`` (mode 0600) and call ``reopen`` (SIGUSR1 to the nginx
@@ -436,7 +434,8 @@ def run_together(commands: Sequence[Child | tuple[str, list[str]]], *, restart: 
                 backoff[child.name] = min(delay * 2, RESTART_BACKOFF[1])
                 print(f"hospitrust deploy: {child.name} exited with code {proc.returncode} after {up:.0f} s; "
                       f"restarting it in {delay:.0f} s", file=sys.stderr, flush=True)
-                stop_group(proc.pid, keep=frozenset(p.pid for p in procs.values()))  # its session (the leader is gone: what it started is left)
+                # its session: the leader is gone, what it started may be left (nginx's workers hold its ports)
+                stop_group(proc.pid, keep=frozenset(p.pid for p in procs.values()))
                 stop_adopted()
                 until = time.monotonic() + delay
                 while not stopping and time.monotonic() < until:
