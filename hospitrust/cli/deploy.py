@@ -395,7 +395,9 @@ def add_deploy_parser(sub) -> None:
                         description="The SuperLink listens on 127.0.0.1:SUPERLINK_PORT only. nginx publishes the Fleet "
                                     "API (and /health) on HOST:PORT for the hospitals, and the Control API on "
                                     "OPERATOR_HOST:OPERATOR_PORT for operators holding a certificate from "
-                                    "`deploy operator-cert` (mutual TLS). The Runtime API is never published.")
+                                    "`deploy operator-cert` (mutual TLS). The Runtime API is never published. "
+                                    "flower-superlink and nginx are restarted when either dies (with backoff); this "
+                                    "command itself is restarted by its service manager (deploy/systemd/).")
     p.add_argument("--certs", default=".", help="folder with ca.crt, server.pem, server.key (default .)")
     p.add_argument("--ca", help="CA certificate (default CERTS/ca.crt)")
     p.add_argument("--cert", help="server certificate (default CERTS/server.pem)")
