@@ -87,3 +87,12 @@ def test_without_the_run_directory_here_the_log_counts_with_the_resumed_line(tmp
     assert sup.run() == 0
     record = _record(tmp_path)
     assert [(a["rounds_reached"], a["rounds_from"]) for a in record] == [(1, "log"), (2, "log"), (2, "log")]
+
+
+def test_an_unreadable_checkpoint_is_said_and_the_log_counts(tmp_path):
+    sup = Played(tmp_path, [([], "finished:completed", "round   3/5  x")], attempts=1)
+    sup.run_dir.mkdir(parents=True)
+    (sup.run_dir / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    assert sup.run() == 0
+    assert [(a["rounds_reached"], a["rounds_from"]) for a in _record(tmp_path)] == [(3, "log")]
+    assert any("cannot read" in line and "counting rounds from the log" in line for line in sup.said), sup.said

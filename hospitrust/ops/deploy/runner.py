@@ -26,6 +26,7 @@ attempt is appended to a JSON-lines record (run id, resume or fresh, times, stat
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import time
 from collections.abc import Callable
@@ -84,7 +85,7 @@ class RunSupervisor:
             return int(torch.load(path, map_location="cpu", weights_only=True)["round"]), "checkpoint"
         except FileNotFoundError:
             return 0, "checkpoint"
-        except (OSError, RuntimeError, KeyError, TypeError, ValueError) as exc:  # unreadable: say so, use the log
+        except (OSError, RuntimeError, KeyError, TypeError, ValueError, pickle.UnpicklingError) as exc:  # unreadable: the log
             self.say(f"hospitrust deploy run: cannot read {path} ({type(exc).__name__}: {str(exc)[:200]}); "
                      f"counting rounds from the log")
             return None
