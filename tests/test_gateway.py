@@ -134,3 +134,141 @@ def test_deploy_superlink_dry_run_and_own_proxy(pki, tmp_path):
                "--dry-run")
     assert res.returncode == 0 and "127.0.0.1:9092 only" in res.stdout and "--host 127.0.0.1" in res.stdout, res.stdout
 
+
+
+class _Upstream:
+    """The SuperLink's place behind the gateway: an HTTPS server (the SuperLink's certificate) that records the
+    request line nginx forwards, and answers 200."""
+
+    def __init__(self, pki, port: int) -> None:
+        import http.server
+        import ssl
+        import threading
+
+        self.paths: list[str] = []
+        seen = self.paths
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self) -> None:
+                seen.append(self.path)
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(pki / "server.pem", pki / "server.key")
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _raw(port: int, ca, line: str, cert: tuple | None = None) -> int:
+    """Send ``line`` (method and target exactly as given) over TLS; the status code nginx answers."""
+    import socket
+    import ssl
+
+    ctx = ssl.create_default_context(cafile=str(ca))
+    ctx.check_hostname = False
+    if cert:
+        ctx.load_cert_chain(*cert)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, ctx.wrap_socket(raw) as s:
+        s.sendall(f"{line} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while b"\r\n" not in data and (chunk := s.recv(4096)):
+            data += chunk
+    return int(data.split(b" ", 2)[1])
+
+
+@pytest.fixture
+def running_gateway(pki, tmp_path):
+    """nginx with the gateway's configuration, in front of a recording stand-in for the SuperLink."""
+    from hospitrust.ops import flwr
+
+    layout = gateway.GatewayLayout(host="127.0.0.1", port=flwr.free_port(), operator_port=flwr.free_port(),
+                                   superlink_port=flwr.free_port())
+    upstream = _Upstream(pki, layout.superlink_port)
+    conf = gateway.write_nginx_config(gateway.gateway_config(layout, ca=pki / "ca.crt", cert=pki / "server.pem",
+                                                             key=pki / "server.key", state=tmp_path / "gw"), tmp_path / "gw")
+    nginx = subprocess.Popen(gateway.nginx_command(conf), stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = __import__("time").monotonic() + 30
+        while True:
+            try:
+                if _raw(layout.port, pki / "ca.crt", "GET /health") == 200:
+                    break
+            except OSError:
+                assert nginx.poll() is None and __import__("time").monotonic() < deadline, nginx.stderr.read()
+                __import__("time").sleep(0.2)
+        upstream.paths.clear()
+        yield layout, upstream, nginx, tmp_path / "gw"
+    finally:
+        nginx.terminate()
+        nginx.wait(timeout=30)
+        upstream.close()
+
+
+def test_the_gateway_forwards_only_canonical_uris(pki, running_gateway):
+    """nginx matches a location on the decoded, slash-merged path but forwards the request line as the client sent
+    it: `/v1//fleet/...` and `.../pull-messages%0a` (a newline before the regex's `$`) used to reach the SuperLink
+    raw. Now anything but the canonical form is refused (400) and never forwarded."""
+    layout, upstream, _, _ = running_gateway
+    ca, op = pki / "ca.crt", (pki / "op" / "alice.crt", pki / "op" / "alice.key")
+    assert _raw(layout.port, ca, "POST /v1/fleet/pull-messages") == 200
+    assert _raw(layout.port, ca, "GET /health") == 200
+    for target in ("/v1//fleet/pull-messages", "/v1/fleet/pull-messages%0a", "/v1/fleet/pull-messages%0A",
+                   "/v1/fleet/%70ull-messages", "/v1/./fleet/pull-messages", "/v1/x/../fleet/pull-messages",
+                   "/v1/fleet/pull-messages?x=1", "//v1/fleet/pull-messages", "/health/", "/v1/fleet/pull-messages/"):
+        assert _raw(layout.port, ca, f"POST {target}") == 400, target
+    # canonical but not published: the listener's own refusal, as before
+    assert _raw(layout.port, ca, "POST /v1/fleet/no-such-path") == 403
+    assert _raw(layout.port, ca, "POST /v1/control/list-runs") == 403
+    # the operators' listener: the same rule for the Control API
+    assert _raw(layout.operator_port, ca, "POST /v1/control/list-runs", cert=op) == 200
+    for target in ("/v1//control/list-runs", "/v1/control/list-runs%0a", "/v1/control/%6cist-runs",
+                   "/v1/control/../fleet/pull-messages", "/v1/control/list-runs?x=1"):
+        assert _raw(layout.operator_port, ca, f"POST {target}", cert=op) == 400, target
+    assert _raw(layout.operator_port, ca, "GET /openapi.json", cert=op) == 403
+    assert upstream.paths == ["/v1/fleet/pull-messages", "/health", "/v1/control/list-runs"]
+
+
+def test_the_access_log_is_rotated_and_nginx_writes_the_new_one(pki, running_gateway):
+    import os
+    import signal
+    import stat
+
+    layout, _, nginx, state = running_gateway
+    log = state / "access.log"
+    ca = pki / "ca.crt"
+    _raw(layout.port, ca, "GET /health")
+    assert gateway.rotate_log(log, max_bytes=10**9, keep=2, reopen=lambda: None) is False  # small: left alone
+    import time
+
+    def lands_in_the_current_file(n: int) -> None:  # nginx reopens on SIGUSR1 a moment later: ask until it has
+        deadline = time.monotonic() + 15
+        while f"get-run?n={n}" not in log.read_text():
+            assert time.monotonic() < deadline, [p.read_text() for p in state.glob("access.log*")]
+            assert _raw(layout.port, ca, f"POST /v1/fleet/get-run?n={n}") == 400
+            time.sleep(0.2)
+
+    for n in range(1, 4):  # three rotations with two kept
+        lands_in_the_current_file(n)
+        assert gateway.rotate_log(log, max_bytes=1, keep=2, reopen=lambda: os.kill(nginx.pid, signal.SIGUSR1)) is True
+        assert stat.S_IMODE(log.stat().st_mode) == 0o600 and log.stat().st_size == 0
+    assert sorted(p.name for p in state.glob("access.log*")) == ["access.log", "access.log.1", "access.log.2"]
+    assert "get-run?n=3" in (state / "access.log.1").read_text() and "get-run?n=2" in (state / "access.log.2").read_text()
+    assert "get-run?n=1" not in (state / "access.log.2").read_text()  # the oldest was dropped
+    lands_in_the_current_file(4)
+    assert "get-run?n=4" not in (state / "access.log.1").read_text()

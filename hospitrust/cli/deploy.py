@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 
@@ -82,6 +83,9 @@ def cmd_superlink(args) -> int:
     layout = gateway.GatewayLayout(host=args.host, port=args.port, operator_host=args.operator_host,
                                    operator_port=args.operator_port, superlink_port=args.superlink_port)
     layout.check()
+    if args.access_log_max_mb < 0 or args.access_log_keep < 0:
+        raise DeployError(f"--access-log-max-mb {args.access_log_max_mb:g} --access-log-keep {args.access_log_keep}: "
+                          f"expected 0 or more")
     state = Path(args.state_dir).expanduser().resolve() if args.state_dir else database.parent / "gateway"
     conf_text = gateway.gateway_config(layout, ca=ca, cert=cert, key=key, state=state)
     superlink = superlink_command(ca=ca, cert=cert, key=key, database=database, host="127.0.0.1",
@@ -107,12 +111,27 @@ def cmd_superlink(args) -> int:
           f"itself 127.0.0.1:{args.superlink_port}; gateway configuration {conf}", flush=True)
 
     def healthy(proc) -> None:  # nginx forwards only once the SuperLink answers
-        from hospitrust.ops.flwr import wait_healthy
+        from hospitrust.ops.flwr import FlowerProcessError, wait_healthy
 
-        wait_healthy(f"127.0.0.1:{args.superlink_port}", ca=ca, timeout=120, proc=_Popened("flower-superlink", proc))
+        try:
+            wait_healthy(f"127.0.0.1:{args.superlink_port}", ca=ca, timeout=120, proc=_Popened("flower-superlink", proc))
+        except FlowerProcessError as exc:
+            raise DeployError(str(exc)) from None
 
-    return gateway.run_together([("flower-superlink", superlink), ("nginx", gateway.nginx_command(conf))],
-                                ready=[healthy, None])
+    def rotate(procs) -> None:  # the access log, past --access-log-max-mb: nginx reopens it on SIGUSR1
+        nginx = procs.get("nginx")
+        if args.access_log_max_mb > 0 and nginx is not None and nginx.poll() is None:
+            gateway.rotate_log(state / "access.log", max_bytes=int(args.access_log_max_mb * 1024 * 1024),
+                               keep=args.access_log_keep, reopen=lambda: os.kill(nginx.pid, signal.SIGUSR1))
+
+    # the wrapper restarts either one when it dies (with backoff; a stale copy holding its port is stopped first);
+    # what restarts the wrapper itself is the service manager (deploy/systemd/hospitrust-superlink.service)
+    return gateway.run_together([
+        gateway.Child("flower-superlink", superlink, ready=healthy, ports=(("127.0.0.1", args.superlink_port),),
+                      mine=str(database)),
+        gateway.Child("nginx", gateway.nginx_command(conf), ports=((args.host, args.port), (args.operator_host, args.operator_port)),
+                      mine=str(conf)),
+    ], restart=True, tick=rotate)
 
 
 class _Popened:
@@ -380,7 +399,9 @@ def add_deploy_parser(sub) -> None:
                         description="The SuperLink listens on 127.0.0.1:SUPERLINK_PORT only. nginx publishes the Fleet "
                                     "API (and /health) on HOST:PORT for the hospitals, and the Control API on "
                                     "OPERATOR_HOST:OPERATOR_PORT for operators holding a certificate from "
-                                    "`deploy operator-cert` (mutual TLS). The Runtime API is never published.")
+                                    "`deploy operator-cert` (mutual TLS). The Runtime API is never published. "
+                                    "flower-superlink and nginx are restarted when either dies (with backoff); this "
+                                    "command itself is restarted by its service manager (deploy/systemd/).")
     p.add_argument("--certs", default=".", help="folder with ca.crt, server.pem, server.key (default .)")
     p.add_argument("--ca", help="CA certificate (default CERTS/ca.crt)")
     p.add_argument("--cert", help="server certificate (default CERTS/server.pem)")
@@ -398,6 +419,11 @@ def add_deploy_parser(sub) -> None:
                         "proxy (the nginx configuration to start from is written to STATE_DIR/nginx.conf)")
     p.add_argument("--state-dir", help="the gateway's configuration, pid and logs (default: DATABASE's folder/gateway)")
     p.add_argument("--log-file", help="also log the SuperLink to this file")
+    p.add_argument("--access-log-max-mb", type=float, default=10.0,
+                   help="rotate the gateway's access log (STATE_DIR/access.log) past this size (default 10; 0: never, "
+                        "e.g. when logrotate does it)")
+    p.add_argument("--access-log-keep", type=int, default=5,
+                   help="rotated access logs kept: access.log.1 (newest) .. access.log.N (default 5)")
     p.add_argument("--dry-run", action="store_true", help="print the commands and the gateway configuration, start nothing")
     p.set_defaults(func=cmd_superlink)
 

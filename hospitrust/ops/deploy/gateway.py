@@ -24,6 +24,7 @@ and streaming. (stunnel cannot filter paths; haproxy could, but is less often at
 
 from __future__ import annotations
 
+import ctypes
 import getpass
 import os
 import shutil
@@ -31,9 +32,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from hospitrust.errors import DeployError
 from hospitrust.pki.certificates import OPERATOR_DN_PATTERN, OPERATOR_OU
@@ -49,6 +52,9 @@ DEFAULT_SUPERLINK_PORT = 9092  # the SuperLink's own port, on 127.0.0.1 only
 DEFAULT_TUNNEL_PORT = 9096
 # Flower sends arrays in 5 MB chunks and bundles up to 10 MB; nginx's default body limit (1 MB) would answer 413
 MAX_BODY = "64m"
+#: a request target in canonical form: "/" or "/seg/seg...", each segment letters, digits, "_", "-" and (not first) ".";
+#: no "//", "/./", "/../", trailing "/", %-escape or query. Anything else is refused (400) before a location matches.
+CANONICAL_TARGET = r"^(/|(/[A-Za-z0-9_-][A-Za-z0-9._-]*)+)$"
 SUPERLINK_NAME = "localhost"  # the name the gateway checks the SuperLink's certificate for (server-cert adds it)
 
 
@@ -132,6 +138,9 @@ def gateway_config(layout: GatewayLayout, *, ca: Path, cert: Path, key: Path, st
         listen {_listen(layout.host, layout.port)} ssl;
         ssl_certificate {_q(cert)};
         ssl_certificate_key {_q(key)};
+        # nginx matches locations on the normalised path but forwards the request line as sent: anything but the
+        # canonical form (//, /./, %-escapes, %0a, a query) is refused, so the SuperLink sees only what matched
+        if ($request_uri !~ "{CANONICAL_TARGET}") {{ return 400; }}
         location ~ ^/v1/fleet/({fleet})$ {{
             limit_except POST {{ deny all; }}
             proxy_pass {upstream};
@@ -156,6 +165,7 @@ def gateway_config(layout: GatewayLayout, *, ca: Path, cert: Path, key: Path, st
         # the CA also signs the SuperLink's own certificate: only an operator's (OU={OPERATOR_OU}) opens the Control API;
         # the subject is matched attribute by attribute (an escaped ',' inside a CN is not a separator)
         if ($ssl_client_s_dn !~ "{_q_regex(OPERATOR_DN_PATTERN)}") {{ return 403; }}
+        if ($request_uri !~ "{CANONICAL_TARGET}") {{ return 400; }}  # canonical request targets only (above)
         location /v1/control/ {{
             limit_except POST {{ deny all; }}
             proxy_pass {upstream};
@@ -230,39 +240,231 @@ def nginx_command(conf: Path) -> list[str]:
     return [nginx_binary(), "-e", "stderr", "-p", str(Path(conf).parent), "-c", str(conf), "-g", "daemon off;"]
 
 
-def run_together(commands: Sequence[tuple[str, list[str]]], *, ready: Sequence | None = None) -> int:
-    """Start each command in a session of its own (output to this process's), and stay until one exits or a
-    signal comes: then stop them all (with their descendants) and return the first exit code (or 128+signal).
+@dataclass
+class Child:
+    """One process ``run_together`` keeps running.
 
-    ``ready[i]``, when given, is called after command i starts and before the next one does (e.g. wait for
-    the SuperLink's health before nginx forwards to it); it gets the Popen and raises if it is not ready.
+    ``ready``: called after it starts and before the next one does (e.g. wait for the SuperLink's health
+    before nginx forwards to it); it gets the Popen and raises if it is not ready. Only on the first start.
+    ``ports``: (host, port) it listens on; before each start they must be free. ``mine``: a string (a path of
+    this wrapper's database or configuration) that marks a process holding one of those ports as a stale copy
+    of this child, left by an earlier wrapper or a killed parent: it is stopped, not waited for.
+    """
+
+    name: str
+    cmd: list[str]
+    ready: Callable[[subprocess.Popen], None] | None = None
+    ports: tuple[tuple[str, int], ...] = ()
+    mine: str = ""
+
+
+#: seconds before restarting a child that exited: doubling from the first, up to the last
+RESTART_BACKOFF = (1.0, 60.0)
+#: a child up this long since its last start starts its backoff afresh
+BACKOFF_RESET_SECONDS = 300.0
+#: how long a port held by a process that is not ours may stay busy before the start fails
+PORT_WAIT_SECONDS = 30.0
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> bool:
+    """Orphans of our children (a killed flower-superlink's ServerApps, a killed nginx master's workers, which keep
+    its listening sockets) become this process's children instead of init's, so they can be stopped before a restart.
+    """
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _holders(host: str, port: int) -> list[psutil.Process]:
+    """The processes listening on ``port`` (on ``host`` or on every address) that this user can see."""
+    out: list[psutil.Process] = []
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError):
+        return out
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid \
+                and c.laddr.ip in (host, "0.0.0.0", "::", "::ffff:" + host):
+            try:
+                out.append(psutil.Process(c.pid))
+            except psutil.Error:
+                pass
+    return out
+
+
+def free_ports(child: Child, *, timeout: float = PORT_WAIT_SECONDS) -> None:
+    """Make sure ``child``'s ports can be listened on: stop stale copies of it (their command line holds
+    ``child.mine``, with their descendants), and wait up to ``timeout`` for anything else to let go.
+    DeployError naming the holder when a port stays busy.
     """
     from hospitrust.ops.flwr import stop_tree
+    from hospitrust.supervision.supervisor import port_in_use
 
-    procs: list[tuple[str, subprocess.Popen]] = []
+    deadline = time.monotonic() + timeout
+    for host, port in child.ports:
+        while (busy := port_in_use(host, port)) is not None:
+            for proc in _holders(host, port):
+                try:
+                    stale = bool(child.mine) and any(child.mine in arg for arg in proc.cmdline())
+                except psutil.Error:
+                    continue
+                if stale:
+                    # an nginx worker's command line is "nginx: worker process": its master's holds the path
+                    print(f"hospitrust deploy: stopping a stale {child.name} (pid {proc.pid}) that holds port {port}",
+                          file=sys.stderr, flush=True)
+                    stop_tree(proc.pid, sig=signal.SIGTERM, timeout=10)
+            if time.monotonic() > deadline:
+                raise DeployError(f"cannot start {child.name}: {busy}")
+            time.sleep(0.5)
+
+
+def stop_group(pgid: int, timeout: float = 10.0, keep: frozenset[int] = frozenset()) -> None:
+    """SIGTERM to process group ``pgid`` (a child started in a session of its own, whose leader may be gone), then
+    SIGKILL to what is left after ``timeout``. A group id is not reused while the group has members.
+    """
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            _reap_adopted(keep)  # members that became our zombies leave the group only once reaped
+            time.sleep(0.1)
+
+
+def _reap_adopted(keep: set[int] | frozenset[int]) -> list[psutil.Process]:
+    """Children of this process that it did not start (orphans adopted as a subreaper): zombies reaped, the live
+    ones returned.
+    """
+    alive = []
+    for proc in psutil.Process().children():
+        if proc.pid in keep:
+            continue
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(proc.pid, os.WNOHANG)
+            else:
+                alive.append(proc)
+        except (psutil.Error, ChildProcessError):
+            pass
+    return alive
+
+
+def rotate_log(path: Path, *, max_bytes: int, keep: int, reopen: Callable[[], None]) -> bool:
+    """When ``path`` is at least ``max_bytes``: shift ``path.1`` .. ``path.KEEP-1`` up one (the oldest dropped),
+    rename ``path`` to ``path.1``, create a new empty ``path`` (mode 0600) and call ``reopen`` (SIGUSR1 to the nginx
+    master, which then appends to the new file). Returns whether it rotated.
+    """
+    try:
+        if path.stat().st_size < max_bytes:
+            return False
+    except FileNotFoundError:
+        return False
+    for n in range(keep - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{n}")
+        if older.exists():
+            os.replace(older, path.with_name(f"{path.name}.{n + 1}"))
+    if keep >= 1:
+        os.replace(path, path.with_name(f"{path.name}.1"))
+    else:
+        path.unlink()
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    reopen()
+    return True
+
+
+def run_together(commands: Sequence[Child | tuple[str, list[str]]], *, restart: bool = False,
+                 tick: Callable[[dict[str, subprocess.Popen]], None] | None = None) -> int:
+    """Start each command (in a session of its own, output to this process's, with the parent-death signal so a
+    SIGKILLed wrapper leaves none of them running) and stay until a signal comes: then stop them all (with their
+    descendants, and any orphans they left) and return 0.
+
+    ``restart=False``: when one exits, stop the others and return its exit code. ``restart=True``: a child that
+    exits is restarted (what it left running stopped, its ports freed) after a backoff doubling from
+    ``RESTART_BACKOFF[0]`` to ``[1]``. Either way a first start that fails (its ``ready`` raises, a port held by
+    another program) ends the wrapper with that error: a bad certificate is said once, not retried in a loop.
+    ``tick``, when given, is called with the running processes by name twice a second (log rotation).
+    """
+    from hospitrust.ops.flwr import stop_tree
+    from hospitrust.supervision.supervisor import die_with_parent
+
+    children = [c if isinstance(c, Child) else Child(c[0], list(c[1])) for c in commands]
+    procs: dict[str, subprocess.Popen] = {}
     stopping: list[int] = []
+    _become_subreaper()
 
     def on_signal(signum, frame):
         stopping.append(signum)
 
+    def start(child: Child) -> subprocess.Popen:
+        free_ports(child)
+        print(f"$ {' '.join(child.cmd)}", flush=True)
+        procs[child.name] = subprocess.Popen(child.cmd, start_new_session=True, preexec_fn=die_with_parent)
+        return procs[child.name]
+
+    def stop_adopted() -> None:
+        for orphan in _reap_adopted({p.pid for p in procs.values()}):
+            print(f"hospitrust deploy: stopping an orphan left by a child (pid {orphan.pid})", file=sys.stderr, flush=True)
+            stop_tree(orphan.pid, sig=signal.SIGTERM, timeout=10)
+            _reap_adopted({p.pid for p in procs.values()})
+
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    started: dict[str, float] = {}
+    backoff: dict[str, float] = {}
     try:
-        for i, (name, cmd) in enumerate(commands):
-            print(f"$ {' '.join(cmd)}", flush=True)
-            procs.append((name, subprocess.Popen(cmd, start_new_session=True)))
-            if ready is not None and ready[i] is not None:
-                ready[i](procs[-1][1])
+        for child in children:
+            if stopping:
+                return 0
+            proc = start(child)
+            if child.ready is not None:
+                child.ready(proc)
+            started[child.name] = time.monotonic()
         while not stopping:
-            for name, proc in procs:
-                if proc.poll() is not None:
-                    print(f"hospitrust deploy: {name} exited with code {proc.returncode}; stopping the others",
+            for child in children:
+                proc = procs[child.name]
+                if proc.poll() is None:
+                    continue
+                if not restart:
+                    print(f"hospitrust deploy: {child.name} exited with code {proc.returncode}; stopping the others",
                           file=sys.stderr, flush=True)
                     return proc.returncode or 1
-            time.sleep(0.5)
-        return 128 + stopping[0]
+                up = time.monotonic() - started[child.name]
+                delay = RESTART_BACKOFF[0] if up > BACKOFF_RESET_SECONDS else backoff.get(child.name, RESTART_BACKOFF[0])
+                backoff[child.name] = min(delay * 2, RESTART_BACKOFF[1])
+                print(f"hospitrust deploy: {child.name} exited with code {proc.returncode} after {up:.0f} s; "
+                      f"restarting it in {delay:.0f} s", file=sys.stderr, flush=True)
+                # its session: the leader is gone, what it started may be left (nginx's workers hold its ports)
+                stop_group(proc.pid, keep=frozenset(p.pid for p in procs.values()))
+                stop_adopted()
+                until = time.monotonic() + delay
+                while not stopping and time.monotonic() < until:
+                    time.sleep(0.2)
+                if stopping:
+                    break
+                try:
+                    start(child)
+                except DeployError as exc:  # a port still busy: the exited process stays, tried after the next backoff
+                    print(f"hospitrust deploy: {exc}", file=sys.stderr, flush=True)
+                started[child.name] = time.monotonic()
+            else:
+                stop_adopted()
+                if tick is not None:
+                    tick(procs)
+                time.sleep(0.5)
+        return 0
     finally:
-        for _, proc in reversed(procs):
+        for proc in reversed(list(procs.values())):
             if proc.poll() is None:
                 stop_tree(proc.pid, sig=signal.SIGTERM, timeout=15)
+        for orphan in _reap_adopted(set()):
+            stop_tree(orphan.pid, sig=signal.SIGTERM, timeout=15)
+        _reap_adopted(set())
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -13,6 +13,12 @@ ends with the model an unbroken run would have given. This supervisor does that 
 - it gives up after ``attempts`` submissions, or when an attempt made no progress after the previous one
   also made none (a run that fails for its own reasons: a config the ServerApp refuses).
 
+Progress is the last round in the run directory's ``checkpoint.pt`` (written since this supervisor started),
+read where the run directory is visible (the supervisor on the SuperLink machine, or a shared folder). The
+ServerApp's log is only the fallback when it is not: a log read after a crash can miss the rounds the run
+finished (``flwr log`` of a run whose SuperLink died), and counting from it made two crashes in a row look
+like two attempts without progress.
+
 What is lost: the round in flight when the crash came (its replies and its work at the hospitals). Every
 attempt is appended to a JSON-lines record (run id, resume or fresh, times, status, rounds reached).
 """
@@ -20,6 +26,7 @@ attempt is appended to a JSON-lines record (run id, resume or fresh, times, stat
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import time
 from collections.abc import Callable
@@ -28,6 +35,7 @@ from pathlib import Path
 from hospitrust.errors import DeployError
 
 ROUND_LINE = re.compile(r"round\s+(\d+)/(\d+)")  # the ServerApp's progress line, one per finished round
+RESUMED_LINE = re.compile(r"hospitrust: resuming .* after round (\d+)")  # a resumed ServerApp's first line
 NO_CHECKPOINT = "no checkpoint at"  # what resume-from says when the crash came before round 1 finished
 
 
@@ -58,6 +66,29 @@ class RunSupervisor:
         self.run_dir, self.name = run_identity(parse_overrides([self.run_config]))
         self.record, self.work, self.attempts, self.poll = Path(record), Path(work), attempts, poll
         self.unreachable_timeout, self.env, self.say = unreachable_timeout, env, say
+        self.since = time.time()  # a checkpoint older than this belongs to an earlier run of the same name
+
+    def checkpointed(self) -> tuple[int, str] | None:
+        """(rounds in the run directory's checkpoint, "checkpoint"); (0, "checkpoint") if it has none written
+        since this supervisor started; None when the run directory's parent (output-dir) is not on this machine.
+        """
+        from hospitrust.server_app.checkpoint import CHECKPOINT_FILE
+
+        if not self.run_dir.parent.is_dir():
+            return None
+        path = self.run_dir / CHECKPOINT_FILE
+        try:
+            if path.stat().st_mtime < self.since:
+                return 0, "checkpoint"
+            import torch
+
+            return int(torch.load(path, map_location="cpu", weights_only=True)["round"]), "checkpoint"
+        except FileNotFoundError:
+            return 0, "checkpoint"
+        except (OSError, RuntimeError, KeyError, TypeError, ValueError, pickle.UnpicklingError) as exc:  # unreadable: the log
+            self.say(f"hospitrust deploy run: cannot read {path} ({type(exc).__name__}: {str(exc)[:200]}); "
+                     f"counting rounds from the log")
+            return None
 
     def _submit(self, resume: bool) -> int:
         from hospitrust.ops import flwr
@@ -103,18 +134,24 @@ class RunSupervisor:
                      + (f", resuming {self.run_dir}" if resume else ""))
             status, details = self._watch(run_id)
             log = self._log(run_id) if status != "unreachable" else ""
-            rounds = max([int(m.group(1)) for m in ROUND_LINE.finditer(log)], default=last_rounds if resume else 0)
+            counted = self.checkpointed()
+            if counted is not None:
+                rounds, source = counted
+                no_checkpoint = rounds == 0  # the crash came before any round finished: nothing to resume from
+            else:
+                found = [int(m.group(1)) for m in (*ROUND_LINE.finditer(log), *RESUMED_LINE.finditer(log))]
+                rounds, source = max(found, default=last_rounds if resume else 0), "log"
+                no_checkpoint = resume and NO_CHECKPOINT in log
             self._write({"attempt": attempt, "run_id": run_id, "resume_from": str(self.run_dir) if resume else "",
                          "submitted": round(started, 3), "ended": round(time.time(), 3), "status": status,
-                         "details": details[-500:], "rounds_reached": rounds})
+                         "details": details[-500:], "rounds_reached": rounds, "rounds_from": source})
             self.say(f"hospitrust deploy run: run {run_id} ended {status}" + (f" ({details.strip()[:200]})" if details.strip() else "")
                      + f"; rounds reached: {rounds}")
             if status == "finished:completed":
                 return 0
             if status in ("finished:stopped", "unreachable"):
                 return 1
-            no_checkpoint = resume and NO_CHECKPOINT in log  # the crash came before any round finished
-            if not no_checkpoint:
+            if not (resume and no_checkpoint):
                 stalled = stalled + 1 if rounds <= last_rounds else 0
             if stalled >= 2:
                 self.say("hospitrust deploy run: two attempts in a row made no progress: not resubmitting (see flwr log)")
