@@ -8,6 +8,7 @@ import dataclasses
 import json
 import tomllib
 from pathlib import Path
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -104,11 +105,19 @@ def _message(config: dict | None, kind: str = "query", **records) -> Message:
 
 def _through_gate(monkeypatch, cfg: gate.GateConfig, message: Message, context: Context, content: bytes):
     """One forked ClientApp's view: Flower's three functions wrapped by the gate; returns (context, install's reason)."""
+    from flwr.cli.config_utils import get_fab_metadata
+    from flwr.supercore.fab import Fab
+    from flwr.supercore.run import Run
     from flwr.supernode.runtime import run_clientapp as rc
 
-    monkeypatch.setattr(rc, "pull_task_input", lambda client: (message, context, SimpleNamespace(run_id=7),
-                                                               SimpleNamespace(content=content)))
-    monkeypatch.setattr(rc, "install_from_fab", lambda content, *a, **k: None)
+    from hospitrust.ops.deploy import approval
+
+    monkeypatch.setenv("FLWR_HOME", str(cfg.policy.parent / "flwr-home"))  # the gate installs the accepted bundle
+    monkeypatch.setattr(sys, "dont_write_bytecode", sys.dont_write_bytecode)
+    run = Run.create_empty(7)
+    (run.fab_id, run.fab_version), run.fab_hash = get_fab_metadata(content), approval.fab_sha256(content)
+    monkeypatch.setattr(rc, "pull_task_input", lambda client: (message, context, run, Fab(run.fab_hash, content, {})))
+    monkeypatch.setattr(rc, "install_from_fab", rc.install_from_fab)  # Flower's own, restored after the test
     monkeypatch.setattr(rc, "push_message", lambda client, reply, ctx: None)
     gate.install(cfg)
     _, ctx, _, fab = rc.pull_task_input(None)
