@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from hospitrust.errors import DeployError
-from hospitrust.ops.deploy.superlink import DEFAULT_PORT, superlink_command, write_connection
+from hospitrust.ops.deploy.superlink import DEFAULT_PORT, private_database, superlink_command, write_connection
 from hospitrust.ops.deploy.supernode import supernode_command
 from hospitrust.cli.data import share_of_files
 from hospitrust.tasks.cli import add_task_arguments, task_from_args
@@ -79,6 +79,8 @@ def cmd_superlink(args) -> int:
             raise DeployError(f"{flag} {p} not found (hospitrust deploy ca / server-cert make them)")
     database = Path(args.database).expanduser().resolve()
     database.parent.mkdir(parents=True, exist_ok=True)
+    if not args.dry_run:
+        private_database(database)  # 0600, and so its -wal and -shm
     layout = gateway.GatewayLayout(host=args.host, port=args.port, operator_host=args.operator_host,
                                    operator_port=args.operator_port, superlink_port=args.superlink_port)
     layout.check()
