@@ -253,7 +253,7 @@ def _fake_runtime(bundle_view: Path):
 
 
 @pytest.mark.parametrize("approved", [True, False], ids=["accepted", "refused"])
-def test_the_launcher_writes_the_entry_from_the_childs_decision_pipe(tmp_path, monkeypatch, approved):
+def test_the_launcher_writes_the_entry_from_the_childs_decision_pipe(tmp_path, monkeypatch, capsys, approved):
     import torch  # noqa: F401  # the launcher has it preloaded when it forks (launcher.PRELOAD)
     from flwr.supernode.runtime import run_clientapp as rc
 
@@ -290,6 +290,8 @@ def test_the_launcher_writes_the_entry_from_the_childs_decision_pipe(tmp_path, m
     entries, problem = audit.verify(log)
     assert problem is None and len(entries) == 1
     entry = entries[0]
+    audited = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"audited"' in line]
+    assert [(e["entries"], e["mac"]) for e in audited] == [(1, entry["mac"])]  # the head, in the launcher's log too
     assert {k: entry[k] for k in ("run", "task", "app_sha256", "message", "round", "exit")} == {
         "run": 42, "task": 7, "app_sha256": sha, "message": "train", "round": 3, "exit": 0}
     if approved:

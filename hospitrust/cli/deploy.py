@@ -537,7 +537,8 @@ def cmd_audit(args) -> int:
     if problem:
         print(f"hospitrust deploy audit: does not verify: {problem}", file=sys.stderr)
         return 1
-    print(f"{len(entries)} entries; every entry's MAC and the head verify")
+    last = f" (last MAC {entries[-1]['mac'][:16]}, as the launcher's last 'audited' line says)" if entries else ""
+    print(f"{len(entries)} entries; every entry's MAC and the head verify{last}")
     return 0
 
 

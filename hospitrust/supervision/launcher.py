@@ -173,10 +173,13 @@ def _write_audit(gate_config, pipes: AuditPipes, rc: object) -> None:
     pipes.close()
     entry = pipes.entry(rc)
     try:
-        audit.append(gate_config.audit_log, entry, gate_config.audit_key)
+        record = audit.append(gate_config.audit_log, entry, gate_config.audit_key)
     except (OSError, ValueError, RuntimeError) as exc:  # DeployError is a RuntimeError
         print(f"hospitrust audit: could not append to {gate_config.audit_log}: {exc}; the entry: "
               f"{json.dumps(entry, sort_keys=True)}", file=sys.stderr, flush=True)
+        return
+    # the head, in the SuperNode's log too (journal, log file): a copy of the anchor outside the log's folder
+    emit("audited", entries=record["n"], mac=record["mac"], decision=entry["decision"], task_id=pipes.task_id)
 
 
 def _child(runtime_api_address: str, token: str, fault: str, gate_config=None,
