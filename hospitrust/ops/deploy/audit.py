@@ -80,7 +80,7 @@ def read_key(path: Path) -> bytes:
     path = Path(path)
     try:
         mode = path.stat().st_mode & 0o777
-        text = path.read_text().strip()
+        text = path.read_text(errors="replace").strip()
     except OSError as exc:
         raise DeployError(f"audit key {path}: cannot read it ({exc.strerror})") from None
     if mode & 0o077:
@@ -109,7 +109,7 @@ def _read_head(log: Path, key: bytes) -> tuple[int, str] | None:
     if not path.exists():
         return None
     try:
-        head = json.loads(path.read_text())
+        head = json.loads(path.read_text(errors="replace"))
         entries, last, claimed = int(head["entries"]), str(head["mac"]), str(head["head_mac"])
     except (OSError, ValueError, KeyError, TypeError):
         raise DeployError(f"head file {path}: not a head this module wrote (edited or damaged)") from None
@@ -244,7 +244,7 @@ def verify(path: Path, key: Path | None = None) -> tuple[list[dict], str | None]
     first entry (1-based) that does not fit and why.
     """
     path = Path(path)
-    lines = path.read_text().splitlines()
+    lines = path.read_text(errors="replace").splitlines()
     try:
         first = json.loads(lines[0]) if lines else {}
     except ValueError:

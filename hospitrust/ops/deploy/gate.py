@@ -126,8 +126,11 @@ def decide(config: GateConfig, content: bytes, message_type: str, msg_config: di
     return None
 
 
-def _report(fd: int | None, record: dict, close: bool) -> None:
-    """One JSON line to the launcher on ``fd`` (a pipe); closed after it when ``close``."""
+def _report(fds: dict[str, int | None], which: str, record: dict) -> None:
+    """One JSON line to the launcher on the pipe ``fds[which]``, which is then closed and forgotten (a second
+    report on it goes nowhere, never to a file that reused the number).
+    """
+    fd = fds.pop(which, None)
     if fd is None:
         return
     data = (json.dumps(record, sort_keys=True) + "\n").encode()
@@ -137,8 +140,7 @@ def _report(fd: int | None, record: dict, close: bool) -> None:
     except OSError as exc:  # the launcher went away: the SuperNode is stopping
         print(f"hospitrust gate: could not report to the launcher's audit ({exc.strerror})", file=sys.stderr, flush=True)
     finally:
-        if close:
-            os.close(fd)
+        os.close(fd)
 
 
 def install(config: GateConfig, decision_fd: int | None = None, claim_fd: int | None = None) -> None:
@@ -150,6 +152,7 @@ def install(config: GateConfig, decision_fd: int | None = None, claim_fd: int | 
     from flwr.supernode.runtime import run_clientapp as rc
 
     seen: dict[str, Any] = {}
+    fds = {"decision": decision_fd, "claim": claim_fd}
     pull, install_fab, push = rc.pull_task_input, rc.install_from_fab, rc.push_message
 
     def pull_task_input(client):
@@ -170,9 +173,9 @@ def install(config: GateConfig, decision_fd: int | None = None, claim_fd: int | 
         reason = decide(config, content, seen.get("message_type", ""), seen.get("msg_config", {}), seen.get("run_config", {}),
                         seen.get("secagg"))
         # the decision leaves this process, and its pipe is closed, before any of the bundle is installed or imported
-        _report(decision_fd, {"app_sha256": sha, "message": message_kind(seen.get("message_type", ""), seen.get("msg_config", {})),
+        _report(fds, "decision", {"app_sha256": sha, "message": message_kind(seen.get("message_type", ""), seen.get("msg_config", {})),
                               "round": seen.get("round"), "decision": "refused" if reason is not None else "accepted",
-                              **({"reason": reason[:2000]} if reason is not None else {})}, close=True)
+                              **({"reason": reason[:2000]} if reason is not None else {})})
         if reason is not None:
             seen["refused"] = reason
             hint = ""
@@ -190,7 +193,7 @@ def install(config: GateConfig, decision_fd: int | None = None, claim_fd: int | 
         return install_fab(content, *args, **kwargs)
 
     def push_message(client, message, context):
-        _report(claim_fd, audit.describe_reply(message), close=True)  # after the bundle's code ran: its claim
+        _report(fds, "claim", audit.describe_reply(message))  # after the bundle's code ran: its claim
         return push(client, message, context)
 
     rc.pull_task_input, rc.push_message = pull_task_input, push_message
