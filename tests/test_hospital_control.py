@@ -143,7 +143,9 @@ def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refu
     res = subprocess.run([sys.executable, "-m", "hospitrust.cli.main", "deploy", "audit", str(audit_log)],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "every entry's MAC and the head verify" in res.stdout, res.stdout + res.stderr
-    for path in (audit_log, audit.head_path(audit_log), audit.key_path(audit_log)):
+    superlink = fed.work / "superlink"  # and the operator's side: the SuperLink's state, the gateway's access log
+    state = [superlink / "state.db", superlink / "state.db-wal", superlink / "state.db-shm", superlink / "gateway" / "access.log"]
+    for path in (audit_log, audit.head_path(audit_log), audit.key_path(audit_log), *state):
         assert path.stat().st_mode & 0o777 == 0o600, path
     lines = audit_log.read_text().splitlines()
     entries = [json.loads(line) for line in lines]

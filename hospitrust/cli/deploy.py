@@ -533,7 +533,8 @@ def cmd_audit(args) -> int:
             sent = ", ".join(f"{k} {v['shape']}" for k, v in reply.get("arrays", {}).items()) or reply.get("error", "")[:80]
             print(f"{n:>5}  {e.get('time', 0):.0f}  run {e.get('run')}  {e.get('message', '?'):<12} round {e.get('round')}  "
                   f"app {str(e.get('app_sha256', ''))[:8]}  {e.get('decision')}"
-                  + (f" ({e['reason']})" if e.get("reason") else "") + (f"  -> {sent}" if sent else ""))
+                  + (f" ({e['reason']})" if e.get("reason") else "") + (f"  exit {e['exit']}" if e.get("exit") not in (None, 0) else "")
+                  + (f"  -> {'app says: ' if 'reply_claimed_by_app' in e else ''}{sent}" if sent else ""))
     if problem:
         print(f"hospitrust deploy audit: does not verify: {problem}", file=sys.stderr)
         return 1
