@@ -3,7 +3,8 @@
 signer, a site policy and an audit log; the operator sends it bundles it did and did not approve.
 
 Each run is one round on the tiny export; the bundles differ from the approved one by one line, which
-writes a file in the importing SuperNode's FLWR_HOME: the file shows whose ClientApp imported the bundle.
+writes a file in the importing SuperNode's FLWR_HOME: the file shows whose ClientApp imported the bundle, and
+holds every value of the ClientApp's environment that names one of the gate's files (none should).
 """
 
 from __future__ import annotations
@@ -13,18 +14,20 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from federation import run_config, supernode_cli, task_keys
 from hospitrust.ops import deploy
-from hospitrust.ops.deploy import approval
+from hospitrust.ops.deploy import approval, audit, gate
 
 pytestmark = [pytest.mark.slow, pytest.mark.data]
 NAME = "hospital-2"
 MARK = "imported-by-bundle"
-SIDE_EFFECT = ('import os as _os; open(_os.path.join(_os.environ.get("FLWR_HOME", "."), "{mark}"), "a").close()'
+SIDE_EFFECT = ('import os as _os; open(_os.path.join(_os.environ.get("FLWR_HOME", "."), "{mark}"), "a").write("".join('
+               'f"{{_k}}={{_v}}\\n" for _k, _v in _os.environ.items() if "gate" in _v or _k.startswith("HOSPITRUST_")))'
                '  # {tag}\n')
 
 
@@ -108,6 +111,9 @@ def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refu
     config, rounds = _run(fed, "gate-approved", changed)
     assert config["failed-hospitals"] == [] and NAME in _trained(rounds)
     assert marks[NAME].exists()
+    # the approved bundle's code ran without the gate's paths: no approvals, signers, policy, audit log or key
+    seen = marks[NAME].read_text()
+    assert str(fed.work / "gate") not in seen and not any(name in seen for name in gate.PRIVATE_ENV), seen
 
     # (c) a bundle nobody approved, signed by the trusted key, runs: hospital-2 answers its query (the bundle's
     # import side effect happens there) ... (d) ... and, asked for more local epochs than its policy allows, refuses
@@ -127,24 +133,38 @@ def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refu
     assert [(f["hospital"], f["reason"]) for f in config["failed-hospitals"]] == [
         (NAME, f"refused: app signed by an untrusted key ({stranger_id})")]
 
-    # (e) hospital-2's audit log verifies, and an edited line is found
+    # (e) hospital-2's audit log, written by its launcher, verifies; an edited entry, a cut end are found
     audit_log = fed.gate["audit"]
+    for _ in range(100):  # the launcher writes an entry when its ClientApp has exited, just after the reply
+        entries, problem = audit.verify(audit_log)
+        if any(e.get("reason") == f"refused: app signed by an untrusted key ({stranger_id})" for e in entries):
+            break
+        time.sleep(0.1)
     res = subprocess.run([sys.executable, "-m", "hospitrust.cli.main", "deploy", "audit", str(audit_log)],
                          capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0 and "the hash chain verifies" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 0 and "every entry's MAC and the head verify" in res.stdout, res.stdout + res.stderr
+    superlink = fed.work / "superlink"  # and the operator's side: the SuperLink's state, the gateway's access log
+    state = [superlink / "state.db", superlink / "state.db-wal", superlink / "state.db-shm", superlink / "gateway" / "access.log"]
+    for path in (audit_log, audit.head_path(audit_log), audit.key_path(audit_log), *state):
+        assert path.stat().st_mode & 0o777 == 0o600, path
     lines = audit_log.read_text().splitlines()
     entries = [json.loads(line) for line in lines]
     assert {e["decision"] for e in entries} == {"accepted", "refused"}
     assert any(e["decision"] == "refused" and e["app_sha256"] == sha for e in entries)
     trains = [e for e in entries if e["message"] == "train" and e["decision"] == "accepted"]
-    assert trains and all(set(trains[0]["reply"]) >= {"arrays", "metrics"} for _ in trains)
+    assert trains and all(set(e["reply_claimed_by_app"]) >= {"arrays", "metrics"} and e["exit"] == 0 for e in trains)
     assert not any(str(fed.export[NAME]) in line for line in lines)  # no path of the hospital's data
     edited = json.loads(lines[2])
     edited["decision"] = "accepted" if edited["decision"] == "refused" else "refused"
     audit_log.write_text("\n".join([*lines[:2], json.dumps(edited, sort_keys=True), *lines[3:]]) + "\n")
     res = subprocess.run([sys.executable, "-m", "hospitrust.cli.main", "deploy", "audit", str(audit_log), "--quiet"],
                          capture_output=True, text=True, timeout=60)
-    assert res.returncode == 1 and "line 3:" in res.stderr, res.stdout + res.stderr
+    assert res.returncode == 1 and "entry 3: its MAC does not verify" in res.stderr, res.stdout + res.stderr
+    audit_log.write_text("\n".join(lines[:-1]) + "\n")  # the last entry, a refusal, cut
+    res = subprocess.run([sys.executable, "-m", "hospitrust.cli.main", "deploy", "audit", str(audit_log), "--quiet"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and f"entry {len(lines)}: missing" in res.stderr, res.stdout + res.stderr
+    audit_log.write_text("\n".join(lines) + "\n")  # restored for the fixture's next tests
 
 
 POLICY = "max-local-epochs = 2\nallow-attacks = false\n"  # the guarded fixture's policy, restored after each test
@@ -169,8 +189,14 @@ def test_the_image_limit_is_checked_against_the_images_the_hospital_trains_on(gu
         f"refused by site policy: max-images-per-round: 2 epochs x {images} images = {2 * images} > 50"), entry
     assert _trained(rounds) == {"st-mary", "hospital-1"}
     # the gate's resolved values are in the audit entry of every message it decided
-    entries = [e for e in map(json.loads, fed.gate["audit"].read_text().splitlines())
-               if e["message"] == "train" and e["decision"] == "refused" and "max-images-per-round" in e.get("reason", "")]
+    def refusals():  # the launcher writes an entry when the child has exited, just after its reply
+        return [e for e in map(json.loads, fed.gate["audit"].read_text().splitlines())
+                if e.get("message") == "train" and e.get("decision") == "refused"
+                and "max-images-per-round" in e.get("reason", "")]
+
+    deadline = time.monotonic() + 10
+    while not (entries := refusals()) and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert entries and entries[-1]["agreed"] == {
         "task": "pneumoniamnist-export", "classes": ["normal", "pneumonia"], "local-epochs": 2, "batch-size": 32,
         "images-per-epoch": images, "images-per-round": 2 * images}, entries[-1]

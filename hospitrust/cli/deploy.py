@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from hospitrust.errors import DeployError
-from hospitrust.ops.deploy.superlink import DEFAULT_PORT, superlink_command, write_connection
+from hospitrust.ops.deploy.superlink import DEFAULT_PORT, private_database, superlink_command, write_connection
 from hospitrust.ops.deploy.supernode import supernode_command
 from hospitrust.cli.data import share_of_files
 from hospitrust.tasks.cli import add_task_arguments, task_from_args
@@ -80,6 +80,8 @@ def cmd_superlink(args) -> int:
             raise DeployError(f"{flag} {p} not found (hospitrust deploy ca / server-cert make them)")
     database = Path(args.database).expanduser().resolve()
     database.parent.mkdir(parents=True, exist_ok=True)
+    if not args.dry_run:
+        private_database(database)  # 0600, and so its -wal and -shm
     layout = gateway.GatewayLayout(host=args.host, port=args.port, operator_host=args.operator_host,
                                    operator_port=args.operator_port, superlink_port=args.superlink_port)
     layout.check()
@@ -342,8 +344,11 @@ def _gate_env(args) -> dict[str, str]:
                           "(hospitrust app revoke), which the gate reads before it accepts a signature; a file not yet "
                           "made is fine")
     paths = {gate.APPROVALS_ENV: args.approved_apps, gate.TRUSTED_ENV: args.trusted_signers,
-             gate.POLICY_ENV: args.policy, gate.AUDIT_ENV: args.audit_log}
+             gate.POLICY_ENV: args.policy, gate.AUDIT_ENV: args.audit_log,
+             gate.AUDIT_KEY_ENV: getattr(args, "audit_key", None)}
     env = {k: str(Path(v).expanduser().resolve()) for k, v in paths.items() if v}
+    if gate.AUDIT_KEY_ENV in env and gate.AUDIT_ENV not in env:
+        raise DeployError("--audit-key needs --audit-log (the key signs that log's entries)")
     if getattr(args, "hospital_images", None) is not None:
         env[gate.IMAGES_ENV] = str(args.hospital_images)
     if not env.keys() - {gate.IMAGES_ENV}:
@@ -450,8 +455,9 @@ def add_deploy_parser(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the command, start nothing")
     p.set_defaults(func=cmd_tunnel)
 
-    p = dsub.add_parser("audit", help="hospital: print a SuperNode's audit log and verify its hash chain")
+    p = dsub.add_parser("audit", help="hospital: print a SuperNode's audit log and verify it (keyed chain and head)")
     p.add_argument("path", help="the --audit-log file")
+    p.add_argument("--key", help="the log's key file, when the SuperNode had --audit-key (default: PATH.key)")
     p.add_argument("--quiet", action="store_true", help="only verify")
     p.set_defaults(func=cmd_audit)
 
@@ -531,7 +537,10 @@ def add_deploy_parser(sub) -> None:
     p.add_argument("--policy", metavar="PATH", help="this hospital's site policy (TOML): what it accepts whatever a run "
                                                    "config asks (docs/security.md#site-policy)")
     p.add_argument("--audit-log", metavar="PATH", help="append every message (what ran, what went back) to this "
-                                                      "hash-chained log; verify it with hospitrust deploy audit PATH")
+                                                      "keyed (HMAC) log, anchored by PATH.head; verify it with "
+                                                      "hospitrust deploy audit PATH")
+    p.add_argument("--audit-key", metavar="FILE", help="the audit log's HMAC key (64+ hex digits, mode 0600); default "
+                                                      "PATH.key, created at the first start")
     p.add_argument("--message-timeout", type=float, default=1800.0,
                    help="watchdog: seconds a message may be in flight before the SuperNode is restarted (default 1800)")
     p.add_argument("--max-retries", type=int, help="reconnection attempts before giving up (default: unlimited)")
@@ -548,18 +557,20 @@ def cmd_audit(args) -> int:
     path = Path(args.path).expanduser()
     if not path.is_file():
         raise DeployError(f"audit log {path} not found")
-    entries, problem = audit.verify(path)
+    entries, problem = audit.verify(path, Path(args.key).expanduser() if args.key else None)
     if not args.quiet:
         for n, e in enumerate(entries, 1):
-            reply = e.get("reply", {})
+            reply = e.get("reply_claimed_by_app", e.get("reply", {}))
             sent = ", ".join(f"{k} {v['shape']}" for k, v in reply.get("arrays", {}).items()) or reply.get("error", "")[:80]
             print(f"{n:>5}  {e.get('time', 0):.0f}  run {e.get('run')}  {e.get('message', '?'):<12} round {e.get('round')}  "
                   f"app {str(e.get('app_sha256', ''))[:8]}  {e.get('decision')}"
-                  + (f" ({e['reason']})" if e.get("reason") else "") + (f"  -> {sent}" if sent else ""))
+                  + (f" ({e['reason']})" if e.get("reason") else "") + (f"  exit {e['exit']}" if e.get("exit") not in (None, 0) else "")
+                  + (f"  -> {'app says: ' if 'reply_claimed_by_app' in e else ''}{sent}" if sent else ""))
     if problem:
-        print(f"hospitrust deploy audit: the chain is broken at {problem}", file=sys.stderr)
+        print(f"hospitrust deploy audit: does not verify: {problem}", file=sys.stderr)
         return 1
-    print(f"{len(entries)} entries; the hash chain verifies")
+    last = f" (last MAC {entries[-1]['mac'][:16]}, as the launcher's last 'audited' line says)" if entries else ""
+    print(f"{len(entries)} entries; every entry's MAC and the head verify{last}")
     return 0
 
 

@@ -16,6 +16,12 @@ context.
 It prints one JSON line per child on stdout (``started``, ``exited`` with exit code or signal
 and seconds), which ``hospitrust deploy supernode``'s watchdog reads.
 
+With an audit log, this process (which never imports an app bundle) writes it: each child gets two pipes,
+the *decision* pipe (the gate's decision, sent and closed before the bundle is installed or imported) and
+the *claim* pipe (what the reply carries, sent after the bundle's code ran: recorded as the app's claim).
+The entry is written when the child exits, with its exit status as this process saw it. A child closes
+the read ends of the other children's pipes and removes the gate's paths from its environment first.
+
 Fault injection for the watchdog's tests: ``HOSPITRUST_LAUNCHER_FAULT=die-before-read@N`` (the
 N-th child exits before it reads its message) or ``hang@N`` (it never starts); ``KIND@N/G``
 applies after the supervisor's G-th restart.
@@ -87,14 +93,108 @@ def _fault(launched: int) -> str:
     return ""
 
 
-def _child(runtime_api_address: str, token: str, fault: str, gate_config=None) -> None:
+class AuditPipes:
+    """The launcher's end of one child's two audit pipes, read without blocking as data arrives."""
+
+    LIMIT = 1 << 18  # bytes kept per pipe: a decision is a few hundred bytes, a reply's description a few KB
+
+    def __init__(self, task_id: int, run_id: int) -> None:
+        self.task_id, self.run_id = task_id, run_id
+        self.decision_r, decision_w = os.pipe()
+        self.claim_r, claim_w = os.pipe()
+        self.child_fds = (decision_w, claim_w)
+        self.data = {self.decision_r: bytearray(), self.claim_r: bytearray()}
+        self.open = [self.decision_r, self.claim_r]
+
+    def forked(self) -> None:
+        """In the launcher, after the fork: only the child writes."""
+        for fd in self.child_fds:
+            os.close(fd)
+        for fd in self.open:
+            os.set_blocking(fd, False)
+
+    def drain(self) -> None:
+        for fd in list(self.open):
+            while True:
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                if not chunk:  # every writer closed it
+                    self.open.remove(fd)
+                    os.close(fd)
+                    break
+                if len(self.data[fd]) < self.LIMIT:
+                    self.data[fd] += chunk[: self.LIMIT - len(self.data[fd])]
+
+    def close(self) -> None:
+        self.drain()
+        for fd in self.open:
+            os.close(fd)
+        self.open = []
+
+    @staticmethod
+    def _one(data: bytes) -> dict | None:
+        lines = data.decode(errors="replace").strip().splitlines()
+        try:
+            value = json.loads(lines[0]) if len(lines) == 1 else None
+        except ValueError:
+            value = None
+        return value if isinstance(value, dict) else None
+
+    def entry(self, rc: object) -> dict:
+        """The audit entry: the run and task as the SuperNode gave them, the gate's decision, the exit status
+        seen here, and what the app says its reply carried.
+        """
+        out: dict[str, object] = {"run": self.run_id, "task": self.task_id}
+        decision = self._one(bytes(self.data[self.decision_r]))
+        if decision is not None and decision.get("decision") in ("accepted", "refused"):
+            for key in ("app_sha256", "message", "round", "decision", "reason", "agreed"):
+                if key in decision:
+                    value = decision[key]
+                    out[key] = value[:2000] if isinstance(value, str) else value
+        else:
+            out["decision"] = "none"
+            out["reason"] = f"the ClientApp ended ({rc}) before the gate decided"
+        claim_bytes = bytes(self.data[self.claim_r])
+        claim = self._one(claim_bytes)
+        if claim is not None:
+            out["reply_claimed_by_app"] = claim
+        elif claim_bytes:
+            out["reply_claimed_by_app"] = {"unreadable": f"{len(claim_bytes)} bytes, not one JSON object"}
+        out["exit"] = rc
+        return out
+
+
+def _write_audit(gate_config, pipes: AuditPipes, rc: object) -> None:
+    """Append the child's entry; a failure is said loudly on the launcher's log, with the entry."""
+    from hospitrust.ops.deploy import audit
+
+    pipes.close()
+    entry = pipes.entry(rc)
+    try:
+        record = audit.append(gate_config.audit_log, entry, gate_config.audit_key)
+    except (OSError, ValueError, RuntimeError) as exc:  # DeployError is a RuntimeError
+        print(f"hospitrust audit: could not append to {gate_config.audit_log}: {exc}; the entry: "
+              f"{json.dumps(entry, sort_keys=True)}", file=sys.stderr, flush=True)
+        return
+    # the head, in the SuperNode's log too (journal, log file): a copy of the anchor outside the log's folder
+    emit("audited", entries=record["n"], mac=record["mac"], decision=entry["decision"], task_id=pipes.task_id)
+
+
+def _child(runtime_api_address: str, token: str, fault: str, gate_config=None,
+           audit_fds: tuple[int, int] | None = None) -> None:
     """In the forked child: run one ClientApp task with Flower's own runtime; never returns.
 
     With a ``gate_config`` (approvals, signers, site policy, audit log), the hospital's gate
     (``hospitrust.ops.deploy.gate``) wraps Flower's task input, bundle installation and reply first.
+    ``audit_fds``: the decision and claim pipes' write ends (see :class:`AuditPipes`).
     """
     code = 0
     try:
+        from hospitrust.ops.deploy import gate
+
+        gate.scrub_environment()  # the bundle's code must not learn where the approvals, policy and audit log are
         from hospitrust.supervision.supervisor import die_with_parent
 
         die_with_parent()  # the launcher killed with SIGKILL: its ClientApps go too
@@ -106,9 +206,9 @@ def _child(runtime_api_address: str, token: str, fault: str, gate_config=None) -
             while True:
                 time.sleep(3600)
         if gate_config is not None and gate_config.active:
-            from hospitrust.ops.deploy import gate
-
-            gate.install(gate_config)  # the hospital's own code, before the bundle's hospitrust replaces it
+            decision_fd, claim_fd = audit_fds if audit_fds is not None else (None, None)
+            # the hospital's own code, before the bundle's hospitrust replaces it
+            gate.install(gate_config, decision_fd=decision_fd, claim_fd=claim_fd)
         for name in [m for m in sys.modules if m == "hospitrust" or m.startswith("hospitrust.")]:
             del sys.modules[name]  # the launcher's own modules: the ClientApp imports hospitrust from the app bundle
         threads = os.environ.get("OMP_NUM_THREADS", "")
@@ -140,6 +240,25 @@ def _child(runtime_api_address: str, token: str, fault: str, gate_config=None) -
         os._exit(code)
 
 
+def _fork(runtime_api_address: str, token: str, fault: str, gate_config, pipes: AuditPipes | None,
+          pending: dict[int, AuditPipes]) -> int:
+    """Fork the child of one task (see :func:`_child`); returns its pid. ``pending``: the audit pipes of the
+    messages still in flight, whose ends the child closes.
+    """
+    pid = os.fork()
+    if pid == 0:
+        for other in pending.values():  # another message's decision is not this child's to read
+            for fd in other.open:
+                os.close(fd)
+        if pipes is not None:
+            os.close(pipes.decision_r)
+            os.close(pipes.claim_r)
+        _child(runtime_api_address, token, fault, gate_config, pipes.child_fds if pipes is not None else None)
+    if pipes is not None:
+        pipes.forked()
+    return pid
+
+
 def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int | None = None,
         gate: StdinGate | None = None) -> None:
     """Ask the SuperNode for ClientApp tasks and fork one child per task, until stopped (with
@@ -166,6 +285,7 @@ def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int
     )
     emit("ready", preload_seconds=round(seconds, 3), runtime_api=runtime_api_address, pid=os.getpid())
     children: dict[int, tuple[float, int]] = {}  # pid -> (started, task id)
+    pending: dict[int, AuditPipes] = {}  # pid -> its audit pipes (with an audit log)
     launched = 0
 
     def stop(signum, frame):  # the children are the ClientApps of messages in flight: they go too
@@ -174,19 +294,25 @@ def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+        for pid, pipes in pending.items():
+            _write_audit(gate_config, pipes, "stopped with the launcher")
         client.close()
         os._exit(0)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     while True:
+        for inflight in pending.values():  # a reply's description may not fit a pipe's buffer: read as it comes
+            inflight.drain()
         while children:  # reap finished children
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
             started, task_id = children.pop(pid, (time.time(), -1))
-            emit("exited", pid=pid, task_id=task_id, seconds=round(time.time() - started, 3),
-                 rc=os.waitstatus_to_exitcode(status))
+            rc = os.waitstatus_to_exitcode(status)
+            if pid in pending:
+                _write_audit(gate_config, pending.pop(pid), rc)
+            emit("exited", pid=pid, task_id=task_id, seconds=round(time.time() - started, 3), rc=rc)
         if gate is not None and not gate.wait(poll):
             continue
         res = client.AcquireTask(AcquireTaskRequest(supported_task_types={TaskType.CLIENT_APP}))
@@ -194,9 +320,10 @@ def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int
             launched += 1
             fault = _fault(launched)
             sys.stdout.flush()
-            pid = os.fork()
-            if pid == 0:
-                _child(runtime_api_address, res.token, fault, gate_config)
+            pipes = AuditPipes(int(res.task.task_id), int(res.task.run_id)) if gate_config.audit_log else None
+            pid = _fork(runtime_api_address, res.token, fault, gate_config, pipes, pending)
+            if pipes is not None:
+                pending[pid] = pipes
             children[pid] = (time.time(), int(res.task.task_id))
             emit("started", pid=pid, task_id=int(res.task.task_id), run_id=int(res.task.run_id), n=launched,
                  **({"fault": fault} if fault else {}))

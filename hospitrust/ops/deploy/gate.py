@@ -1,5 +1,5 @@
 """The hospital's gate in each forked ClientApp: approval, signature and site policy before any bundle code runs,
-and the audit log of every message.
+and what the audit log of every message records.
 
 Flower's ``run_clientapp`` (``flwr/supernode/runtime/run_clientapp.py``) pulls the task's inputs
 (``pull_task_input``: the message, the run's context and config, the app bundle), installs the bundle
@@ -18,7 +18,14 @@ launcher's child wraps those three module-level functions before it calls ``run_
   exists, and imports whatever is in it). A refusal is raised *here*, so nothing of the bundle is imported,
   and Flower's own error path sends the server an error reply with the reason (raised earlier, no reply would
   go and the server would wait out ``reply-timeout``). A revoked bundle's install folders are removed;
-- ``push_message``: appends the audit entry with what the reply carries (names, shapes, bytes; no values).
+- ``push_message``: reports what the reply carries (names, shapes, bytes; no values) on the claim pipe.
+
+The audit log is written by the launcher (``hospitrust.supervision.launcher``), not here: ``install_from_fab``
+sends the decision on the decision pipe and closes it before Flower imports the bundle (the gate's own install
+copies and checks files, it runs none of them), so what the log records as decided was decided before any of the
+bundle's code ran; what ``push_message`` reports comes after the bundle's code ran in this process, and the log
+marks it as the app's own claim. The child removes the gate's paths (approvals, signers, policy, audit log and
+key) from its environment before the bundle is imported (:func:`scrub_environment`).
 
 This module is the hospital's own installed hospitrust, imported by the launcher before it forks: the bundle's
 code cannot change it. Everything it needs is imported at module level for that reason (the child removes the
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import shutil
 import sys
@@ -51,6 +59,7 @@ APPROVALS_ENV = "HOSPITRUST_APPROVED_APPS"
 TRUSTED_ENV = "HOSPITRUST_TRUSTED_SIGNERS"
 POLICY_ENV = "HOSPITRUST_SITE_POLICY"
 AUDIT_ENV = "HOSPITRUST_AUDIT_LOG"
+AUDIT_KEY_ENV = "HOSPITRUST_AUDIT_KEY"  # the audit log's HMAC key file (default: the log's path + .key)
 IMAGES_ENV = "HOSPITRUST_HOSPITAL_IMAGES"  # this hospital's image count, from the data check before it started
 TASK_STATE = "hospitrust-gate-task"  # context.state: the task the gate accepted in this run (for task-less messages)
 LEGACY_TRAIN_CONFIG = "fitins.config"  # a SecAgg+ train message's config (Flower's legacy FitIns record)
@@ -58,6 +67,8 @@ LEGACY_TRAIN_CONFIG = "fitins.config"  # a SecAgg+ train message's config (Flowe
 
 REVOKED_BUNDLE = "refused: app bundle revoked by this hospital"
 REVOKED_KEY = "refused: app signed by a revoked key"
+#: What a ClientApp must not see: where the hospital's approvals, signers, policy, audit log and its key are.
+PRIVATE_ENV = (APPROVALS_ENV, TRUSTED_ENV, POLICY_ENV, AUDIT_ENV, AUDIT_KEY_ENV)
 
 
 class Refused(Exception):
@@ -71,6 +82,7 @@ class GateConfig:
     policy: Path | None = None
     audit_log: Path | None = None
     hospital_images: int | None = None
+    audit_key: Path | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> GateConfig:
@@ -81,7 +93,7 @@ class GateConfig:
 
         images = env.get(IMAGES_ENV, "")
         return cls(path(APPROVALS_ENV), path(TRUSTED_ENV), path(POLICY_ENV), path(AUDIT_ENV),
-                   int(images) if images.isdigit() else None)
+                   int(images) if images.isdigit() else None, path(AUDIT_KEY_ENV))
 
     @property
     def active(self) -> bool:
@@ -95,6 +107,16 @@ class GateConfig:
             load_trusted(self.trusted)
         if self.approvals is not None:
             Approvals(self.approvals).load()
+        if self.audit_log is not None:
+            audit.check(self.audit_log, self.audit_key)  # the key (created 0600 if it is the default), format, head
+
+
+def scrub_environment(environ: Any = None) -> list[str]:
+    """Remove the gate's paths from this process's environment (a ClientApp child's, before the bundle is
+    imported); returns the names removed.
+    """
+    environ = os.environ if environ is None else environ
+    return [name for name in PRIVATE_ENV if environ.pop(name, None) is not None]
 
 
 def declared_gate_values(content: bytes) -> int:
@@ -198,8 +220,29 @@ def remove_installs(apps: Path, sha: str) -> list[Path]:
     return gone
 
 
-def install(config: GateConfig) -> None:
-    """Wrap Flower's ``pull_task_input``, ``install_from_fab`` and ``push_message`` in this (forked) process."""
+def _report(fds: dict[str, int | None], which: str, record: dict) -> None:
+    """One JSON line to the launcher on the pipe ``fds[which]``, which is then closed and forgotten (a second
+    report on it goes nowhere, never to a file that reused the number).
+    """
+    fd = fds.pop(which, None)
+    if fd is None:
+        return
+    data = (json.dumps(record, sort_keys=True) + "\n").encode()
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError as exc:  # the launcher went away: the SuperNode is stopping
+        print(f"hospitrust gate: could not report to the launcher's audit ({exc.strerror})", file=sys.stderr, flush=True)
+    finally:
+        os.close(fd)
+
+
+def install(config: GateConfig, decision_fd: int | None = None, claim_fd: int | None = None) -> None:
+    """Wrap Flower's ``pull_task_input``, ``install_from_fab`` and ``push_message`` in this (forked) process.
+
+    ``decision_fd``: the pipe on which the decision goes to the launcher, closed before the bundle is imported;
+    ``claim_fd``: the pipe on which what the reply carries goes (after the bundle's code ran: its claim).
+    """
     from flwr.cli.config_utils import get_fab_metadata
     from flwr.common.config import get_flwr_home, get_project_dir
     from flwr.common.constant import APP_DIR
@@ -208,6 +251,7 @@ def install(config: GateConfig) -> None:
     sys.dont_write_bytecode = True  # no bytecode beside the checked sources: the next message checks the same folder
     apps = get_flwr_home() / APP_DIR
     seen: dict[str, Any] = {}
+    fds = {"decision": decision_fd, "claim": claim_fd}
     pull, install_fab, push = rc.pull_task_input, rc.install_from_fab, rc.push_message
 
     def pull_task_input(client):
@@ -265,6 +309,11 @@ def install(config: GateConfig) -> None:
             problem = install_verified(content, target, install_fab)
             if problem is not None:
                 reason, detail = f"refused: {problem[0]}", problem[1]
+        # the decision leaves this process, and its pipe is closed, before any of the bundle is imported
+        _report(fds, "decision", {"app_sha256": sha, "message": message_kind(seen.get("message_type", ""), seen.get("msg_config", {})),
+                              "round": seen.get("round"), "decision": "refused" if reason is not None else "accepted",
+                              **({"reason": reason[:2000]} if reason is not None else {}),
+                              **({"agreed": seen["agreed"].summary()} if "agreed" in seen else {})})
         if reason is not None:
             seen["refused"] = reason
             if reason.startswith((REVOKED_BUNDLE, REVOKED_KEY)):
@@ -286,15 +335,7 @@ def install(config: GateConfig) -> None:
         return target
 
     def push_message(client, message, context):
-        if config.audit_log is not None:
-            audit.append(config.audit_log, {
-                "run": seen.get("run_id"), "app_sha256": seen.get("sha256") or hashlib.sha256(seen.get("fab", b"")).hexdigest(),
-                "message": message_kind(seen.get("message_type", ""), seen.get("msg_config", {})),
-                "round": seen.get("round"), "decision": "refused" if "refused" in seen else "accepted",
-                **({"reason": seen["refused"]} if "refused" in seen else {}),
-                **({"agreed": seen["agreed"].summary()} if "agreed" in seen else {}),
-                "reply": audit.describe_reply(message),
-            })
+        _report(fds, "claim", audit.describe_reply(message))  # after the bundle's code ran: its claim
         return push(client, message, context)
 
     rc.pull_task_input, rc.push_message = pull_task_input, push_message

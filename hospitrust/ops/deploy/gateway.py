@@ -226,6 +226,9 @@ def write_nginx_config(text: str, state: Path) -> Path:
     state = Path(state).expanduser().resolve()
     for sub in ("", "tmp"):
         (state / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+    access_log = state / "access.log"  # nginx opens it 0644 when it makes it; it names hospitals' addresses
+    os.close(os.open(access_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    access_log.chmod(0o600)
     conf = state / "nginx.conf"
     fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:

@@ -33,6 +33,18 @@ def superlink_command(*, ca: Path, cert: Path, key: Path, database: Path, host: 
     return cmd
 
 
+def private_database(database: Path) -> None:
+    """The SuperLink's SQLite state (runs, registered SuperNodes, messages) for its service user only: created
+    empty with mode 0600 when absent (SQLite gives its ``-wal`` and ``-shm`` files the database's mode), and an
+    existing database with its ``-wal`` and ``-shm`` set to 0600.
+    """
+    database = Path(database)
+    os.close(os.open(database, os.O_WRONLY | os.O_CREAT, 0o600))
+    for path in (database, database.with_name(database.name + "-wal"), database.with_name(database.name + "-shm")):
+        if path.exists():
+            path.chmod(0o600)
+
+
 def flwr_home() -> Path:
     return Path(os.environ.get("FLWR_HOME") or Path.home() / ".flwr").expanduser().resolve()
 
