@@ -9,7 +9,6 @@ import json
 import tomllib
 from pathlib import Path
 import sys
-from types import SimpleNamespace
 
 import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
