@@ -16,6 +16,9 @@ allow-attacks = false          # runs that configure a simulated attack (red-tea
 tasks = ["chest-xray"]
 classes = ["normal", "pneumonia"]
 max-signature-age-days = 90    # a consortium signature older than this is refused
+max-cpu-seconds = 3600         # an approved ClientApp's limits, set by the launcher on its child
+max-memory-mb = 16384
+max-wall-seconds = 7200
 ```
 
 :func:`resolve` turns a message into the values the ClientApp will use (:class:`Agreed`): the gate checks the
@@ -63,6 +66,38 @@ class SitePolicy(Options):
     tasks: list[str] = Field(default_factory=list, description="The task names this hospital joins (empty: any).")
     classes: list[str] = Field(default_factory=list, description="The classes it agrees to train on (empty: any).")
     max_signature_age_days: float | None = Field(None, gt=0, description="A consortium signature older than this is refused.")
+    max_cpu_seconds: int | None = Field(None, ge=1, description=(
+        "CPU seconds one ClientApp process may use (RLIMIT_CPU, set by the launcher on its child before the bundle "
+        "is imported): past it the kernel ends the process and the message fails."))
+    max_memory_mb: int | None = Field(None, ge=64, description=(
+        "Memory one ClientApp process may allocate, in MiB (RLIMIT_DATA: its heap and private mappings, set like "
+        "max-cpu-seconds); past it an allocation fails."))
+    max_wall_seconds: float | None = Field(None, gt=0, description=(
+        "Seconds one ClientApp process may run: the launcher ends it (SIGKILL) past this, and the audit entry says so."))
+
+    def child_limits(self) -> ChildLimits:
+        return ChildLimits(self.max_cpu_seconds, self.max_memory_mb, self.max_wall_seconds)
+
+
+@dataclass(frozen=True)
+class ChildLimits:
+    """What the launcher sets on a ClientApp's process (the site policy's ``max-cpu-seconds``, ``max-memory-mb``,
+    ``max-wall-seconds``; None: no limit)."""
+
+    cpu_seconds: int | None = None
+    memory_mb: int | None = None
+    wall_seconds: float | None = None
+
+    def apply(self) -> None:
+        """Set the CPU and memory limits on this process (the forked child, before it imports the bundle): soft and
+        hard alike, so the bundle's code cannot raise them again."""
+        import resource
+
+        if self.cpu_seconds is not None:
+            resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_seconds, self.cpu_seconds))
+        if self.memory_mb is not None:
+            limit = self.memory_mb * 1024 * 1024
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
 def load_policy(path: Path) -> SitePolicy:
