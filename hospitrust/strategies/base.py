@@ -26,10 +26,10 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from hospitrust.aggregation.vectorize import flatten_state, unflatten_state
+from hospitrust.aggregation.vectorize import FlatSpec, flatten_state, unflatten_state
 from hospitrust.options import NoOptions, kebab
 from hospitrust.options import Options as OptionsModel
-from hospitrust.strategies.validation import CheckedReply, RejectedReply, ReplyLimits, check_train_reply
+from hospitrust.strategies.validation import CheckedReply, RejectedReply, ReplyLimits, check_train_reply, check_update_row
 
 #: What a rule can ask the server for (``HospitrustStrategy.needs``): the keyword argument the
 #: registry passes, and what the server builds it from. All four need the reference cohort.
@@ -105,6 +105,28 @@ class RoundResult:
 #: names in row order) -> updates. Round features supply them (the simulated colluding adversary;
 #: pre-aggregation); ``aggregate_round`` applies them in order.
 UpdateStep = Callable[[int, torch.Tensor, list[str]], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class AttackerRows:
+    """An update step that puts rows of its own in hospitals' places (the simulated colluding adversary).
+
+    The server never decoded those rows from a reply, so ``aggregate_round`` holds every row the step
+    returns to the reply checks (:func:`~hospitrust.strategies.validation.check_update_row`): a row
+    that fails is rejected and recorded as a rejected reply is, its hospital leaves the round, and
+    min-hospitals is checked again. A deployed server would have rejected such a reply; a simulated
+    attacker gets no more than a real one.
+
+    Parameters
+    ----------
+    step : UpdateStep
+        The step itself (it keeps the number and order of the rows).
+    """
+
+    step: UpdateStep
+
+    def __call__(self, server_round: int, updates: torch.Tensor, hospitals: list[str]) -> torch.Tensor:
+        return self.step(server_round, updates, hospitals)
 
 
 #: Reply metrics of local differential privacy -> their names in a client's ``privacy`` record.
@@ -330,17 +352,7 @@ class HospitrustStrategy(Strategy):
                 record.clients.append(self._client_entry(node_id, rejected=True, reason=reason))
                 log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(node_id), reason)
 
-        needed = max(self.min_hospitals, self.required_replies())
-        if len(accepted) < needed:
-            record.kept_previous_model = True
-            why = (f"min-hospitals {self.min_hospitals}" if needed == self.min_hospitals
-                   else f"the {self.name} rule's minimum of {needed} (assumed malicious f)")
-            record.note = f"{len(accepted)} valid replies < {why}: kept the previous model"
-            log(WARNING, "Round %d: %s", server_round, record.note)
-            for r in accepted:
-                record.clients.append(self._client_entry(r.node_id, reply=r, weight=0.0, selected=False))
-            record.aggregation_seconds = time.perf_counter() - started
-            record.metrics = MetricRecord({"valid-replies": len(accepted)})
+        if self._too_few(server_round, record, accepted, started):
             return record
 
         updates = torch.stack([cast(torch.Tensor, r.update) for r in accepted])  # set by check_train_reply
@@ -348,6 +360,10 @@ class HospitrustStrategy(Strategy):
             r.update = None  # the stacked copy is the only one kept
         for step in update_steps:
             updates = step(server_round, updates, [self._name_of(r.node_id) for r in accepted])
+            if isinstance(step, AttackerRows):  # rows no reply check has seen: held to the same checks
+                updates, accepted = self._checked_rows(server_round, record, updates, accepted, global_vec, spec)
+                if self._too_few(server_round, record, accepted, started):
+                    return record
         num_examples = torch.tensor([r.num_examples for r in accepted], dtype=torch.float64, device=self.device)
         # what each hospital's update (as the rule saw it) and the aggregate weigh: step lengths for the record
         norms = torch.linalg.vector_norm(updates, dim=1).tolist()
@@ -414,6 +430,44 @@ class HospitrustStrategy(Strategy):
                     "balanced_accuracy": float(cast(float, m.get("balanced-accuracy", float("nan")))),
                 }
         return per_hospital
+
+    def _too_few(self, server_round: int, record: RoundResult, accepted: list[CheckedReply], started: float) -> bool:
+        """Whether ``accepted`` is below min-hospitals (or the rule's minimum); if so ``record`` says the
+        previous model is kept and lists the valid replies with weight 0.
+        """
+        needed = max(self.min_hospitals, self.required_replies())
+        if len(accepted) >= needed:
+            return False
+        record.kept_previous_model = True
+        why = (f"min-hospitals {self.min_hospitals}" if needed == self.min_hospitals
+               else f"the {self.name} rule's minimum of {needed} (assumed malicious f)")
+        record.note = f"{len(accepted)} valid replies < {why}: kept the previous model"
+        log(WARNING, "Round %d: %s", server_round, record.note)
+        for r in accepted:
+            record.clients.append(self._client_entry(r.node_id, reply=r, weight=0.0, selected=False))
+        record.aggregation_seconds = time.perf_counter() - started
+        record.metrics = MetricRecord({"valid-replies": len(accepted)})
+        return True
+
+    def _checked_rows(self, server_round: int, record: RoundResult, updates: torch.Tensor,
+                      accepted: list[CheckedReply], global_vec: torch.Tensor, spec: FlatSpec
+                      ) -> tuple[torch.Tensor, list[CheckedReply]]:
+        """Every row of ``updates`` held to the reply checks (``check_update_row``); the rows that fail are
+        rejected, recorded as a rejected reply is, and dropped with their replies.
+        """
+        if updates.shape[0] != len(accepted):
+            raise ValueError(f"an attacker's update step returned {updates.shape[0]} rows for {len(accepted)} replies")
+        keep: list[int] = []
+        for i, r in enumerate(accepted):
+            try:
+                check_update_row(updates[i], global_vec, spec, self.limits)
+                keep.append(i)
+            except RejectedReply as rej:
+                record.clients.append(self._client_entry(r.node_id, rejected=True, reason=rej.reason))
+                log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(r.node_id), rej.reason)
+        if len(keep) == len(accepted):
+            return updates, accepted
+        return updates[keep], [accepted[i] for i in keep]
 
     # ---- what a rule implements ----------------------------------------------------------
     def required_replies(self) -> int:
