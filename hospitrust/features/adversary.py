@@ -192,8 +192,13 @@ class RoundAwareAdversary(RoundFeature):
         chain = self.chain
 
         def aggregate(stack: torch.Tensor) -> Aggregate:
-            rows = chain.apply(server_round, stack).rows if chain is not None else stack
-            return private_copy(self.strategy).aggregate_updates(server_round, rows, num_examples, replies)
+            if chain is None:
+                return private_copy(self.strategy).aggregate_updates(server_round, stack, num_examples, replies)
+            done = chain.apply(server_round, stack)
+            if done.groups is not None:  # the rule gets the bucket means (bucketing.rule-input = "bucket-means")
+                return private_copy(self.strategy).aggregate_grouped(server_round, done.rows, done.groups, num_examples,
+                                                                     replies)
+            return private_copy(self.strategy).aggregate_updates(server_round, done.rows, num_examples, replies)
 
         return aggregate
 
