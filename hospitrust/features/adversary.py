@@ -195,8 +195,9 @@ class RoundAwareAdversary(RoundFeature):
             if chain is None:
                 return private_copy(self.strategy).aggregate_updates(server_round, stack, num_examples, replies)
             done = chain.apply(server_round, stack)
-            if done.groups is not None:  # the rule gets the bucket means (bucketing.rule-input = "bucket-means")
-                return private_copy(self.strategy).aggregate_grouped(server_round, done.rows, done.groups, num_examples,
+            groups = getattr(done, "groups", None)  # a chain is duck-typed: .apply(round, updates).rows at least
+            if groups is not None:  # the rule gets the bucket means (bucketing.rule-input = "bucket-means")
+                return private_copy(self.strategy).aggregate_grouped(server_round, done.rows, groups, num_examples,
                                                                      replies)
             return private_copy(self.strategy).aggregate_updates(server_round, done.rows, num_examples, replies)
 
