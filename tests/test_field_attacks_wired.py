@@ -86,10 +86,11 @@ def test_tailored_attacks_search_against_the_rule_in_the_view(name, math_fn, key
     rule = functools.partial(trimmed_mean, f=2)
     attack = _built(name, evals=9, step=2.0)
     rows, info = attack.craft_round(_view(honest, malicious=(1, 4), rule=rule))
-    expected, found = math_fn(honest, rule, 2, step=2.0, evals=9)
+    expected, found = math_fn(honest, rule, 2, step=2.0, evals=9, both_directions=True)  # the option's default
     assert rows.shape == (2, 8) and torch.equal(rows[0], rows[1])
     torch.testing.assert_close(rows[0], expected)
-    assert info == {key: found["strength"], "distance": found["distance"]}
+    assert info == {key: found["strength"], "distance": found["distance"],
+                    "norm": float(torch.linalg.vector_norm(rows[0].double()))}
     # the search starts at strength 0 (the honest mean itself): it never ends worse than that
     at_zero = float(torch.linalg.vector_norm(rule(torch.cat([honest, honest.mean(0).expand(2, -1)])) - honest.mean(0)))
     assert info["distance"] >= at_zero
@@ -333,4 +334,6 @@ def test_every_new_attack_runs_in_process(tmp_path, data_dir, monkeypatch):
             assert 0.0 <= line["central"]["attack_success_rate"] <= 1.0 and "balanced_accuracy" in line["central"]
         if attack != "dba":  # every round-aware attack records what it chose
             assert line["adversary"]["attack"] == attack and line["adversary"]["active"], attack
+        if attack.startswith("tailored-"):  # the searched strength keeps the rows inside the server's bound
+            assert line["adversary"]["norm"] <= cfg["max-update-norm"], attack
     assert read_rounds(tmp_path / "neurotoxin" / "runs" / "r")[0]["adversary"]["projected"] is True

@@ -489,3 +489,25 @@ def test_the_screen_parts_are_split_by_attack_and_each_holds_every_rule():
     assert rules[0] == rules[1] and len(rules[0]) == 28 and set(KEPT_RULES) <= rules[0]
     attacks = [{c.axes["attack"] for c in g.cells} for g in parts]
     assert not attacks[0] & attacks[1]
+
+
+def test_the_v2_statistics_section_by_hand(tmp_path):
+    """``--statistics v2`` adds the v2 protocol's section: per-seed worst cases, Friedman over (condition, seed)
+    blocks, rank ranges. With 5 seeds the exact sign-flip test's smallest p is 2 / 32 = 0.0625: no pair can be
+    separated at 0.05, so every rule's place is the whole range 1-3 (the v1 page calls fedavg third)."""
+    grid = write_grid(tmp_path / "g", VALUES)
+    out = tmp_path / "board"
+    assert main(["report", "--leaderboard", str(grid), "--out", str(out), "--resamples", "200",
+                 "--statistics", "v2"]) == 0
+    md = (out / "leaderboard.md").read_text()
+    assert "## v2 statistics: per-seed worst cases" in md and "### Across conditions: 5 (condition, seed) blocks" in md
+    # per-seed worst cases: median 0.77 0.72 0.77 0.74 0.78, hta 0.76 0.70 0.78 0.72 0.79, fedavg 0.50 0.505 0.50 0.51
+    # 0.50: rank sums 7, 8, 15 over 5 blocks: chi2 = 12 / (5 x 3 x 4) x (49 + 64 + 225) - 3 x 5 x 4 = 7.6, p = e^-3.8
+    assert "Friedman chi-square = 7.60, p = 0.0224 over 5 blocks and 3 rules" in md
+    # median's t interval: mean 0.756, s = sqrt(0.00252 / 4) = 0.02510, t(4) = 2.776: half width 0.0312
+    assert "| 1-3 | median | 0.756 [0.725, 0.787] | 1.40 |" in md
+    assert "| 1-3 | hta |" in md and "| 1-3 | fedavg |" in md
+    assert "Pairs separated by the Holm-corrected sign-flip tests at 0.05: none." in md
+    default = tmp_path / "v1"
+    assert main(["report", "--leaderboard", str(grid), "--out", str(default), "--resamples", "200"]) == 0
+    assert "v2 statistics" not in (default / "leaderboard.md").read_text()

@@ -33,7 +33,8 @@ def krum_scores(
     where :math:`N_i` are the :math:`n - f - 2` nearest neighbours of
     :math:`x_i` (excluding itself). Blanchard, El Mhamdi, Guerraoui, Stainer,
     "Machine Learning with Adversaries: Byzantine Tolerant Gradient Descent",
-    NeurIPS 2017.
+    NeurIPS 2017. ByzFL's ``Krum`` counts :math:`n - f - 1` neighbours instead
+    (docs/rules/krum.md).
 
     Parameters
     ----------
@@ -52,6 +53,8 @@ def krum_scores(
     n, _ = check_updates(x)
     f = check_f(f)
     _check_krum(n, f)
+    # n - f - 2 neighbours, the paper's count; ByzFL 0.0.11's Krum takes n - f - 1 (its rows' columns
+    # 1 .. n - f - 1 after sorting): docs/rules/krum.md
     return nearest_neighbour_scores(checked_distances(x, distances), n - f - 2)
 
 

@@ -561,15 +561,21 @@ class PreAggregated:
     records : list of StepRecord
         One per step, in order.
     row_of : list of int
-        For every input row, the index of its row in the chain's output (``rows[i] = out[row_of[i]]``).
+        For every input row, the index of its row in the chain's output (``rows[i] = out[row_of[i]]``
+        with one row per hospital; ``rows[row_of[i]]`` with the chain's own rows).
     out_rows : int
         How many rows the chain itself produced (``ceil(n / s)`` after one bucketing).
+    groups : list of list of int or None
+        With ``PreAggregationChain.bucket_means`` (ByzFL's way): ``rows`` is the chain's own output
+        (``out_rows`` rows) and ``groups[r]`` the input rows (hospitals) that row ``r`` carries. None:
+        ``rows`` has one row per input row.
     """
 
     rows: torch.Tensor
     records: list[StepRecord]
     row_of: list[int]
     out_rows: int
+    groups: list[list[int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -594,6 +600,10 @@ class PreAggregationChain:
     seed : int
         Seeds bucketing's order with the round (:meth:`generator`): the same seed and round give
         the same buckets.
+    bucket_means : bool
+        Hand the rule the chain's own rows (ByzFL and the paper: ``ceil(n / s)`` bucket means after
+        bucketing; ``PreAggregated.groups`` says which hospitals each carries). False: one row per
+        hospital, every member of a bucket handing the rule its bucket's mean.
     """
 
     steps: tuple[str, ...]
@@ -601,6 +611,7 @@ class PreAggregationChain:
     bucket_size: int = 2
     max_norm: float = 1.0
     seed: int = 0
+    bucket_means: bool = False
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.steps if s not in STEPS]
@@ -636,13 +647,18 @@ class PreAggregationChain:
         return out
 
     def apply(self, server_round: int, updates: torch.Tensor) -> PreAggregated:
-        """The chain on one round's stack ``(n, d)``: :class:`PreAggregated` (``rows``: what the rule sees)."""
+        """The chain on one round's stack ``(n, d)``: :class:`PreAggregated` (``rows``: what the rule sees;
+        with ``bucket_means`` and a chain that changed the number of rows, ``groups``: whom each row carries).
+        """
         n, _ = check_updates(updates)
         out, records = chain(updates, self.mixings(server_round))
         row_of = list(range(n))
         for rec in records:
             carried = carried_rows(rec)
             row_of = [carried[r] for r in row_of]
+        if self.bucket_means and out.shape[0] != n:
+            groups = [[i for i in range(n) if row_of[i] == r] for r in range(out.shape[0])]
+            return PreAggregated(out, records, row_of, int(out.shape[0]), groups)
         rows = out
         if out.shape[0] != n:
             rows = out.index_select(0, torch.tensor(row_of, dtype=torch.long, device=out.device))

@@ -162,6 +162,10 @@ class RoundView:
         hospital can compute from the models it received; None in the first round.
     generator : torch.Generator or None
         The round's randomness.
+    max_norm : float or None
+        The server's bound on an update's norm (run config ``max-update-norm``): the server checks
+        every crafted row against it as it checks a reply and rejects a row above it, so an adaptive
+        attack keeps its strength inside it; None outside a run (no bound).
     """
 
     server_round: int
@@ -174,6 +178,7 @@ class RoundView:
     strategy: Callable[[], Any] | None = None
     previous_global_update: torch.Tensor | None = None
     generator: torch.Generator | None = None
+    max_norm: float | None = None
 
     @property
     def honest_rows(self) -> list[int]:

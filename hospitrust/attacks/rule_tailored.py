@@ -42,10 +42,26 @@ class TailoredOptions(Options):
         "Evaluations of the rule per round: the search's budget (ByzFL's 20)."
     ))
     step: float = Field(10.0, description=(
-        "The search's first step of the strength (its sign is the direction; it doubles while the rule's output "
-        "moves further from the honest mean, then shrinks by 0.8)."
+        "The search's first step of the strength (its sign is the first direction tried; it doubles while the "
+        "rule's output moves further from the honest mean, then shrinks by 0.8)."
+    ))
+    directions: Literal["both", "one"] = Field("both", description=(
+        "both: a step that does not move the output further is tried the other way too, so the search finds a "
+        "better strength on either side of 0; one: ByzFL's search, in the direction of step only."
+    ))
+    copy_noise: float = Field(0.0, ge=0.0, description=(
+        "Each attacker adds its own random noise of this norm (relative to the crafted update), so the copies are "
+        "not identical; the strength is kept low enough that every noisy copy stays within max-update-norm. "
+        "0: identical copies."
     ))
     _step = field_validator("step")(_finite_nonzero)
+
+    @field_validator("copy_noise")
+    @classmethod
+    def _finite_noise(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError(f"must be finite, got {v}")
+        return v
 
 
 class AGRTailoredOptions(Options):
@@ -71,29 +87,52 @@ def _copies(one: torch.Tensor, m: int) -> torch.Tensor:
 class TailoredALIE(RoundAwareColludingAttack):
     """ALIE (``mean - z std``) with z searched every round against the run's rule.
 
+    The search keeps z where every row it sends stays within the server's bound on an update's norm
+    (``RoundView.max_norm``, the run's ``max-update-norm``): a row above it would be rejected.
+
     Parameters
     ----------
     evals : int
         Rule evaluations per round.
     step : float
         The search's first step of z (non-zero).
+    directions : {"both", "one"}
+        Search both ways from 0, or ByzFL's way (the sign of ``step`` only).
+    copy_noise : float
+        Relative noise each attacker adds to its copy (0: identical copies).
     """
 
     name = "tailored-alie"
     Options = TailoredOptions
+    #: the key of the chosen strength in the round's record
+    strength_key = "z"
 
-    def __init__(self, evals: int = 20, step: float = 10.0) -> None:
+    def __init__(self, evals: int = 20, step: float = 10.0, directions: str = "both", copy_noise: float = 0.0) -> None:
         self.evals = U.check_count(evals, "evals")
         self.step = _finite_nonzero(U.check_finite_number(step, "step"))
+        if directions not in ("both", "one"):
+            raise ValueError(f"directions must be 'both' or 'one', got {directions!r}")
+        self.directions = directions
+        self.copy_noise = U.check_finite_number(copy_noise, "copy_noise", nonneg=True)
+
+    def search(self, view: RoundView, m: int) -> tuple[torch.Tensor, dict]:
+        return T.tailored_alie(view.honest, view.rule_on_appended(), m, **self._search_options(view))
+
+    def _search_options(self, view: RoundView) -> dict:
+        return {"step": self.step, "evals": self.evals, "max_norm": view.max_norm, "copy_noise": self.copy_noise,
+                "both_directions": self.directions == "both"}
 
     def craft_round(self, view: RoundView):
         m = len(view.malicious_rows)
-        one, found = T.tailored_alie(view.honest, view.rule_on_appended(), m, step=self.step, evals=self.evals)
-        return _copies(one, m), {"z": found["strength"], "distance": found["distance"]}
+        one, found = self.search(view, m)
+        rows = U.jittered_copies(one, m, self.copy_noise, view.generator)
+        norm = float(torch.linalg.vector_norm(rows.double(), dim=1).max())
+        return rows, {self.strength_key: found["strength"], "distance": found["distance"], "norm": norm}
 
 
 class TailoredIPM(TailoredALIE):
-    """IPM (``-eps mean``) with epsilon searched every round against the run's rule.
+    """IPM (``-eps mean``) with epsilon searched every round against the run's rule, within the server's
+    norm bound (see :class:`TailoredALIE`).
 
     Parameters
     ----------
@@ -101,14 +140,17 @@ class TailoredIPM(TailoredALIE):
         Rule evaluations per round.
     step : float
         The search's first step of epsilon (non-zero).
+    directions : {"both", "one"}
+        Search both ways from 0, or ByzFL's way (the sign of ``step`` only).
+    copy_noise : float
+        Relative noise each attacker adds to its copy (0: identical copies).
     """
 
     name = "tailored-ipm"
+    strength_key = "eps"
 
-    def craft_round(self, view: RoundView):
-        m = len(view.malicious_rows)
-        one, found = T.tailored_ipm(view.honest, view.rule_on_appended(), m, step=self.step, evals=self.evals)
-        return _copies(one, m), {"eps": found["strength"], "distance": found["distance"]}
+    def search(self, view: RoundView, m: int) -> tuple[torch.Tensor, dict]:
+        return T.tailored_ipm(view.honest, view.rule_on_appended(), m, **self._search_options(view))
 
 
 class AGRTailored(RoundAwareColludingAttack):
@@ -172,11 +214,12 @@ class AGRTailored(RoundAwareColludingAttack):
                 chosen = torch.nonzero(aggregate(in_row_order(malicious_first)).selected.cpu()).flatten().tolist()
                 return torch.tensor([position[int(r)] for r in chosen], dtype=torch.long)
 
-            one, found = T.agr_tailored_selection(honest, m, select, self.perturbation, gamma_init=self.gamma_init)
+            one, found = T.agr_tailored_selection(honest, m, select, self.perturbation, gamma_init=self.gamma_init,
+                                                  max_norm=view.max_norm)
         else:
             rule_fn = view.require_rule()
             one, found = T.agr_tailored_distance(honest, m, lambda x: rule_fn(in_row_order(x)), self.perturbation,
-                                                 gamma_init=self.gamma_init)
+                                                 gamma_init=self.gamma_init, max_norm=view.max_norm)
         return _copies(one, m), {"rule": rule, "perturbation": self.perturbation, **found}
 
 

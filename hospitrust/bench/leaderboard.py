@@ -620,8 +620,13 @@ METRIC_NAMES = {"balanced_accuracy": "balanced accuracy", "accuracy": "accuracy"
 
 
 def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resamples: int = stats.RESAMPLES,
-           progress: Callable[[str], None] | None = None) -> Path:
-    """Write ``leaderboard.md``, its PNGs and ``leaderboard_cells.csv`` into ``out_dir``; returns the Markdown's path."""
+           progress: Callable[[str], None] | None = None, statistics: str = "v1") -> Path:
+    """Write ``leaderboard.md``, its PNGs and ``leaderboard_cells.csv`` into ``out_dir``; returns the Markdown's path.
+
+    ``statistics = "v2"`` adds the v2 protocol's section (:func:`v2_lines`) after the v1 page.
+    """
+    if statistics not in STATISTICS:
+        raise LeaderboardError(f"statistics = {statistics!r}: expected one of {', '.join(STATISTICS)}")
     say = progress or (lambda _line: None)
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -745,6 +750,9 @@ def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resam
             md += _friedman_lines(within) + _dropped_lines(within)
             md += [f"![critical-difference diagram, {cond}]({name})", ""]
             md += _pairs_lines(within)
+    if statistics == "v2":
+        say("[leaderboard] v2 statistics: per-seed worst cases, (condition, seed) blocks")
+        md += v2_lines(cells, col, board.conditions, metric_name=mname)
     cells.drop(columns=[c for c in ("error",) if c in cells]).to_csv(out / "leaderboard_cells.csv", index=False)
     _summary_frame(rankings, overall).to_csv(out / "leaderboard_summary.csv", index=False)
     path = out / "leaderboard.md"
@@ -838,7 +846,10 @@ def _dropped_lines(analysis: RankAnalysis) -> list[str]:
 
 
 def _friedman_lines(analysis: RankAnalysis) -> list[str]:
-    f = analysis.friedman
+    return _friedman_text(analysis.friedman)
+
+
+def _friedman_text(f: stats.Friedman) -> list[str]:
     if f.pvalue != f.pvalue:
         return [f"Friedman: {f.note}.", ""]
     verdict = "the rules' ranks differ" if f.pvalue < stats.ALPHA else "no evidence that the rules' ranks differ"
@@ -865,12 +876,84 @@ def _pairs_lines(analysis: RankAnalysis) -> list[str]:
     return lines
 
 
+STATISTICS = ("v1", "v2")
+
+
+def _v2_ranking_lines(values: pd.DataFrame, higher_is_better: bool, what: str) -> list[str]:
+    """A rank-range table of ``values`` (blocks x rules), its significant pairs, under a heading's text."""
+    pairs = stats.paired_tests(values)
+    ranges = stats.rank_ranges(values, pairs, higher_is_better=higher_is_better)
+    rows = [[r["rank"], rule, _iv(stats.t_interval(values[rule].to_numpy())), f"{r['mean_rank']:.2f}"]
+            for rule, r in ranges.to_dict("index").items()]
+    lines = _md_table(["rank (range)", "rule", f"{what} [95 % t CI]", "mean rank"], rows)
+    sign = 1.0 if higher_is_better else -1.0
+    separated = [f"{(p.a if sign * p.mean > 0 else p.b)} over {(p.b if sign * p.mean > 0 else p.a)}: "
+                 f"{abs(p.mean):.3f} [{min(abs(p.low), abs(p.high)):.3f}, {max(abs(p.low), abs(p.high)):.3f}], "
+                 f"p (Holm) = {p.p_holm:.3g}" for p in pairs.itertuples() if p.significant]
+    lines += [f"Pairs separated by the Holm-corrected sign-flip tests at {stats.ALPHA}: "
+              + ("; ".join(separated) if separated else "none") + ".", ""]
+    return lines
+
+
+def v2_lines(cells: pd.DataFrame, column: str, conditions: Sequence[str], *, higher_is_better: bool = True,
+             metric_name: str = "balanced accuracy") -> list[str]:
+    """The v2 protocol's statistics as a section of leaderboard.md (``--statistics v2``).
+
+    The seed is the unit of replication: per rule, condition and seed, the worst case over that
+    seed's attacked runs. Across conditions, Friedman's test over (condition, seed) blocks and rank
+    ranges from Holm-corrected sign-flip tests over the same blocks; per condition, the same over its
+    seeds, with each rule's mean per-seed worst case and its t interval.
+
+    Parameters
+    ----------
+    cells : pandas.DataFrame
+        The board's cells (condition, rule, attack_label, seed and ``column``).
+    column : str
+        The metric's column.
+    conditions : sequence of str
+        The conditions in page order.
+    higher_is_better : bool
+        The metric's direction.
+    metric_name : str
+        The metric's name in the text.
+
+    Returns
+    -------
+    list of str
+        Markdown lines.
+    """
+    data = cells.dropna(subset=[column])
+    attacked = data[data["attack_label"] != "none"] if (data["attack_label"] != "none").any() else data
+    blocks = stats.worst_case_blocks(attacked, value=column, higher_is_better=higher_is_better, attack="attack_label")
+    md = ["## v2 statistics: per-seed worst cases", "",
+          f"The seed is the unit of replication: per rule, condition and seed, the worst final {metric_name} over that "
+          "seed's attacked runs. Intervals: Student's t 95 % over seeds (or blocks); pairs of rules: the paired mean "
+          "difference with its t interval and the sign-flip permutation test (exact up to "
+          f"{stats.SIGN_FLIP_EXACT_MAX} pairs, else {stats.SIGN_FLIP_RESAMPLES} random sign patterns), Holm-corrected over "
+          "all pairs; a rule's rank is the range those tests support (1 + the rules significantly better, to the rules "
+          "not significantly worse), so tied rules share a range. docs/leaderboard.md, \"v2 protocol\".", ""]
+    if blocks.empty or blocks.shape[1] < 2:
+        return md + ["No (condition, seed) block has a worst case for two rules: nothing to compare.", ""]
+    md += [f"### Across conditions: {len(blocks)} (condition, seed) blocks", ""]
+    md += _friedman_text(stats.friedman(blocks))
+    md += _v2_ranking_lines(blocks, higher_is_better, "mean of the blocks' worst cases")
+    for cond in conditions:
+        if cond not in set(blocks.index.get_level_values(0)):
+            continue
+        per_seed = blocks.xs(cond, level=0)
+        md += [f"### {cond}: {len(per_seed)} seeds", ""]
+        md += _v2_ranking_lines(per_seed, higher_is_better, "per-seed worst case")
+    return md
+
+
 def make_leaderboard(grid_dirs: Sequence[str | Path], out_dir: str | Path, *, metric: str = "balanced_accuracy",
                      baseline: str = "fedavg", last_k: int = LAST_K, resamples: int = stats.RESAMPLES,
-                     progress: Callable[[str], None] | None = None, without_attacks: Sequence[str] = ()) -> Path:
+                     progress: Callable[[str], None] | None = None, without_attacks: Sequence[str] = (),
+                     statistics: str = "v1") -> Path:
     """Load the grid folders and write the leaderboard into ``out_dir``; returns leaderboard.md's path.
 
     ``without_attacks``: attack labels left out (a threat model without them); each must name an attack of the cells.
+    ``statistics``: "v2" adds the v2 protocol's statistics (:func:`v2_lines`).
     """
     if resamples < 100:
         raise LeaderboardError(f"resamples = {resamples}: use at least 100 bootstrap resamples (default {stats.RESAMPLES})")
@@ -883,9 +966,9 @@ def make_leaderboard(grid_dirs: Sequence[str | Path], out_dir: str | Path, *, me
                                    f"(their attacks: {', '.join(attack_order(sorted(known)))})")
         board.cells = board.cells[~board.cells["attack_label"].isin(without_attacks)].reset_index(drop=True)
         board.notes.append(f"attacks left out (a threat model without them): {', '.join(without_attacks)}")
-    return render(board, out_dir, baseline=baseline, resamples=resamples, progress=progress)
+    return render(board, out_dir, baseline=baseline, resamples=resamples, progress=progress, statistics=statistics)
 
 
 __all__ = ["KEPT_RULES", "SCREEN_MARGIN", "Board", "LeaderboardError", "MetricTable", "RankAnalysis", "ScreenDecision",
            "cd_diagram", "last_k_mean", "load", "make_leaderboard", "metric_table", "rank_analysis", "render",
-           "screen_decision", "worst_case_ranking"]
+           "screen_decision", "v2_lines", "worst_case_ranking"]

@@ -1,6 +1,11 @@
 """The leaderboard's statistics: pure functions on small tables, tested on hand-computed ones.
 
-Every interval is a **percentile bootstrap 95 % CI of the mean over seeds**: ``RESAMPLES``
+Two sets: the v1 leaderboard's (below, kept for its superseded tables) and the v2 protocol's (at the
+end of the module: Student's t intervals, exact sign-flip tests with Holm's correction, Friedman over
+(condition, seed) blocks of per-seed worst cases, rank ranges for tied rules; docs/leaderboard.md,
+"v2 protocol").
+
+v1: every interval is a **percentile bootstrap 95 % CI of the mean over seeds**: ``RESAMPLES``
 resamples of the seeds with replacement, drawn by ``numpy.random.default_rng(RNG_SEED)``, so a
 report is reproducible to the digit (scipy.stats.bootstrap, ``method="percentile"``). With 5
 seeds a percentile interval is narrow (it undercovers a little): it is a statement about these
@@ -221,3 +226,208 @@ def cliques(mean_ranks: pd.Series, pairs: pd.DataFrame) -> list[list[str]]:
         if j > i and not any(s <= i and j <= e for s, e in runs):
             runs.append((i, j))
     return [order[s:e + 1] for s, e in runs]
+
+
+# ---- the v2 protocol's statistics (docs/leaderboard.md, "v2 protocol") ---------------------------------
+#
+# The seed is the unit of replication: a rule's value on a seed is its worst case over the attacks on
+# that seed (:func:`worst_case_per_seed`), and every statement is about those per-seed values. A mean
+# over n seeds gets Student's t interval (a percentile bootstrap over 5 seeds covers about 84 %, not
+# 95 %; the t interval's coverage is exact for normal values and checked by simulation at n = 10 in
+# tests/test_stats_v2.py); two rules are compared paired by seed with the t interval of the mean
+# difference and the exact sign-flip permutation test, Holm-corrected over all pairs; Friedman's test
+# takes one block per (condition, seed), each block the rules' per-seed worst cases; rules no
+# corrected test separates share a rank range (:func:`rank_ranges`), not ordinal ranks.
+
+
+def t_interval(values: Sequence[float] | np.ndarray, *, level: float = LEVEL) -> Interval:
+    r"""The mean of ``values`` (NaNs dropped) and its Student's t interval,
+    :math:`\bar x \pm t_{n-1,\,(1+\text{level})/2}\; s / \sqrt n` (scipy.stats.t).
+
+    One value: no interval (NaN ends). Equal values: the interval is the value itself.
+
+    Parameters
+    ----------
+    values : sequence of float
+        One value per seed.
+    level : float
+        The confidence level (0.95).
+
+    Returns
+    -------
+    Interval
+        The mean, the interval's ends and n.
+    """
+    arr = np.asarray([v for v in values if v == v], dtype=float)
+    if not len(arr):
+        return Interval(math.nan, math.nan, math.nan, 0)
+    mean = float(arr.mean())
+    if len(arr) < 2:
+        return Interval(mean, math.nan, math.nan, 1)
+    if np.all(arr == arr[0]):
+        return Interval(mean, mean, mean, len(arr))
+    half = float(sps.t.ppf((1.0 + level) / 2.0, len(arr) - 1)) * float(arr.std(ddof=1)) / math.sqrt(len(arr))
+    return Interval(mean, mean - half, mean + half, len(arr))
+
+
+#: Up to this many paired differences the sign-flip test enumerates every pattern (2^16 = 65,536); beyond,
+#: it draws SIGN_FLIP_RESAMPLES random patterns with a fixed rng, p = (b + 1) / (R + 1).
+SIGN_FLIP_EXACT_MAX = 16
+SIGN_FLIP_RESAMPLES = 100_000
+
+
+def sign_flip_pvalue(differences: Sequence[float] | np.ndarray) -> float:
+    """The two-sided paired permutation test of a mean difference of 0: the share of the 2^n sign
+    patterns of the paired differences whose mean is at least as far from 0 as the observed one.
+
+    Under the null hypothesis (the two rules are exchangeable within a seed) each difference's sign
+    is a fair coin. Up to ``SIGN_FLIP_EXACT_MAX`` differences every pattern is enumerated and the
+    p-value is exact; the smallest it can be is 2 / 2^n (n = 10: 0.002). Beyond, ``SIGN_FLIP_RESAMPLES``
+    random patterns from ``numpy.random.default_rng(RNG_SEED)`` (reproducible to the digit), and
+    p = (b + 1) / (R + 1) with b of them at least as far (so p is never 0). "At least as far" allows
+    a relative 1e-9 for rounding (patterns equal to the observed sum in exact arithmetic count). All
+    differences 0: p = 1. scipy.stats.permutation_test computes the same, about 100x slower here.
+
+    Parameters
+    ----------
+    differences : sequence of float
+        ``a - b`` per seed (NaNs dropped).
+
+    Returns
+    -------
+    float
+        The p-value; NaN without a difference.
+    """
+    d = np.asarray([v for v in differences if v == v], dtype=float)
+    if not len(d):
+        return math.nan
+    if np.all(d == 0):
+        return 1.0
+    n = len(d)
+    observed = abs(float(d.sum()))
+    tolerance = 1e-9 * float(np.abs(d).sum())
+    if n <= SIGN_FLIP_EXACT_MAX:
+        bits = (np.arange(1 << n)[:, None] >> np.arange(n)[None, :]) & 1
+        sums = np.abs((1 - 2 * bits) @ d)
+        return float(np.mean(sums >= observed - tolerance))
+    rng = np.random.default_rng(RNG_SEED)
+    hits = 0
+    for start in range(0, SIGN_FLIP_RESAMPLES, 10_000):
+        signs = rng.integers(0, 2, size=(min(10_000, SIGN_FLIP_RESAMPLES - start), n)) * 2 - 1
+        hits += int(np.sum(np.abs(signs @ d) >= observed - tolerance))
+    return (hits + 1) / (SIGN_FLIP_RESAMPLES + 1)
+
+
+def paired_tests(values: pd.DataFrame, *, level: float = LEVEL, alpha: float = ALPHA) -> pd.DataFrame:
+    """Every pair of rules (columns) over the seeds (rows, paired): the mean difference ``a - b`` with its
+    t interval, the exact sign-flip p-value (:func:`sign_flip_pvalue`), Holm-adjusted over all pairs.
+
+    Parameters
+    ----------
+    values : pandas.DataFrame
+        Seeds x rules (a rule's per-seed worst case); a seed missing for either rule of a pair is
+        left out of that pair.
+    level : float
+        The intervals' level.
+    alpha : float
+        The family-wise error of the Holm-corrected tests.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns a, b, n, mean, low, high, pvalue, p_holm, significant.
+    """
+    rows = []
+    for a, b in itertools.combinations(values.columns, 2):
+        pair = values[[a, b]].dropna()
+        d = (pair[a] - pair[b]).to_numpy(dtype=float)
+        iv = t_interval(d, level=level)
+        rows.append({"a": a, "b": b, "n": len(d), "mean": iv.mean, "low": iv.low, "high": iv.high,
+                     "pvalue": sign_flip_pvalue(d)})
+    out = pd.DataFrame(rows, columns=["a", "b", "n", "mean", "low", "high", "pvalue"])
+    out["p_holm"] = holm(out["pvalue"].fillna(1.0).tolist()) if len(out) else []
+    out["significant"] = out["p_holm"] < alpha
+    return out
+
+
+def worst_case_blocks(table: pd.DataFrame, *, value: str = "value", higher_is_better: bool = True,
+                      condition: str = "condition", rule: str = "rule", attack: str = "attack",
+                      seed: str = "seed") -> pd.DataFrame:
+    """Friedman's blocks: one row per (condition, seed), one column per rule, each value the rule's worst
+    case over the attacks on that seed in that condition (:func:`worst_case_per_seed`).
+
+    A block is one replicate: the attacks of a seed are not blocks of their own (they share the
+    seed's partition and initial model). Blocks where a rule has no worst case are dropped (Friedman
+    needs every rule in every block).
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        One row per run: condition, rule, attack, seed and the value.
+    value, condition, rule, attack, seed : str
+        The column names.
+    higher_is_better : bool
+        The metric's direction.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Indexed by (condition, seed), columns the rules.
+    """
+    parts = []
+    for cond, sub in table.groupby(condition, sort=True):
+        per_seed = worst_case_per_seed(sub, value=value, higher_is_better=higher_is_better, rule=rule, attack=attack,
+                                       seed=seed)
+        wide = per_seed.pivot(index=seed, columns=rule, values="worst")
+        wide.index = pd.MultiIndex.from_product([[cond], wide.index], names=[condition, seed])
+        parts.append(wide)
+    if not parts:
+        return pd.DataFrame()
+    blocks = pd.concat(parts).sort_index()
+    blocks.columns.name = None
+    return blocks.dropna()
+
+
+def rank_ranges(values: pd.DataFrame, pairs: pd.DataFrame, *, higher_is_better: bool = True) -> pd.DataFrame:
+    """Each rule's place among the rules as a range the tests support, not an ordinal rank.
+
+    A rule's best place is 1 + the number of rules significantly better than it, its worst place the
+    number of rules not significantly worse (``pairs``: :func:`paired_tests` or any table with a, b,
+    mean = a - b and significant). Rules that no test separates share a range (rank ``1-3``); a rule
+    that every test separates from the rest gets one place (``1``). The mean rank over the blocks
+    (:func:`rank_rows`, ties sharing the average) is given beside it.
+
+    Parameters
+    ----------
+    values : pandas.DataFrame
+        Blocks (seeds, or (condition, seed)) x rules.
+    pairs : pandas.DataFrame
+        The pairwise tests over the same rules.
+    higher_is_better : bool
+        The metric's direction.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Indexed by rule, sorted by mean value then name: mean, mean_rank, best, worst, rank (text).
+    """
+    sign = 1.0 if higher_is_better else -1.0
+    better: dict[str, int] = {r: 0 for r in values.columns}
+    worse: dict[str, int] = {r: 0 for r in values.columns}
+    for p in pairs.itertuples():
+        if not p.significant:
+            continue
+        a_better = sign * float(p.mean) > 0
+        winner, loser = (p.a, p.b) if a_better else (p.b, p.a)
+        better[loser] += 1
+        worse[winner] += 1
+    k = len(values.columns)
+    mean_ranks = rank_rows(values, higher_is_better=higher_is_better).mean()
+    rows = []
+    for r in values.columns:
+        best, worst = 1 + better[r], k - worse[r]
+        rows.append({"rule": r, "mean": float(values[r].mean()), "mean_rank": float(mean_ranks[r]), "best": best,
+                     "worst": worst, "rank": str(best) if best == worst else f"{best}-{worst}"})
+    out = pd.DataFrame(rows).set_index("rule")
+    order = sorted(out.index, key=lambda r: (-sign * out.loc[r, "mean"], r))
+    return out.loc[order]

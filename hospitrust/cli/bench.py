@@ -66,7 +66,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _leaderboard(folders: list[str], out: str | None, *, metric: str | None, baseline: str | None, last_k: int,
-                 resamples: int, who: str = "report", without_attacks: str = "") -> int:
+                 resamples: int, who: str = "report", without_attacks: str = "", statistics: str = "v1") -> int:
     from hospitrust.bench.leaderboard import LeaderboardError, make_leaderboard
 
     if out is None and len(folders) > 1:
@@ -82,7 +82,8 @@ def _leaderboard(folders: list[str], out: str | None, *, metric: str | None, bas
         path = make_leaderboard(folders, out_dir, metric=metric or meta.get("metric") or "balanced_accuracy",
                                 baseline=baseline or meta.get("baseline") or "fedavg",
                                 last_k=last_k, resamples=resamples, progress=lambda line: print(line, flush=True),
-                                without_attacks=[a.strip() for a in without_attacks.split(",") if a.strip()])
+                                without_attacks=[a.strip() for a in without_attacks.split(",") if a.strip()],
+                                statistics=statistics)
     except LeaderboardError as exc:
         print(f"hospitrust {who}: {exc}", file=sys.stderr)
         return 2
@@ -95,7 +96,8 @@ def _report(args: argparse.Namespace) -> int:
 
     if args.leaderboard:
         return _leaderboard(args.grid_dir, args.out, metric=args.metric, baseline=args.baseline, last_k=args.last_k,
-                            resamples=args.resamples, without_attacks=args.without_attacks)
+                            resamples=args.resamples, without_attacks=args.without_attacks,
+                            statistics=args.statistics)
     if len(args.grid_dir) > 1:
         print("hospitrust report: several folders are read together only as one leaderboard: "
               "hospitrust report --leaderboard GRID_DIR [GRID_DIR ...] --out FOLDER", file=sys.stderr)
@@ -161,6 +163,10 @@ def add_bench_parsers(sub) -> None:
     report.add_argument("--without-attacks", default="", metavar="A,B",
                         help="leaderboard: leave these attacks (their labels, comma-separated) out, for a threat model "
                              "without them (e.g. no omniscient attacker: tailored-ipm,hta-aware)")
+    report.add_argument("--statistics", choices=["v1", "v2"], default="v1",
+                        help="leaderboard: v2 adds the v2 protocol's statistics (per-seed worst cases, t intervals, "
+                             "Holm-corrected sign-flip tests, Friedman over (condition, seed) blocks, rank ranges; "
+                             "docs/leaderboard.md)")
     report.add_argument("--metric", choices=list(METRICS),
                         help="headline metric (default: the grid's, else balanced_accuracy)")
     report.add_argument("--baseline", help="strategy for paired differences (default: the grid's, else fedavg)")

@@ -78,7 +78,8 @@ class CoreOptions(Options):
         "a chain such as 'arc,nnm'; '' or 'none': the rule sees the updates as sent (docs/rules/pre-aggregation.md)."
     ))
     max_update_norm: float = Field(1e4, gt=0.0, description=(
-        "Replies whose update (returned - global) has a larger L2 norm are rejected."
+        "Replies whose update (returned - global) has a larger L2 norm are rejected, and so is a simulated colluding "
+        "attacker's row (the adaptive attacks keep their strength inside it)."
     ))
     max_num_examples: int = Field(10_000_000, ge=1, description="Replies claiming more training examples are rejected.")
     # data

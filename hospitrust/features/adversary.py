@@ -27,7 +27,7 @@ from flwr.app import Message
 from hospitrust.attacks.interfaces import ColludingAttack, RoundAware, RoundView
 from hospitrust.attacks.threat_model import ColludingAdversary, unwrapped
 from hospitrust.features.base import Round, RoundFeature, RunFacts
-from hospitrust.strategies.base import Aggregate, RoundResult, UpdateStep
+from hospitrust.strategies.base import Aggregate, AttackerRows, RoundResult, UpdateStep
 from hospitrust.strategies.validation import CheckedReply
 
 
@@ -53,7 +53,7 @@ class SimulatedAdversary(RoundFeature):
         self.adversary = adversary
 
     def update_steps(self, rnd: Round) -> Sequence[UpdateStep]:
-        return (self.adversary,)
+        return (AttackerRows(self.adversary),)  # its rows are held to the reply checks
 
 
 def pre_aggregation_of(cfg: Any) -> Any:
@@ -122,6 +122,9 @@ class RoundAwareAdversary(RoundFeature):
         Seeds each round's generator (with the round number).
     pre_aggregation : object or None
         The run's pre-aggregation chain (:func:`pre_aggregation_of`).
+    max_norm : float or None
+        The server's bound on an update's norm (``max-update-norm``) the attack is told
+        (``RoundView.max_norm``); None: the rule's own ``limits``.
     """
 
     name = "round-aware-adversary"
@@ -145,14 +148,17 @@ class RoundAwareAdversary(RoundFeature):
         if wanted and rule_name(run.cfg.strategy) not in wanted:
             raise ValueError(f"attack {inner.name!r} is written against the rule {' or '.join(wanted)}, and the run's "
                              f"strategy is {run.cfg.strategy!r}")
-        return cls(run.attack, {h for h, bad in run.truth.items() if bad}, run.cfg.seed, chain)
+        return cls(run.attack, {h for h, bad in run.truth.items() if bad}, run.cfg.seed, chain,
+                   max_norm=float(run.cfg.max_update_norm))
 
-    def __init__(self, attack: Any, malicious_hospitals: set[str], seed: int, pre_aggregation: Any = None) -> None:
+    def __init__(self, attack: Any, malicious_hospitals: set[str], seed: int, pre_aggregation: Any = None,
+                 max_norm: float | None = None) -> None:
         inner = unwrapped(attack)
         if not isinstance(inner, RoundAware):
             raise TypeError(f"{attack!r} is not a round-aware attack (hospitrust.attacks.interfaces.RoundAware)")
         self.attack, self.inner = attack, inner
         self.malicious_hospitals, self.seed, self.chain = set(malicious_hospitals), seed, pre_aggregation
+        self.max_norm = max_norm
         self.strategy: Any = None
         self.replies: dict[int, Message] = {}
         self.previous_global_update: torch.Tensor | None = None
@@ -167,7 +173,7 @@ class RoundAwareAdversary(RoundFeature):
         return replies
 
     def update_steps(self, rnd: Round) -> Sequence[UpdateStep]:
-        return (self.step,)
+        return (AttackerRows(self.step),)  # its rows are held to the reply checks
 
     def _checked(self, hospitals: list[str]) -> list[CheckedReply]:
         """What the rule reads of each row's reply (node id, example count, metrics), in row order."""
@@ -186,8 +192,14 @@ class RoundAwareAdversary(RoundFeature):
         chain = self.chain
 
         def aggregate(stack: torch.Tensor) -> Aggregate:
-            rows = chain.apply(server_round, stack).rows if chain is not None else stack
-            return private_copy(self.strategy).aggregate_updates(server_round, rows, num_examples, replies)
+            if chain is None:
+                return private_copy(self.strategy).aggregate_updates(server_round, stack, num_examples, replies)
+            done = chain.apply(server_round, stack)
+            groups = getattr(done, "groups", None)  # a chain is duck-typed: .apply(round, updates).rows at least
+            if groups is not None:  # the rule gets the bucket means (bucketing.rule-input = "bucket-means")
+                return private_copy(self.strategy).aggregate_grouped(server_round, done.rows, groups, num_examples,
+                                                                     replies)
+            return private_copy(self.strategy).aggregate_updates(server_round, done.rows, num_examples, replies)
 
         return aggregate
 
@@ -206,7 +218,9 @@ class RoundAwareAdversary(RoundFeature):
             pre_aggregation=tuple(self.chain.steps) if self.chain is not None else (),
             strategy=lambda: private_copy(self.strategy),
             previous_global_update=self.previous_global_update,
-            generator=torch.Generator().manual_seed(self.seed * 7919 + server_round))
+            generator=torch.Generator().manual_seed(self.seed * 7919 + server_round),
+            max_norm=self.max_norm if self.max_norm is not None else getattr(getattr(self.strategy, "limits", None),
+                                                                           "max_update_norm", None))
         crafted, info = self.inner.craft_round(view)
         if tuple(crafted.shape) != (len(rows), updates.shape[1]):
             raise ValueError(f"{self.inner!r} crafted shape {tuple(crafted.shape)}, expected {(len(rows), updates.shape[1])}")

@@ -1,8 +1,11 @@
 """Pre-aggregation as a round feature: the run's chain (``pre-aggregation = "arc,nnm"``) applied to
 the validated stack of updates before the rule, every round, after the simulated adversary.
 
-The rule keeps one row per hospital: with bucketing, each member of a bucket hands the rule its
-bucket's row (:class:`~hospitrust.aggregation.pre_aggregation.PreAggregated`). What the chain did is
+By default the rule keeps one row per hospital: with bucketing, each member of a bucket hands the
+rule its bucket's row (:class:`~hospitrust.aggregation.pre_aggregation.PreAggregated`); with
+``bucketing.rule-input = "bucket-means"`` the rule gets the bucket means themselves (ByzFL's
+bucketing, a :class:`~hospitrust.strategies.base.GroupedRows` step) and each member's record its
+bucket's weight split among the members. What the chain did is
 on the record, by hospital name: each client entry's ``pre_aggregation`` (the hospitals whose
 updates make up the row the rule saw for it, and per step its clip factor, its NNM neighbours or
 its bucket), and the round's ``pre_aggregation`` (the chain, each step's threshold, clipped
@@ -22,7 +25,7 @@ from flwr.common import log
 from hospitrust.aggregation.pre_aggregation import PreAggregated, PreAggregationChain, StepRecord, carried_rows, origin
 from hospitrust.features.base import Round, RoundFeature, RunFacts
 from hospitrust.features.pre_aggregators import PRE_AGGREGATORS, pre_aggregation_chain
-from hospitrust.strategies.base import RoundResult, UpdateStep
+from hospitrust.strategies.base import GroupedRows, RoundResult, UpdateStep
 
 #: what joins the hospitals of a row that holds several (a bucket) in the records
 ROW_JOIN = " + "
@@ -131,9 +134,11 @@ class PreAggregation(RoundFeature):
         # round -> what the chain did (a round's records are written after its aggregation)
         self.done: dict[int, ChainRecords] = {}
         log(INFO, "hospitrust: pre-aggregation %s before the rule (f = %d%s)", " -> ".join(chain.steps), chain.f,
-            f", buckets of {chain.bucket_size}: each member hands the rule its bucket's mean"
+            (f", buckets of {chain.bucket_size}: the rule gets the bucket means" if chain.bucket_means else
+             f", buckets of {chain.bucket_size}: each member hands the rule its bucket's mean")
             if "bucketing" in chain.steps else "")
-        mixing = [s for s in chain.steps if PRE_AGGREGATORS[s].mixes]
+        # the bucket means themselves are not handed out per member: no identical rows from bucketing then
+        mixing = [s for s in chain.steps if PRE_AGGREGATORS[s].mixes and not (s == "bucketing" and chain.bucket_means)]
         if mixing:
             log(WARNING, "hospitrust: %s hand the rule mixtures of updates: hospitals with the same neighbourhood or "
                 "bucket reach it as identical rows, and a rule's per-hospital record is about that mixture (a "
@@ -142,7 +147,9 @@ class PreAggregation(RoundFeature):
 
     def settings(self) -> dict[str, Any]:
         return {"pre_aggregation": {"chain": list(self.chain.steps), "f": self.chain.f,
-                                    **({"bucket_size": self.chain.bucket_size} if "bucketing" in self.chain.steps else {}),
+                                    **({"bucket_size": self.chain.bucket_size,
+                                        "rule_input": "bucket-means" if self.chain.bucket_means else "member-rows"}
+                                       if "bucketing" in self.chain.steps else {}),
                                     **({"max_norm": self.chain.max_norm} if "clipping" in self.chain.steps else {})}}
 
     def step(self, server_round: int, updates: torch.Tensor, hospitals: list[str]) -> torch.Tensor:
@@ -151,7 +158,19 @@ class PreAggregation(RoundFeature):
         self.done[server_round] = chain_records(self.chain, hospitals, done)
         return done.rows
 
+    def grouped_step(self, server_round: int, updates: torch.Tensor, hospitals: list[str]
+                     ) -> tuple[torch.Tensor, list[list[int]]]:
+        """The chain on the round's stack when the rule gets the bucket means (``bucketing.rule-input =
+        "bucket-means"``): the chain's own rows and whom each carries (a ``GroupedRows`` step).
+        """
+        done = self.chain.apply(server_round, updates)
+        self.done[server_round] = chain_records(self.chain, hospitals, done)
+        groups = done.groups if done.groups is not None else [[i] for i in range(done.rows.shape[0])]
+        return done.rows, groups
+
     def update_steps(self, rnd: Round) -> Sequence[UpdateStep]:
+        if self.chain.bucket_means:
+            return (GroupedRows(self.grouped_step),)  # the rule gets the bucket means
         return (self.step,)
 
     def on_aggregate(self, rnd: Round, result: RoundResult) -> RoundResult:

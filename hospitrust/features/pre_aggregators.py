@@ -10,7 +10,7 @@ chain from its config (what an attack that puts the chain in its loop calls).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -25,6 +25,12 @@ class BucketingOptions(Options):
         "s: hospitals per bucket (the last bucket is smaller when s does not divide the round's valid replies); "
         "each bucket's mean replaces its members' updates. 2: the smallest bucket that mixes (ByzFL's default 1 "
         "changes nothing)."
+    ))
+    rule_input: Literal["member-rows", "bucket-means"] = Field("member-rows", description=(
+        "What the rule gets: member-rows, one row per hospital (every member of a bucket hands the rule its "
+        "bucket's mean); bucket-means, the ceil(n / s) bucket means themselves, as ByzFL and the paper define "
+        "bucketing (each member's record names its bucket; refused for rules that read who sent a row: hta, earn, "
+        "foolsgold, contribution, fedagain)."
     ))
 
 
@@ -121,6 +127,17 @@ def check_pre_aggregation(cfg: Any) -> list[str]:
                    "hospitals' own clipped updates, which a step that mixes or rescales them changes; use privacy.mode "
                    "'local' or 'off', or pre-aggregation = 'none'")
     bucket_size = cfg.options("bucketing").bucket_size
+    if "bucketing" in steps and cfg.options("bucketing").rule_input == "bucket-means":
+        from hospitrust.strategies.registry import StrategyError, strategy_class
+
+        try:
+            rule = strategy_class(cfg.strategy)
+        except StrategyError:
+            rule = None  # an unknown strategy is reported by its own check
+        if rule is not None and rule.reads_who_sent:
+            out.append(f"{chain} with bucketing.rule-input = 'bucket-means' and strategy {cfg.strategy!r}: the rule reads "
+                       "who sent each row (state kept per hospital, or a reply's metrics), and a bucket mean stands for "
+                       "several hospitals; use bucketing.rule-input = 'member-rows' or another rule")
     rows = rows_before_each_step(steps, cfg.min_hospitals, bucket_size)
     f = cfg.assumed_malicious
     for i, step in enumerate(steps):
@@ -151,7 +168,8 @@ def pre_aggregation_chain(cfg: Any) -> PreAggregationChain | None:
     if not steps:
         return None
     return PreAggregationChain(steps, f=cfg.assumed_malicious, bucket_size=cfg.options("bucketing").bucket_size,
-                               max_norm=cfg.options("clipping").max_norm, seed=cfg.seed)
+                               max_norm=cfg.options("clipping").max_norm, seed=cfg.seed,
+                               bucket_means=cfg.options("bucketing").rule_input == "bucket-means")
 
 
 __all__ = ["AdaptiveRobustClipping", "Bucketing", "BucketingOptions", "NearestNeighbourMixing", "PRE_AGGREGATORS",

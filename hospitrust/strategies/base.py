@@ -26,10 +26,10 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from hospitrust.aggregation.vectorize import flatten_state, unflatten_state
+from hospitrust.aggregation.vectorize import FlatSpec, flatten_state, unflatten_state
 from hospitrust.options import NoOptions, kebab
 from hospitrust.options import Options as OptionsModel
-from hospitrust.strategies.validation import CheckedReply, RejectedReply, ReplyLimits, check_train_reply
+from hospitrust.strategies.validation import CheckedReply, RejectedReply, ReplyLimits, check_train_reply, check_update_row
 
 #: What a rule can ask the server for (``HospitrustStrategy.needs``): the keyword argument the
 #: registry passes, and what the server builds it from. All four need the reference cohort.
@@ -104,7 +104,53 @@ class RoundResult:
 #: A step on the stacked updates before the rule sees them: (round, (n, d) updates, hospital
 #: names in row order) -> updates. Round features supply them (the simulated colluding adversary;
 #: pre-aggregation); ``aggregate_round`` applies them in order.
-UpdateStep = Callable[[int, torch.Tensor, list[str]], torch.Tensor]
+RowStep = Callable[[int, torch.Tensor, list[str]], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class AttackerRows:
+    """An update step that puts rows of its own in hospitals' places (the simulated colluding adversary).
+
+    The server never decoded those rows from a reply, so ``aggregate_round`` holds every row the step
+    returns to the reply checks (:func:`~hospitrust.strategies.validation.check_update_row`): a row
+    that fails is rejected and recorded as a rejected reply is, its hospital leaves the round, and
+    min-hospitals is checked again. A deployed server would have rejected such a reply; a simulated
+    attacker gets no more than a real one.
+
+    Parameters
+    ----------
+    step : RowStep
+        The step itself (it keeps the number and order of the rows).
+    """
+
+    step: RowStep
+
+    def __call__(self, server_round: int, updates: torch.Tensor, hospitals: list[str]) -> torch.Tensor:
+        return self.step(server_round, updates, hospitals)
+
+
+@dataclass(frozen=True)
+class GroupedRows:
+    """An update step that hands the rule fewer rows than replies, each row standing for a group of them
+    (ByzFL's bucketing: the rule gets the bucket means, ``bucketing.rule-input = "bucket-means"``).
+
+    ``step(round, updates, hospitals)`` returns the ``(k, d)`` rows and, per row, the indices of the
+    replies it carries (every reply in exactly one group). It must be the last update step. The rule
+    aggregates the rows (:meth:`HospitrustStrategy.aggregate_grouped`), and each member's record gets
+    its group's weight split equally among the members, its group's selection and signals.
+
+    Parameters
+    ----------
+    step : callable
+        ``(round, (n, d) updates, names) -> ((k, d) rows, k groups of reply indices)``.
+    """
+
+    step: Callable[[int, torch.Tensor, list[str]], tuple[torch.Tensor, list[list[int]]]]
+
+
+#: What ``aggregate_round`` takes: steps that keep one row per reply (:data:`RowStep`, an
+#: :class:`AttackerRows` among them), the last one possibly a :class:`GroupedRows`.
+UpdateStep = RowStep | GroupedRows
 
 
 #: Reply metrics of local differential privacy -> their names in a client's ``privacy`` record.
@@ -145,6 +191,9 @@ class HospitrustStrategy(Strategy):
     Options: ClassVar[type[OptionsModel]] = NoOptions
     #: True for the rules sized for f attackers: they get run config ``assumed-malicious``
     sized_for_attackers: ClassVar[bool] = False
+    #: True for the rules that read who sent each row (state kept per hospital, a reply's metrics): they
+    #: cannot take rows that stand for several hospitals (:class:`GroupedRows`, ByzFL's bucket means)
+    reads_who_sent: ClassVar[bool] = False
 
     @classmethod
     def composes(cls, options: OptionsModel) -> tuple[str, ...]:
@@ -330,28 +379,41 @@ class HospitrustStrategy(Strategy):
                 record.clients.append(self._client_entry(node_id, rejected=True, reason=reason))
                 log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(node_id), reason)
 
-        needed = max(self.min_hospitals, self.required_replies())
-        if len(accepted) < needed:
-            record.kept_previous_model = True
-            why = (f"min-hospitals {self.min_hospitals}" if needed == self.min_hospitals
-                   else f"the {self.name} rule's minimum of {needed} (assumed malicious f)")
-            record.note = f"{len(accepted)} valid replies < {why}: kept the previous model"
-            log(WARNING, "Round %d: %s", server_round, record.note)
-            for r in accepted:
-                record.clients.append(self._client_entry(r.node_id, reply=r, weight=0.0, selected=False))
-            record.aggregation_seconds = time.perf_counter() - started
-            record.metrics = MetricRecord({"valid-replies": len(accepted)})
+        if self._too_few(server_round, record, accepted, started):
             return record
 
         updates = torch.stack([cast(torch.Tensor, r.update) for r in accepted])  # set by check_train_reply
         for r in accepted:
             r.update = None  # the stacked copy is the only one kept
+        groups: list[list[int]] | None = None
         for step in update_steps:
-            updates = step(server_round, updates, [self._name_of(r.node_id) for r in accepted])
+            if groups is not None:
+                raise ValueError("an update step that groups rows (GroupedRows) must be the last update step")
+            names = [self._name_of(r.node_id) for r in accepted]
+            if isinstance(step, GroupedRows):
+                updates, groups = step.step(server_round, updates, names)
+                continue
+            updates = step(server_round, updates, names)
+            if isinstance(step, AttackerRows):  # rows no reply check has seen: held to the same checks
+                updates, accepted = self._checked_rows(server_round, record, updates, accepted, global_vec, spec)
+                if self._too_few(server_round, record, accepted, started):
+                    return record
         num_examples = torch.tensor([r.num_examples for r in accepted], dtype=torch.float64, device=self.device)
         # what each hospital's update (as the rule saw it) and the aggregate weigh: step lengths for the record
-        norms = torch.linalg.vector_norm(updates, dim=1).tolist()
-        result = self.aggregate_updates(server_round, updates, num_examples, accepted)
+        row_norms = torch.linalg.vector_norm(updates, dim=1).tolist()
+        if groups is None:
+            norms = row_norms
+            result = self.aggregate_updates(server_round, updates, num_examples, accepted)
+        else:
+            if len(groups) < self.required_replies():
+                self._kept(server_round, record, accepted, started, f"{len(groups)} rows after the pre-aggregation < the "
+                           f"{self.name} rule's minimum of {self.required_replies()} (assumed malicious f)")
+                return record
+            norms = [0.0] * len(accepted)
+            for row, members in enumerate(groups):
+                for i in members:
+                    norms[i] = row_norms[row]
+            result = self.aggregate_grouped(server_round, updates, groups, num_examples, accepted)
         record.update_norm = float(torch.linalg.vector_norm(result.update))
 
         new_vec = global_vec + result.update.to(global_vec.dtype)
@@ -414,6 +476,101 @@ class HospitrustStrategy(Strategy):
                     "balanced_accuracy": float(cast(float, m.get("balanced-accuracy", float("nan")))),
                 }
         return per_hospital
+
+    def _too_few(self, server_round: int, record: RoundResult, accepted: list[CheckedReply], started: float) -> bool:
+        """Whether ``accepted`` is below min-hospitals (or the rule's minimum); if so ``record`` says the
+        previous model is kept and lists the valid replies with weight 0.
+        """
+        needed = max(self.min_hospitals, self.required_replies())
+        if len(accepted) >= needed:
+            return False
+        why = (f"min-hospitals {self.min_hospitals}" if needed == self.min_hospitals
+               else f"the {self.name} rule's minimum of {needed} (assumed malicious f)")
+        self._kept(server_round, record, accepted, started, f"{len(accepted)} valid replies < {why}")
+        return True
+
+    def _kept(self, server_round: int, record: RoundResult, accepted: list[CheckedReply], started: float,
+              why: str) -> None:
+        """``record``: the previous model kept because ``why``; the valid replies listed with weight 0."""
+        record.kept_previous_model = True
+        record.note = f"{why}: kept the previous model"
+        log(WARNING, "Round %d: %s", server_round, record.note)
+        for r in accepted:
+            record.clients.append(self._client_entry(r.node_id, reply=r, weight=0.0, selected=False))
+        record.aggregation_seconds = time.perf_counter() - started
+        record.metrics = MetricRecord({"valid-replies": len(accepted)})
+
+    def _checked_rows(self, server_round: int, record: RoundResult, updates: torch.Tensor,
+                      accepted: list[CheckedReply], global_vec: torch.Tensor, spec: FlatSpec
+                      ) -> tuple[torch.Tensor, list[CheckedReply]]:
+        """Every row of ``updates`` held to the reply checks (``check_update_row``); the rows that fail are
+        rejected, recorded as a rejected reply is, and dropped with their replies.
+        """
+        if updates.shape[0] != len(accepted):
+            raise ValueError(f"an attacker's update step returned {updates.shape[0]} rows for {len(accepted)} replies")
+        keep: list[int] = []
+        for i, r in enumerate(accepted):
+            try:
+                check_update_row(updates[i], global_vec, spec, self.limits)
+                keep.append(i)
+            except RejectedReply as rej:
+                record.clients.append(self._client_entry(r.node_id, rejected=True, reason=rej.reason))
+                log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(r.node_id), rej.reason)
+        if len(keep) == len(accepted):
+            return updates, accepted
+        return updates[keep], [accepted[i] for i in keep]
+
+    def aggregate_grouped(self, server_round: int, rows: torch.Tensor, groups: Sequence[Sequence[int]],
+                          num_examples: torch.Tensor, replies: list[CheckedReply]) -> Aggregate:
+        """The rule on ``(k, d)`` rows that each stand for a group of replies (ByzFL's bucket means), its
+        result given per reply.
+
+        The rule sees k rows; a row's example count is the sum of its members', and the reply it is
+        handed carries that count and its first member's node id (nothing else: a rule that reads who
+        sent a row, ``reads_who_sent``, is refused). Each member gets its group's weight divided by the
+        group's size (a bucket is its members' plain mean, so that is each member's share in the
+        aggregate), its group's selection and its group's per-row signals.
+
+        Parameters
+        ----------
+        server_round : int
+            The round.
+        rows : torch.Tensor
+            ``(k, d)`` the rows the rule aggregates.
+        groups : sequence of sequences of int
+            For every row, the indices (into ``replies``) of the replies it stands for.
+        num_examples : torch.Tensor
+            ``(n,)`` the replies' example counts.
+        replies : list of CheckedReply
+            The n accepted replies.
+
+        Returns
+        -------
+        Aggregate
+            The rule's update, with weights, selection and signals per reply (``(n,)``).
+        """
+        if self.reads_who_sent:
+            raise ValueError(f"the {self.name} rule reads who sent each row (state kept per hospital, or a reply's "
+                             "metrics): it cannot take rows that stand for several hospitals (bucketing.rule-input = "
+                             "'bucket-means'); use bucketing.rule-input = 'member-rows'")
+        n = len(replies)
+        if rows.shape[0] != len(groups) or sorted(i for g in groups for i in g) != list(range(n)):
+            raise ValueError(f"{len(groups)} groups for {rows.shape[0]} rows must hold every one of the {n} replies once")
+        counts = torch.stack([num_examples[list(g)].sum() for g in groups])
+        handed = [CheckedReply(replies[g[0]].node_id, {}, None, int(c), {"num-examples": int(c)})
+                  for g, c in zip(groups, counts.tolist())]
+        agg = self.aggregate_updates(server_round, rows, counts, handed)
+        row_weights, row_selected = agg.weights.detach().cpu().double(), agg.selected.detach().cpu()
+        weights = torch.zeros(n, dtype=torch.float64)
+        selected = torch.zeros(n, dtype=torch.bool)
+        extra: dict[str, list[Any]] = {k: [None] * n for k in agg.extra}
+        for row, members in enumerate(groups):
+            for i in members:
+                weights[i] = row_weights[row] / len(members)
+                selected[i] = bool(row_selected[row])
+                for k, v in agg.extra.items():
+                    extra[k][i] = v[row]
+        return Aggregate(agg.update, weights, selected, extra)
 
     # ---- what a rule implements ----------------------------------------------------------
     def required_replies(self) -> int:

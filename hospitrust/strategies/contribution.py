@@ -49,6 +49,7 @@ class ContributionWeighted(HospitrustStrategy):
     """
 
     name = "contribution"
+    reads_who_sent = True  # scores per hospital
     Options = ContributionOptions
     options: ContributionOptions
     state_attrs = ("scores",)  # checkpointed: the accumulated scores the weights come from

@@ -287,6 +287,7 @@ class EARN(HospitrustStrategy):
     """
 
     name = "earn"
+    reads_who_sent = True  # trust per hospital, each reply's class-counts
     Options = EARNOptions
     options: EARNOptions
     state_attrs = ("trust", "history_sum", "history_rounds", "evidence_spearman", "base_state")

@@ -109,6 +109,7 @@ class FedAgain(HospitrustStrategy):
     """
 
     name = "fedagain"
+    reads_who_sent = True  # each reply's benchmark-error
     Options = FedAgainOptions
     options: FedAgainOptions
 

@@ -41,6 +41,7 @@ class FoolsGold(HospitrustStrategy):
     """
 
     name = "foolsgold"
+    reads_who_sent = True  # history per hospital
     Options = FoolsGoldOptions
     options: FoolsGoldOptions
     state_attrs = ("history",)

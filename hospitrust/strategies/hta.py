@@ -107,6 +107,7 @@ class HTA(HospitrustStrategy):
     """
 
     name = "hta"
+    reads_who_sent = True  # reputation per hospital
     Options = HTAOptions
     options: HTAOptions
     state_attrs = ("ema", "var", "reputation")

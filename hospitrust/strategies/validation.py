@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 from flwr.app import ArrayRecord, Message
 
-from hospitrust.aggregation.vectorize import flatten_state
+from hospitrust.aggregation.vectorize import FlatSpec, flatten_state
 
 
 class RejectedReply(Exception):
@@ -133,6 +133,55 @@ def negative_running_var(name: str, t: torch.Tensor) -> bool:
     return name.endswith("running_var") and t.is_floating_point() and bool((t < 0).any())
 
 
+def check_update_norm(norm: float, limits: ReplyLimits, nonfinite_arrays: Callable[[], list[str]]) -> None:
+    """The bound on an update's norm: RejectedReply when it is not finite or exceeds ``max-update-norm``.
+
+    Parameters
+    ----------
+    norm : float
+        The L2 norm of the update (returned - global) over the float tensors.
+    limits : ReplyLimits
+        The bounds.
+    nonfinite_arrays : callable
+        ``() ->`` the names of the returned model's tensors holding NaN or Inf (called only for a
+        non-finite norm); none named: the norm itself overflowed.
+    """
+    if not math.isfinite(norm):
+        bad = nonfinite_arrays()
+        raise RejectedReply(f"arrays contain NaN or Inf: {bad[:5]}" if bad else "update norm overflows (Inf)")
+    if norm > limits.max_update_norm:
+        raise RejectedReply(f"update norm {norm:.4g} exceeds the bound {limits.max_update_norm:g} (max-update-norm)")
+
+
+def check_update_row(update: torch.Tensor, global_vector: torch.Tensor, spec: FlatSpec, limits: ReplyLimits) -> None:
+    """The checks :func:`check_train_reply` makes of a reply's update, made of one row of the update stack.
+
+    For a row the server did not decode from a reply: a simulated colluding attacker's, put in a
+    malicious hospital's place after the replies were checked. The row is held to what a reply is
+    held to, with the same reasons: the model it makes (global + row) has no BatchNorm variance
+    below zero and no NaN or Inf, and its norm is at most ``max-update-norm``. RejectedReply
+    when it fails one.
+
+    Parameters
+    ----------
+    update : torch.Tensor
+        ``(d,)`` the row (an update: model - global, over the float tensors).
+    global_vector : torch.Tensor
+        ``(d,)`` the round's global model flattened (:func:`flatten_state`).
+    spec : FlatSpec
+        Its layout (which slice is which tensor).
+    limits : ReplyLimits
+        The run's bounds.
+    """
+    model = global_vector + update.to(device=global_vector.device, dtype=global_vector.dtype)
+    tensors = {k: model[o:o + math.prod(shape)] for k, shape, o in zip(spec.keys, spec.shapes, spec.offsets)}
+    for name, t in tensors.items():
+        if negative_running_var(name, t):
+            raise RejectedReply(f"array {name!r} (a BatchNorm variance) has negative entries")
+    check_update_norm(float(torch.linalg.vector_norm(update)), limits,
+                      lambda: [k for k, t in tensors.items() if not bool(torch.isfinite(t).all())])
+
+
 def check_train_reply(
     reply: Message,
     global_state: Mapping[str, torch.Tensor],
@@ -193,12 +242,8 @@ def check_train_reply(
 
     # One pass for the update, one for its norm; a NaN or Inf anywhere makes the norm non-finite.
     update = flatten_state(state)[0].to(global_vector.device) - global_vector
-    norm = float(torch.linalg.vector_norm(update))
-    if not math.isfinite(norm):
-        bad = [k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-        raise RejectedReply(f"arrays contain NaN or Inf: {bad[:5]}" if bad else "update norm overflows (Inf)")
-    if norm > limits.max_update_norm:
-        raise RejectedReply(f"update norm {norm:.4g} exceeds the bound {limits.max_update_norm:g} (max-update-norm)")
+    check_update_norm(float(torch.linalg.vector_norm(update)), limits, lambda: [
+        k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())])
 
     metric_records = content.metric_records
     if metrics_key not in metric_records:

@@ -15,6 +15,7 @@ appended after the honest ones, every attacker sending the same update. Pure tor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -26,6 +27,7 @@ from .update import alie, check_count, check_finite_number, check_stack, ipm, pe
 
 __all__ = [
     "maximise_strength",
+    "within_bound",
     "with_pre_aggregation",
     "tailored_alie",
     "tailored_ipm",
@@ -42,13 +44,20 @@ Rule = Callable[[torch.Tensor], torch.Tensor]
 
 
 def maximise_strength(objective: Callable[[float], float], start: float = 0.0, step: float = 10.0, evals: int = 20,
-                      ratio: float = 0.8) -> tuple[float, float]:
+                      ratio: float = 0.8, both_directions: bool = False) -> tuple[float, float]:
     """Line search for the strength that maximises ``objective``, in ``evals`` evaluations.
 
     Expansion: from ``start``, step by ``step``, doubling it after every improvement, until a
     step does not improve (then the step shrinks by ``ratio``). Contraction: with the remaining
     evaluations, try ``best + step`` and shrink the step by ``ratio`` each time, keeping any
-    improvement. Only strictly better values move the best.
+    improvement. Only strictly better values move the best. This is ByzFL's search (one
+    direction, the sign of ``step``).
+
+    With ``both_directions``, a step that does not improve is tried the other way too before the
+    step shrinks: the first step finds the direction the expansion follows (``start - step`` when
+    ``start + step`` is no better), and every contraction tries ``best + step``, then, unless that
+    improved, ``best - step``. An objective of ``-inf`` (a strength the attacker may not use, e.g. a
+    row above the server's norm bound) is never better than a usable one.
 
     Parameters
     ----------
@@ -57,11 +66,13 @@ def maximise_strength(objective: Callable[[float], float], start: float = 0.0, s
     start : float
         First strength evaluated.
     step : float
-        First step, non-zero (its sign is the search direction).
+        First step, non-zero (its sign is the first direction tried).
     evals : int
         Evaluations of ``objective`` in all, >= 1.
     ratio : float
         Shrink factor of the step, in (0.5, 1).
+    both_directions : bool
+        Try every step both ways (see above); False: ByzFL's one-way search.
 
     Returns
     -------
@@ -78,21 +89,36 @@ def maximise_strength(objective: Callable[[float], float], start: float = 0.0, s
     best_x = check_finite_number(start, "start")
     best_y = objective(best_x)
     left = evals - 1
-    while left > 0:
-        y = objective(best_x + step)
-        left -= 1
-        if y > best_y:
-            best_x, best_y = best_x + step, y
-            step *= 2.0
-        else:
-            step *= ratio
-            break
-    while left > 0:
-        y = objective(best_x + step)
-        left -= 1
-        if y > best_y:
-            best_x, best_y = best_x + step, y
-        step *= ratio
+    ways = (1.0, -1.0) if both_directions else (1.0,)
+
+    def probe(s: float) -> bool:
+        """Try ``best + s`` then (both ways) ``best - s``; move the best to the first that improves."""
+        nonlocal best_x, best_y, left, step
+        for way in ways:
+            if left == 0:
+                return False
+            y = objective(best_x + way * s)
+            left -= 1
+            if y > best_y:
+                best_x, best_y = best_x + way * s, y
+                step = way * s
+                return True
+        return False
+
+    if probe(step):  # expansion, in the direction that improved
+        step *= 2.0
+        while left > 0:
+            y = objective(best_x + step)
+            left -= 1
+            if y > best_y:
+                best_x, best_y = best_x + step, y
+                step *= 2.0
+            else:
+                break
+    step *= ratio
+    while left > 0:  # contraction
+        probe(step)
+        step = abs(step) * ratio if both_directions else step * ratio
     return best_x, best_y
 
 
@@ -120,14 +146,58 @@ def _distance_after(honest: torch.Tensor, malicious: torch.Tensor, num_malicious
     return float(torch.linalg.vector_norm(out.double() - honest.double().mean(0)))
 
 
-def _tailored(honest, rule, num_malicious, craft, start, step, evals, ratio):
+#: A crafted row's norm is kept this far below the server's bound: the server computes the norm again in
+#: float32 and compares it with the bound; the attacker must not lose its row to that rounding.
+BOUND_MARGIN = 1e-5
+
+
+def within_bound(row: torch.Tensor, max_norm: float | None, copy_noise: float = 0.0) -> bool:
+    r"""Whether ``row`` and every copy of it with relative noise ``copy_noise`` stays within the server's
+    bound on an update's norm (``max-update-norm``): :math:`\lVert u\rVert (1 + r) \le C (1 - 10^{-5})`
+    (the triangle inequality bounds every copy :func:`~hospitrust.attacks.math.update.jittered_copies`
+    makes). Always True when ``max_norm`` is None.
+
+    Parameters
+    ----------
+    row : torch.Tensor
+        ``(d,)`` the crafted update.
+    max_norm : float or None
+        The server's bound; None: no bound.
+    copy_noise : float
+        The relative norm of each copy's noise (>= 0).
+
+    Returns
+    -------
+    bool
+        True when every copy is accepted by the server's norm check.
+    """
+    if max_norm is None:
+        return True
+    norm = float(torch.linalg.vector_norm(row.double()))
+    return math.isfinite(norm) and norm * (1.0 + copy_noise) <= max_norm * (1.0 - BOUND_MARGIN)
+
+
+def _tailored(honest, rule, num_malicious, craft, start, step, evals, ratio, max_norm=None, copy_noise=0.0,
+              both_directions=False):
     m = check_count(num_malicious, "num_malicious")
-    best, dist = maximise_strength(lambda s: _distance_after(honest, craft(s), m, rule), start, step, evals, ratio)
+    if max_norm is not None:
+        max_norm = check_finite_number(max_norm, "max_norm", positive=True)
+    copy_noise = check_finite_number(copy_noise, "copy_noise", nonneg=True)
+
+    def objective(strength: float) -> float:
+        row = craft(strength)
+        if not within_bound(row, max_norm, copy_noise):
+            return -math.inf  # the server would reject the row: not a strength the attacker can use
+        return _distance_after(honest, row, m, rule)
+
+    best, dist = maximise_strength(objective, start, step, evals, ratio, both_directions)
     return craft(best), {"strength": best, "distance": dist}
 
 
 def tailored_alie(honest: torch.Tensor, rule: Rule, num_malicious: int, *, start: float = 0.0, step: float = 10.0,
-                  evals: int = 20, ratio: float = 0.8) -> tuple[torch.Tensor, dict]:
+                  evals: int = 20, ratio: float = 0.8,
+                  max_norm: float | None = None, copy_noise: float = 0.0, both_directions: bool = False
+                  ) -> tuple[torch.Tensor, dict]:
     r"""ALIE (:math:`\bar u - z\sigma`, :func:`~hospitrust.attacks.math.update.alie`) with the z that
     moves ``rule``'s output furthest from the honest mean, found by :func:`maximise_strength`.
 
@@ -151,6 +221,13 @@ def tailored_alie(honest: torch.Tensor, rule: Rule, num_malicious: int, *, start
         Rule evaluations in all.
     ratio : float
         Step shrink factor in (0.5, 1).
+    max_norm : float or None
+        The server's bound on an update's norm (``max-update-norm``): a strength whose row (with its
+        copy noise) could exceed it is never chosen (:func:`within_bound`); None: no bound.
+    copy_noise : float
+        The relative noise each attacker adds to its copy (the caller adds it; the bound accounts for it).
+    both_directions : bool
+        Search the strength both ways from ``start`` (:func:`maximise_strength`); False: ByzFL's search.
 
     Returns
     -------
@@ -158,11 +235,14 @@ def tailored_alie(honest: torch.Tensor, rule: Rule, num_malicious: int, *, start
         The ``(d,)`` malicious update and ``{"strength": z, "distance": ...}``.
     """
     honest = check_stack(honest, min_rows=2, why="ALIE needs a standard deviation with ddof=1")
-    return _tailored(honest, rule, num_malicious, lambda z: alie(honest, z), start, step, evals, ratio)
+    return _tailored(honest, rule, num_malicious, lambda z: alie(honest, z), start, step, evals, ratio, max_norm,
+                     copy_noise, both_directions)
 
 
 def tailored_ipm(honest: torch.Tensor, rule: Rule, num_malicious: int, *, start: float = 0.0, step: float = 10.0,
-                 evals: int = 20, ratio: float = 0.8) -> tuple[torch.Tensor, dict]:
+                 evals: int = 20, ratio: float = 0.8,
+                  max_norm: float | None = None, copy_noise: float = 0.0, both_directions: bool = False
+                  ) -> tuple[torch.Tensor, dict]:
     r"""IPM (:math:`-\varepsilon \bar u`, :func:`~hospitrust.attacks.math.update.ipm`) with the
     :math:`\varepsilon` that moves ``rule``'s output furthest from the honest mean
     (:func:`maximise_strength`; ByzFL's ``Optimal_InnerProductManipulation`` with the same search).
@@ -184,6 +264,13 @@ def tailored_ipm(honest: torch.Tensor, rule: Rule, num_malicious: int, *, start:
         Rule evaluations in all.
     ratio : float
         Step shrink factor in (0.5, 1).
+    max_norm : float or None
+        The server's bound on an update's norm (``max-update-norm``): a strength whose row (with its
+        copy noise) could exceed it is never chosen (:func:`within_bound`); None: no bound.
+    copy_noise : float
+        The relative noise each attacker adds to its copy (the caller adds it; the bound accounts for it).
+    both_directions : bool
+        Search the strength both ways from ``start`` (:func:`maximise_strength`); False: ByzFL's search.
 
     Returns
     -------
@@ -196,7 +283,8 @@ def tailored_ipm(honest: torch.Tensor, rule: Rule, num_malicious: int, *, start:
     def craft(eps: float) -> torch.Tensor:
         return ipm(honest, eps) if eps >= 0 else (-eps * mean).to(honest.dtype)
 
-    return _tailored(honest, rule, num_malicious, craft, start, step, evals, ratio)
+    return _tailored(honest, rule, num_malicious, craft, start, step, evals, ratio, max_norm, copy_noise,
+                     both_directions)
 
 
 def _halving_search(success: Callable[[float], bool], gamma_init: float, tol: float, max_iter: int = 200) -> float:
@@ -222,7 +310,8 @@ def _crafted(honest: torch.Tensor, perturbation: str, gamma: float) -> torch.Ten
 
 
 def agr_tailored_selection(honest: torch.Tensor, num_malicious: int, select: Callable[[torch.Tensor], torch.Tensor],
-                           perturbation: str = "unit", *, gamma_init: float = 10.0, tol: float = 1e-5) -> tuple[torch.Tensor, dict]:
+                           perturbation: str = "unit", *, gamma_init: float = 10.0, tol: float = 1e-5,
+                           max_norm: float | None = None) -> tuple[torch.Tensor, dict]:
     r"""AGR-tailored attack on a selection rule: :math:`\tilde u = \bar u + \gamma p` with the largest
     :math:`\gamma` the halving search finds for which the rule selects the malicious rows (all
     of them when it selects at least m rows, else only malicious rows).
@@ -245,6 +334,9 @@ def agr_tailored_selection(honest: torch.Tensor, num_malicious: int, select: Cal
         First :math:`\gamma` (> 0).
     tol : float
         Stop when the step is below this.
+    max_norm : float or None
+        The server's bound on an update's norm: a gamma whose row exceeds it counts as a failure
+        (:func:`within_bound`), so the search ends inside the bound; None: no bound.
 
     Returns
     -------
@@ -256,6 +348,8 @@ def agr_tailored_selection(honest: torch.Tensor, num_malicious: int, select: Cal
 
     def success(gamma: float) -> bool:
         mal = _crafted(honest, perturbation, gamma)
+        if not within_bound(mal, max_norm):
+            return False
         chosen = torch.as_tensor(select(torch.cat([mal.unsqueeze(0).expand(m, -1), honest]))).flatten()
         malicious = int((chosen < m).sum())
         return malicious == min(m, chosen.numel())
@@ -265,7 +359,8 @@ def agr_tailored_selection(honest: torch.Tensor, num_malicious: int, select: Cal
 
 
 def agr_tailored_distance(honest: torch.Tensor, num_malicious: int, rule: Rule, perturbation: str = "unit", *,
-                          gamma_init: float = 10.0, tol: float = 1e-5) -> tuple[torch.Tensor, dict]:
+                          gamma_init: float = 10.0, tol: float = 1e-5, max_norm: float | None = None
+                          ) -> tuple[torch.Tensor, dict]:
     r"""AGR-tailored attack on an averaging rule: :math:`\tilde u = \bar u + \gamma p`, the halving
     search moving :math:`\gamma` up whenever the rule's output moved further from the honest mean
     than at the previous try (the authors' code for trimmed mean and median).
@@ -284,6 +379,9 @@ def agr_tailored_distance(honest: torch.Tensor, num_malicious: int, rule: Rule, 
         First :math:`\gamma` (> 0).
     tol : float
         Stop when the step is below this.
+    max_norm : float or None
+        The server's bound on an update's norm: a gamma whose row exceeds it counts as a failure
+        (:func:`within_bound`), so the search ends inside the bound; None: no bound.
 
     Returns
     -------
@@ -300,6 +398,8 @@ def agr_tailored_distance(honest: torch.Tensor, num_malicious: int, rule: Rule, 
         return float(torch.linalg.vector_norm(out.double() - honest.double().mean(0)))
 
     def success(gamma: float) -> bool:
+        if not within_bound(_crafted(honest, perturbation, gamma), max_norm):
+            return False
         now = distance(gamma)
         better = now > previous[0]
         previous[0] = now

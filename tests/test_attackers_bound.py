@@ -1,0 +1,202 @@
+"""Simulated attackers are bound by the server's own reply checks (issue 44): a colluding row that a
+reply would not get through (norm above max-update-norm, NaN, a negative BatchNorm variance) is
+rejected and recorded as that reply would be, min-hospitals is checked again, nothing is clipped;
+the adaptive searches keep their strength inside the bound, search both ways and can add copy noise.
+Hand-computed cases, then one small in-process run that shows the record."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from hospitrust.attacks.interfaces import ColludingAttack, RoundView
+from hospitrust.attacks.math import tailored as TA
+from hospitrust.attacks.registry import ATTACKS, build_attack
+from hospitrust.attacks.threat_model import ColludingAdversary
+from hospitrust.strategies import build_strategy
+from hospitrust.strategies.base import AttackerRows
+from hospitrust.strategies.validation import ReplyLimits
+
+# the model: w (3 weights), a BatchNorm variance (2) and an integer counter; updates are (w, running_var)
+GLOBAL = {"w": torch.zeros(3), "bn.running_var": torch.ones(2), "bn.num_batches_tracked": torch.tensor(5)}
+HONEST = [[1.0, 2.0, 2.0, 0.0, 0.0], [2.0, 1.0, 2.0, 0.0, 0.0], [3.0, 3.0, 2.0, 0.0, 0.0]]  # norms 3, 3, 4.69
+
+
+class _Grid:
+    def __init__(self, nodes):
+        self.nodes = list(nodes)
+
+    def get_node_ids(self):
+        return self.nodes
+
+
+def _round(strategy, vectors, steps=()):
+    """Send GLOBAL, answer from node i with GLOBAL + vectors[i]; aggregate with ``steps``."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    messages = sorted(strategy.configure_train(1, ArrayRecord(GLOBAL), ConfigRecord(), _Grid(strategy.hospitals)),
+                      key=lambda m: m.metadata.dst_node_id)
+    replies = []
+    for vec, msg in zip(vectors, messages):
+        v = torch.tensor(vec, dtype=torch.float32)
+        state = {"w": GLOBAL["w"] + v[:3], "bn.running_var": GLOBAL["bn.running_var"] + v[3:],
+                 "bn.num_batches_tracked": torch.tensor(6)}
+        replies.append(Message(RecordDict({"arrays": ArrayRecord(state),
+                                           "metrics": MetricRecord({"num-examples": 10, "train-loss": 0.5})}),
+                               reply_to=msg))
+    return strategy.aggregate_round(1, replies, steps)
+
+
+def _fedavg(min_hospitals=2, max_norm=10.0):
+    hospitals = {101: "a", 102: "b", 103: "c", 104: "d"}
+    return build_strategy("fedavg", hospitals, min_hospitals=min_hospitals, limits=ReplyLimits(max_update_norm=max_norm))
+
+
+class _Sends(ColludingAttack):
+    """A colluding attack that sends a fixed row (hand cases)."""
+
+    name = "sends"
+
+    def __init__(self, row):
+        self.row = torch.tensor(row, dtype=torch.float32)
+
+    def craft(self, honest, num_malicious, *, server_round, generator=None):
+        return self.row.expand(num_malicious, -1).clone()
+
+
+def _attacked(row, malicious=("d",)):
+    return (AttackerRows(ColludingAdversary(_Sends(row), set(malicious), seed=0)),)
+
+
+def _without_nan(entry):
+    return {k: v for k, v in entry.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
+# ------------------------------------------------------------------ the server's re-check, by hand
+def test_an_over_bound_colluding_row_is_rejected_and_recorded_as_a_reply_would_be():
+    over = [-60.0, -60.0, -60.0, 0.0, 0.0]  # norm 103.9 > 10
+    result = _round(_fedavg(), HONEST + [[0.1] * 3 + [0.0, 0.0]], _attacked(over))
+    (rejected,) = [c for c in result.clients if c["rejected"]]
+    assert rejected["hospital"] == "d" and rejected["reason"] == "update norm 103.9 exceeds the bound 10 (max-update-norm)"
+    # the same update sent as a reply: rejected by check_train_reply with the same record
+    as_reply = _round(_fedavg(), HONEST + [over])
+    (reply_entry,) = [c for c in as_reply.clients if c["rejected"]]
+    assert _without_nan(rejected) == _without_nan(reply_entry)
+    assert set(rejected) == set(reply_entry)
+    # the round goes on with the three valid replies, none clipped: FedAvg's mean of the honest rows
+    assert not result.kept_previous_model and result.metrics["valid-replies"] == 3
+    state = result.arrays.to_torch_state_dict()
+    torch.testing.assert_close(state["w"], torch.tensor([2.0, 2.0, 2.0]))
+    torch.testing.assert_close(state["bn.running_var"], torch.ones(2))
+    assert [c["hospital"] for c in result.clients if not c["rejected"]] == ["a", "b", "c"]
+
+
+def test_too_few_valid_rows_after_the_check_keep_the_previous_model():
+    result = _round(_fedavg(min_hospitals=4), HONEST + [[0.1] * 3 + [0.0, 0.0]], _attacked([-60.0] * 3 + [0.0, 0.0]))
+    assert result.kept_previous_model and result.arrays is None
+    assert result.note == "3 valid replies < min-hospitals 4: kept the previous model"
+    assert result.metrics["valid-replies"] == 3
+    assert [(c["hospital"], c["rejected"], c["weight"]) for c in result.clients] == [
+        ("d", True, 0.0), ("a", False, 0.0), ("b", False, 0.0), ("c", False, 0.0)]
+
+
+@pytest.mark.parametrize("row, reason", [
+    ([float("nan"), 0.0, 0.0, 0.0, 0.0], "arrays contain NaN or Inf: ['w']"),
+    ([0.0, 0.0, 0.0, -3.0, 0.0], "array 'bn.running_var' (a BatchNorm variance) has negative entries"),
+    ([10.0, 0.0, 0.0, 0.0, 0.0], None),  # exactly the bound: accepted, as a reply is
+])
+def test_every_reply_check_on_an_update_applies_to_a_colluding_row(row, reason):
+    result = _round(_fedavg(), HONEST + [[0.1] * 3 + [0.0, 0.0]], _attacked(row))
+    as_reply = _round(_fedavg(), HONEST + [row])
+    for res in (result, as_reply):
+        assert [c["reason"] for c in res.clients if c["rejected"]] == ([reason] if reason else [])
+    if reason is None:  # accepted and averaged as sent: (1+2+3+10)/4
+        torch.testing.assert_close(result.arrays.to_torch_state_dict()["w"], torch.tensor([4.0, 1.5, 1.5]))
+
+
+def test_a_step_that_is_not_an_attackers_is_not_rechecked():
+    """Pre-aggregation and other steps return rows made from checked ones: no second check (a run
+    without a colluding attack aggregates exactly as before)."""
+    def blow_up(server_round, updates, hospitals):
+        return updates * 100.0  # norms 300+: would fail the check
+
+    result = _round(_fedavg(), HONEST + [[0.1] * 3 + [0.0, 0.0]], (blow_up,))
+    assert not any(c["rejected"] for c in result.clients) and result.metrics["valid-replies"] == 4
+
+
+# ------------------------------------------------------------------ the adaptive searches stay inside the bound
+def test_both_directions_finds_a_maximum_below_the_start_by_hand():
+    def objective(x):
+        return -((x + 3.0) ** 2)
+
+    # 0 (-9), +1 (-16: no), -1 (-4: yes, direction -), -3 (0: yes), -7 (-16: no), then -3 -/+ 3.2: evals spent
+    assert TA.maximise_strength(objective, step=1.0, evals=6, both_directions=True) == (-3.0, 0.0)
+    # ByzFL's one-way search never leaves 0 in that direction
+    assert TA.maximise_strength(objective, step=1.0, evals=6) == (0.0, -9.0)
+
+
+def test_tailored_ipm_never_sends_a_row_above_the_bound():
+    honest = torch.tensor(HONEST)[:, :3]  # mean (2, 2, 2), norm 3.464
+    rule = functools.partial(torch.mean, dim=0)  # on the mean IPM's distance grows with |eps| without end
+    free, found_free = TA.tailored_ipm(honest, rule, 2)
+    assert float(free.norm()) > 10.0  # unbounded, the search goes far past any bound
+    for both in (False, True):
+        tried = []
+
+        def watched(stack):
+            tried.append(float(stack[-1].norm()))
+            return rule(stack)
+
+        row, found = TA.tailored_ipm(honest, watched, 2, max_norm=10.0, both_directions=both, evals=20)
+        assert float(row.norm()) <= 10.0 * (1 - TA.BOUND_MARGIN)
+        assert max(tried) <= 10.0 and float(row.norm()) > 9.0  # only rows inside were evaluated; it gets close
+        # eps >= 0 moves the mean by m (1 + eps) / (h + m) |mean|: the found distance, by hand
+        eps = found["strength"]
+        assert eps > 0 and found["distance"] == pytest.approx(2 * (1 + eps) / 5 * 3.4641016, rel=1e-5)
+
+
+def test_tailored_attacks_with_copy_noise_keep_every_copy_inside_the_bound():
+    honest = torch.tensor(HONEST)[:, :3]
+    updates = torch.cat([honest, torch.zeros(3, 3)])
+    view = RoundView(1, updates, ["a", "b", "c", "d", "e", "f"], [3, 4, 5], rule=functools.partial(torch.mean, dim=0),
+                     generator=torch.Generator().manual_seed(1), max_norm=10.0)
+    for name in ("tailored-ipm", "tailored-alie"):
+        attack = build_attack(name, {name: ATTACKS[name].Options(copy_noise=0.3)})
+        rows, info = attack.craft_round(view)
+        norms = torch.linalg.vector_norm(rows, dim=1)
+        assert bool((norms <= 10.0).all()) and info["norm"] == pytest.approx(float(norms.max()))
+        assert not torch.equal(rows[0], rows[1]) and not torch.equal(rows[1], rows[2])  # not identical copies
+
+
+def test_agr_tailored_keeps_gamma_inside_the_bound():
+    honest = torch.tensor(HONEST)[:, :3]
+    rule = functools.partial(torch.mean, dim=0)
+    free, _ = TA.agr_tailored_distance(honest, 2, rule)
+    bounded, found = TA.agr_tailored_distance(honest, 2, rule, max_norm=5.0)
+    assert float(free.norm()) > 5.0 and float(bounded.norm()) <= 5.0 and found["gamma"] > 0
+
+
+# ------------------------------------------------------------------ a real run: the record
+def test_an_in_process_run_records_the_rejected_colluding_row(tmp_path, data_dir, monkeypatch):
+    from conftest import small_run_config
+    from hospitrust.ops.inprocess import run_inprocess
+    from hospitrust.server_app.results import read_rounds
+
+    cfg = small_run_config(tmp_path, **{"num-server-rounds": 1, "train-subsample": 0.03, "attack": "ipm",
+                                        "ipm.eps": 1e7, "malicious-hospitals": "0", "max-update-norm": 100.0,
+                                        "run-name": "r"})
+    run_inprocess(cfg, 4)
+    (line,) = read_rounds(tmp_path / "runs" / "r")
+    bad = [c for c in line["clients"] if c.get("malicious")]
+    assert len(bad) == 1 and bad[0]["rejected"] and bad[0]["weight"] == 0.0
+    assert bad[0]["reason"].startswith("update norm ") and bad[0]["reason"].endswith(
+        "exceeds the bound 100 (max-update-norm)")
+    good = [c for c in line["clients"] if not c.get("malicious")]
+    assert len(good) == 3 and not any(c["rejected"] for c in good)
+    assert all(c["update_norm"] <= 100.0 for c in good)
+    assert not line.get("kept_previous_model")
+
