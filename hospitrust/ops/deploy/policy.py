@@ -82,7 +82,8 @@ class SitePolicy(Options):
 @dataclass(frozen=True)
 class ChildLimits:
     """What the launcher sets on a ClientApp's process (the site policy's ``max-cpu-seconds``, ``max-memory-mb``,
-    ``max-wall-seconds``; None: no limit)."""
+    ``max-wall-seconds``; None: no limit).
+    """
 
     cpu_seconds: int | None = None
     memory_mb: int | None = None
@@ -90,7 +91,8 @@ class ChildLimits:
 
     def apply(self) -> None:
         """Set the CPU and memory limits on this process (the forked child, before it imports the bundle): soft and
-        hard alike, so the bundle's code cannot raise them again."""
+        hard alike, so the bundle's code cannot raise them again.
+        """
         import resource
 
         if self.cpu_seconds is not None:
