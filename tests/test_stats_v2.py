@@ -60,7 +60,7 @@ def test_sign_flip_matches_scipys_permutation_test_and_draws_beyond_sixteen_seed
     d = np.random.default_rng(3).normal(0.02, 0.05, size=12)
     theirs = sps.permutation_test((d,), lambda x, axis: np.mean(x, axis=axis), permutation_type="samples",
                                   n_resamples=np.inf, vectorized=True).pvalue
-    assert stats.sign_flip_pvalue(d) == pytest.approx(theirs, rel=1e-12)
+    assert stats.sign_flip_pvalue(d) == pytest.approx(theirs, rel=1e-12)  # float64
     # 20 differences of one sign: 2 of 2^20 patterns are as far; the drawn test says (b + 1) / (R + 1) with b about 0
     p = stats.sign_flip_pvalue(np.linspace(0.01, 0.2, 20))
     assert p == pytest.approx(1 / (stats.SIGN_FLIP_RESAMPLES + 1), abs=3 / stats.SIGN_FLIP_RESAMPLES)
