@@ -17,8 +17,10 @@ It prints one JSON line per child on stdout (``started``, ``exited`` with exit c
 and seconds), which ``hospitrust deploy supernode``'s watchdog reads.
 
 Fault injection for the watchdog's tests: ``HOSPITRUST_LAUNCHER_FAULT=die-before-read@N`` (the
-N-th child exits before it reads its message) or ``hang@N`` (it never starts); ``KIND@N/G``
-applies after the supervisor's G-th restart.
+N-th child exits with 17 before it reads its message), ``exit-0-before-read@N`` (it exits 0 before
+reading it, as a ClientApp whose task token Flower refused does: the SuperNode then waits for a reply
+that never comes) or ``hang@N`` (it never starts); ``KIND@N/G`` applies after the supervisor's G-th
+restart.
 """
 
 from __future__ import annotations
@@ -102,6 +104,8 @@ def _child(runtime_api_address: str, token: str, fault: str, gate_config=None) -
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         if fault == "die-before-read":
             os._exit(17)
+        if fault == "exit-0-before-read":
+            os._exit(0)
         if fault == "hang":
             while True:
                 time.sleep(3600)
