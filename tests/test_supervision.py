@@ -323,3 +323,33 @@ def test_the_supervisor_restarts_a_supernode_left_waiting_by_a_clientapp_that_ex
         proc.terminate()
         proc.wait(30)
     _wait(lambda: not _with_marker(marker), 15, "nothing left after the supervisor stopped")
+
+
+def test_a_bundle_is_installed_all_or_nothing(tmp_path):
+    """Flower copies a bundle into $FLWR_HOME/apps/NAME file by file and reuses that folder whenever it exists: a
+    ClientApp killed while installing (a watchdog restart) left a folder without pyproject.toml, and every later
+    message of that bundle failed with LoadClientAppError (seen on the test federation)."""
+    from hospitrust.supervision.launcher import atomic_install
+
+    def flower_install(fab, install_dir, skip_prompt):  # what validate_and_install does, file by file
+        target = Path(install_dir) / "apps" / "hospitrust.hospitrust.0.1.0.abcdef01"
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "README.md").write_text("x")
+        if fab == b"killed":
+            raise SystemExit(143)  # killed before pyproject.toml was copied
+        (target / "pyproject.toml").write_text("[project]\n")
+        return target
+
+    home = tmp_path / "flwr"
+    broken = home / "apps" / "hospitrust.hospitrust.0.1.0.abcdef01"
+    broken.mkdir(parents=True)  # what a kill left before this change
+    (broken / "README.md").write_text("x")
+    install = atomic_install(flower_install)
+    try:
+        install(b"killed", home, True)
+    except SystemExit:
+        pass
+    assert not (broken / "pyproject.toml").exists() and sorted(p.name for p in (home / "apps").iterdir()) == [broken.name]
+    assert install(b"ok", home, True) == broken and (broken / "pyproject.toml").is_file()
+    assert sorted(p.name for p in (home / "apps").iterdir()) == [broken.name]  # no staging folder left
+    assert install(b"ok", home, True) == broken  # installed already: kept

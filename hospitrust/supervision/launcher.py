@@ -89,6 +89,40 @@ def _fault(launched: int) -> str:
     return ""
 
 
+def atomic_install(install):
+    """Flower's ``install_from_fab`` made all-or-nothing: it copies a bundle into ``$FLWR_HOME/apps/NAME`` file by file,
+    and reuses that folder whenever it exists, so a ClientApp killed while installing (a watchdog restart, the OOM
+    killer) left a folder without its ``pyproject.toml`` that failed every later message of that bundle at this
+    hospital (``LoadClientAppError``). This installs into a staging folder beside it and renames it into place; a
+    folder left incomplete by an earlier kill is replaced.
+    """
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    def install_from_fab(fab_file, install_dir=None, skip_prompt=False):
+        from flwr.common.constant import APP_DIR
+        from flwr.supercore.utils import get_flwr_home
+
+        base = Path(install_dir).expanduser() if install_dir else get_flwr_home()
+        (base / APP_DIR).mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".installing-", dir=base / APP_DIR))
+        try:
+            staged = Path(install(fab_file, staging, skip_prompt))
+            final = base / APP_DIR / staged.name
+            if final.exists() and not (final / "pyproject.toml").is_file():
+                shutil.rmtree(final, ignore_errors=True)  # left incomplete by a ClientApp killed while installing
+            try:
+                os.rename(staged, final)
+            except OSError:  # another ClientApp installed the same bundle meanwhile: theirs is complete
+                pass
+            return final
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    return install_from_fab
+
+
 def _child(runtime_api_address: str, token: str, fault: str, gate_config=None) -> None:
     """In the forked child: run one ClientApp task with Flower's own runtime; never returns.
 
@@ -119,7 +153,10 @@ def _child(runtime_api_address: str, token: str, fault: str, gate_config=None) -
         import torch
 
         torch.set_num_threads(int(threads) if threads.isdigit() else (os.cpu_count() or 1))
+        from flwr.supernode.runtime import run_clientapp as rc
         from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+        rc.install_from_fab = atomic_install(rc.install_from_fab)  # type: ignore[assignment]  # after the gate's wrap
 
         profile_dir = os.environ.get(PROFILE_ENV, "")
         if profile_dir:  # diagnostics: where a ClientApp's time goes, one .prof file per task
