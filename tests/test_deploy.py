@@ -229,6 +229,9 @@ def test_a_supernode_killed_mid_run_is_recorded_and_the_run_completes_with_feder
     assert "hospital-2" in first["missing"] + first["offline"], (
         f"missing={first['missing']}; offline={first['offline']}; hospital-2's entry: {by.get('hospital-2')}; "
         f"asked={first['asked']}\n" + fed.diagnostics(fed.work / "runs" / "killed"))
+    if "hospital-2" in first["missing"]:  # asked, then killed: Flower answers for it once it is offline
+        assert first["node_unavailable"] == ["hospital-2"] and first["unresponsive"] == [], (
+            f"{first['node_unavailable']=} {first['unresponsive']=}\n" + fed.diagnostics(fed.work / "runs" / "killed"))
     for r in rounds:
         assert "hospital-2" in r["missing"] + r["offline"], fed.diagnostics(fed.work / "runs" / "killed")
         valid = {c["hospital"] for c in r["clients"] if not c.get("rejected")}

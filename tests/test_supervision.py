@@ -353,3 +353,34 @@ def test_a_bundle_is_installed_all_or_nothing(tmp_path):
     assert install(b"ok", home, True) == broken and (broken / "pyproject.toml").is_file()
     assert sorted(p.name for p in (home / "apps").iterdir()) == [broken.name]  # no staging folder left
     assert install(b"ok", home, True) == broken  # installed already: kept
+
+
+def test_a_task_handed_out_twice_is_one_message(monkeypatch):
+    """Seen on the test federation: a ClientApp paused before it started its task; Flower handed the task out again
+    after 30 s, the second ClientApp replied and exited 0, and the next message arrived. Before, the second `started`
+    of the same task was kept for the next message, whose task it was taken to be: the exit restarted the SuperNode
+    and that message was lost."""
+    s = _watchdog(monkeypatch)
+    s._supernode_line(RECEIVING)
+    s._launcher_line(_event("started", 17, n=2))  # paused before it pulled its message
+    s._launcher_line(_event("started", 17, n=3))  # the same task, handed out again
+    s._launcher_line(_event("exited", 17, seconds=3.1, rc=0))  # replied: its reply reaches the SuperNode next
+    s._supernode_line(SENDING)
+    s._supernode_line(SENT)
+    s._supernode_line(RECEIVING.replace("train", "evaluate"))
+    s._launcher_line(_event("started", 18, n=4))
+    assert s.check() is None
+    assert [m.task_id for m in s.inflight.messages] == [18]
+    s._launcher_line(_event("exited", 17, seconds=70.0, rc=0))  # the paused one, resumed: its token refused
+    assert s.check() is None
+
+
+def test_the_first_clientapp_of_a_task_handed_out_twice_exiting_is_not_a_hang_while_the_second_works(monkeypatch):
+    s = _watchdog(monkeypatch)
+    s._supernode_line(RECEIVING)
+    s._launcher_line(_event("started", 17, n=2))
+    s._launcher_line(_event("started", 17, n=3))
+    s._launcher_line(_event("exited", 17, seconds=70.0, rc=0))  # the first, resumed: its token refused
+    assert s.check() is None  # the second still works on the message
+    s._launcher_line(_event("exited", 17, seconds=9.0, rc=0))  # the second, and no reply came
+    assert "(task 17) ended with exit code 0 after 9.0 s and its message is still open" in (s.check() or "")

@@ -238,13 +238,21 @@ class Inflight:
     """
 
     messages: list[Message] = field(default_factory=list)
-    unclaimed: list[int] = field(default_factory=list)  # tasks started before their message's line was read
+    #: (when, task id) of tasks started before their message's line was read: the next ``Receiving:`` within
+    #: ``UNCLAIMED_SECONDS`` is theirs
+    unclaimed: list[tuple[float, int]] = field(default_factory=list)
+    seen: set[int] = field(default_factory=set)  # every task id started since the SuperNode (re)started
+    running: dict[int, int] = field(default_factory=dict)  # task id -> its ClientApps still running
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    UNCLAIMED_SECONDS = 5.0
 
     def line(self, text: str) -> None:
         with self.lock:
             if RECEIVING in text:
-                self.messages.append(Message(time.monotonic(), self.unclaimed.pop(0) if self.unclaimed else None))
+                now = time.monotonic()
+                self.unclaimed = [(t, task) for t, task in self.unclaimed if now - t < self.UNCLAIMED_SECONDS]
+                self.messages.append(Message(now, self.unclaimed.pop(0)[1] if self.unclaimed else None))
             elif SENDING in text:
                 waiting = [m for m in self.messages if m.sending_since is None]
                 if waiting:
@@ -253,17 +261,33 @@ class Inflight:
                 self.messages.pop(0)
 
     def started(self, task_id: int) -> None:
-        """The launcher started a ClientApp for ``task_id``: the oldest open message without a task is its."""
+        """The launcher started a ClientApp for ``task_id``: the oldest open message without a task is its.
+
+        A task id seen before is not a new message: Flower hands a task out again when the ClientApp that claimed
+        it did not start within its heartbeat (30 s: paused, or slow to start), so two ClientApps may run one task.
+        """
         with self.lock:
+            self.running[task_id] = self.running.get(task_id, 0) + 1
+            if task_id in self.seen:
+                return
+            self.seen.add(task_id)
             for m in self.messages:
                 if m.task_id is None and m.sending_since is None:
                     m.task_id = task_id
                     return
-            self.unclaimed.append(task_id)
+            self.unclaimed.append((time.monotonic(), task_id))
+
+    def exited(self, task_id: int) -> None:
+        with self.lock:
+            self.running[task_id] = max(0, self.running.get(task_id, 0) - 1)
 
     def awaiting_reply(self, task_id: int) -> Message | None:
-        """The open message of ``task_id`` whose reply has not reached the SuperNode (no ``Sending:`` yet)."""
+        """The open message of ``task_id`` whose reply has not reached the SuperNode (no ``Sending:`` yet) and that
+        no ClientApp works on any more.
+        """
         with self.lock:
+            if self.running.get(task_id, 0) > 0:
+                return None
             return next((m for m in self.messages if m.task_id == task_id and m.sending_since is None), None)
 
     def oldest_age(self) -> float:
@@ -284,6 +308,8 @@ class Inflight:
         with self.lock:
             self.messages.clear()
             self.unclaimed.clear()
+            self.seen.clear()
+            self.running.clear()
 
 
 def _pump(stream, sink: Callable[[str], None]) -> None:
@@ -372,6 +398,7 @@ class Supervisor:
         elif isinstance(event, dict) and event.get("launcher") == "exited" and isinstance(event.get("task_id"), int):
             rc = int(event.get("rc", 0))
             how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
+            self.inflight.exited(int(event["task_id"]))
             self.exited.append((time.monotonic(), int(event["task_id"]),
                                 f"ClientApp process {event.get('pid')} (task {event.get('task_id')}) ended with {how} "
                                 f"after {event.get('seconds')} s"))
