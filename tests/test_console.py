@@ -63,6 +63,34 @@ def test_alerts_name_the_exclusions_the_non_finite_update_and_who_went_offline()
                                                                         rare=set()))  # once, when it goes offline
 
 
+def test_rows_say_what_flower_said_node_unavailable_rejoined_and_an_offline_hospital_has_no_accuracy():
+    record = {"round": 2, "clients": [{"hospital": "h0", "weight": 1.0, "rejected": False}], "missing": ["h1", "h2"],
+              "node_unavailable": ["h1"], "unresponsive": ["h2"], "offline": ["h4"], "rejoined": ["h3", "h0"],
+              "hospital_accuracy": {"h0": 0.7, "h3": 0.6, "h4": 0.5}}
+    rows = {r["hospital"]: r for r in views.hospital_rows(record, ["h0", "h1", "h2", "h3", "h4"], ground_truth=False)}
+    assert rows["h1"]["status"] == "node unavailable" and "Node Unavailable" in rows["h1"]["reason"]
+    assert "reply-timeout" not in rows["h1"]["reason"] and not rows["h1"]["online"]
+    assert rows["h2"]["status"] == "missing" and rows["h2"]["reason"].endswith("(unresponsive)")
+    assert rows["h3"]["status"] == "rejoined" and rows["h3"]["online"] and rows["h3"]["accuracy"] == 0.6
+    assert rows["h0"]["status"] == "replied" and rows["h0"]["reason"] == "back after missing the previous round"
+    assert rows["h4"]["status"] == "offline" and rows["h4"]["accuracy"] is None  # whatever the record holds
+    alerts = {(a["kind"], a["hospital"]): a["text"] for a in
+              views.round_alerts(record, offline_before=set(), ground_truth=False, rare=set())}
+    assert alerts[("node-unavailable", "h1")].startswith("round 2: h1 unavailable: Flower answered Node Unavailable")
+    assert ("missing", "h1") not in alerts and ("missing", "h2") in alerts and ("rejoined", "h3") in alerts
+
+
+def test_the_round_in_flight_keeps_a_node_unavailable_apart_from_the_late(tmp_path):
+    from hospitrust.console.progress import round_in_flight
+
+    path = tmp_path / "progress.jsonl"
+    path.write_text("\n".join(json.dumps(e) for e in [
+        {"time": 100.0, "round": 1, "event": "asked", "reply_timeout": 60, "hospitals": ["a", "b"]},
+        {"time": 101.0, "round": 1, "event": "unavailable", "hospital": "b", "reason": "node unavailable: ..."}]) + "\n")
+    f = round_in_flight(path, 0, now=150.0)
+    assert f["unavailable"] == {"b": "node unavailable: ..."} and f["waiting"] == ["a"] and f["late"] == ["a"]
+
+
 def test_rare_holders_are_those_with_a_fair_share_of_the_rarest_class():
     assert views.rare_holders({"a": [10, 6], "b": [10, 0], "c": [10, 1]}) == {"a"}  # class 1: 7 in all, fair 2.33
 
@@ -354,3 +382,60 @@ def test_the_live_page_shows_a_late_hospital_while_its_round_is_in_flight(browse
         browser.save_screenshot(str(ARTIFACTS / "console-late.png"))
         run_thread.join(timeout=120)
         wait_for(browser, lambda d: not d.find_element("id", "in-flight").is_displayed(), timeout=30, what="the round done")
+
+
+@pytest.mark.slow
+def test_the_live_page_lists_a_query_round_failure_closes_a_stopped_runs_panel_and_labels_a_killed_hospital(
+        hta_run, browser, tmp_path):
+    """Issue 47: a run that failed in its query round (only failed.json) is listed with why, and its page opens
+    (before: absent, and `Error: 404 Not Found`), naming the silent node by the name another run learnt; a stopped
+    run's in-flight panel is closed (before: "round 2 in progress: 0 of 3 replied, waiting 868.5 s", every hospital
+    red "late"); a hospital whose SuperNode was killed is "node unavailable", as Flower said, not "no reply"."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    done = _copy_run(hta_run, runs / "done")
+    names = json.loads((done / "config.json").read_text())["hospitals"]
+    silent = next(nid for nid, name in names.items() if name == "hospital-2")
+    failed = runs / "query-failed"
+    failed.mkdir()
+    (failed / "failed.json").write_text(json.dumps({"error": (
+        f"RuntimeError: only 2 hospital(s) answered the query round; min-hospitals is 3; left out:\n  node {silent}: "
+        "unresponsive: online at the SuperLink but did not answer the query within reply-timeout (60 s)"),
+        "time": "2026-12-03T08:00:00+00:00", "traceback": ""}))
+    stopped = _copy_run(hta_run, runs / "stopped", finished=False, age=3600)
+    (stopped / "progress.jsonl").write_text(json.dumps({"time": time.time() - 900, "round": 2, "event": "asked",
+                                                        "reply_timeout": 60, "hospitals": list(names.values())}) + "\n")
+    killed = _copy_run(hta_run, runs / "killed")
+    rounds = [json.loads(line) for line in (killed / "rounds.jsonl").read_text().splitlines()]
+    last = rounds[-1]
+    last["clients"] = [c for c in last["clients"] if c["hospital"] != "hospital-1"]
+    last["missing"], last["node_unavailable"], last["unresponsive"] = ["hospital-1"], ["hospital-1"], []
+    last.get("hospital_accuracy", {}).pop("hospital-1", None)
+    (killed / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
+    with serving_console(runs) as base:
+        browser.get(base + "/")
+        wait_for(browser, lambda d: len(d.find_elements("css selector", "#runs tr")) >= 5, what="the run list")
+        listed = {r.text.split()[0]: r.text for r in browser.find_elements("css selector", "#runs tr")[1:]}
+        assert "failed" in listed["query-failed"] and "answered the query round" in listed["query-failed"], listed
+        assert f"hospital-2 (node {silent}): unresponsive" in listed["query-failed"], listed
+
+        browser.get(base + "/#/run/query-failed")
+        wait_for(browser, lambda d: "query-failed" in d.find_element("id", "run-head").text, what="the failed run's page")
+        assert "404" not in browser.find_element("id", "app").text
+        assert "failed: RuntimeError: only 2 hospital(s) answered" in browser.find_element("id", "run-head").text
+
+        browser.get(base + "/#/run/stopped")
+        wait_for(browser, lambda d: "stopped" in d.find_element("id", "run-head").text, what="the stopped run's page")
+        time.sleep(0.5)  # a poll later: the panel stays closed
+        panel = browser.find_element("id", "in-flight")
+        assert not panel.is_displayed() and not browser.find_elements("css selector", "#in-flight .late")
+
+        browser.get(base + "/#/run/killed")
+        wait_for(browser, lambda d: d.find_elements("css selector", '#hospitals tr[data-hospital="hospital-1"]'),
+                 what="the killed hospital's row")
+        row = browser.find_element("css selector", '#hospitals tr[data-hospital="hospital-1"]')
+        assert "node unavailable" in row.text and "Flower answered Node Unavailable" in row.text, row.text
+        assert "reply-timeout" not in row.text
+        assert "hospital-1 unavailable: Flower answered Node Unavailable" in browser.find_element("id", "alerts").text
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(ARTIFACTS / "console-node-unavailable.png"))

@@ -110,3 +110,16 @@ def test_a_failed_supernode_list_names_the_tunnel(tmp_path, monkeypatch):
     _fake_flwr(tmp_path, monkeypatch, {"success": False, "error-message": "connection refused"})
     with pytest.raises(DeployError, match="connection refused.*hospitrust deploy tunnel consortium"):
         hs.list_nodes("consortium")
+
+
+def test_a_hospital_left_out_as_a_node_id_keeps_its_name(runs):
+    """A later run's query found hospital 222 silent (`node 222`, unresponsive): its name (city, learnt in the first
+    run) is kept, the reason is city's, and no `node 222` row replaces it (before, the placeholder's node id won)."""
+    _run(runs, "fourth", {"111": "st-mary"}, {}, [{"hospital": "node 222", "node_id": 222, "reason": (
+        "unresponsive: online at the SuperLink but did not answer the query within reply-timeout (25 s)")}], age=10)
+    records = hs.read_runs(runs)
+    assert set(records) == {"st-mary", "city"}
+    assert records["city"].left_out[-1].startswith("fourth: unresponsive: online at the SuperLink")
+    rows = {r["node-id"]: r for r in hs.federation_hospitals(NODES, records)}
+    assert rows["222"]["hospital"] == "city"
+    assert [r["hospital"] for r in hs.federation_hospitals(NODES[:1], records)] == ["st-mary", "city"]

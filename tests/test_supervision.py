@@ -177,3 +177,210 @@ def test_each_keys_node_id_is_remembered_for_the_next_supervisor(tmp_path):
     s._supernode_line("\x1b[92mINFO \x1b[0m:      SuperNode ID: 99")
     assert s.node_id == 99 and sv.remembered_node_id(env, str(tmp_path / "c.key")) == 99
     assert sv.Supervisor(s.supernode_cmd, "127.0.0.1:1", message_timeout=30.0, env=env, out=lambda line: None).node_id == 99
+
+
+# ---- the watchdog: a message left open by a ClientApp's exit, matched by task id --------------------------
+
+def _event(kind: str, task_id: int, **fields) -> str:
+    import json
+
+    return json.dumps({"launcher": kind, "time": time.time(), "pid": 4242, "task_id": task_id, **fields})
+
+
+def _watchdog(monkeypatch, **kwargs) -> sv.Supervisor:
+    monkeypatch.setattr(sv, "DIED_GRACE_SECONDS", 0.0)
+    return sv.Supervisor(["flower-supernode"], "127.0.0.1:1", message_timeout=600.0, env={}, out=lambda line: None,
+                         **kwargs)
+
+
+# Flower 1.42's SuperNode lines, as it logs them (with colour codes)
+RECEIVING = "\x1b[92mINFO \x1b[0m:      Receiving: train message (ID: 5f0c)"
+SENDING = "\x1b[92mINFO \x1b[0m:      Sending: train message (ID: 77aa)"
+SENT = "\x1b[92mINFO \x1b[0m:      Sent successfully"
+
+
+def test_a_clientapp_that_exits_0_without_a_reply_restarts_the_supernode(monkeypatch):
+    """The post-crash hang: the ClientApp's token was refused, it exits 0 and no reply ever reaches the SuperNode,
+    which waits for it in `_push_messages` and never pulls again."""
+    s = _watchdog(monkeypatch)
+    s._supernode_line(RECEIVING)
+    s._launcher_line(_event("started", 7, run_id=1, n=1))
+    assert s.check() is None  # the ClientApp is working
+    s._launcher_line(_event("exited", 7, seconds=71.2, rc=0))
+    why = s.check()
+    assert why == ("ClientApp process 4242 (task 7) ended with exit code 0 after 71.2 s and its message is still open: "
+                   "the SuperNode waits for a reply that will never come"), why
+
+
+def test_an_exit_within_the_grace_waits_for_the_supernodes_sending_line(monkeypatch):
+    s = _watchdog(monkeypatch)
+    monkeypatch.setattr(sv, "DIED_GRACE_SECONDS", 0.3)
+    s._supernode_line(RECEIVING)
+    s._launcher_line(_event("started", 7))
+    s._launcher_line(_event("exited", 7, seconds=3.0, rc=0))
+    assert s.check() is None  # within the grace
+    s._supernode_line(SENDING)  # the reply was there: the SuperNode pushes it
+    time.sleep(0.35)
+    assert s.check() is None and not s.exited
+
+
+def test_a_refused_clientapp_exiting_1_after_its_reply_is_not_a_hang_when_the_next_message_arrives(monkeypatch):
+    """Issue 46 finding 8: a refused bundle's ClientApp replies with an error, then exits 1; the next message
+    arrives within the grace. Before, any non-zero exit with any message open restarted the SuperNode (and the
+    next messages failed with `Node Unavailable`)."""
+    s = _watchdog(monkeypatch)
+    s._supernode_line(RECEIVING)
+    s._launcher_line(_event("started", 7))
+    s._supernode_line(SENDING)
+    s._supernode_line(SENT)
+    s._supernode_line(RECEIVING.replace("5f0c", "9d21"))  # the next message, before the first ClientApp exited
+    s._launcher_line(_event("exited", 7, seconds=2.1, rc=1))
+    assert s.check() is None
+    s._launcher_line(_event("started", 8))  # its ClientApp
+    assert s.check() is None and s.inflight.count() == 1
+    # and the exit of a ClientApp whose reply is still going out is not a hang either
+    s._supernode_line(SENDING)
+    s._launcher_line(_event("exited", 8, seconds=2.0, rc=1))
+    assert s.check() is None
+
+
+def test_a_clientapp_that_dies_before_reading_its_message_restarts_the_supernode(monkeypatch):
+    s = _watchdog(monkeypatch)
+    s._supernode_line(RECEIVING)
+    s._launcher_line(_event("started", 3))
+    s._launcher_line(_event("exited", 3, seconds=0.01, rc=-9))
+    assert "(task 3) ended with signal 9" in (s.check() or "")
+
+
+def test_a_reply_stuck_in_sending_restarts_the_supernode(monkeypatch):
+    s = _watchdog(monkeypatch, send_timeout=0.2)
+    s._supernode_line(RECEIVING)
+    s._launcher_line(_event("started", 7))
+    s._supernode_line(SENDING)
+    assert s.check() is None
+    time.sleep(0.25)
+    assert (s.check() or "").startswith("a reply has been in Sending: for 0 s (bound 0.2 s)")
+    s._supernode_line(SENT)
+    assert s.check() is None
+
+
+def test_a_task_started_before_its_message_line_was_read_is_still_matched(monkeypatch):
+    s = _watchdog(monkeypatch)
+    s._launcher_line(_event("started", 11))  # the launcher's pipe read first
+    s._supernode_line(RECEIVING)
+    s._launcher_line(_event("exited", 11, seconds=1.0, rc=0))
+    assert "(task 11)" in (s.check() or "")
+
+
+_FAKE_SUPERNODE = """
+import sys, time
+print("SuperNode ID: 5", flush=True)
+time.sleep(0.5)
+print("INFO :      Receiving: train message (ID: 5f0c)", flush=True)
+print("INFO :      Received successfully", flush=True)
+time.sleep(600)  # waits for a reply that never comes, as Flower's _push_messages does
+"""
+
+_FAKE_LAUNCHER = """
+import json, os, sys, time
+print(json.dumps({"launcher": "ready"}), flush=True)
+sys.stdin.readline()  # the supervisor: the message was received
+generation = os.environ.get("HOSPITRUST_LAUNCHER_GENERATION")
+print(json.dumps({"launcher": "started", "pid": 99, "task_id": 40 + int(generation), "run_id": 1, "n": 1}), flush=True)
+if generation == "0":  # its ClientApp: token refused, exits 0 without a reply
+    print(json.dumps({"launcher": "exited", "pid": 99, "task_id": 40, "seconds": 0.2, "rc": 0}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_supervisor_restarts_a_supernode_left_waiting_by_a_clientapp_that_exited(tmp_path):
+    """Stand-in processes: the SuperNode logs a message received, the launcher's ClientApp for it exits 0 with no
+    reply; the supervisor restarts both (once: the second ClientApp is still working)."""
+    marker = f"h47-{uuid.uuid4().hex}"
+    script = tmp_path / "supervise.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        from hospitrust.supervision import supervisor as sv
+        s = sv.Supervisor({[sys.executable, "-c", _FAKE_SUPERNODE, marker]!r}, "127.0.0.1:1", message_timeout=600.0,
+                          env=dict(__import__("os").environ), out=sv.console_and_file({str(tmp_path / "sup.log")!r}),
+                          launcher_cmd={[sys.executable, "-c", _FAKE_LAUNCHER, marker]!r})
+        sys.exit(s.run(poll=0.2))
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    log = tmp_path / "sup.log"
+    try:
+        started = time.monotonic()
+        _wait(lambda: log.is_file() and "hospitrust watchdog: restarting" in log.read_text(), 30, "the watchdog's restart")
+        assert time.monotonic() - started < 15
+        _wait(lambda: '"task_id": 41' in log.read_text(), 30, "the restarted launcher's task")
+        time.sleep(sv.DIED_GRACE_SECONDS + 1)
+        text = log.read_text()
+        assert text.count("hospitrust watchdog: restarting") == 1, text
+        assert ("restarting the SuperNode and its launcher: ClientApp process 99 (task 40) ended with exit code 0 after "
+                "0.2 s and its message is still open") in text
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    _wait(lambda: not _with_marker(marker), 15, "nothing left after the supervisor stopped")
+
+
+def test_a_bundle_is_installed_all_or_nothing(tmp_path):
+    """Flower copies a bundle into $FLWR_HOME/apps/NAME file by file and reuses that folder whenever it exists: a
+    ClientApp killed while installing (a watchdog restart) left a folder without pyproject.toml, and every later
+    message of that bundle failed with LoadClientAppError (seen on the test federation)."""
+    from hospitrust.supervision.launcher import atomic_install
+
+    def flower_install(fab, install_dir, skip_prompt):  # what validate_and_install does, file by file
+        target = Path(install_dir) / "apps" / "hospitrust.hospitrust.0.1.0.abcdef01"
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "README.md").write_text("x")
+        if fab == b"killed":
+            raise SystemExit(143)  # killed before pyproject.toml was copied
+        (target / "pyproject.toml").write_text("[project]\n")
+        return target
+
+    home = tmp_path / "flwr"
+    broken = home / "apps" / "hospitrust.hospitrust.0.1.0.abcdef01"
+    broken.mkdir(parents=True)  # what a kill left before this change
+    (broken / "README.md").write_text("x")
+    install = atomic_install(flower_install)
+    try:
+        install(b"killed", home, True)
+    except SystemExit:
+        pass
+    assert not (broken / "pyproject.toml").exists() and sorted(p.name for p in (home / "apps").iterdir()) == [broken.name]
+    assert install(b"ok", home, True) == broken and (broken / "pyproject.toml").is_file()
+    assert sorted(p.name for p in (home / "apps").iterdir()) == [broken.name]  # no staging folder left
+    assert install(b"ok", home, True) == broken  # installed already: kept
+
+
+def test_a_task_handed_out_twice_is_one_message(monkeypatch):
+    """Seen on the test federation: a ClientApp paused before it started its task; Flower handed the task out again
+    after 30 s, the second ClientApp replied and exited 0, and the next message arrived. Before, the second `started`
+    of the same task was kept for the next message, whose task it was taken to be: the exit restarted the SuperNode
+    and that message was lost."""
+    s = _watchdog(monkeypatch)
+    s._supernode_line(RECEIVING)
+    s._launcher_line(_event("started", 17, n=2))  # paused before it pulled its message
+    s._launcher_line(_event("started", 17, n=3))  # the same task, handed out again
+    s._launcher_line(_event("exited", 17, seconds=3.1, rc=0))  # replied: its reply reaches the SuperNode next
+    s._supernode_line(SENDING)
+    s._supernode_line(SENT)
+    s._supernode_line(RECEIVING.replace("train", "evaluate"))
+    s._launcher_line(_event("started", 18, n=4))
+    assert s.check() is None
+    assert [m.task_id for m in s.inflight.messages] == [18]
+    s._launcher_line(_event("exited", 17, seconds=70.0, rc=0))  # the paused one, resumed: its token refused
+    assert s.check() is None
+
+
+def test_the_first_clientapp_of_a_task_handed_out_twice_exiting_is_not_a_hang_while_the_second_works(monkeypatch):
+    s = _watchdog(monkeypatch)
+    s._supernode_line(RECEIVING)
+    s._launcher_line(_event("started", 17, n=2))
+    s._launcher_line(_event("started", 17, n=3))
+    s._launcher_line(_event("exited", 17, seconds=70.0, rc=0))  # the first, resumed: its token refused
+    assert s.check() is None  # the second still works on the message
+    s._launcher_line(_event("exited", 17, seconds=9.0, rc=0))  # the second, and no reply came
+    assert "(task 17) ended with exit code 0 after 9.0 s and its message is still open" in (s.check() or "")

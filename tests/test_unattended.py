@@ -7,6 +7,7 @@ Each test leaves the hospitals as it found them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -202,3 +203,65 @@ def test_a_hospital_online_that_never_answers_is_recorded_unresponsive(federatio
     assert "unresponsive" in fed.run_log(run_id)
     assert _answered(_rounds(run_dir)[0]) == {"st-mary", "hospital-2"}
     assert json.loads((run_dir / "summary.json").read_text())["failed_hospitals"] == [entry]
+
+
+def _launcher_of(fed, name: str) -> psutil.Process:
+    """Hospital ``name``'s ClientApp launcher (not a ClientApp forked from it: they carry its command line)."""
+    deadline = time.monotonic() + 60
+    while True:
+        children = psutil.Process(fed.procs[name].pid).children(recursive=True)
+        matches = [p for p in children if "hospitrust.supervision.launcher" in " ".join(_cmdline(p))]
+        launcher = [p for p in matches if _ppid(p) not in {q.pid for q in matches}]
+        if len(launcher) == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(launcher) == 1, [(p.pid, _ppid(p), _cmdline(p)) for p in matches]
+    return launcher[0]
+
+
+TOKEN_LAPSE = 65  # Flower 1.42 drops a task's token 60 s (2 x 30 s) after its last heartbeat
+
+
+def test_a_clientapp_paused_past_its_token_leaves_its_hospital_healed_within_a_minute_of_the_resume(federation):
+    """Issue 47's recipe without the SuperLink kill: hospital-2's round-1 ClientApp is paused (SIGSTOP) past Flower's
+    task heartbeat (60 s), as one in flight across a SuperLink crash is, then resumed: Flower refuses its token and
+    it exits 0. Within a minute of the resume its SuperNode is free again: Flower's own error reply for a lapsed task
+    whose message it had pulled went out, or (its message not pulled yet: no reply ever) the watchdog restarted it.
+    The next run, which needs all three hospitals, gets hospital-2's answers, without the fixture's own restart."""
+    fed, name = federation, "hospital-2"
+    run_dir = fed.work / "runs" / "paused"
+    run_id = fed.submit(run_config(fed, "paused", f"min-hospitals=2 {task_keys(fed)}", reply_timeout=REPLY_TIMEOUT,
+                                   rounds=1))
+    _wait_round_one(fed, run_id, run_dir)
+    launcher, queried = _launcher_of(fed, name), (run_dir / "config.json").stat().st_mtime
+    deadline = time.monotonic() + 120
+    while not (clientapps := [p for p in launcher.children() if p.create_time() > queried
+                              and p.status() != psutil.STATUS_ZOMBIE]):
+        assert time.monotonic() < deadline, "hospital-2's round-1 ClientApp never started\n" + fed.tail(name)
+        time.sleep(0.2)
+    for p in clientapps:
+        p.suspend()
+    try:
+        time.sleep(TOKEN_LAPSE)
+    finally:
+        for p in clientapps:
+            with contextlib.suppress(psutil.NoSuchProcess):  # gone with a restart of its SuperNode meanwhile
+                p.resume()
+    resumed = time.monotonic()
+    while name in fed.busy():  # its current session still has a message without its reply
+        assert time.monotonic() - resumed < 60, "not healed within 60 s of the resume\n" + fed.tail(name)
+        time.sleep(0.5)
+    healed_after = time.monotonic() - resumed
+    status, details = fed.wait(run_id)
+    assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}"
+    restarted = list(fed.restarted)
+    res = fed.flwr("run", str(fed.app), "tls", "--run-config",
+                   run_config(fed, "after-pause", f"min-hospitals=3 {task_keys(fed)}", reply_timeout=REPLY_TIMEOUT,
+                              rounds=1), "--format", "json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    after = int(json.loads(res.stdout)["run-id"])
+    status, details = fed.wait(after)
+    assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(after)}\n{fed.tail(name)}"
+    assert fed.restarted == restarted
+    assert name in _answered(_rounds(fed.work / "runs" / "after-pause")[0]), (
+        f"free {healed_after:.0f} s after the resume, yet silent\n" + fed.diagnostics(fed.work / "runs" / "after-pause"))

@@ -318,7 +318,7 @@ def _start_supernode(args, node_config: dict[str, object]) -> int:
         return _exec(cmd, args.dry_run)
     print("$ " + shlex.join(cmd), flush=True)
     print(f"  with ClientApps forked by hospitrust's warm launcher from 127.0.0.1:{args.port}; watchdog bound "
-          f"{args.message_timeout:g} s per message", flush=True)
+          f"{args.message_timeout:g} s per message, {args.send_timeout:g} s per reply sent", flush=True)
     from hospitrust.supervision.supervisor import Supervisor, console_and_file
 
     if args.dry_run:
@@ -331,7 +331,8 @@ def _start_supernode(args, node_config: dict[str, object]) -> int:
         log_file = Path(args.log_file).expanduser().resolve()
         log_file.parent.mkdir(parents=True, exist_ok=True)
         print(f"  logging to {log_file} too (without colour codes)", flush=True)
-    return Supervisor(cmd, runtime, message_timeout=args.message_timeout, env={**os.environ, **gate_env},
+    return Supervisor(cmd, runtime, message_timeout=args.message_timeout, send_timeout=args.send_timeout,
+                      env={**os.environ, **gate_env},
                       out=console_and_file(log_file)).run()
 
 
@@ -543,6 +544,9 @@ def add_deploy_parser(sub) -> None:
                                                       "PATH.key, created at the first start")
     p.add_argument("--message-timeout", type=float, default=1800.0,
                    help="watchdog: seconds a message may be in flight before the SuperNode is restarted (default 1800)")
+    p.add_argument("--send-timeout", type=float, default=30.0,
+                   help="watchdog: seconds a reply may stay in Flower's 'Sending:' before the SuperNode is restarted "
+                        "(default 30)")
     p.add_argument("--max-retries", type=int, help="reconnection attempts before giving up (default: unlimited)")
     p.add_argument("--max-wait-time", type=float, help="seconds of reconnecting before giving up (default: unlimited)")
     p.add_argument("--log-file", help="also write the SuperNode's, the launcher's and the watchdog's log to this file "

@@ -54,7 +54,7 @@ def _views(reader: RunReader, hospitals: list[str]) -> tuple[Any, Any, Any]:
         rare = views.rare_holders(reader.class_counts)
         _VIEWS[key] = (views.metric_series(reader.rounds), views.trust_series(reader.rounds, hospitals),
                        views.all_alerts(reader.rounds, ground_truth=reader.ground_truth, rare=rare,
-                                        left_out=reader.config.get("failed-hospitals", [])))
+                                        left_out=reader.left_out))
     return _VIEWS[key]
 
 
@@ -66,11 +66,11 @@ def run_state(reader: RunReader, since: int = 0) -> dict[str, Any]:
     series, trust, every_alert = _views(reader, hospitals)
     # round 0: the hospitals left out at the query round, shown with the first state
     alerts = [a for a in every_alert if a["round"] > since or (since == 0 and a["round"] == 0)]
+    row = reader.row()
     if reader.failure:
-        alerts.append({"round": len(rounds), "kind": "run-failed", "hospital": "",
-                       "text": f"the run failed: {reader.failure.get('error', '')}"})
+        alerts.append({"round": len(rounds), "kind": "run-failed", "hospital": "", "text": f"the run failed: {row['failure']}"})
     return {
-        "run": reader.row(),
+        "run": row,
         "since": since,
         "rounds": len(rounds),
         "hospitals": hospitals,
@@ -80,8 +80,10 @@ def run_state(reader: RunReader, since: int = 0) -> dict[str, Any]:
                   "marks": {h: [r for r in m if r > since] for h, m in trust["marks"].items()}},
         "alerts": alerts,
         "summary": _summary_view(reader.summary),
-        # the round the ServerApp waits on now (none once its record is in rounds.jsonl, or when the run ended)
-        "in_flight": None if reader.summary is not None else round_in_flight(reader.path / PROGRESS, len(rounds)),
+        # the round the ServerApp waits on now: none once its record is in rounds.jsonl, or once the run completed,
+        # stopped or failed (nobody waits any more: its hospitals are not late)
+        "in_flight": (round_in_flight(reader.path / PROGRESS, len(rounds)) if row["status"] == "running"
+                      else None),
     }
 
 
@@ -99,7 +101,7 @@ def round_rows(reader: RunReader, rnd: int) -> dict[str, Any]:
         raise KeyError(f"run {reader.id} has rounds 1..{len(reader.rounds)}, not {rnd}")
     record = reader.rounds[rnd - 1]
     left_out = [{"hospital": f.get("hospital", ""), "status": "left out", "reason": f.get("reason", ""), "signals": [],
-                 "weight": None, "accuracy": None} for f in reader.config.get("failed-hospitals", [])]
+                 "weight": None, "accuracy": None} for f in reader.left_out]
     return {"round": rnd, "rows": views.hospital_rows(record, reader.hospitals, reader.ground_truth) + left_out,
             "asked": record.get("asked"), "note": record.get("note", ""),
             "aggregation_seconds": record.get("aggregation_seconds"), "round_seconds": record.get("round_seconds")}

@@ -13,8 +13,9 @@ LATE_SHARE = 0.5  # a hospital still silent after this share of reply-timeout is
 
 def round_in_flight(path: Path, rounds_done: int, *, late_share: float = LATE_SHARE, now: float | None = None) -> dict[str, Any] | None:
     """The latest round ``progress.jsonl`` shows that ``rounds.jsonl`` does not hold yet: asked, replied,
-    refused (errors, with reasons), and waiting, each waiting hospital late once ``late_share`` of the reply
-    timeout has passed since it was asked. None when no round is in flight.
+    refused (errors, with reasons), unavailable (Flower answered "Node Unavailable" for it), and waiting, each
+    waiting hospital late once ``late_share`` of the reply timeout has passed since it was asked. None when no
+    round is in flight (the caller also shows none once the run stopped or failed).
     """
     try:
         lines = Path(path).read_text().splitlines()
@@ -33,8 +34,10 @@ def round_in_flight(path: Path, rounds_done: int, *, late_share: float = LATE_SH
     asked = next(e for e in mine if e["event"] == "asked")
     replied = [e["hospital"] for e in mine if e["event"] == "replied"]
     errors = {e["hospital"]: e["reason"] for e in mine if e["event"] == "error"}
-    waiting = [h for h in asked["hospitals"] if h not in replied and h not in errors]
+    unavailable = {e["hospital"]: e["reason"] for e in mine if e["event"] == "unavailable"}
+    waiting = [h for h in asked["hospitals"] if h not in replied and h not in errors and h not in unavailable]
     waited = (time.time() if now is None else now) - asked["time"]
     late = waited > late_share * float(asked.get("reply_timeout") or float("inf"))
-    return {"round": current, "asked": asked["hospitals"], "replied": replied, "errors": errors, "waiting": waiting,
+    return {"round": current, "asked": asked["hospitals"], "replied": replied, "errors": errors,
+            "unavailable": unavailable, "waiting": waiting,
             "late": waiting if late else [], "waited_seconds": round(waited, 1), "reply_timeout": asked.get("reply_timeout")}

@@ -4,6 +4,12 @@ A run directory is written by the ServerApp (``hospitrust.server_app.results``);
 only reads it: ``rounds.jsonl`` incrementally (the bytes appended since the last read, whole
 lines only), ``config.json``, ``summary.json``, ``class_counts.csv`` and ``failed.json``. It
 never writes there and never takes the ServerApp's lock for longer than a non-blocking probe.
+A run that failed in its query round has only ``failed.json`` (and ``flower-runs.jsonl``): it is
+listed too, with its error.
+
+Flower knows a SuperNode by node id only; a hospital's name is what its SuperNode said in a query
+round. A node id fixed by the hospital's registered key keeps it across runs, so the console names a
+``node N`` (a hospital silent or unavailable at the query round) from any run that learnt its name.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import csv
 import fcntl
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,8 +31,20 @@ FLOWER_RUNS = "flower-runs.jsonl"  # hospitrust.server_app.results.FLOWER_RUNS (
 FlowerStatus = Callable[[int], tuple[str, str]]
 
 
+#: the files any run directory has, whatever the stage it reached (failed.json: a failure in the query round)
+RUN_FILES = ("config.json", "rounds.jsonl", "failed.json")
+_NODE = re.compile(r"\bnode (\d+)\b")
+
+
 def is_run_dir(path: Path) -> bool:
-    return (path / "config.json").is_file() or (path / "rounds.jsonl").is_file()
+    return any((path / name).is_file() for name in RUN_FILES)
+
+
+def name_nodes(text: str, names: dict[str, str]) -> str:
+    """``text`` with each ``node N`` whose name is known written ``NAME (node N)``."""
+    if not names or "node " not in text:
+        return text
+    return _NODE.sub(lambda m: f"{names[m.group(1)]} (node {m.group(1)})" if m.group(1) in names else m.group(0), text)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -39,8 +58,10 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 class RunReader:
     """One run directory, read incrementally: ``refresh`` parses the rounds appended since."""
 
-    def __init__(self, path: Path, run_id: str, flower_status: FlowerStatus | None = None) -> None:
+    def __init__(self, path: Path, run_id: str, flower_status: FlowerStatus | None = None,
+                 names: Callable[[], dict[str, str]] | None = None) -> None:
         self.path, self.id = Path(path), run_id
+        self.names = names or dict  # node id -> hospital name, from every run the console reads
         self.flower_status = flower_status  # Flower run id -> (status, details), through the operator's connection
         self._flower: tuple[float, tuple[str, str] | None] = (0.0, None)
         self.rounds: list[dict[str, Any]] = []
@@ -214,16 +235,35 @@ class RunReader:
             # the task (a dataset flag is a built-in task): what the run learned
             "task": (self.config.get("task-resolved") or {}).get("name")
             or self.config.get("dataset", (self.summary or {}).get("dataset", "")),
-            "left_out": list(self.config.get("failed-hospitals", [])),
+            "left_out": self.left_out,
             "attack": self.config.get("attack", "none"),
             "privacy": self.config.get("privacy.mode", "off"),  # differential privacy (docs/privacy.md)
             "hospitals": len(self.hospitals),
             "rounds_done": len(self.rounds),
             "rounds_total": self.config.get("num-server-rounds"),
             "balanced_accuracy": central.get("balanced_accuracy"),
-            "failure": (self.failure or {}).get("error", "") or self._flower_failure(status),
-            "updated": _mtime(self.path / "rounds.jsonl") or _mtime(self.path / "config.json"),
+            "failure": name_nodes((self.failure or {}).get("error", "") or self._flower_failure(status), self.names()),
+            "updated": _mtime(self.path / "rounds.jsonl") or _mtime(self.path / "config.json")
+            or _mtime(self.path / "failed.json"),
         }
+
+    @property
+    def left_out(self) -> list[dict[str, Any]]:
+        """The hospitals left out at the query round, a ``node N`` named where another run learnt its name."""
+        names = self.names()
+        out = []
+        for f in self.config.get("failed-hospitals", []):
+            nid = str(f.get("node_id", ""))
+            hospital = str(f.get("hospital", ""))
+            if hospital == f"node {nid}" and nid in names:
+                hospital = f"{names[nid]} (node {nid})"
+            out.append({**f, "hospital": hospital, "reason": name_nodes(str(f.get("reason", "")), names)})
+        return out
+
+    def node_names(self) -> dict[str, str]:
+        """Node id -> hospital name, from this run's query round."""
+        known = self.config.get("hospitals")
+        return {str(k): str(v) for k, v in known.items()} if isinstance(known, dict) else {}
 
 
 def _flower_failure_text(state: tuple[str, str] | None) -> str:
@@ -264,14 +304,22 @@ class RunIndex:
             found = {self.root.name: self.root}
         else:
             found = {}
-            for config in sorted(self.root.glob("*/config.json")) + sorted(self.root.glob("*/*/config.json")):
-                run = config.parent
-                found[str(run.relative_to(self.root))] = run
+            for name in RUN_FILES:  # a run that failed in its query round has only failed.json
+                for record in sorted(self.root.glob(f"*/{name}")) + sorted(self.root.glob(f"*/*/{name}")):
+                    run = record.parent
+                    found.setdefault(str(run.relative_to(self.root)), run)
         for run_id, path in found.items():
             if run_id not in self.readers:
-                self.readers[run_id] = RunReader(path, run_id, self.flower_status)
+                self.readers[run_id] = RunReader(path, run_id, self.flower_status, self.node_names)
         for reader in self.readers.values():
             reader.refresh()
+
+    def node_names(self) -> dict[str, str]:
+        """Node id -> hospital name, from every run's query round (the newest run that saw a node id names it)."""
+        out: dict[str, str] = {}
+        for reader in sorted(self.readers.values(), key=lambda r: _mtime(r.path / "config.json") or 0):
+            out.update(reader.node_names())
+        return out
 
     def get(self, run_id: str) -> RunReader:
         if run_id not in self.readers:

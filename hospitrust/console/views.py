@@ -97,10 +97,15 @@ def signals_of(client: Mapping[str, Any]) -> list[list[str]]:
     return out
 
 
+NODE_UNAVAILABLE = "Flower answered Node Unavailable: its SuperNode sent no heartbeat (killed, or its machine down)"
+
+
 def hospital_rows(record: Mapping[str, Any], hospitals: Sequence[str], ground_truth: bool) -> list[dict[str, Any]]:
     """One row per hospital of the federation for one round: what happened to it and why."""
     by_name = {c["hospital"]: c for c in record.get("clients", [])}
     missing, offline = set(record.get("missing", [])), set(record.get("offline", []))
+    unavailable, rejoined = set(record.get("node_unavailable", [])), set(record.get("rejoined", []))
+    unresponsive = set(record.get("unresponsive", []))
     accuracy = record.get("hospital_accuracy") or {}
     contribution = ((record.get("contribution") or {}).get("hospitals")) or {}
     spent = {b["hospital"]: b for b in record.get("budget_spent", [])}
@@ -116,26 +121,33 @@ def hospital_rows(record: Mapping[str, Any], hospitals: Sequence[str], ground_tr
         elif (privacy.get(name) or {}).get("budget_spent"):  # ran out in an earlier round: not asked again
             status = "budget spent"
             reason = f"since round {privacy[name].get('budget_spent_round', '?')}: {privacy[name].get('reason', '')}".rstrip(": ")
+        elif name in unavailable:  # Flower's own error reply: its SuperNode stopped sending heartbeats
+            status, reason = "node unavailable", NODE_UNAVAILABLE
         elif name in missing:
-            status, reason = "missing", "asked, no reply within reply-timeout"
+            status, reason = "missing", "asked, no reply within reply-timeout" + (
+                " though online at the SuperLink (unresponsive)" if name in unresponsive else "")
         elif name in offline:
             status, reason = "offline", "offline at the SuperLink: not asked"
+        elif name in rejoined:
+            status, reason = "rejoined", "offline when the round began (not asked), back online by its end"
         else:
             status, reason = "not asked", ""
+        if name in rejoined and status == "replied":
+            reason = reason or "back after missing the previous round"
         c = c or {}
         duplicates = c.get("duplicates_of") or []
         rows.append({
             "hospital": name,
             "status": status,
             "reason": reason,
-            "online": status not in ("offline",),
+            "online": status not in ("offline", "node unavailable"),
             "weight": _num(c.get("weight")),
             "num_examples": c.get("num_examples"),
             "flagged": bool(c.get("flagged", False)),
             "malicious": bool(c.get("malicious")) if ground_truth else None,
             "signals": signals_of(c),
             "duplicates_of": list(duplicates),
-            "accuracy": _num(accuracy.get(name)),
+            "accuracy": None if status in ("offline", "node unavailable") else _num(accuracy.get(name)),
             "contribution": {k: _num(v) for k, v in (contribution.get(name) or {}).items()
                              if k in ("fp", "ee", "loo", "ioi", "cos")},
             # local DP: the (epsilon, delta) its own accountant reports after this round (None without DP)
@@ -184,8 +196,15 @@ def round_alerts(record: Mapping[str, Any], *, offline_before: set[str], ground_
     for name in sorted(set(record.get("offline", [])) - offline_before):
         out.append({"round": rnd, "kind": "offline", "hospital": name,
                     "text": f"round {rnd}: {name} went offline at the SuperLink (not asked)"})
+    unavailable = set(record.get("node_unavailable", []))
     for name in record.get("missing", []):
-        out.append({"round": rnd, "kind": "missing", "hospital": name, "text": f"round {rnd}: {name} did not reply"})
+        if name in unavailable:
+            out.append({"round": rnd, "kind": "node-unavailable", "hospital": name,
+                        "text": f"round {rnd}: {name} unavailable: {NODE_UNAVAILABLE}"})
+        else:
+            out.append({"round": rnd, "kind": "missing", "hospital": name, "text": f"round {rnd}: {name} did not reply"})
+    for name in record.get("rejoined", []):
+        out.append({"round": rnd, "kind": "rejoined", "hospital": name, "text": f"round {rnd}: {name} rejoined"})
     if record.get("kept_previous_model"):
         out.append({"round": rnd, "kind": "kept-model", "hospital": "", "text": f"round {rnd}: {record.get('note', '')}"})
     return out

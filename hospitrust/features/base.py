@@ -58,6 +58,9 @@ class Round:
         Node ids of the hospitals asked to train.
     answered : set[int]
         Node ids whose train reply a feature took (``on_replies``): asked, answered, not missing.
+    unavailable : dict[int, str]
+        Node ids asked to train that Flower's SuperLink answered for with "Node Unavailable" (their SuperNode
+        stopped sending heartbeats), with its reason.
     result : RoundResult or None
         What the aggregation decided.
     hospitals_evaluate : bool
@@ -75,6 +78,7 @@ class Round:
     excluded: set[str] = field(default_factory=set)
     asked: list[int] = field(default_factory=list)
     answered: set[int] = field(default_factory=set)
+    unavailable: dict[int, str] = field(default_factory=dict)
     result: RoundResult | None = None
     hospitals_evaluate: bool = False
     evaluate_replies: list[Message] = field(default_factory=list)

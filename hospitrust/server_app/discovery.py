@@ -13,7 +13,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from hospitrust.config import RunConfig
-from hospitrust.server_app.transport import exchange
+from hospitrust.server_app.transport import Sent, node_unavailable
 
 
 def wait_for_nodes(grid: Grid, minimum: int, timeout: float, poll: float = 1.0) -> list[int]:
@@ -69,9 +69,18 @@ def discover_hospitals(grid: Grid, cfg: RunConfig, task: Any = None,
     hospitals: dict[int, str] = {}
     rows: list[dict[str, Any]] = []
     replied: set[int] = set()
-    for reply in exchange(grid, queries, cfg.reply_timeout):
-        nid = int(reply.metadata.src_node_id)
+    sent = Sent(grid, queries, cfg.reply_timeout)
+    for reply in sent.replies():
+        nid = sent.node_of(reply)  # the SuperLink's own error replies come from its node 1: named by their message
         replied.add(nid)
+        if node_unavailable(reply):
+            log(WARNING, "hospitrust: node %d is unavailable (Flower: %s) and is left out", nid,
+                (reply.error.reason or "").strip())
+            if failed is not None:
+                failed.append({"node_id": nid, "hospital": f"node {nid}", "reason": (
+                    "node unavailable: Flower's SuperLink answered for it (its SuperNode stopped sending heartbeats: "
+                    "killed, or its machine down)")})
+            continue
         if reply.has_error():
             name, why = failure_reason(reply.error.reason or "")
             log(WARNING, "hospitrust: %s could not join and is left out: %s", name or f"node {nid}", why)
@@ -145,6 +154,37 @@ def unresponsive_hospitals(rnd: int, grid: Grid, silent: dict[int, str]) -> list
         log(WARNING, "round %d: %s online at the SuperLink but did not answer within reply-timeout (unresponsive)",
             rnd, ", ".join(out))
     return out
+
+
+def round_states(rnd: int, grid: Grid, hospitals: dict[int, str], *, asked: list[int], answered: set[int],
+                 unavailable: dict[int, str], offline: list[str], evaluated: set[str],
+                 previous: dict[str, Any] | None) -> dict[str, list[str]]:
+    """What each hospital that was not simply there did this round, from what Flower said:
+
+    - ``node_unavailable``: asked, and Flower's SuperLink answered for it "Node Unavailable" (its SuperNode
+      stopped sending heartbeats: killed, or its machine down);
+    - ``unresponsive``: asked, no reply at all within reply-timeout, and still online at the SuperLink;
+    - ``offline``: listed offline when the round began (not asked) and still offline at its end;
+    - ``rejoined``: back this round after the previous one missed it (offline, node unavailable, silent), or
+      offline when the round began but online again by its end (not asked; evaluated if it came back in time).
+    """
+    missing = [nid for nid in asked if nid not in answered]
+    node_unavail = sorted(hospitals.get(nid, f"node {nid}") for nid in missing if nid in unavailable)
+    if node_unavail:
+        log(WARNING, "round %d: %s unavailable (Flower: Node Unavailable, no heartbeat from its SuperNode)", rnd,
+            ", ".join(node_unavail))
+    unresponsive = unresponsive_hospitals(rnd, grid, {nid: hospitals[nid] for nid in missing
+                                                      if nid not in unavailable and nid in hospitals})
+    online = {hospitals[nid] for nid in grid.get_node_ids() if nid in hospitals} if offline else set()
+    back = sorted(name for name in offline if name in online or name in evaluated)
+    took_part = {hospitals.get(nid, f"node {nid}") for nid in answered} | evaluated
+    away_before = set()
+    if previous is not None:
+        away_before = (set(previous.get("missing", [])) | set(previous.get("offline", []))
+                       | set(previous.get("node_unavailable", []))) - set(previous.get("rejoined", []))
+    rejoined = sorted(set(back) | (took_part & away_before))
+    return {"node_unavailable": node_unavail, "unresponsive": unresponsive,
+            "offline": sorted(name for name in offline if name not in back), "rejoined": rejoined}
 
 
 def offline_hospitals(rnd: int, grid: Grid, hospitals: dict[int, str]) -> list[str]:

@@ -24,7 +24,7 @@ from hospitrust.config import RunConfig, parse_run_config
 from hospitrust.features import Round
 from hospitrust.models.training import pick_device, seed_everything
 from hospitrust.server_app.checkpoint import check_compatible, load_checkpoint, restore_rng_states, save_checkpoint
-from hospitrust.server_app.discovery import offline_hospitals, unresponsive_hospitals
+from hospitrust.server_app.discovery import offline_hospitals, round_states
 from hospitrust.server_app.evaluation import reply_timing
 from hospitrust.server_app.plots import plot_trust
 from hospitrust.server_app.records import absences, fail_if_every_hospital_crashed, summary_head
@@ -189,9 +189,11 @@ class RoundLoop:
         assert result is not None
         answered = {c["node_id"] for c in result.clients} | rnd.answered
         missing = [nid for nid in rnd.asked if nid not in answered]
-        unresponsive = unresponsive_hospitals(rnd.number, self.run.grid, {nid: hospitals[nid] for nid in missing})
         per_hospital = {h: v["accuracy"] for h, v in
                         self.run.strategy.hospital_evaluation(rnd.number, rnd.evaluate_replies).items()}
+        states = round_states(rnd.number, self.run.grid, hospitals, asked=rnd.asked, answered=answered,
+                              unavailable=rnd.unavailable, offline=rnd.offline, evaluated=set(per_hospital),
+                              previous=self.history[-1] if self.history else None)
         # *_pushed_at are wall-clock stamps (the hospitals' timing is per client)
         rnd.timing.update(finished_at=time.time(), next_round_pushed_with_evaluation=rnd.number + 1 in self.ahead,
                           evaluate_clients=reply_timing(rnd.evaluate_replies, hospitals))
@@ -200,7 +202,9 @@ class RoundLoop:
             "hospitals_evaluated": rnd.hospitals_evaluate, "clients": result.clients,
             "aggregation_seconds": result.aggregation_seconds, "update_norm": result.update_norm,
             "round_seconds": time.perf_counter() - rnd.started, "timing": rnd.timing, "asked": len(rnd.asked),
-            "missing": [hospitals[nid] for nid in missing], "unresponsive": unresponsive, "offline": rnd.offline,
+            # offline: not asked, offline when the round began and still at its end (rejoined: back by then)
+            "missing": [hospitals[nid] for nid in missing], "unresponsive": states["unresponsive"],
+            "node_unavailable": states["node_unavailable"], "offline": states["offline"], "rejoined": states["rejoined"],
             "kept_previous_model": result.kept_previous_model, "note": result.note, "hospital_accuracy": per_hospital,
             "fairness": metrics.fairness(per_hospital) if per_hospital else None,
             **self.features.record(rnd),

@@ -1,7 +1,9 @@
 """The round in flight, as it goes: ``RUN_DIR/progress.jsonl``, one line per event, appended and flushed.
 
 ``asked`` (the round, the hospitals asked, the reply timeout), then one ``replied`` or ``error`` line per
-reply as it arrives (an error carries the reason as recorded: a hospital's refusal as it stated it).
+reply as it arrives (an error carries the reason as recorded: a hospital's refusal as it stated it), or
+``unavailable`` when Flower's SuperLink answered for the hospital "Node Unavailable" (its SuperNode stopped
+sending heartbeats: killed, or its machine down).
 ``rounds.jsonl`` still holds the round's record once it is done; this file is what the console shows
 while it is not: who has been asked, who replied, who is late (past a share of ``reply-timeout``),
 who refused and why.
@@ -17,6 +19,7 @@ from typing import Any
 
 from flwr.app import Message
 
+from hospitrust.server_app.transport import node_unavailable
 from hospitrust.strategies.validation import error_reason
 
 PROGRESS = "progress.jsonl"  # read by hospitrust.console.progress (which imports no torch nor Flower)
@@ -36,9 +39,14 @@ class RoundProgress:
         self._write({"round": rnd, "event": "asked", "reply_timeout": reply_timeout,
                      "hospitals": [self.hospitals.get(int(n), f"node {n}") for n in node_ids]})
 
-    def replied(self, rnd: int, reply: Message) -> None:
-        name = self.hospitals.get(int(reply.metadata.src_node_id), f"node {reply.metadata.src_node_id}")
-        if reply.has_error():
+    def replied(self, rnd: int, reply: Message, node_id: int | None = None) -> None:
+        """One reply; ``node_id``: the hospital it is about (the SuperLink's own error replies come from node 1)."""
+        nid = int(reply.metadata.src_node_id) if node_id is None else int(node_id)
+        name = self.hospitals.get(nid, f"node {nid}")
+        if node_unavailable(reply):
+            self._write({"round": rnd, "event": "unavailable", "hospital": name,
+                         "reason": "node unavailable: Flower's SuperLink got no heartbeat from its SuperNode"})
+        elif reply.has_error():
             self._write({"round": rnd, "event": "error", "hospital": name, "reason": error_reason(reply.error.reason)})
         else:
             self._write({"round": rnd, "event": "replied", "hospital": name})

@@ -52,10 +52,13 @@ class StrategyTrainer:
             return Sent(self.grid, messages, self.reply_timeout)
         self.progress.asked(rnd.number, rnd.asked, self.reply_timeout)
         progress, number = self.progress, rnd.number
-        return Sent(self.grid, messages, self.reply_timeout, on_reply=lambda reply: progress.replied(number, reply))
+        sent = Sent(self.grid, messages, self.reply_timeout,
+                    on_reply=lambda reply: progress.replied(number, reply, sent.node_of(reply)))
+        return sent
 
     def receive(self, rnd: Round, sent: Sent) -> RoundResult:
         replies = self.features.on_replies(rnd, sent.replies())
+        rnd.unavailable = dict(sent.unavailable)
         return self.strategy.aggregate_round(rnd.number, replies, self.features.update_steps(rnd))
 
 

@@ -30,6 +30,16 @@ PROGRESS_SECONDS = 15.0
 PROGRESS_MARK = "hospitrust: waiting for replies:"
 
 
+#: Flower's ErrorCode.NODE_UNAVAILABLE: the SuperLink's own error reply for a message whose destination node
+#: stopped sending heartbeats (its SuperNode killed, its machine down), as opposed to no reply at all
+NODE_UNAVAILABLE = 5
+
+
+def node_unavailable(reply: Message) -> bool:
+    """Whether ``reply`` is the SuperLink's "Node Unavailable" error reply (not a hospital's own)."""
+    return bool(reply.has_error() and int(reply.error.code) == NODE_UNAVAILABLE)
+
+
 def progress_line(replied: int, asked: int, waited: float) -> str:
     """The progress line logged while a wait for replies lasts."""
     return f"{PROGRESS_MARK} {replied}/{asked} hospitals replied after {waited:.0f} s"
@@ -93,6 +103,15 @@ class Sent:
         self.traits = grid_traits(grid)
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.ids = list(grid.push_messages(self.messages)) if self.messages and self.traits.pipelines else []
+        #: node ids the SuperLink answered for with "Node Unavailable" (their SuperNode gone), with its reason
+        self.unavailable: dict[int, str] = {}
+
+    def node_of(self, reply: Message) -> int:
+        """The hospital's node a reply is about: its sender, or for the SuperLink's own error reply the
+        destination of the message it answers.
+        """
+        dst = dict(zip(self.ids, (int(m.metadata.dst_node_id) for m in self.messages)))
+        return dst.get(reply.metadata.reply_to_message_id, int(reply.metadata.src_node_id))
 
     def replies(self) -> list[Message]:
         if not self.messages:
@@ -121,8 +140,10 @@ class Sent:
         return replies
 
     def _seen(self, replies: list[Message]) -> list[Message]:
-        if self.on_reply is not None:
-            for reply in replies:
+        for reply in replies:
+            if node_unavailable(reply):
+                self.unavailable[self.node_of(reply)] = (reply.error.reason or "").strip()
+            if self.on_reply is not None:
                 self.on_reply(reply)
         return replies
 

@@ -23,8 +23,10 @@ The entry is written when the child exits, with its exit status as this process 
 the read ends of the other children's pipes and removes the gate's paths from its environment first.
 
 Fault injection for the watchdog's tests: ``HOSPITRUST_LAUNCHER_FAULT=die-before-read@N`` (the
-N-th child exits before it reads its message) or ``hang@N`` (it never starts); ``KIND@N/G``
-applies after the supervisor's G-th restart.
+N-th child exits with 17 before it reads its message), ``exit-0-before-read@N`` (it exits 0 before
+reading it, as a ClientApp whose task token Flower refused does: the SuperNode then waits for a reply
+that never comes) or ``hang@N`` (it never starts); ``KIND@N/G`` applies after the supervisor's G-th
+restart.
 """
 
 from __future__ import annotations
@@ -182,6 +184,40 @@ def _write_audit(gate_config, pipes: AuditPipes, rc: object) -> None:
     emit("audited", entries=record["n"], mac=record["mac"], decision=entry["decision"], task_id=pipes.task_id)
 
 
+def atomic_install(install):
+    """Flower's ``install_from_fab`` made all-or-nothing: it copies a bundle into ``$FLWR_HOME/apps/NAME`` file by file,
+    and reuses that folder whenever it exists, so a ClientApp killed while installing (a watchdog restart, the OOM
+    killer) left a folder without its ``pyproject.toml`` that failed every later message of that bundle at this
+    hospital (``LoadClientAppError``). This installs into a staging folder beside it and renames it into place; a
+    folder left incomplete by an earlier kill is replaced.
+    """
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    def install_from_fab(fab_file, install_dir=None, skip_prompt=False):
+        from flwr.common.constant import APP_DIR
+        from flwr.supercore.utils import get_flwr_home
+
+        base = Path(install_dir).expanduser() if install_dir else get_flwr_home()
+        (base / APP_DIR).mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".installing-", dir=base / APP_DIR))
+        try:
+            staged = Path(install(fab_file, staging, skip_prompt))
+            final = base / APP_DIR / staged.name
+            if final.exists() and not (final / "pyproject.toml").is_file():
+                shutil.rmtree(final, ignore_errors=True)  # left incomplete by a ClientApp killed while installing
+            try:
+                os.rename(staged, final)
+            except OSError:  # another ClientApp installed the same bundle meanwhile: theirs is complete
+                pass
+            return final
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    return install_from_fab
+
+
 def _child(runtime_api_address: str, token: str, fault: str, gate_config=None,
            audit_fds: tuple[int, int] | None = None) -> None:
     """In the forked child: run one ClientApp task with Flower's own runtime; never returns.
@@ -202,6 +238,8 @@ def _child(runtime_api_address: str, token: str, fault: str, gate_config=None,
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         if fault == "die-before-read":
             os._exit(17)
+        if fault == "exit-0-before-read":
+            os._exit(0)
         if fault == "hang":
             while True:
                 time.sleep(3600)
@@ -215,7 +253,11 @@ def _child(runtime_api_address: str, token: str, fault: str, gate_config=None,
         import torch
 
         torch.set_num_threads(int(threads) if threads.isdigit() else (os.cpu_count() or 1))
+        from flwr.supernode.runtime import run_clientapp as rc
         from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+        if gate_config is None or not gate_config.active:  # the gate installs all-or-nothing itself (install_verified)
+            rc.install_from_fab = atomic_install(rc.install_from_fab)  # type: ignore[assignment]
 
         profile_dir = os.environ.get(PROFILE_ENV, "")
         if profile_dir:  # diagnostics: where a ClientApp's time goes, one .prof file per task

@@ -8,14 +8,19 @@ supervisor watches both ends:
 
 - the SuperNode's log: a ``Receiving:`` line opens a message, a ``Sent successfully`` (or a
   dropped-message line) closes it;
-- the launcher's events (``hospitrust.supervision.launcher``): a child that exits with an error
-  or a signal while a message is open.
+- the launcher's events (``hospitrust.supervision.launcher``): which task each ClientApp runs, and
+  when it exits (with any exit code).
 
 It restarts the SuperNode (same key, so the same node id; the SuperLink sees it reconnect) and
-the launcher when a child died with a message open, or when a message has been open longer than
-``message_timeout``. The SuperLink delivers the unanswered message again to the restarted
-SuperNode, so the hospital usually still answers within the round's reply timeout; otherwise the
-round records it as missing and the run goes on. Every restart is logged with its reason.
+the launcher when a ClientApp exited and its task's message is still open without a reply a few
+seconds later (it died before replying, or its reply was refused: after a SuperLink crash, or
+a ClientApp paused past Flower's 60 s task heartbeat, Flower refuses the task's token and the
+ClientApp exits 0 without a reply), when a reply stays in ``Sending:`` longer than
+``send_timeout``, or when a message has been open longer than ``message_timeout``. A ClientApp
+that exits after its reply reached the SuperNode is not a hang, whatever message is open by then.
+The message the SuperNode was working on is lost with it: the round records the hospital as
+missing and the run goes on; the restarted SuperNode takes the next message. Every restart is
+logged with its reason.
 
 No orphans: both processes get the parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGTERM)``), so a
 supervisor killed with SIGKILL takes them with it (Flower's SuperNode leaves gracefully on SIGTERM,
@@ -46,8 +51,12 @@ from hospitrust.ops import flwr
 MESSAGE_DONE = ("Sent successfully", "Ignoring reply message", "Ignoring message", "Failed to send message",
                 "Failed to receive message", "The message will not be processed")
 RECEIVING = "Receiving:"
+SENDING = "Sending:"  # the ClientApp's reply is at the SuperNode, which pushes it to the SuperLink
 RECEIVED = "Received successfully"  # the message's contents are at the SuperNode: the launcher may ask for it
-DIED_GRACE_SECONDS = 3.0  # after a ClientApp died: time for the SuperNode to log a reply it did send
+DIED_GRACE_SECONDS = 3.0  # after a ClientApp exited: time for the SuperNode to log ("Sending:") a reply it did get
+#: seconds a reply may stay in ``Sending:`` before the SuperNode is restarted (it waits for the reply's objects
+#: forever once they are lost; a small model's reply goes out in well under a second)
+SEND_TIMEOUT_SECONDS = 30.0
 #: flower-supernode's line when the SuperLink refuses it: an unregistered key, or (right after a crash
 #: or a kill) its previous session still counting as online until its heartbeats lapse.
 ACTIVATION_REFUSED = "Failed to activate SuperNode"
@@ -209,30 +218,98 @@ def restart_delay(attempt: int) -> float:
 
 
 @dataclass
-class Inflight:
-    """Messages the SuperNode has pulled and not yet answered, from its log."""
+class Message:
+    """One message the SuperNode pulled: when its ``Receiving:`` line came, the launcher's task for it (from
+    the launcher's ``started`` event), and when its reply began to go out (``Sending:``).
+    """
 
-    opened: list[float] = field(default_factory=list)  # when each open message was received
+    opened: float
+    task_id: int | None = None
+    sending_since: float | None = None
+
+
+@dataclass
+class Inflight:
+    """Messages the SuperNode has pulled and not yet answered, from its log and the launcher's events.
+
+    Flower 1.42's SuperNode takes one message at a time: ``Receiving:`` opens it, the launcher's ``started``
+    event names its task, ``Sending:`` says its reply reached the SuperNode, and a ``Sent successfully`` (or
+    a dropped-message line) closes it.
+    """
+
+    messages: list[Message] = field(default_factory=list)
+    #: (when, task id) of tasks started before their message's line was read: the next ``Receiving:`` within
+    #: ``UNCLAIMED_SECONDS`` is theirs
+    unclaimed: list[tuple[float, int]] = field(default_factory=list)
+    seen: set[int] = field(default_factory=set)  # every task id started since the SuperNode (re)started
+    running: dict[int, int] = field(default_factory=dict)  # task id -> its ClientApps still running
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    UNCLAIMED_SECONDS = 5.0
 
     def line(self, text: str) -> None:
         with self.lock:
             if RECEIVING in text:
-                self.opened.append(time.monotonic())
-            elif any(m in text for m in MESSAGE_DONE) and self.opened:
-                self.opened.pop(0)
+                now = time.monotonic()
+                self.unclaimed = [(t, task) for t, task in self.unclaimed if now - t < self.UNCLAIMED_SECONDS]
+                self.messages.append(Message(now, self.unclaimed.pop(0)[1] if self.unclaimed else None))
+            elif SENDING in text:
+                waiting = [m for m in self.messages if m.sending_since is None]
+                if waiting:
+                    waiting[0].sending_since = time.monotonic()
+            elif any(m in text for m in MESSAGE_DONE) and self.messages:
+                self.messages.pop(0)
+
+    def started(self, task_id: int) -> None:
+        """The launcher started a ClientApp for ``task_id``: the oldest open message without a task is its.
+
+        A task id seen before is not a new message: Flower hands a task out again when the ClientApp that claimed
+        it did not start within its heartbeat (30 s: paused, or slow to start), so two ClientApps may run one task.
+        """
+        with self.lock:
+            self.running[task_id] = self.running.get(task_id, 0) + 1
+            if task_id in self.seen:
+                return
+            self.seen.add(task_id)
+            for m in self.messages:
+                if m.task_id is None and m.sending_since is None:
+                    m.task_id = task_id
+                    return
+            self.unclaimed.append((time.monotonic(), task_id))
+
+    def exited(self, task_id: int) -> None:
+        with self.lock:
+            self.running[task_id] = max(0, self.running.get(task_id, 0) - 1)
+
+    def awaiting_reply(self, task_id: int) -> Message | None:
+        """The open message of ``task_id`` whose reply has not reached the SuperNode (no ``Sending:`` yet) and that
+        no ClientApp works on any more.
+        """
+        with self.lock:
+            if self.running.get(task_id, 0) > 0:
+                return None
+            return next((m for m in self.messages if m.task_id == task_id and m.sending_since is None), None)
 
     def oldest_age(self) -> float:
         with self.lock:
-            return time.monotonic() - self.opened[0] if self.opened else 0.0
+            return time.monotonic() - self.messages[0].opened if self.messages else 0.0
+
+    def sending_age(self) -> float:
+        """Seconds the oldest reply has been in ``Sending:`` (0 when none is)."""
+        with self.lock:
+            since = [m.sending_since for m in self.messages if m.sending_since is not None]
+            return time.monotonic() - since[0] if since else 0.0
 
     def count(self) -> int:
         with self.lock:
-            return len(self.opened)
+            return len(self.messages)
 
     def clear(self) -> None:
         with self.lock:
-            self.opened.clear()
+            self.messages.clear()
+            self.unclaimed.clear()
+            self.seen.clear()
+            self.running.clear()
 
 
 def _pump(stream, sink: Callable[[str], None]) -> None:
@@ -251,6 +328,8 @@ class Supervisor:
         The SuperNode's Runtime API (``--host:--port``), where the launcher asks for tasks.
     message_timeout : float
         Seconds a message may stay open before the SuperNode is restarted.
+    send_timeout : float
+        Seconds a reply may stay in ``Sending:`` before the SuperNode is restarted.
     env : dict[str, str]
         Environment of both processes.
     out : Callable[[str], None]
@@ -261,8 +340,9 @@ class Supervisor:
 
     def __init__(self, supernode_cmd: Sequence[str], runtime_api_address: str, *, message_timeout: float,
                  env: dict[str, str], out: Callable[[str], None] | None = None,
-                 launcher_cmd: Sequence[str] | None = None) -> None:
+                 launcher_cmd: Sequence[str] | None = None, send_timeout: float = SEND_TIMEOUT_SECONDS) -> None:
         self.supernode_cmd, self.address, self.message_timeout = list(supernode_cmd), runtime_api_address, message_timeout
+        self.send_timeout = send_timeout
         self.env = env
         self.out = out or console_and_file(None)
         self.inflight = Inflight()
@@ -271,7 +351,7 @@ class Supervisor:
             "--parent-pid", str(os.getpid()), "--gate-stdin"]
         self.supernode: subprocess.Popen | None = None
         self.launcher: subprocess.Popen | None = None
-        self.died: list[tuple[float, str]] = []  # (when, why) ClientApps that died
+        self.exited: list[tuple[float, int, str]] = []  # (when, task id, how) ClientApps that exited, any exit code
         self.restarts: list[str] = []
         self.refused = False  # the SuperLink refused the current SuperNode's activation
         self.activated = False  # the current SuperNode got its node id
@@ -313,11 +393,15 @@ class Supervisor:
             event = json.loads(line)
         except ValueError:
             event = None
-        if isinstance(event, dict) and event.get("launcher") == "exited" and event.get("rc", 0) != 0:
-            rc = int(event["rc"])
+        if isinstance(event, dict) and event.get("launcher") == "started" and isinstance(event.get("task_id"), int):
+            self.inflight.started(int(event["task_id"]))
+        elif isinstance(event, dict) and event.get("launcher") == "exited" and isinstance(event.get("task_id"), int):
+            rc = int(event.get("rc", 0))
             how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
-            self.died.append((time.monotonic(), f"ClientApp process {event.get('pid')} (task {event.get('task_id')}) "
-                                                 f"ended with {how} after {event.get('seconds')} s"))
+            self.inflight.exited(int(event["task_id"]))
+            self.exited.append((time.monotonic(), int(event["task_id"]),
+                                f"ClientApp process {event.get('pid')} (task {event.get('task_id')}) ended with {how} "
+                                f"after {event.get('seconds')} s"))
         self.out(line)
 
     def _sleep(self, seconds: float) -> bool:
@@ -331,7 +415,7 @@ class Supervisor:
         """Start the SuperNode and the launcher."""
         self.started_at = time.monotonic()
         self.inflight.clear()
-        self.died.clear()
+        self.exited.clear()
         self.refused = self.activated = False
         self.supernode = self._popen(self.supernode_cmd, self._supernode_line)
         env = self.env
@@ -356,15 +440,25 @@ class Supervisor:
 
     # ---- the watchdog ------------------------------------------------------------------
     def check(self) -> str | None:
-        """Why the SuperNode must be restarted now, or None."""
+        """Why the SuperNode must be restarted now, or None.
+
+        - A ClientApp exited (any exit code: Flower's ClientApp exits 0 when its task token was refused) and,
+          ``DIED_GRACE_SECONDS`` later, the message of its task is still open without a reply at the SuperNode
+          (no ``Sending:``): the SuperNode waits in ``_push_messages`` for a reply that will never come, and
+          never pulls again. Matched by task id: a ClientApp that exits after its reply went out (a refused
+          bundle exits 1 after replying with an error) is not a hang, whatever message is open by then.
+        - A reply in ``Sending:`` longer than ``send_timeout``: the SuperNode waits for objects it lost.
+        - A message open longer than ``message_timeout``.
+        """
         now = time.monotonic()
-        open_messages = self.inflight.count()
-        for when, why in list(self.died):
+        for when, task_id, why in list(self.exited):
             if now - when < DIED_GRACE_SECONDS:
-                continue  # the SuperNode may still log the reply it sent
-            self.died.remove((when, why))
-            if open_messages:
-                return f"{why} while the SuperNode waited for its reply"
+                continue  # the SuperNode may still log the reply it got
+            self.exited.remove((when, task_id, why))
+            if self.inflight.awaiting_reply(task_id) is not None:
+                return f"{why} and its message is still open: the SuperNode waits for a reply that will never come"
+        if (sending := self.inflight.sending_age()) > self.send_timeout:
+            return f"a reply has been in Sending: for {sending:.0f} s (bound {self.send_timeout:g} s)"
         age = self.inflight.oldest_age()
         if age > self.message_timeout:
             return f"a message has been in flight for {age:.0f} s (bound {self.message_timeout:g} s)"

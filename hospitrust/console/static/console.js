@@ -131,6 +131,7 @@ function drawInFlight(f) {
     el("div", {},
       ...f.replied.map((h) => item(h, "replied", h + " replied")),
       ...Object.entries(f.errors).map(([h, why]) => item(h, "flag refused", h + ": " + why)),
+      ...Object.entries(f.unavailable || {}).map(([h, why]) => item(h, "flag unavailable", h + ": " + why)),
       ...f.waiting.map((h) => f.late.includes(h) ? item(h, "flag late", h + " late") : item(h, "waiting", h + " waiting"))));
 }
 

@@ -84,6 +84,25 @@ def read_runs(runs_dir: Path) -> dict[str, HospitalRecord]:
             if failed.get("node_id") is not None:
                 rec.node_id = str(failed["node_id"])
             rec.left_out.append(f"{run.name}: {failed.get('reason', '')}")
+    return _merge_placeholders(out)
+
+
+def _placeholder(rec: HospitalRecord) -> bool:
+    """A record named ``node N`` after its node id: a hospital left out before it said its name."""
+    return bool(rec.node_id) and rec.name == f"node {rec.node_id}"
+
+
+def _merge_placeholders(records: dict[str, HospitalRecord]) -> dict[str, HospitalRecord]:
+    """A ``node N`` record whose node id a run named (earlier or later) is that hospital: its reasons for being
+    left out go to the named record, so the name is never lost to the placeholder.
+    """
+    named = {rec.node_id: rec for rec in records.values() if rec.node_id and not _placeholder(rec)}
+    out = {}
+    for name, rec in records.items():
+        if _placeholder(rec) and rec.node_id in named:
+            named[rec.node_id].left_out.extend(rec.left_out)
+        else:
+            out[name] = rec
     return out
 
 
@@ -102,7 +121,8 @@ def federation_hospitals(nodes: list[dict[str, Any]], records: dict[str, Hospita
     """One row per SuperNode the SuperLink lists (named from the runs), then the hospitals of the runs
     whose node the SuperLink no longer lists.
     """
-    by_node = {rec.node_id: rec for rec in records.values() if rec.node_id}
+    by_node = {rec.node_id: rec for rec in records.values() if rec.node_id and _placeholder(rec)}
+    by_node |= {rec.node_id: rec for rec in records.values() if rec.node_id and not _placeholder(rec)}  # a name wins
     rows, seen = [], set()
     for node in nodes:
         node_id = str(node.get("node-id", ""))
