@@ -142,6 +142,10 @@ def train_with_sibling(
     """
     if lam < 0:
         raise ValueError(f"lambda must be >= 0, got {lam}")
+    from hospitrust.models.batched import current_session, note_not_batched
+
+    if current_session() is not None:
+        note_not_batched("FED-FBD trains each hospital's color blocks with its own sibling loss")
     device = device or pick_device()
     student.to(device).train()
     if teacher is not None:

@@ -41,6 +41,12 @@ class TrainOptions(Options):
         " in its loss (0: leaves them out of the softmax), so it does not push a class it never sees down "
         "everywhere. 1: plain softmax (off)."
     ))
+    batched_hospitals: bool = Field(False, description=(
+        "In-process runs only: the simulated hospitals of a round train as one computation (their stacked "
+        "models, one vmap of their gradients, SGD on the stacked tensors), each with its own data, batches "
+        "and random draws; same math as training one after the other, within float32 rounding. Adam, local "
+        "DP-SGD, FED-FBD and models with buffers train as without it (the run logs why)."
+    ))
 
 
 def pick_device() -> torch.device:
@@ -143,6 +149,13 @@ def train(
     model.to(device).train()
     if int(labels.shape[0]) == 0:
         return TrainResult(float("nan"), 0, 0)
+    from hospitrust.models.batched import TrainJob, current_session
+
+    session = current_session()
+    if session is not None:  # train.batched-hospitals, in process: this hospital trains with the round's others
+        return session.park(TrainJob(model, images, labels, epochs, batch_size, learning_rate, optimizer, momentum,
+                                     weight_decay, proximal_mu, device, generator, class_weights, missing_class_scale,
+                                     augment))
     return _train_today(model, images, labels, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
                         optimizer=optimizer, momentum=momentum, weight_decay=weight_decay, proximal_mu=proximal_mu,
                         device=device, generator=generator, class_weights=class_weights,

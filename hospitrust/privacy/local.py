@@ -214,9 +214,12 @@ def train_private(
     """
     from opacus import PrivacyEngine
 
+    from hospitrust.models.batched import current_session, note_not_batched
     from hospitrust.models.loop import CrossEntropyStep, restricted_softmax_scale, run_loop
     from hospitrust.models.training import make_optimizer, pick_device
 
+    if current_session() is not None:
+        note_not_batched("local DP-SGD (privacy.local) clips and noises each example's gradient with Opacus")
     device = device or pick_device()
     n = int(labels.shape[0])
     for module in model.modules():  # Opacus's backward hooks cannot see through an in-place activation
