@@ -353,6 +353,9 @@ def _train_group(jobs: list[TrainJob]) -> None:
         return loss, loss.detach()
 
     step_grads = vmap(grad(loss_of, has_aux=True), in_dims=(0, 0, 0, 0, 0, 0, 0, 0 if start is not None else None))
+    grouped = _GroupedNet.of(first.model, mask_names) if ENGINE == "grouped" else None
+    if grouped is not None:
+        step_grads = grouped.step_grads(mu)
     most = max(h.steps for h in hospitals)
     for step in range(most):
         rows = [i for i, h in enumerate(hospitals) if step < h.steps]
@@ -397,6 +400,103 @@ def _train_group(jobs: list[TrainJob]) -> None:
             for name, p in job.model.named_parameters():
                 p.copy_(stacked[name][k])
             job.result = TrainResult(h.total / max(h.seen, 1), int(h.source.n), h.steps)
+
+
+#: how a group's gradients are computed: "grouped" (grouped convolutions and batched matmuls over the
+#: stacked hospitals, where the model is a chain of the layers :class:`_GroupedNet` knows), else "vmap"
+ENGINE = "grouped"
+
+
+class _GroupedNet:
+    """The model's layers run on every hospital at once: images of H hospitals as (B, H x C, h, w)
+    (hospital h's channels a block), a convolution as one with H groups, GroupNorm(g) as GroupNorm(H x g),
+    pooling and ReLU as they are; after Flatten (H, B, features), a Linear as one batched matmul.
+    Only for a model that traces (torch.fx) to a chain of such layers; else None (vmap computes).
+    """
+
+    LAYERS = (nn.Conv2d, nn.GroupNorm, nn.ReLU, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.Flatten,
+              nn.Linear, nn.Dropout)
+
+    def __init__(self, layers: list[tuple[str, nn.Module]], mask_names: list[str]) -> None:
+        self.layers, self.mask_names = layers, mask_names
+
+    @classmethod
+    def of(cls, model: nn.Module, mask_names: list[str]) -> _GroupedNet | None:
+        try:
+            graph = torch.fx.symbolic_trace(model).graph
+        except Exception:  # noqa: BLE001 - a model fx cannot trace: vmap computes its gradients
+            return None
+        nodes = [n for n in graph.nodes if n.op not in ("placeholder", "output")]
+        layers: list[tuple[str, nn.Module]] = []
+        previous = next(n for n in graph.nodes if n.op == "placeholder")
+        flat = False
+        for node in nodes:
+            if node.op != "call_module" or list(node.args) != [previous] or node.kwargs:
+                return None
+            module = model.get_submodule(str(node.target))
+            if not isinstance(module, cls.LAYERS):
+                return None
+            if isinstance(module, nn.Conv2d) and (module.groups != 1 or module.padding_mode != "zeros"
+                                                  or isinstance(module.padding, str)):
+                return None
+            if isinstance(module, nn.Flatten) and (flat or module.start_dim != 1 or module.end_dim != -1):
+                return None
+            if (flat and not isinstance(module, (nn.Linear, nn.Dropout, nn.ReLU))
+                    or not flat and isinstance(module, (nn.Linear, nn.Dropout))):
+                return None  # image layers before Flatten; Linear, Dropout and ReLU after it
+            flat = flat or isinstance(module, nn.Flatten)
+            layers.append((str(node.target), module))
+            previous = node
+        return cls(layers, mask_names) if flat else None
+
+    def forward(self, params: dict[str, torch.Tensor], x: torch.Tensor, masks: list[torch.Tensor]) -> torch.Tensor:
+        """(H, B, C, h, w) images -> (H, B, classes) logits, hospital h with its own parameters."""
+        hospitals, batch = int(x.shape[0]), int(x.shape[1])
+        z = x.transpose(0, 1).reshape(batch, -1, *x.shape[3:])
+        dropout = 0
+        for name, m in self.layers:
+            if isinstance(m, nn.Conv2d):
+                w = params[f"{name}.weight"]
+                b = params.get(f"{name}.bias")
+                z = F.conv2d(z, w.reshape(-1, *w.shape[2:]), None if b is None else b.reshape(-1), m.stride, m.padding,
+                             m.dilation, groups=hospitals)
+            elif isinstance(m, nn.GroupNorm):
+                gw, gb = params.get(f"{name}.weight"), params.get(f"{name}.bias")
+                z = F.group_norm(z, hospitals * m.num_groups, None if gw is None else gw.reshape(-1),
+                                 None if gb is None else gb.reshape(-1), m.eps)
+            elif isinstance(m, nn.ReLU):
+                z = F.relu(z)
+            elif isinstance(m, nn.Flatten):
+                z = z.reshape(batch, hospitals, -1).transpose(0, 1)
+            elif isinstance(m, nn.Linear):
+                w, b = params[f"{name}.weight"], params.get(f"{name}.bias")
+                z = torch.bmm(z, w.transpose(1, 2)) if b is None else torch.baddbmm(b.unsqueeze(1), z, w.transpose(1, 2))
+            elif isinstance(m, nn.Dropout):
+                z = z * masks[dropout]
+                dropout += 1
+            else:  # pooling: per channel, as it is
+                z = m(z)
+        return z
+
+    def step_grads(self, mu: float):
+        """A function with vmap's signature: (params, x, y, valid, weight, logit_scale, masks, start) ->
+        (each hospital's gradients, each hospital's loss).
+        """
+
+        def compute(params, x, y, valid, weight, logit_scale, masks, start_params):
+            leaves = {n: t.detach().requires_grad_(True) for n, t in params.items()}
+            logits = self.forward(leaves, x, masks) * logit_scale.unsqueeze(1)
+            hospitals, batch = int(y.shape[0]), int(y.shape[1])
+            per_example = F.cross_entropy(logits.reshape(hospitals * batch, -1), y.reshape(-1),
+                                          reduction="none").reshape(hospitals, batch)
+            w = torch.gather(weight, 1, y) * valid
+            loss = (per_example * w).sum(1) / w.sum(1)
+            if start_params is not None:
+                loss = loss + 0.5 * mu * sum(((leaves[n] - start_params[n]) ** 2).flatten(1).sum(1) for n in leaves)
+            grads = torch.autograd.grad(loss.sum(), list(leaves.values()))
+            return dict(zip(leaves, grads)), loss.detach()
+
+        return compute
 
 
 def _pad(t: torch.Tensor, width: int) -> torch.Tensor:
