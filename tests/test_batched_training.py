@@ -75,11 +75,15 @@ def _both_paths(sizes, batch_size, augment=None, model_seed=1):
         today.append((model, result, torch.get_rng_state()))
         seed_everything(1, h, 1)
         job = TrainJob(copy.deepcopy(base), s["images"], s["labels"], 1, batch_size, 0.05, "sgd", 0.9, 1e-4, 0.0, CPU,
-                       None, s["class_weights"], s["missing_class_scale"], s["augment"])
+                       None, s["class_weights"], s["missing_class_scale"], s["augment"], _not_today)
         job.rng = batched._save_rng(CPU)
         jobs.append(job)
     train_together(jobs)
     return base, today, jobs
+
+
+def _not_today():
+    raise AssertionError("a batchable job trained on today's path")
 
 
 def test_one_step_matches_todays_path(one_thread):
@@ -132,10 +136,10 @@ def test_a_job_the_batched_step_cannot_train_logs_why_and_trains_as_today(one_th
     the session runs hospitals one at a time in order and lets a failing one fail alone.
     """
     assert "optimizer adam" in TrainJob(SmallCNN(1, 2), *_hospitals([4])[0], 1, 4, 0.1, "adam", 0.9, 0.0, 0.0, CPU, None,
-                                        None, 1.0, None).why_not_batched()
+                                        None, 1.0, None, _not_today).why_not_batched()
     bn = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2), torch.nn.Flatten(), torch.nn.Linear(1352, 2))
     assert "has buffers" in TrainJob(bn, *_hospitals([4])[0], 1, 4, 0.1, "sgd", 0.9, 0.0, 0.0, CPU, None, None, 1.0,
-                                     None).why_not_batched()
+                                     None, _not_today).why_not_batched()
     data, base = _hospitals([20, 30]), SmallCNN(1, 2, 28)
 
     def hospital(h, model):

@@ -76,6 +76,7 @@ class TrainJob:
     class_weights: torch.Tensor | None
     missing_class_scale: float
     augment: Callable[[torch.Tensor], torch.Tensor] | None
+    today: Callable[[], Any]  # the job on today's loop (``training.train``'s own path), from the current RNG state
     rng: dict[str, Any] = field(default_factory=dict)  # the hospital's global RNG states
     result: Any = None  # its TrainResult, once trained
 
@@ -227,14 +228,8 @@ def train_together(jobs: list[TrainJob]) -> None:
 
 
 def _train_alone(job: TrainJob) -> None:
-    from hospitrust.models.training import _train_today
-
     with _HospitalRng(job):
-        job.result = _train_today(job.model, job.images, job.labels, epochs=job.epochs, batch_size=job.batch_size,
-                                  learning_rate=job.learning_rate, optimizer=job.optimizer, momentum=job.momentum,
-                                  weight_decay=job.weight_decay, proximal_mu=job.proximal_mu, device=job.device,
-                                  generator=job.generator, class_weights=job.class_weights,
-                                  missing_class_scale=job.missing_class_scale, augment=job.augment)
+        job.result = job.today()
 
 
 class _MaskedDropout(nn.Module):
@@ -305,14 +300,14 @@ class _Hospital:
     def draw(self, step: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """Batch ``step``: uint8 images (after augmentation), labels and dropout masks, drawn as today's loop draws them."""
         from hospitrust.models.augment import augment_batch
-        from hospitrust.models.training import _uint8_batches
+        from hospitrust.models.loop import uint8_batches
 
         with _HospitalRng(self.job):
             k = step % self.per_epoch
             if k == 0:
                 self.batches = self.source.order()
             idx = self.batches[k]
-            raw = next(iter(_uint8_batches(self.job.images, [idx.numpy()], self.job.device)))
+            raw = next(iter(uint8_batches(self.job.images, [idx.numpy()], self.job.device)))
             if self.job.augment is not None and raw.shape[0]:
                 raw = augment_batch(raw, self.job.augment)
             b = int(raw.shape[0])
@@ -324,8 +319,7 @@ class _Hospital:
 def _train_group(jobs: list[TrainJob]) -> None:
     from torch.func import functional_call, grad, vmap
 
-    from hospitrust.models.loop import scale
-    from hospitrust.models.training import TrainResult
+    from hospitrust.models.loop import TrainResult, scale
 
     first = jobs[0]
     device = first.device

@@ -39,6 +39,46 @@ def apply_data_steps(steps: Iterable[DataStep], images: np.ndarray, labels: np.n
     return images, labels
 
 
+#: DataLoader workers that gather batches for a GPU (pinned memory); on the CPU batches are
+#: gathered inline: the images are decoded uint8 arrays already (a hospital's cache), not files.
+GPU_LOADER_WORKERS = 2
+
+
+class _IndexedBatches(torch.utils.data.Dataset):
+    """Batch i of a fixed order: uint8 (B, H, W, C) gathered from (possibly memory-mapped) images."""
+
+    def __init__(self, images: np.ndarray, batches: list[np.ndarray]) -> None:
+        self.images, self.batches = images, batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(self.images[self.batches[i]]))
+
+
+def uint8_batches(images: np.ndarray, batches: list[np.ndarray], device: torch.device):
+    """Yield each batch as uint8 (B, C, H, W) on ``device``: inline on the CPU, through a
+    DataLoader with workers and pinned memory on a GPU, so gathering overlaps the GPU's work.
+    """
+    if device.type != "cuda" or len(batches) < 4:
+        for idx in batches:
+            yield torch.from_numpy(np.ascontiguousarray(images[idx])).to(device).permute(0, 3, 1, 2)
+        return
+    loader = torch.utils.data.DataLoader(_IndexedBatches(images, batches), batch_size=None, shuffle=False,
+                                         num_workers=GPU_LOADER_WORKERS, pin_memory=True)
+    for batch in loader:
+        yield batch.to(device, non_blocking=True).permute(0, 3, 1, 2)
+
+
+@dataclass
+class TrainResult:
+    loss: float
+    num_examples: int
+    steps: int
+
+
+
 class BatchSource(Protocol):
     """Where an epoch's batches come from."""
 
@@ -76,10 +116,8 @@ class ShuffledBatches:
         return [order[start : start + self.batch_size] for start in range(0, self.n, self.batch_size)]
 
     def epoch(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        from hospitrust.models.training import _uint8_batches
-
         batches = self.order()
-        for idx, raw in zip(batches, _uint8_batches(self.images, [b.numpy() for b in batches], self.device)):
+        for idx, raw in zip(batches, uint8_batches(self.images, [b.numpy() for b in batches], self.device)):
             yield raw, self.labels[idx.to(self.device)]
 
 
@@ -168,5 +206,5 @@ def run_loop(model: nn.Module, optimizer: torch.optim.Optimizer, batches: BatchS
     return LoopResult(totals, seen, steps)
 
 
-__all__ = ["BatchSource", "CrossEntropyStep", "DataStep", "LoopResult", "LossStep", "ShuffledBatches",
-           "apply_data_steps", "restricted_softmax_scale", "run_loop", "scale"]
+__all__ = ["BatchSource", "CrossEntropyStep", "DataStep", "LoopResult", "LossStep", "ShuffledBatches", "TrainResult",
+           "apply_data_steps", "restricted_softmax_scale", "run_loop", "scale", "uint8_batches"]

@@ -7,7 +7,6 @@ a 224-pixel dataset would not fit as float32 in every simulated hospital.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -15,6 +14,7 @@ import torch
 import torch.nn as nn
 from pydantic import Field
 
+from hospitrust.models.loop import GPU_LOADER_WORKERS, TrainResult, uint8_batches  # noqa: F401 - re-exported
 from hospitrust.options import Options
 
 
@@ -68,45 +68,6 @@ def to_batch(images: np.ndarray, device: torch.device) -> torch.Tensor:
     return x.permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
 
 
-#: DataLoader workers that gather batches for a GPU (pinned memory); on the CPU batches are
-#: gathered inline: the images are decoded uint8 arrays already (a hospital's cache), not files.
-GPU_LOADER_WORKERS = 2
-
-
-class _IndexedBatches(torch.utils.data.Dataset):
-    """Batch i of a fixed order: uint8 (B, H, W, C) gathered from (possibly memory-mapped) images."""
-
-    def __init__(self, images: np.ndarray, batches: list[np.ndarray]) -> None:
-        self.images, self.batches = images, batches
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(self.images[self.batches[i]]))
-
-
-def _uint8_batches(images: np.ndarray, batches: list[np.ndarray], device: torch.device):
-    """Yield each batch as uint8 (B, C, H, W) on ``device``: inline on the CPU, through a
-    DataLoader with workers and pinned memory on a GPU, so gathering overlaps the GPU's work.
-    """
-    if device.type != "cuda" or len(batches) < 4:
-        for idx in batches:
-            yield torch.from_numpy(np.ascontiguousarray(images[idx])).to(device).permute(0, 3, 1, 2)
-        return
-    loader = torch.utils.data.DataLoader(_IndexedBatches(images, batches), batch_size=None, shuffle=False,
-                                         num_workers=GPU_LOADER_WORKERS, pin_memory=True)
-    for batch in loader:
-        yield batch.to(device, non_blocking=True).permute(0, 3, 1, 2)
-
-
-@dataclass
-class TrainResult:
-    loss: float
-    num_examples: int
-    steps: int
-
-
 def make_optimizer(params, optimizer: str, learning_rate: float, momentum: float,
                    weight_decay: float) -> torch.optim.Optimizer:
     """The hospitals' local optimizer by run config name (sgd or adam)."""
@@ -151,15 +112,18 @@ def train(
         return TrainResult(float("nan"), 0, 0)
     from hospitrust.models.batched import TrainJob, current_session
 
+    def today() -> TrainResult:
+        return _train_today(model, images, labels, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+                            optimizer=optimizer, momentum=momentum, weight_decay=weight_decay, proximal_mu=proximal_mu,
+                            device=device, generator=generator, class_weights=class_weights,
+                            missing_class_scale=missing_class_scale, augment=augment)
+
     session = current_session()
     if session is not None:  # train.batched-hospitals, in process: this hospital trains with the round's others
         return session.park(TrainJob(model, images, labels, epochs, batch_size, learning_rate, optimizer, momentum,
                                      weight_decay, proximal_mu, device, generator, class_weights, missing_class_scale,
-                                     augment))
-    return _train_today(model, images, labels, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
-                        optimizer=optimizer, momentum=momentum, weight_decay=weight_decay, proximal_mu=proximal_mu,
-                        device=device, generator=generator, class_weights=class_weights,
-                        missing_class_scale=missing_class_scale, augment=augment)
+                                     augment, today))
+    return today()
 
 
 def _train_today(model: nn.Module, images: np.ndarray, labels: np.ndarray, *, epochs: int, batch_size: int,
