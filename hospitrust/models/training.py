@@ -43,7 +43,7 @@ class TrainOptions(Options):
     ))
     batched_hospitals: bool = Field(False, description=(
         "In-process runs only: the simulated hospitals of a round train as one computation (their stacked "
-        "models, one vmap of their gradients, SGD on the stacked tensors), each with its own data, batches "
+        "models, one computation of their gradients, SGD on the stacked tensors), each with its own data, batches "
         "and random draws; same math as training one after the other, within float32 rounding. Adam, local "
         "DP-SGD, FED-FBD and models with buffers train as without it (the run logs why)."
     ))
