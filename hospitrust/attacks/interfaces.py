@@ -63,6 +63,12 @@ class Attack(abc.ABC):
         """Whether the attack acts in ``server_round`` (1-based Flower rounds)."""
         return True
 
+    def data_steps(self, *, server_round: int, rng: np.random.Generator, num_classes: int) -> list[Callable]:  # noqa: ARG002
+        """The data steps this attack adds to the hospital's training loop (``hospitrust.models.loop``):
+        none, but a data attack's poisoning.
+        """
+        return []
+
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
         return f"{type(self).__name__}({fields})"
@@ -94,6 +100,11 @@ class DataAttack(Attack):
         if not self.active(server_round):
             return images, labels
         return self.poison(images, labels, rng=rng, num_classes=num_classes)
+
+    def data_steps(self, *, server_round: int, rng: np.random.Generator, num_classes: int) -> list[Callable]:
+        """Its poisoning of the round (``poison_for_round``), the training loop's data step."""
+        return [lambda images, labels: self.poison_for_round(images, labels, server_round=server_round, rng=rng,
+                                                             num_classes=num_classes)]
 
 
 class UpdateAttack(Attack):

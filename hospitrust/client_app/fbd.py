@@ -15,11 +15,12 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from hospitrust.attacks.apply import attack_state_dict
-from hospitrust.attacks.interfaces import DataAttack, UpdateAttack
+from hospitrust.attacks.interfaces import UpdateAttack
 from hospitrust.client_app.context import hospital_context
 from hospitrust.fbd.training import train_with_sibling
 from hospitrust.fbd.warehouse import color_key, parse_color_key
 from hospitrust.attacks.threat_model import data_rng, hospital_attack
+from hospitrust.models.loop import apply_data_steps
 from hospitrust.models.training import pick_device, seed_everything
 
 if TYPE_CHECKING:  # the server's strategy module: not imported on the hospital side
@@ -77,10 +78,9 @@ def fbd_train(msg: Message, context: Context) -> Message:
 
     attack = hospital_attack(cfg.threat_model, node)
     hospital.check_train_images(len(data.train))
-    images, labels = data.train.images, data.train.labels
-    if isinstance(attack, DataAttack):
-        images, labels = attack.poison_for_round(images, labels, server_round=server_round, rng=data_rng(cfg.seed, node),
-                                                 num_classes=info.num_classes)
+    data_steps = [] if attack is None else attack.data_steps(server_round=server_round, rng=data_rng(cfg.seed, node),
+                                                             num_classes=info.num_classes)
+    images, labels = apply_data_steps(data_steps, data.train.images, data.train.labels)
     result = train_with_sibling(
         student, teacher, images, labels, lam=lam,
         epochs=hospital.local_epochs(server_cfg), batch_size=hospital.batch_size(server_cfg),  # the gate's, where it runs

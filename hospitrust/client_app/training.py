@@ -9,11 +9,11 @@ from typing import cast
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from hospitrust.attacks.interfaces import DataAttack
 from hospitrust.attacks.threat_model import data_rng, hospital_attack
 from hospitrust.client_app.context import HospitalContext, local_report
 from hospitrust.datasets.federation import LabelledImages
 from hospitrust.models.augment import task_augmentation
+from hospitrust.models.loop import apply_data_steps
 from hospitrust.models.training import TrainOptions, TrainResult, balanced_class_weights, class_weights_from_counts, pick_device, seed_everything, train
 
 
@@ -42,11 +42,10 @@ def local_training_step(msg: Message, context: Context, hospital: HospitalContex
     model = hospital.model_from(msg).to(device)
     attack = hospital_attack(cfg.threat_model, node)  # None unless this hospital is one of the run's attackers
     hospital.check_train_images(len(data.train))
-    train_images, train_labels = data.train.images, data.train.labels
-    if isinstance(attack, DataAttack):
-        train_images, train_labels = attack.poison_for_round(
-            train_images, train_labels, server_round=server_round, rng=data_rng(cfg.seed, node), num_classes=info.num_classes
-        )
+    # the training loop's data steps (hospitrust.models.loop): a simulated data attacker's poisoning
+    data_steps = [] if attack is None else attack.data_steps(server_round=server_round, rng=data_rng(cfg.seed, node),
+                                                             num_classes=info.num_classes)
+    train_images, train_labels = apply_data_steps(data_steps, data.train.images, data.train.labels)
 
     # FedAgain's benchmark error: the incoming global model's error on local validation,
     # measured before local training (reported by the hospital itself).

@@ -16,7 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hospitrust.models.training import make_optimizer, pick_device, to_batch
+from hospitrust.models.loop import ShuffledBatches, run_loop
+from hospitrust.models.training import make_optimizer, pick_device
 
 
 @dataclass
@@ -73,6 +74,23 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     return ce + lam * kl, ce, kl
 
 
+class SiblingLossStep:
+    """FED-FBD's loss step of the training loop: cross-entropy plus lambda x KL to the frozen ``teacher``
+    (its logits without gradients; none without a teacher or with lambda = 0).
+    """
+
+    def __init__(self, teacher: nn.Module | None, lam: float) -> None:
+        self.teacher, self.lam = teacher, lam
+
+    def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        teacher_logits = None
+        if self.teacher is not None and self.lam > 0:
+            with torch.no_grad():
+                teacher_logits = self.teacher(x)
+        loss, ce, kl = distillation_loss(model(x), teacher_logits, y, self.lam)
+        return {"loss": loss, "cross_entropy": ce, "kl": kl}
+
+
 def train_with_sibling(
     student: nn.Module,
     teacher: nn.Module | None,
@@ -124,6 +142,10 @@ def train_with_sibling(
     """
     if lam < 0:
         raise ValueError(f"lambda must be >= 0, got {lam}")
+    from hospitrust.models.batched import current_session, note_not_batched
+
+    if current_session() is not None:
+        note_not_batched("FED-FBD trains each hospital's color blocks with its own sibling loss")
     device = device or pick_device()
     student.to(device).train()
     if teacher is not None:
@@ -135,28 +157,8 @@ def train_with_sibling(
         return SiblingTrainResult(float("nan"), float("nan"), float("nan"), 0, 0)
     params = [p for p in student.parameters() if p.requires_grad]
     opt = make_optimizer(params, optimizer, learning_rate, momentum, weight_decay)
-    y_all = torch.from_numpy(np.asarray(labels).reshape(-1)).long().to(device)
-    tot = ce_tot = kl_tot = 0.0
-    seen = steps = 0
-    for _ in range(epochs):
-        order = torch.randperm(n)
-        for start in range(0, n, batch_size):
-            idx = order[start : start + batch_size]
-            x = to_batch(images[idx.numpy()], device)
-            y = y_all[idx.to(device)]
-            teacher_logits = None
-            if teacher is not None and lam > 0:
-                with torch.no_grad():
-                    teacher_logits = teacher(x)
-            loss, ce, kl = distillation_loss(student(x), teacher_logits, y, lam)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            b = int(y.shape[0])
-            tot += float(loss.detach()) * b
-            ce_tot += float(ce.detach()) * b
-            kl_tot += float(kl.detach()) * b
-            seen += b
-            steps += 1
-    seen = max(seen, 1)
-    return SiblingTrainResult(tot / seen, ce_tot / seen, kl_tot / seen, n, steps)
+    done = run_loop(student, opt, ShuffledBatches(images, labels, batch_size, device), SiblingLossStep(teacher, lam),
+                    epochs=epochs)
+    seen = max(done.seen, 1)
+    return SiblingTrainResult(done.totals["loss"] / seen, done.totals["cross_entropy"] / seen, done.totals["kl"] / seen,
+                              n, done.steps)

@@ -7,15 +7,14 @@ a 224-pixel dataset would not fit as float32 in every simulated hospital.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from pydantic import Field
 
+from hospitrust.models.loop import GPU_LOADER_WORKERS, TrainResult, uint8_batches  # noqa: F401 - re-exported
 from hospitrust.options import Options
 
 
@@ -42,6 +41,12 @@ class TrainOptions(Options):
         " in its loss (0: leaves them out of the softmax), so it does not push a class it never sees down "
         "everywhere. 1: plain softmax (off)."
     ))
+    batched_hospitals: bool = Field(False, description=(
+        "In-process runs only: the simulated hospitals of a round train as one computation (their stacked "
+        "models, one computation of their gradients, SGD on the stacked tensors), each with its own data, batches "
+        "and random draws; same math as training one after the other, within float32 rounding. Adam, local "
+        "DP-SGD, FED-FBD and models with buffers train as without it (the run logs why)."
+    ))
 
 
 def pick_device() -> torch.device:
@@ -61,50 +66,6 @@ def to_batch(images: np.ndarray, device: torch.device) -> torch.Tensor:
     """uint8 (N, H, W, C) -> float (N, C, H, W) in [-1, 1]."""
     x = torch.from_numpy(np.ascontiguousarray(images)).to(device)
     return x.permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
-
-
-def _scale(x: torch.Tensor) -> torch.Tensor:
-    """uint8 (N, C, H, W) on its device -> float in [-1, 1] (the same arithmetic as ``to_batch``)."""
-    return x.float().div_(127.5).sub_(1.0)
-
-
-#: DataLoader workers that gather batches for a GPU (pinned memory); on the CPU batches are
-#: gathered inline: the images are decoded uint8 arrays already (a hospital's cache), not files.
-GPU_LOADER_WORKERS = 2
-
-
-class _IndexedBatches(torch.utils.data.Dataset):
-    """Batch i of a fixed order: uint8 (B, H, W, C) gathered from (possibly memory-mapped) images."""
-
-    def __init__(self, images: np.ndarray, batches: list[np.ndarray]) -> None:
-        self.images, self.batches = images, batches
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(self.images[self.batches[i]]))
-
-
-def _uint8_batches(images: np.ndarray, batches: list[np.ndarray], device: torch.device):
-    """Yield each batch as uint8 (B, C, H, W) on ``device``: inline on the CPU, through a
-    DataLoader with workers and pinned memory on a GPU, so gathering overlaps the GPU's work.
-    """
-    if device.type != "cuda" or len(batches) < 4:
-        for idx in batches:
-            yield torch.from_numpy(np.ascontiguousarray(images[idx])).to(device).permute(0, 3, 1, 2)
-        return
-    loader = torch.utils.data.DataLoader(_IndexedBatches(images, batches), batch_size=None, shuffle=False,
-                                         num_workers=GPU_LOADER_WORKERS, pin_memory=True)
-    for batch in loader:
-        yield batch.to(device, non_blocking=True).permute(0, 3, 1, 2)
-
-
-@dataclass
-class TrainResult:
-    loss: float
-    num_examples: int
-    steps: int
 
 
 def make_optimizer(params, optimizer: str, learning_rate: float, momentum: float,
@@ -147,52 +108,41 @@ def train(
         raise ValueError(f"missing_class_scale (train.fedrs-alpha) must be in [0, 1], got {missing_class_scale}")
     device = device or pick_device()
     model.to(device).train()
-    n = int(labels.shape[0])
-    if n == 0:
+    if int(labels.shape[0]) == 0:
         return TrainResult(float("nan"), 0, 0)
+    from hospitrust.models.batched import TrainJob, current_session
+
+    def today() -> TrainResult:
+        return _train_today(model, images, labels, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+                            optimizer=optimizer, momentum=momentum, weight_decay=weight_decay, proximal_mu=proximal_mu,
+                            device=device, generator=generator, class_weights=class_weights,
+                            missing_class_scale=missing_class_scale, augment=augment)
+
+    session = current_session()
+    if session is not None:  # train.batched-hospitals, in process: this hospital trains with the round's others
+        return session.park(TrainJob(model, images, labels, epochs, batch_size, learning_rate, optimizer, momentum,
+                                     weight_decay, proximal_mu, device, generator, class_weights, missing_class_scale,
+                                     augment, today))
+    return today()
+
+
+def _train_today(model: nn.Module, images: np.ndarray, labels: np.ndarray, *, epochs: int, batch_size: int,
+                 learning_rate: float, optimizer: str, momentum: float, weight_decay: float, proximal_mu: float,
+                 device: torch.device, generator: torch.Generator | None, class_weights: torch.Tensor | None,
+                 missing_class_scale: float, augment) -> TrainResult:
+    """One hospital's training with the one loop (``hospitrust.models.loop``)."""
+    from hospitrust.models.loop import CrossEntropyStep, ShuffledBatches, restricted_softmax_scale, run_loop
+
+    n = int(labels.shape[0])
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(params, optimizer, learning_rate, momentum, weight_decay)
-    global_params = [p.detach().clone() for p in params] if proximal_mu > 0 else None
-    y_all = torch.from_numpy(labels).to(device)
     weight = None if class_weights is None else torch.as_tensor(class_weights, dtype=torch.float32).to(device)
-    logit_scale = None
-    if missing_class_scale < 1.0:
-        out_dim = _output_classes(model)
-        present = torch.bincount(y_all.long(), minlength=out_dim)[:out_dim] > 0
-        logit_scale = torch.where(present, 1.0, float(missing_class_scale)).to(device)
-    total, seen, steps = 0.0, 0, 0
-    for _ in range(epochs):
-        order = torch.randperm(n, generator=generator)
-        batches = [order[start : start + batch_size] for start in range(0, n, batch_size)]
-        for idx, raw in zip(batches, _uint8_batches(images, [b.numpy() for b in batches], device)):
-            if augment is not None:
-                from hospitrust.models.augment import augment_batch
-
-                raw = augment_batch(raw, augment)
-            x = _scale(raw)
-            y = y_all[idx.to(device)]
-            logits = model(x)
-            if logit_scale is not None:
-                logits = logits * logit_scale
-            loss = F.cross_entropy(logits, y, weight=weight)
-            if global_params is not None:
-                prox = sum(((p - g) ** 2).sum() for p, g in zip(params, global_params))
-                loss = loss + 0.5 * proximal_mu * prox
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += float(loss.detach()) * int(y.shape[0])
-            seen += int(y.shape[0])
-            steps += 1
-    return TrainResult(total / max(seen, 1), n, steps)
-
-
-def _output_classes(model: nn.Module) -> int:
-    """The number of classes: the output size of the model's last linear layer."""
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    if not linears:
-        raise ValueError("train.fedrs-alpha < 1 needs a model whose last layer is linear (its classes' logits)")
-    return int(linears[-1].out_features)
+    loss = CrossEntropyStep(weight=weight, logit_scale=restricted_softmax_scale(model, labels, missing_class_scale, device),
+                            proximal_mu=proximal_mu, params=params,
+                            global_params=[p.detach().clone() for p in params] if proximal_mu > 0 else None)
+    done = run_loop(model, opt, ShuffledBatches(images, labels, batch_size, device, generator), loss, epochs=epochs,
+                    augment=augment)
+    return TrainResult(done.totals.get("loss", 0.0) / max(done.seen, 1), n, done.steps)
 
 
 def balanced_class_weights(labels: np.ndarray, num_classes: int) -> torch.Tensor:

@@ -4,13 +4,15 @@ For fast tests and for sweeps of many small runs on a few cores, where Ray's sta
 and actor overhead would dominate. Messages are deep-copied on the way (like the wire);
 a ClientApp exception becomes an error reply with Flower's own reason (``<class '...'>:<'text'>``,
 no traceback: that goes to the log, as a SuperNode logs it), as in a real run. Hospitals train one
-after the other. Real runs (``hospitrust simulate``, SuperNodes) serialize messages and
+after the other, or, with ``train.batched-hospitals``, a round's hospitals train as one
+computation (``hospitrust.models.batched``). Real runs (``hospitrust simulate``, SuperNodes) serialize messages and
 give each hospital its own process.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 from collections.abc import Callable, Iterable
 from logging import ERROR
@@ -44,6 +46,8 @@ class InProcessGrid(Grid):
             nid: Context(run_id=run_id, node_id=nid, node_config=dict(nc), state=RecordDict(), run_config=dict(run_config))
             for nid, nc in zip(self.node_ids, node_configs)
         }
+        # train.batched-hospitals: a round's hospitals train as one computation (hospitrust.models.batched)
+        self.batched_hospitals = _flag(run_config.get("train.batched-hospitals", False))
         self.reply_filter = reply_filter  # (node index, incoming message, reply) -> reply to deliver, or None to drop it
         self._ids = itertools.count(1)
         self._pending: dict[str, Message] = {}  # message id -> pushed, not yet pulled
@@ -71,25 +75,52 @@ class InProcessGrid(Grid):
         return ids
 
     def pull_messages(self, message_ids):
-        out = []
-        for mid in message_ids:
-            msg = self._pending.pop(mid)
-            delivered = Message(copy.deepcopy(msg.content), metadata=copy.deepcopy(msg.metadata))
-            nid = msg.metadata.dst_node_id
-            try:
-                reply = self._client_app(delivered, self.contexts[nid])
-            except Exception as ex:  # what flwr's run_clientapp does: the reason is the exception's text
-                log(ERROR, "ClientApp raised an exception", exc_info=ex)
-                reply = Message(Error(code=2, reason=str(type(ex)) + ":<'" + str(ex) + "'>"), reply_to=delivered)
-            if self.reply_filter is not None:
-                reply = self.reply_filter(self.node_ids.index(nid), delivered, reply)
-                if reply is None:
-                    continue
-            out.append(reply)
-        return out
+        pulled = [self._pending.pop(mid) for mid in message_ids]
+        trains = sum(msg.metadata.message_type.split(".")[0] == "train" for msg in pulled)
+        if self.batched_hospitals and trains > 1:  # the round's hospitals meet inside training (models.batched)
+            from hospitrust.models.batched import BatchSession
+
+            delivered = [self._delivered(msg) for msg in pulled]
+            results = BatchSession().run([functools.partial(_call, self._client_app, d, self.contexts[d.metadata.dst_node_id])
+                                          for d in delivered])
+            replies = [self._reply(d, *result) for d, result in zip(delivered, results)]
+        else:
+            replies = []
+            for msg in pulled:
+                d = self._delivered(msg)
+                replies.append(self._reply(d, *_call(self._client_app, d, self.contexts[d.metadata.dst_node_id])))
+        return [r for r in replies if r is not None]
+
+    @staticmethod
+    def _delivered(msg):
+        """A copy of ``msg`` as the ClientApp receives it (its metadata too, as Flower's own copy)."""
+        return Message(copy.deepcopy(msg.content), metadata=copy.deepcopy(msg.metadata))
+
+    def _reply(self, delivered: Message, reply: Message | None, ex: Exception | None) -> Message | None:
+        if ex is not None:  # what flwr's run_clientapp does: the reason is the exception's text
+            log(ERROR, "ClientApp raised an exception", exc_info=ex)
+            reply = Message(Error(code=2, reason=str(type(ex)) + ":<'" + str(ex) + "'>"), reply_to=delivered)
+        assert reply is not None
+        if self.reply_filter is not None:
+            return self.reply_filter(self.node_ids.index(delivered.metadata.dst_node_id), delivered, reply)
+        return reply
 
     def send_and_receive(self, messages, *, timeout=None):
         return self.pull_messages(self.push_messages(messages))
+
+
+def _call(client_app, message: Message, context: Context) -> tuple[Message | None, Exception | None]:
+    """(reply, None), or (None, the exception) where the ClientApp raised."""
+    try:
+        return client_app(message, context), None
+    except Exception as ex:  # noqa: BLE001 - becomes the error reply, as flwr's run_clientapp makes it
+        return None, ex
+
+
+def _flag(value) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
 
 
 def run_inprocess(run_config: dict, num_hospitals: int, reply_filter=None, node_configs=None) -> None:

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 #: The accountant every local epsilon is computed with (recorded in config.json).
 ACCOUNTANT = "rdp"
@@ -163,6 +162,17 @@ class _Examples(torch.utils.data.Dataset):
         return torch.from_numpy(np.ascontiguousarray(self.images[i])), torch.tensor(self.labels[i])
 
 
+class _PoissonBatches:
+    """DP-SGD's batches: Opacus's Poisson-sampling loader, as uint8 (B, C, H, W) and labels on ``device``."""
+
+    def __init__(self, loader, device: torch.device) -> None:
+        self.loader, self.device = loader, device
+
+    def epoch(self):
+        for raw, y in self.loader:
+            yield raw.to(self.device).permute(0, 3, 1, 2), y.to(self.device)
+
+
 @dataclass
 class PrivateTrainResult:
     """What a DP-SGD round did: the loss, its privacy event, and the batch size of every step it took."""
@@ -204,8 +214,12 @@ def train_private(
     """
     from opacus import PrivacyEngine
 
+    from hospitrust.models.batched import current_session, note_not_batched
+    from hospitrust.models.loop import CrossEntropyStep, restricted_softmax_scale, run_loop
     from hospitrust.models.training import make_optimizer, pick_device
 
+    if current_session() is not None:
+        note_not_batched("local DP-SGD (privacy.local) clips and noises each example's gradient with Opacus")
     device = device or pick_device()
     n = int(labels.shape[0])
     for module in model.modules():  # Opacus's backward hooks cannot see through an in-place activation
@@ -222,31 +236,12 @@ def train_private(
                                                       noise_multiplier=event.noise_multiplier,
                                                       max_grad_norm=max_grad_norm, poisson_sampling=poisson_sampling)
     weight = None if class_weights is None else torch.as_tensor(class_weights, dtype=torch.float32).to(device)
-    logit_scale = None
-    if missing_class_scale < 1.0:
-        out_dim = [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
-        present = torch.bincount(torch.from_numpy(np.asarray(labels)).long(), minlength=out_dim)[:out_dim] > 0
-        logit_scale = torch.where(present, 1.0, float(missing_class_scale)).to(device)
-    total, seen, sizes = 0.0, 0, []
-    try:
-        for _ in range(epochs):
-            for raw, y in dp_loader:
-                sizes.append(int(y.shape[0]))
-                raw = raw.to(device).permute(0, 3, 1, 2)
-                if augment is not None and raw.shape[0]:
-                    from hospitrust.models.augment import augment_batch
-
-                    raw = augment_batch(raw, augment)
-                x, y = raw.float().div_(127.5).sub_(1.0), y.to(device)  # as models.training.to_batch
-                dp_opt.zero_grad(set_to_none=True)
-                logits = dp_model(x)
-                if logit_scale is not None:
-                    logits = logits * logit_scale
-                loss = F.cross_entropy(logits, y, weight=weight)
-                loss.backward()
-                dp_opt.step()  # clip each example's gradient, add noise, step; the accountant counts it
-                total += float(loss.detach()) * int(y.shape[0])
-                seen += int(y.shape[0])
+    loss = CrossEntropyStep(weight=weight, logit_scale=restricted_softmax_scale(model, labels, missing_class_scale, device))
+    sizes: list[int] = []
+    try:  # the one training loop, with Opacus's Poisson batches and its optimizer (clip each example's
+        # gradient, add noise, step; the accountant counts every step)
+        done = run_loop(dp_model, dp_opt, _PoissonBatches(dp_loader, device), loss, epochs=epochs, augment=augment,
+                        on_batch=lambda _raw, y: sizes.append(int(y.shape[0])))
     finally:
         if hasattr(dp_model, "_close"):
             dp_model._close()  # Opacus's hooks off the caller's model
@@ -254,7 +249,7 @@ def train_private(
     if len(history) != 1 or history[0][0] != event.noise_multiplier or not math.isclose(history[0][1], event.sample_rate):
         raise RuntimeError(f"Opacus's accountant recorded {history}, not the planned {event}")
     taken = PrivacyEvent(event.noise_multiplier, float(history[0][1]), int(history[0][2]))
-    return PrivateTrainResult(total / max(seen, 1), n, taken, sizes)
+    return PrivateTrainResult(done.totals.get("loss", 0.0) / max(done.seen, 1), n, taken, sizes)
 
 
 __all__ = ["ACCOUNTANT", "ACCOUNTANT_DESCRIPTION", "PrivacyEvent", "PrivateTrainResult", "calibrated_noise_multiplier",
