@@ -9,7 +9,7 @@ from PIL import Image
 from conftest import small_run_config
 from hospitrust.config import parse_node_config, parse_run_config
 from hospitrust.client_app.context import load_hospital
-from hospitrust.datasets.federation import partitions, reference_set, simulated_hospital
+from hospitrust.datasets.federation import partitions, reference_set, simulated_hospital, validation_set
 from hospitrust.datasets.federation import test_set as central_test_set
 from hospitrust.datasets.local import HospitalDataError, load_local
 from hospitrust.datasets.medmnist_source import dataset_path, load_medmnist
@@ -60,6 +60,21 @@ def test_simulated_hospitals_cover_the_training_pool_once(tmp_path, data_dir):
     ref = reference_set(cfg.federation)
     assert np.bincount(ref.labels).tolist() == [20, 20]
     assert len(central_test_set(cfg.federation)) == 624
+
+
+def test_the_validation_split_for_tuning_is_the_val_split_without_the_cohort(tmp_path, data_dir):
+    from hospitrust.datasets.server import server_sets
+    from hospitrust.tasks.task import resolve_task
+
+    cfg = parse_run_config(small_run_config(tmp_path, **{"server-data.test-split": "val"}))
+    val, ref = validation_set(cfg.federation), reference_set(cfg.federation)
+    assert len(val) == 524 - 40  # PneumoniaMNIST's val split, less the 20-per-class cohort
+    flat = {img.tobytes() for img in val.images}
+    assert not any(img.tobytes() in flat for img in ref.images)  # disjoint: tuning never sees the cohort
+    sets = server_sets(cfg.server_data, resolve_task(cfg), cfg.federation, False)
+    assert len(sets.test) == 484 and "val split without the reference cohort" in sets.test_source
+    with pytest.raises(Exception, match="test-split"):
+        parse_run_config(small_run_config(tmp_path, **{"server-data.test-split": "train"}))
 
 
 def test_more_hospitals_than_samples_is_a_clear_error(tmp_path, data_dir):

@@ -117,6 +117,16 @@ def test_set(fed: SimulatedFederation) -> LabelledImages:
     return LabelledImages(arrays.images["test"], arrays.labels["test"])
 
 
+def validation_set(fed: SimulatedFederation) -> LabelledImages:
+    """The val split's images outside the reference cohort: a held-out set for choosing hyperparameters
+    (learning rates, rounds) that is neither the test split nor what a rule judges updates on.
+    """
+    arrays = load_arrays(fed)
+    cohort = reference_cohort(arrays.labels["val"], fed.reference_cohort_per_class, seed=fed.seed)
+    keep = np.setdiff1d(np.arange(len(arrays.labels["val"])), cohort)
+    return LabelledImages(arrays.images["val"][keep], arrays.labels["val"][keep])
+
+
 def reference_set(fed: SimulatedFederation) -> LabelledImages:
     """The server's reference cohort: class-balanced, from the val split (no hospital holds it)."""
     arrays = load_arrays(fed)

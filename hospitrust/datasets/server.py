@@ -19,7 +19,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, field_validator
 
-from hospitrust.datasets.federation import LabelledImages, SimulatedFederation, reference_set, test_set
+from hospitrust.datasets.federation import (LabelledImages, SimulatedFederation, reference_set, test_set,
+                                          validation_set)
 from hospitrust.options import Options
 
 
@@ -40,6 +41,10 @@ class ServerDataOptions(Options):
     cache_dir: str = Field("", description=(
         "Where the server's decoded images are cached; empty: $HOSPITRUST_CACHE_DIR, else "
         "~/.cache/hospitrust/images."
+    ))
+    test_split: Literal["test", "val"] = Field("test", description=(
+        "A built-in task's split the server evaluates on when test-path is empty: test, or val (its images "
+        "outside the reference cohort) to choose learning rates and rounds without looking at the test split."
     ))
     evaluation: Literal["auto", "central", "federated"] = Field("auto", description=(
         "How the global model is evaluated each round: central (on the server's test set), federated (on the "
@@ -117,7 +122,12 @@ def server_sets(options: ServerDataOptions, task: Any, federation: SimulatedFede
     if options.test_path.strip():
         test, test_source = _load(options.test_path, options, task)
     elif not custom_task:
-        test, test_source = test_set(federation), f"dataset {federation.dataset} test split"
+        if options.test_split == "val":
+            test = validation_set(federation)
+            test_source = (f"dataset {federation.dataset} val split without the reference cohort "
+                           f"({len(test.labels)} images)")
+        else:
+            test, test_source = test_set(federation), f"dataset {federation.dataset} test split"
     if options.cohort_path.strip():
         cohort, cohort_source = _load(options.cohort_path, options, task)
     elif not custom_task:
