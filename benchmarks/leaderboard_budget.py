@@ -1,0 +1,94 @@
+"""The leaderboard v2's budget from its tuning grids: each rule's learning rate and rounds to the plateau.
+
+Reads the per-round curves of one or more tuning grid folders (``hospitrust bench`` output: every
+rule without attack at a few learning rates, on tuning seeds, evaluated on the val split), and
+writes into ``--out``: ``budget.md`` (the page's budget table), ``budget.csv`` and ``curves.png``
+(balanced accuracy against the round per rule at its chosen rate: each seed thin, the mean thick,
+the plateau as a dashed line). The rules are in ``hospitrust.bench.budget``.
+
+    python benchmarks/leaderboard_budget.py runs/leaderboard-v2/tune-pneumonia-a runs/leaderboard-v2/tune-pneumonia-b \
+        --out docs/results/leaderboard/v2/budget
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hospitrust.bench.budget import CANDIDATE_ROUNDS, TOLERANCE, BudgetError, budget_table, rule_budgets
+    from hospitrust.bench.store import collect
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("grids", nargs="+", help="tuning grid folders")
+    ap.add_argument("--out", required=True, help="folder for budget.md, budget.csv and curves.png")
+    ap.add_argument("--metric", default="balanced_accuracy")
+    ap.add_argument("--last-k", type=int, default=3, help="rounds averaged at a curve's round (default 3)")
+    ap.add_argument("--tolerance", type=float, default=TOLERANCE)
+    args = ap.parse_args(argv)
+
+    frames = []
+    for grid in args.grids:
+        if not Path(grid, "grid.json").is_file():
+            print(f"leaderboard_budget: {grid} is not a grid folder (no grid.json); expected hospitrust bench's --out",
+                  file=sys.stderr)
+            return 2
+        frames.append(collect(grid)[0])
+    rounds = pd.concat(frames, ignore_index=True)
+    try:
+        budgets = rule_budgets(rounds, metric=args.metric, k=args.last_k, candidates=CANDIDATE_ROUNDS,
+                               tolerance=args.tolerance)
+    except BudgetError as exc:
+        print(f"leaderboard_budget: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = budget_table(budgets)
+    (out / "budget.md").write_text(table + "\n")
+    pd.DataFrame([{"rule": b.rule, "learning-rate": b.learning_rate, "value": b.value, "plateau": b.plateau,
+                   "seeds": b.seeds, **{f"lr={r:g}": v for r, v in b.by_rate.items()},
+                   **{f"doubling R={c}": d for c, d in b.doubling.items()}} for b in budgets]).to_csv(
+        out / "budget.csv", index=False)
+    _plot(rounds, budgets, args.metric, out / "curves.png")
+    print(table)
+    print(f"wrote {out / 'budget.md'}, {out / 'budget.csv'}, {out / 'curves.png'}")
+    return 0
+
+
+def _plot(rounds: pd.DataFrame, budgets, metric: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = 4
+    rows = (len(budgets) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), sharey=True, squeeze=False)
+    for ax, b in zip(axes.flat, budgets):
+        mine = rounds[(rounds["strategy"] == b.rule) & (rounds["learning-rate"].astype(float) == b.learning_rate)]
+        for _, seed in mine.groupby("seed"):
+            ax.plot(seed["round"], seed[metric], color="tab:blue", alpha=0.3, linewidth=0.8)
+        mean = mine.groupby("round")[metric].mean()
+        ax.plot(mean.index, mean.values, color="tab:blue", linewidth=2)
+        if b.plateau is not None:
+            ax.axvline(b.plateau, color="black", linestyle="--", linewidth=1)
+        ax.set_title(f"{b.rule} (lr {b.learning_rate:g})", fontsize=9)
+        ax.set_xlabel("round", fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(budgets):]:
+        ax.axis("off")
+    axes[0][0].set_ylabel(metric.replace("_", " "))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
