@@ -100,6 +100,7 @@ class ChildLimits:
         """
         import resource
 
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file of a ClientApp (SIGXCPU dumps one): it holds images
         if self.cpu_seconds is not None:
             resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_seconds, self.cpu_seconds + 1))
         if self.memory_mb is not None:
