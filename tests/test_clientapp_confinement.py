@@ -417,3 +417,17 @@ def test_clientapp_user_errors_are_one_line():
     with pytest.raises(DeployError, match="must not run as root"):
         confine.check_can_switch(confine.AppUser.parse("0"))
     assert confine.AppUser.parse("65534:65534") == confine.AppUser("", 65534, 65534, (), None)
+
+
+def test_a_clientapp_that_cannot_be_confined_is_refused_before_its_bundle_runs(tmp_path, monkeypatch):
+    def fails(user):
+        raise OSError(f"the ClientApp's user {user.label} could switch back to uid 0")
+
+    monkeypatch.setattr(confine, "drop_to", fails)  # the forked child inherits it
+    config, content = _gate(tmp_path, "max-cpu-seconds = 60\n")
+    entry, seen, rc, _ = _launch(monkeypatch, tmp_path, config, content, _sleep,
+                                 user=confine.AppUser("", 65534, 65534, (), None))
+    assert entry["decision"] == "refused" and entry["reason"] == (
+        "refused: the ClientApp could not be confined (OSError: the ClientApp's user uid 65534 could switch back to "
+        "uid 0)"), entry
+    assert seen["raised"] == "Refused" and "ended" not in entry  # Flower's error reply; _sleep never ran
