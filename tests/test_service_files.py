@@ -40,6 +40,7 @@ def _rewrite(text: str, root: Path) -> str:
     text = text.replace("/opt/hospitrust/venv", str(VENV))
     for path in ("/etc/hospitrust", "/var/lib/hospitrust", "/var/cache/hospitrust", "/var/log/hospitrust"):
         text = text.replace(path, str(root / path.strip("/").replace("/", "-")))
+    text = text.replace("hospitrust-app", "nobody")  # the ClientApp's user: one that exists here
     text = re.sub(r"^User=.*$", f"User={getpass.getuser()}", text, flags=re.M)
     return re.sub(r"^Group=.*$", f"Group={grp.getgrgid(os.getgid()).gr_name}", text, flags=re.M)
 
@@ -110,15 +111,15 @@ def test_both_units_score_ok_in_systemd_analyze_security(tmp_path):
     for unit in ("hospitrust-superlink.service", "hospitrust-supernode.service"):
         scores[unit] = _exposure(analyze, UNITS / unit)
     assert all(score <= SECURITY_LIMIT for score in scores.values()), scores
-    # the variant the supernode unit's header gives for a launcher that runs the ClientApp as another user
-    text = (UNITS / "hospitrust-supernode.service").read_text()
-    variant = re.findall(r"^#   ((?:AmbientCapabilities|CapabilityBoundingSet|SystemCallFilter)=.+)$", text, flags=re.M)
-    assert len(variant) == 3, variant
-    switched = re.sub(r"^(AmbientCapabilities|CapabilityBoundingSet)=$\n", "", text, flags=re.M)
-    switched = switched.replace("[Install]", "\n".join(variant) + "\n\n[Install]")
-    (tmp_path / "switched.service").write_text(switched)
-    scores["with the uid switch"] = _exposure(analyze, tmp_path / "switched.service")
-    assert scores["with the uid switch"] <= SECURITY_LIMIT, scores
+    # the supernode unit runs the ClientApp as another user: the launcher holds exactly what switching and ending it
+    # need (the child drops them, tests/test_clientapp_confinement.py), and the syscall filter lets it switch
+    s = _settings("hospitrust-supernode.service")
+    caps = "CAP_SETUID CAP_SETGID CAP_KILL"
+    assert s["AmbientCapabilities"] == [caps] and s["CapabilityBoundingSet"] == [caps] and s["User"] == ["hospitrust"], s
+    assert s["SystemCallFilter"][-2:] == ["~@privileged", "@setuid capset"], s["SystemCallFilter"]
+    assert "--clientapp-user hospitrust-app" in _exec_start("hospitrust-supernode.service")[0]
+    assert s["ExecStartPre"] == ["+/usr/bin/install -d -o hospitrust-app -g hospitrust-app -m 0700 /var/lib/hospitrust/app "
+                                 "/var/cache/hospitrust/app"], s["ExecStartPre"]
     # the check checks something: the units as they shipped before scored 8.5 EXPOSED
     bare = tmp_path / "bare.service"
     bare.write_text("[Service]\nExecStart=/bin/true\nUser=nobody\nNoNewPrivileges=true\nPrivateTmp=true\n"
@@ -153,6 +154,7 @@ def test_the_supernode_units_execstart_starts_a_hospital_with_its_own_task(tmp_p
     data, task = _hospital(tmp_path)
     etc = tmp_path / "etc-hospitrust"
     (etc / "policy.toml").write_text("max-local-epochs = 5\n")  # the site policy the unit's header asks for
+    os.chmod(etc / "policy.toml", 0o644)  # as written by an editor: readable by the ClientApp's user
     deploy.create_ca(etc)
     deploy.create_supernode_keys(etc, "st-mary")
     line, unit_env = _exec_start(unit)
@@ -166,11 +168,15 @@ def test_the_supernode_units_execstart_starts_a_hospital_with_its_own_task(tmp_p
     env = {**os.environ, **{k: _rewrite(v, tmp_path) for k, v in unit_env.items() if k != "PATH"},
            "PYTHONPATH": str(REPO)}
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    # the gate's files must be out of the ClientApp's reach: a policy it could read stops the start, as the header says
+    assert res.returncode == 2 and "policy.toml is readable by the ClientApp's user nobody" in res.stderr, res.stderr
+    os.chmod(etc / "policy.toml", 0o600)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert "OK: ready to join the federation" in out and "benign" in out, out
     flower = next(x for x in res.stdout.splitlines() if x.startswith("$ flower-supernode"))
-    assert f'cache-dir="{tmp_path}/var-cache-hospitrust/images"' in flower and 'hospital="st-mary"' in flower, flower
+    assert f'cache-dir="{tmp_path}/var-cache-hospitrust/app/images"' in flower and 'hospital="st-mary"' in flower, flower
     # the gate is on: approvals (the state directory: the gate writes pending bundles beside them), the site
     # policy, the audit log (the logs directory); the dry run checked the policy: a broken one stops the start
     gate = {flag: cmd[cmd.index(flag) + 1] for flag in ("--approved-apps", "--policy", "--audit-log")}

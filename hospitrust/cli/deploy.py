@@ -297,8 +297,8 @@ def _start_supernode(args, node_config: dict[str, object]) -> int:
     warm = args.launcher == "warm"
     gate_env = _gate_env(args)
     if gate_env and not warm:
-        raise DeployError("--approved-apps, --trusted-signers, --policy and --audit-log need --launcher warm: Flower's own "
-                          "launcher has no hook to check a bundle before it runs")
+        raise DeployError("--approved-apps, --trusted-signers, --policy, --audit-log and --clientapp-user need --launcher "
+                          "warm: Flower's own launcher has no hook to check a bundle before it runs")
     if args.log_file and not warm:
         raise DeployError("--log-file needs --launcher warm (with --launcher flower, Flower's SuperNode replaces this "
                           "command: redirect its output instead)")
@@ -352,9 +352,18 @@ def _gate_env(args) -> dict[str, str]:
         raise DeployError("--audit-key needs --audit-log (the key signs that log's entries)")
     if getattr(args, "hospital_images", None) is not None:
         env[gate.IMAGES_ENV] = str(args.hospital_images)
-    if not env.keys() - {gate.IMAGES_ENV}:
+    user_spec = getattr(args, "clientapp_user", None)
+    if not env.keys() - {gate.IMAGES_ENV} and not user_spec:
         return {}
-    gate.GateConfig.from_env(env).check_files()  # a bad policy or signers file: a clear error before anything starts
+    from hospitrust.supervision.launcher import check_start
+
+    # a bad policy or signers file, an unknown --clientapp-user, gate files it could read: a clear error before
+    # anything starts (the launcher checks the same at its start)
+    check_start(gate.GateConfig.from_env(env), user_spec or "")
+    if user_spec:
+        from hospitrust.supervision.confine import CLIENTAPP_USER_ENV
+
+        env[CLIENTAPP_USER_ENV] = user_spec
     return env
 
 
@@ -542,6 +551,11 @@ def add_deploy_parser(sub) -> None:
                                                       "hospitrust deploy audit PATH")
     p.add_argument("--audit-key", metavar="FILE", help="the audit log's HMAC key (64+ hex digits, mode 0600); default "
                                                       "PATH.key, created at the first start")
+    p.add_argument("--clientapp-user", metavar="NAME|UID[:GID]",
+                   help="run each ClientApp as this user once the gate accepted its bundle, before any of it is "
+                        "imported: the approvals, policy and audit log (0600, the service user's) are then out of its "
+                        "reach; it needs its data readable and its --cache-dir and privacy ledger writable "
+                        "(docs/security.md#the-clientapps-own-user; needs CAP_SETUID, CAP_SETGID, CAP_KILL)")
     p.add_argument("--message-timeout", type=float, default=1800.0,
                    help="watchdog: seconds a message may be in flight before the SuperNode is restarted (default 1800)")
     p.add_argument("--send-timeout", type=float, default=30.0,

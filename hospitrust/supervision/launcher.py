@@ -22,6 +22,12 @@ the *claim* pipe (what the reply carries, sent after the bundle's code ran: reco
 The entry is written when the child exits, with its exit status as this process saw it. A child closes
 the read ends of the other children's pipes and removes the gate's paths from its environment first.
 
+The site policy's limits (``max-cpu-seconds``, ``max-memory-mb``: RLIMIT_CPU and RLIMIT_DATA) are set on the child
+once the gate accepted the bundle, before it is imported; ``max-wall-seconds`` is this process's: it kills
+(SIGKILL) a child past it. The ``exited`` line and the audit entry say which limit ended a child (``reason``,
+``ended``). With ``--clientapp-user`` ($HOSPITRUST_CLIENTAPP_USER) the child then also switches to that user
+for good (:mod:`hospitrust.supervision.confine`), so the bundle's code cannot read or write the gate's files.
+
 Fault injection for the watchdog's tests: ``HOSPITRUST_LAUNCHER_FAULT=die-before-read@N`` (the
 N-th child exits with 17 before it reads its message), ``exit-0-before-read@N`` (it exits 0 before
 reading it, as a ClientApp whose task token Flower refused does: the SuperNode then waits for a reply
@@ -38,6 +44,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 #: Imported once by the parent and shared with every forked ClientApp.
 PRELOAD = ("numpy", "torch", "torch.nn", "torch.nn.functional", "torch.utils.data", "PIL.Image", "pydantic",
@@ -144,9 +151,14 @@ class AuditPipes:
             value = None
         return value if isinstance(value, dict) else None
 
-    def entry(self, rc: object) -> dict:
+    def claim(self) -> dict | None:
+        """What the app says its reply carried (one JSON object), None when it sent nothing readable."""
+        return self._one(bytes(self.data[self.claim_r]))
+
+    def entry(self, rc: object, ended: str | None = None) -> dict:
         """The audit entry: the run and task as the SuperNode gave them, the gate's decision, the exit status
-        seen here, and what the app says its reply carried.
+        seen here, what ended the child when a limit of the site policy did (``ended``), and what the app says its
+        reply carried.
         """
         out: dict[str, object] = {"run": self.run_id, "task": self.task_id}
         decision = self._one(bytes(self.data[self.decision_r]))
@@ -165,15 +177,17 @@ class AuditPipes:
         elif claim_bytes:
             out["reply_claimed_by_app"] = {"unreadable": f"{len(claim_bytes)} bytes, not one JSON object"}
         out["exit"] = rc
+        if ended:
+            out["ended"] = ended
         return out
 
 
-def _write_audit(gate_config, pipes: AuditPipes, rc: object) -> None:
+def _write_audit(gate_config, pipes: AuditPipes, rc: object, ended: str | None = None) -> None:
     """Append the child's entry; a failure is said loudly on the launcher's log, with the entry."""
     from hospitrust.ops.deploy import audit
 
     pipes.close()
-    entry = pipes.entry(rc)
+    entry = pipes.entry(rc, ended)
     try:
         record = audit.append(gate_config.audit_log, entry, gate_config.audit_key)
     except (OSError, ValueError, RuntimeError) as exc:  # DeployError is a RuntimeError
@@ -218,19 +232,129 @@ def atomic_install(install):
     return install_from_fab
 
 
+class Child:
+    """A ClientApp in flight: when it started, its task, the site policy's limits it was forked with, and why this
+    process killed it (empty: it did not).
+    """
+
+    def __init__(self, task_id: int, limits=None) -> None:
+        self.started, self.clock = time.time(), time.monotonic()
+        self.task_id, self.limits, self.killed = task_id, limits, ""
+
+    @property
+    def wall_seconds(self) -> float | None:
+        return getattr(self.limits, "wall_seconds", None)
+
+
+ALLOCATION_FAILED = ("MemoryError", "Cannot allocate memory", "can't allocate memory", "bad_alloc", "out of memory")
+
+
+def ending(rc: int, cpu_seconds: float, child: Child, claim: dict | None = None) -> str | None:
+    """Which limit of the site policy ended a child (None: none did), from what this process saw: its own kill at
+    max-wall-seconds, the kernel's SIGXCPU (or SIGKILL past the CPU time) at max-cpu-seconds, and, under
+    max-memory-mb, an error reply that says an allocation failed (the app's own claim, said as such).
+    """
+    if child.killed:
+        return child.killed
+    limits = child.limits
+    cpu = getattr(limits, "cpu_seconds", None)
+    if cpu is not None and (rc == -signal.SIGXCPU or (rc == -signal.SIGKILL and cpu_seconds >= cpu)):
+        return f"killed: past the site policy's max-cpu-seconds ({cpu} s of CPU; it used {cpu_seconds:.1f} s)"
+    memory = getattr(limits, "memory_mb", None)
+    error = str(claim.get("error", "")) if isinstance(claim, dict) else ""
+    if memory is not None and any(marker in error for marker in ALLOCATION_FAILED):
+        return (f"failed: an allocation failed under the site policy's max-memory-mb ({memory} MiB), as the app's "
+                "error reply says (its claim)")
+    return None
+
+
+def enforce_wall_time(children: dict[int, Child]) -> None:
+    """Kill (SIGKILL) every child past its max-wall-seconds; its ``exited`` line and audit entry say why."""
+    now = time.monotonic()
+    for pid, child in children.items():
+        wall = child.wall_seconds
+        if wall is None or child.killed or now - child.clock < wall:
+            continue
+        child.killed = f"killed: past the site policy's max-wall-seconds ({wall:g} s)"
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # it ended meanwhile: reaped next
+        except PermissionError:  # another user's process, and no CAP_KILL (checked at the start: should not happen)
+            child.killed = f"past the site policy's max-wall-seconds ({wall:g} s), but not killed: no permission"
+        emit("killed", pid=pid, task_id=child.task_id, reason=child.killed)
+
+
+def reap(children: dict[int, Child], pending: dict[int, AuditPipes], gate_config) -> list[tuple[int, int, str | None]]:
+    """Collect the children that ended: their audit entries, their ``exited`` lines; returns (pid, rc, reason)."""
+    done = []
+    while children:
+        pid, status, usage = os.wait4(-1, os.WNOHANG)
+        if pid == 0:
+            break
+        child = children.pop(pid, None) or Child(-1)
+        rc = os.waitstatus_to_exitcode(status)
+        pipes = pending.pop(pid, None)
+        if pipes is not None:
+            pipes.drain()
+        reason = ending(rc, usage.ru_utime + usage.ru_stime, child, pipes.claim() if pipes is not None else None)
+        if pipes is not None:
+            _write_audit(gate_config, pipes, rc, reason)
+        emit("exited", pid=pid, task_id=child.task_id, seconds=round(time.time() - child.started, 3), rc=rc,
+             **({"reason": reason} if reason else {}))
+        done.append((pid, rc, reason))
+    return done
+
+
+def child_limits(gate_config):
+    """The site policy's limits for the next child, read now (a broken policy: none; the gate refuses it)."""
+    from hospitrust.errors import DeployError
+    from hospitrust.ops.deploy.policy import ChildLimits, load_policy
+
+    if gate_config is None or gate_config.policy is None:
+        return ChildLimits()
+    try:
+        return load_policy(gate_config.policy).child_limits()
+    except DeployError:
+        return ChildLimits()
+
+
+def _confiner(limits, user):
+    """What the child does once the bundle is installed and accepted, before it is imported: set the site policy's
+    CPU and memory limits, then switch to the ClientApp's user (None: nothing to do).
+    """
+    if user is None and (limits is None or (limits.cpu_seconds is None and limits.memory_mb is None)):
+        return None
+    from flwr.supercore.utils import get_flwr_home
+
+    from hospitrust.supervision import confine
+
+    def confine_child(target) -> None:
+        if user is not None:
+            confine.share_install(Path(target), get_flwr_home())
+        if limits is not None:
+            limits.apply()
+        if user is not None:
+            confine.drop_to(user)
+
+    return confine_child
+
+
 def _child(runtime_api_address: str, token: str, fault: str, gate_config=None,
-           audit_fds: tuple[int, int] | None = None) -> None:
+           audit_fds: tuple[int, int] | None = None, limits=None, user=None) -> None:
     """In the forked child: run one ClientApp task with Flower's own runtime; never returns.
 
     With a ``gate_config`` (approvals, signers, site policy, audit log), the hospital's gate
     (``hospitrust.ops.deploy.gate``) wraps Flower's task input, bundle installation and reply first.
-    ``audit_fds``: the decision and claim pipes' write ends (see :class:`AuditPipes`).
+    ``audit_fds``: the decision and claim pipes' write ends (see :class:`AuditPipes`). ``limits``: the site
+    policy's (``ChildLimits``), ``user``: the ClientApp's (``confine.AppUser``), set once the bundle is accepted.
     """
     code = 0
     try:
         from hospitrust.ops.deploy import gate
 
         gate.scrub_environment()  # the bundle's code must not learn where the approvals, policy and audit log are
+        confine_child = _confiner(limits, user)
         from hospitrust.supervision.supervisor import die_with_parent
 
         die_with_parent()  # the launcher killed with SIGKILL: its ClientApps go too
@@ -246,7 +370,7 @@ def _child(runtime_api_address: str, token: str, fault: str, gate_config=None,
         if gate_config is not None and gate_config.active:
             decision_fd, claim_fd = audit_fds if audit_fds is not None else (None, None)
             # the hospital's own code, before the bundle's hospitrust replaces it
-            gate.install(gate_config, decision_fd=decision_fd, claim_fd=claim_fd)
+            gate.install(gate_config, decision_fd=decision_fd, claim_fd=claim_fd, accepted=confine_child)
         for name in [m for m in sys.modules if m == "hospitrust" or m.startswith("hospitrust.")]:
             del sys.modules[name]  # the launcher's own modules: the ClientApp imports hospitrust from the app bundle
         threads = os.environ.get("OMP_NUM_THREADS", "")
@@ -257,7 +381,16 @@ def _child(runtime_api_address: str, token: str, fault: str, gate_config=None,
         from flwr.supernode.runtime.run_clientapp import run_clientapp
 
         if gate_config is None or not gate_config.active:  # the gate installs all-or-nothing itself (install_verified)
-            rc.install_from_fab = atomic_install(rc.install_from_fab)  # type: ignore[assignment]
+            flower_install = atomic_install(rc.install_from_fab)
+            if confine_child is None:
+                rc.install_from_fab = flower_install  # type: ignore[assignment]
+            else:
+                def install_then_confine(*args, **kwargs):
+                    final = flower_install(*args, **kwargs)
+                    confine_child(final)
+                    return final
+
+                rc.install_from_fab = install_then_confine  # type: ignore[assignment]
 
         profile_dir = os.environ.get(PROFILE_ENV, "")
         if profile_dir:  # diagnostics: where a ClientApp's time goes, one .prof file per task
@@ -283,7 +416,7 @@ def _child(runtime_api_address: str, token: str, fault: str, gate_config=None,
 
 
 def _fork(runtime_api_address: str, token: str, fault: str, gate_config, pipes: AuditPipes | None,
-          pending: dict[int, AuditPipes]) -> int:
+          pending: dict[int, AuditPipes], limits=None, user=None) -> int:
     """Fork the child of one task (see :func:`_child`); returns its pid. ``pending``: the audit pipes of the
     messages still in flight, whose ends the child closes.
     """
@@ -295,22 +428,57 @@ def _fork(runtime_api_address: str, token: str, fault: str, gate_config, pipes: 
         if pipes is not None:
             os.close(pipes.decision_r)
             os.close(pipes.claim_r)
-        _child(runtime_api_address, token, fault, gate_config, pipes.child_fds if pipes is not None else None)
+        _child(runtime_api_address, token, fault, gate_config, pipes.child_fds if pipes is not None else None, limits,
+               user)
     if pipes is not None:
         pipes.forked()
     return pid
 
 
-def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int | None = None,
-        gate: StdinGate | None = None) -> None:
-    """Ask the SuperNode for ClientApp tasks and fork one child per task, until stopped (with
-    ``gate``: when the supervisor signals a received message, see :class:`StdinGate`).
+def check_start(gate_config, user_spec: str = ""):
+    """At the start: the gate's files and the ClientApp's user (``--clientapp-user``), checked; returns the user
+    (``confine.AppUser``) or None. A DeployError says what is wrong.
     """
+    gate_config.check_files()  # a broken policy or signers file stops the SuperNode now, not at its first message
+    if not user_spec:
+        return None
+    from hospitrust.supervision import confine
+
+    user = confine.AppUser.parse(user_spec)
+    confine.check_can_switch(user)
+    confine.check_private(gate_config.private_files(), user)
+    return user
+
+
+def _memory_warning(limits) -> None:
+    """Say loudly when the policy's max-memory-mb is below what every child inherits (it could not run at all)."""
+    if limits.memory_mb is None:
+        return
+    status = Path("/proc/self/status").read_text()
+    data = next((int(line.split()[1]) // 1024 for line in status.splitlines() if line.startswith("VmData:")), 0)
+    if data + 64 >= limits.memory_mb:
+        print(f"hospitrust launcher: the site policy's max-memory-mb ({limits.memory_mb} MiB) is not above the {data} MiB "
+              "every ClientApp inherits from this launcher (RLIMIT_DATA counts them): accepted messages will fail "
+              "to allocate", file=sys.stderr, flush=True)
+
+
+def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int | None = None,
+        gate: StdinGate | None = None, clientapp_user: str = "") -> None:
+    """Ask the SuperNode for ClientApp tasks and fork one child per task, until stopped (with
+    ``gate``: when the supervisor signals a received message, see :class:`StdinGate`; with ``clientapp_user``: the
+    ClientApps run as that user).
+    """
+    from hospitrust.errors import DeployError
     from hospitrust.ops.deploy.gate import GateConfig
 
     gate_config = GateConfig.from_env()
-    gate_config.check_files()  # a broken policy or signers file stops the SuperNode now, not at its first message
+    try:
+        user = check_start(gate_config, clientapp_user)
+    except DeployError as exc:
+        print(f"hospitrust launcher: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
     seconds = preload()
+    _memory_warning(child_limits(gate_config))
     from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
     from flwr.supercore.app_utils import start_parent_process_monitor
     from flwr.supercore.constant import TaskType
@@ -325,8 +493,9 @@ def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int
         interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
         retry_invoker=make_simple_http_retry_invoker(),
     )
-    emit("ready", preload_seconds=round(seconds, 3), runtime_api=runtime_api_address, pid=os.getpid())
-    children: dict[int, tuple[float, int]] = {}  # pid -> (started, task id)
+    emit("ready", preload_seconds=round(seconds, 3), runtime_api=runtime_api_address, pid=os.getpid(),
+         **({"clientapp_user": user.label} if user is not None else {}))
+    children: dict[int, Child] = {}
     pending: dict[int, AuditPipes] = {}  # pid -> its audit pipes (with an audit log)
     launched = 0
 
@@ -334,7 +503,7 @@ def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int
         for pid in children:
             try:
                 os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
+            except OSError:  # gone, or another user's (it has the parent-death signal)
                 pass
         for pid, pipes in pending.items():
             _write_audit(gate_config, pipes, "stopped with the launcher")
@@ -346,15 +515,8 @@ def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int
     while True:
         for inflight in pending.values():  # a reply's description may not fit a pipe's buffer: read as it comes
             inflight.drain()
-        while children:  # reap finished children
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            started, task_id = children.pop(pid, (time.time(), -1))
-            rc = os.waitstatus_to_exitcode(status)
-            if pid in pending:
-                _write_audit(gate_config, pending.pop(pid), rc)
-            emit("exited", pid=pid, task_id=task_id, seconds=round(time.time() - started, 3), rc=rc)
+        enforce_wall_time(children)
+        reap(children, pending, gate_config)
         if gate is not None and not gate.wait(poll):
             continue
         res = client.AcquireTask(AcquireTaskRequest(supported_task_types={TaskType.CLIENT_APP}))
@@ -363,10 +525,11 @@ def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int
             fault = _fault(launched)
             sys.stdout.flush()
             pipes = AuditPipes(int(res.task.task_id), int(res.task.run_id)) if gate_config.audit_log else None
-            pid = _fork(runtime_api_address, res.token, fault, gate_config, pipes, pending)
+            limits = child_limits(gate_config)
+            pid = _fork(runtime_api_address, res.token, fault, gate_config, pipes, pending, limits, user)
             if pipes is not None:
                 pending[pid] = pipes
-            children[pid] = (time.time(), int(res.task.task_id))
+            children[pid] = Child(int(res.task.task_id), limits)
             emit("started", pid=pid, task_id=int(res.task.task_id), run_id=int(res.task.run_id), n=launched,
                  **({"fault": fault} if fault else {}))
             continue  # another task may be waiting: ask again at once
@@ -417,9 +580,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, help="exit when this process exits")
     parser.add_argument("--gate-stdin", action="store_true",
                         help="ask for a task when a line arrives on stdin (the supervisor: message received)")
+    parser.add_argument("--clientapp-user", metavar="NAME|UID[:GID]",
+                        default=os.environ.get("HOSPITRUST_CLIENTAPP_USER", ""),
+                        help="run each ClientApp as this user once the gate accepted its bundle (default "
+                             "$HOSPITRUST_CLIENTAPP_USER; needs CAP_SETUID, CAP_SETGID and CAP_KILL)")
     args = parser.parse_args(argv)
     run(args.runtime_api_address, poll=args.poll, parent_pid=args.parent_pid,
-        gate=StdinGate() if args.gate_stdin else None)
+        gate=StdinGate() if args.gate_stdin else None, clientapp_user=args.clientapp_user)
     return 0
 
 

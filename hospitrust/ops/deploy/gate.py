@@ -99,6 +99,15 @@ class GateConfig:
     def active(self) -> bool:
         return any((self.approvals, self.trusted, self.policy, self.audit_log))
 
+    def private_files(self) -> list[Path]:
+        """The files a ClientApp must neither read nor write: approvals (with the revocation list), signers, site
+        policy, audit log, its key and head.
+        """
+        files = [p for p in (self.approvals, self.trusted, self.policy) if p is not None]
+        if self.audit_log is not None:
+            files += [self.audit_log, audit.key_path(self.audit_log, self.audit_key), audit.head_path(self.audit_log)]
+        return files
+
     def check_files(self) -> None:
         """At the launcher's start: a broken policy or signers file stops the SuperNode, not the first message."""
         if self.policy is not None:
@@ -237,11 +246,15 @@ def _report(fds: dict[str, int | None], which: str, record: dict) -> None:
         os.close(fd)
 
 
-def install(config: GateConfig, decision_fd: int | None = None, claim_fd: int | None = None) -> None:
+def install(config: GateConfig, decision_fd: int | None = None, claim_fd: int | None = None,
+            accepted: Callable[[Path], None] | None = None) -> None:
     """Wrap Flower's ``pull_task_input``, ``install_from_fab`` and ``push_message`` in this (forked) process.
 
     ``decision_fd``: the pipe on which the decision goes to the launcher, closed before the bundle is imported;
     ``claim_fd``: the pipe on which what the reply carries goes (after the bundle's code ran: its claim).
+    ``accepted``: called with the install folder once the bundle is accepted, installed and checked, before the
+    decision is sent and before any of the bundle is imported (the launcher's confinement: the site policy's CPU
+    and memory limits, the ClientApp's own user); an exception from it refuses the message, with its reason.
     """
     from flwr.cli.config_utils import get_fab_metadata
     from flwr.common.config import get_flwr_home, get_project_dir
@@ -309,6 +322,11 @@ def install(config: GateConfig, decision_fd: int | None = None, claim_fd: int | 
             problem = install_verified(content, target, install_fab)
             if problem is not None:
                 reason, detail = f"refused: {problem[0]}", problem[1]
+        if reason is None and target is not None and accepted is not None:
+            try:
+                accepted(target)
+            except Exception as exc:  # noqa: BLE001 - a ClientApp that cannot be confined does not run
+                reason = f"refused: the ClientApp could not be confined ({type(exc).__name__}: {exc})"
         # the decision leaves this process, and its pipe is closed, before any of the bundle is imported
         _report(fds, "decision", {"app_sha256": sha, "message": message_kind(seen.get("message_type", ""), seen.get("msg_config", {})),
                               "round": seen.get("round"), "decision": "refused" if reason is not None else "accepted",

@@ -68,10 +68,11 @@ class SitePolicy(Options):
     max_signature_age_days: float | None = Field(None, gt=0, description="A consortium signature older than this is refused.")
     max_cpu_seconds: int | None = Field(None, ge=1, description=(
         "CPU seconds one ClientApp process may use (RLIMIT_CPU, set by the launcher on its child before the bundle "
-        "is imported): past it the kernel ends the process and the message fails."))
+        "is imported; all its threads count): past it the kernel ends the process and the message fails."))
     max_memory_mb: int | None = Field(None, ge=64, description=(
-        "Memory one ClientApp process may allocate, in MiB (RLIMIT_DATA: its heap and private mappings, set like "
-        "max-cpu-seconds); past it an allocation fails."))
+        "Memory one ClientApp process may allocate, in MiB (RLIMIT_DATA: its heap and private writable mappings, "
+        "the ~1.1 GiB it inherits from the warm launcher included; not its resident size; set like max-cpu-seconds); "
+        "past it an allocation fails."))
     max_wall_seconds: float | None = Field(None, gt=0, description=(
         "Seconds one ClientApp process may run: the launcher ends it (SIGKILL) past this, and the audit entry says so."))
 
@@ -90,13 +91,18 @@ class ChildLimits:
     wall_seconds: float | None = None
 
     def apply(self) -> None:
-        """Set the CPU and memory limits on this process (the forked child, before it imports the bundle): soft and
-        hard alike, so the bundle's code cannot raise them again.
+        """Set the CPU and memory limits on this process (the forked child, before it imports the bundle).
+
+        CPU: the kernel sends SIGXCPU at ``cpu_seconds`` (which ends the process) and SIGKILL one second later (a
+        process that catches SIGXCPU); memory: soft and hard alike. A process without CAP_SYS_RESOURCE cannot raise
+        a hard limit, so the bundle's code cannot lift them (a ClientApp running as root could: see
+        ``deploy supernode --clientapp-user``).
         """
         import resource
 
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file of a ClientApp (SIGXCPU dumps one): it holds images
         if self.cpu_seconds is not None:
-            resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_seconds, self.cpu_seconds))
+            resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_seconds, self.cpu_seconds + 1))
         if self.memory_mb is not None:
             limit = self.memory_mb * 1024 * 1024
             resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))

@@ -1,0 +1,433 @@
+"""An approved ClientApp confined by the launcher, on real forked children of the launcher's own code path
+(``launcher._fork`` -> ``_child`` -> the gate -> the "bundle"), reaped by the launcher's own ``reap`` and
+``enforce_wall_time``:
+
+- the site policy's limits: a stand-in burning CPU past ``max-cpu-seconds = 1`` is ended by the kernel, one sleeping
+  past ``max-wall-seconds = 1`` is killed by the launcher, one allocating past ``max-memory-mb`` fails to allocate
+  (and the same allocation without the limit works); the audit entry and the ``exited`` line say which limit;
+- the ClientApp's own user (``--clientapp-user``): played as the attacker, an approved stand-in running as
+  ``nobody`` tries to read the audit key, the approvals and the policy, to append to the audit log and to regain
+  root or the service user, and fails each time (PermissionError), while it imports its installed bundle, decodes
+  its hospital's images into its cache, records its privacy ledger, and its reply still goes out;
+- a service user (not root) holding CAP_SETUID/CAP_SETGID/CAP_KILL, as the shipped unit runs, keeps them across a
+  plain setuid (the control), and the launcher's switch leaves none: it cannot switch back.
+
+Switching user needs root here (CI runs as root, like the development machine): when not root, those tests are
+skipped with a reason that says NOT ROOT, NOT TESTED.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import stat
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from hospitrust.errors import DeployError
+from hospitrust.ops.deploy import approval, audit, gate
+from hospitrust.supervision import confine, launcher
+
+from test_hospital_gate import make_app
+
+# what the warm launcher has imported when it forks (launcher.PRELOAD), and the gate's own Flower imports: a child
+# forked from here does not spend its CPU seconds importing them
+import flwr.cli.config_utils  # noqa: E402,F401
+import flwr.supernode.runtime.run_clientapp  # noqa: E402,F401
+import torch  # noqa: E402,F401
+
+
+GATE_VALUES = "\n[tool.hospitrust]\ngate-values = 1\n"  # a site policy refuses a bundle that does not declare it
+
+
+def _needs_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("NOT ROOT, NOT TESTED: switching a ClientApp to another user needs root (or CAP_SETUID/"
+                    "CAP_SETGID) in the test process; run this test as root, as CI does")
+
+
+def _stand_in(behaviour, result: Path):
+    """Flower's ``run_clientapp`` without a SuperNode: pull, install (the gate's wrappers), run ``behaviour`` where
+    Flower imports and runs the bundle, push the reply or, as Flower does, an error reply with the exception.
+    """
+    from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+    from flwr.cli.config_utils import get_fab_metadata
+    from flwr.supercore.fab import Fab
+    from flwr.supercore.run import Run
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.supernode.runtime import run_clientapp as rc
+
+    def pull(client):
+        message = Message(RecordDict({"config": ConfigRecord({"server-round": 1})}), dst_node_id=5,
+                          message_type="query")
+        context = Context(run_id=42, node_id=5, node_config={"hospital": "h"}, state=RecordDict(), run_config={})
+        content = result.with_suffix(".fab").read_bytes()
+        run = Run.create_empty(42)
+        (run.fab_id, run.fab_version), run.fab_hash = get_fab_metadata(content), approval.fab_sha256(content)
+        return message, context, run, Fab(run.fab_hash, content, {})
+
+    def run_clientapp(**kwargs):
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 42, 5, 7
+        message, context, run, fab = rc.pull_task_input(None)
+        try:
+            target = rc.install_from_fab(fab.content, skip_prompt=True)
+            seen = behaviour(Path(target))
+            reply = Message(RecordDict({"metrics": MetricRecord({"loss": 0.5})}), reply_to=message)
+        except Exception as exc:  # Flower's error reply: "<class 'X'>:<'text'>"
+            import traceback
+
+            seen = {"raised": type(exc).__name__, "where": traceback.format_exc()[-1500:]}
+            reply = Message(Error(code=0, reason=str(type(exc)) + ":<'" + str(exc) + "'>"), reply_to=message)
+        result.write_text(json.dumps(seen))
+        rc.push_message(None, reply, context)
+        sys.exit(0)
+
+    return run_clientapp, pull
+
+
+def _gate(root: Path, policy: str) -> tuple[gate.GateConfig, bytes]:
+    """An approved bundle, this hospital's approvals, site policy and audit log under ``root/gate``."""
+    app = make_app(root / "app")
+    (app / "pyproject.toml").write_text((app / "pyproject.toml").read_text() + GATE_VALUES)
+    content = approval.build_fab(app)
+    store = approval.Approvals(root / "gate" / "approved.toml")
+    store.approve(content)
+    (root / "gate" / "policy.toml").write_text(policy)
+    os.chmod(root / "gate" / "policy.toml", 0o600)
+    config = gate.GateConfig(approvals=store.path, policy=root / "gate" / "policy.toml",
+                             audit_log=root / "gate" / "audit.jsonl")
+    return config, content
+
+
+def _launch(monkeypatch, root: Path, config: gate.GateConfig, content: bytes, behaviour, user=None,
+            timeout: float = 30.0) -> tuple[dict, dict, int, float]:
+    """Fork one child the launcher's way, reap it the launcher's way; returns (audit entry, what the stand-in saw,
+    exit code, seconds).
+    """
+    from flwr.supernode.runtime import run_clientapp as rc
+
+    result = root / "app-home" / "result.json"
+    result.parent.mkdir(exist_ok=True)
+    result.with_suffix(".fab").write_bytes(content)
+    result.unlink(missing_ok=True)
+    run_clientapp, pull = _stand_in(behaviour, result)
+    monkeypatch.setattr(rc, "run_clientapp", run_clientapp)
+    monkeypatch.setattr(rc, "pull_task_input", pull)
+    monkeypatch.setattr(rc, "install_from_fab", rc.install_from_fab)
+    monkeypatch.setattr(rc, "push_message", lambda client, message, context: None)
+    monkeypatch.setenv("FLWR_HOME", str(root / "flwr-home"))
+    config.check_files()
+    limits = launcher.child_limits(config)
+    pipes = launcher.AuditPipes(7, 42)
+    old = os.umask(0o077)  # the unit's UMask: what the gate installs is the service user's alone
+    try:
+        start = time.monotonic()
+        pid = launcher._fork("127.0.0.1:1", "token", "", config, pipes, {}, limits, user)
+    finally:
+        os.umask(old)
+    children = {pid: launcher.Child(7, limits)}
+    pending = {pid: pipes}
+    done: list = []
+    while not done and time.monotonic() - start < timeout:
+        for p in pending.values():
+            p.drain()
+        launcher.enforce_wall_time(children)
+        done = launcher.reap(children, pending, config)
+        time.sleep(0.02)
+    seconds = time.monotonic() - start
+    if not done:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail(f"the child was still running after {timeout} s")
+    entries, problem = audit.verify(config.audit_log)
+    assert problem is None, problem
+    seen = json.loads(result.read_text()) if result.exists() else {}
+    return entries[-1], seen, done[0][1], seconds
+
+
+def _burn(target):
+    while True:
+        pass
+
+
+def _sleep(target):
+    time.sleep(60)
+    return {}
+
+
+def test_a_clientapp_past_max_cpu_seconds_is_ended_and_the_entry_says_so(tmp_path, monkeypatch, capsys):
+    config, content = _gate(tmp_path, "max-cpu-seconds = 1\nmax-wall-seconds = 60\n")
+    entry, seen, rc, seconds = _launch(monkeypatch, tmp_path, config, content, _burn)
+    assert rc == -signal.SIGXCPU and entry["decision"] == "accepted" and entry["exit"] == rc, entry
+    assert entry["ended"].startswith("killed: past the site policy's max-cpu-seconds (1 s of CPU; it used 1."), entry
+    assert "reply_claimed_by_app" not in entry and seen == {}  # it never got to reply
+    exited = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"exited"' in line]
+    assert exited[-1]["reason"] == entry["ended"] and exited[-1]["rc"] == rc
+    assert seconds < 20
+
+
+def test_a_clientapp_past_max_wall_seconds_is_killed_by_the_launcher(tmp_path, monkeypatch, capsys):
+    config, content = _gate(tmp_path, "max-wall-seconds = 1\n")
+    entry, seen, rc, seconds = _launch(monkeypatch, tmp_path, config, content, _sleep)
+    assert rc == -signal.SIGKILL and entry["decision"] == "accepted", entry
+    assert entry["ended"] == "killed: past the site policy's max-wall-seconds (1 s)", entry
+    assert 1.0 <= seconds < 10, seconds
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [e["launcher"] for e in events if e["launcher"] in ("killed", "exited")] == ["killed", "exited"]
+    assert events[-1]["reason"] == entry["ended"]
+
+
+def _inherited_mib() -> int:
+    status = Path("/proc/self/status").read_text()
+    return next(int(line.split()[1]) // 1024 for line in status.splitlines() if line.startswith("VmData:"))
+
+
+def _allocate(target):
+    small = bytearray(16 << 20)  # well within the limit: the process still works
+    big = bytearray(600 << 20)  # past it (calloc'd: no page is touched when it succeeds)
+    return {"allocated": len(small) + len(big)}
+
+
+def test_memory_past_max_memory_mb_fails_to_allocate_and_the_same_allocation_works_without_it(tmp_path, monkeypatch):
+    limit = _inherited_mib() + 300  # RLIMIT_DATA counts what the child inherits from the launcher
+    config, content = _gate(tmp_path, f"max-memory-mb = {limit}\n")
+    entry, seen, rc, _ = _launch(monkeypatch, tmp_path, config, content, _allocate)
+    assert seen["raised"] == "MemoryError" and "bytearray(600 << 20)" in seen["where"] and rc == 0, (seen, entry)
+    assert entry["reply_claimed_by_app"]["error"].startswith("<class 'MemoryError'>"), entry
+    assert entry["ended"] == (f"failed: an allocation failed under the site policy's max-memory-mb ({limit} MiB), as "
+                              "the app's error reply says (its claim)"), entry
+    # the control: the same stand-in under a policy without the limit allocates it and replies
+    (tmp_path / "gate" / "policy.toml").write_text("max-local-epochs = 5\n")
+    entry, seen, rc, _ = _launch(monkeypatch, tmp_path, config, content, _allocate)
+    assert seen == {"allocated": (16 << 20) + (600 << 20)} and "ended" not in entry, (seen, entry)
+    assert entry["reply_claimed_by_app"] == {"metrics": ["metrics/loss"]}
+
+
+@pytest.fixture
+def world_root():
+    """A folder ``nobody`` can traverse (pytest's own tmp folders are 0700 root)."""
+    root = Path(tempfile.mkdtemp(prefix="hospitrust-confine-"))
+    os.chmod(root, 0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _hospital(root: Path, user: confine.AppUser) -> dict[str, Path]:
+    """This hospital's images (readable), the task, and the app user's own folder for its cache and ledger."""
+    rng = np.random.default_rng(0)
+    data = root / "data"
+    for label in ("benign", "malignant"):
+        (data / label).mkdir(parents=True)
+        for i in range(4):
+            Image.fromarray(rng.integers(0, 255, (16, 16), dtype=np.uint8)).save(data / label / f"{i}.png")
+    task = root / "task.toml"
+    task.write_text('name = "derma"\nclasses = ["benign", "malignant"]\nchannels = 1\nimage-size = 16\n')
+    home = root / "app-home"  # what the unit's ExecStartPre makes: /var/lib/hospitrust/app, owned by that user
+    home.mkdir(mode=0o700)
+    os.chown(home, user.uid, user.gid)
+    return {"data": data, "task": task, "home": home}
+
+
+def _attacker(files: dict[str, str], hospital: dict[str, Path]):
+    def behaviour(target: Path) -> dict:
+        seen: dict[str, object] = {"uid": list(os.getresuid()), "gid": list(os.getresgid()), "groups": os.getgroups(),
+                                   "caps": {w: confine.capabilities(w) for w in ("CapEff", "CapPrm", "CapAmb")},
+                                   "home": os.environ.get("HOME")}
+        for name, path in files.items():
+            try:
+                Path(path).read_bytes()
+                seen[f"read {name}"] = "READ"
+            except PermissionError:
+                seen[f"read {name}"] = "denied"
+        try:
+            with open(files["audit log"], "a") as log:
+                log.write('{"decision": "accepted"}\n')
+            seen["append to the audit log"] = "APPENDED"
+        except PermissionError:
+            seen["append to the audit log"] = "denied"
+        for uid in (0,):
+            try:
+                os.setuid(uid)
+                seen[f"setuid {uid}"] = "BECAME IT"
+            except PermissionError:
+                seen[f"setuid {uid}"] = "denied"
+        try:
+            (target / "tinyapp" / "client.py").write_text("VALUE = 666\n")
+            seen["rewrite its installed bundle"] = "REWROTE"
+        except PermissionError:
+            seen["rewrite its installed bundle"] = "denied"
+        # what it legitimately does: import its bundle, decode its images into its cache, record its ledger
+        sys.path.insert(0, str(target))
+        import tinyapp.client  # noqa: PLC0415
+
+        seen["bundle VALUE"] = tinyapp.client.VALUE
+        seen["images"], seen["ledger epsilon"] = _legit_work(hospital, hospital["home"])
+        return seen
+
+    return behaviour
+
+
+def _legit_work(hospital: dict[str, Path], folder: Path) -> tuple[int, bool]:
+    """A ClientApp's own writes, with hospitrust's code: decode the images into the cache, record the ledger."""
+    import argparse
+
+    from hospitrust.datasets.local import load_local
+    from hospitrust.privacy.ledger import PrivacyLedger
+    from hospitrust.privacy.local import PrivacyEvent
+    from hospitrust.tasks.cli import add_task_arguments, task_from_args
+
+    parser = argparse.ArgumentParser()
+    add_task_arguments(parser)
+    task = task_from_args(parser.parse_args(["--task", str(hospital["task"])]))
+    data = load_local(hospital["data"], "auto", task, folder / "cache")
+    spent = PrivacyLedger(folder / "privacy-ledger.json").record("k", PrivacyEvent(1.0, 0.5, 2), hospital="h",
+                                                                 delta=1e-5, server_round=1)
+    return int(len(data)), spent.epsilon > 0
+
+
+def test_the_clientapp_runs_as_another_user_and_cannot_touch_the_gates_files(world_root, monkeypatch):
+    _needs_root()
+    user = confine.AppUser.parse("nobody")
+    hospital = _hospital(world_root, user)
+    config, content = _gate(world_root, "max-cpu-seconds = 60\nmax-wall-seconds = 60\n")
+    os.chmod(world_root / "gate", 0o755)  # the files' own modes must keep it out, not their folder
+    os.chmod(world_root / "gate" / "policy.toml", 0o644)
+    with pytest.raises(DeployError, match=r"policy.toml is readable by the ClientApp's user nobody \(mode 644"):
+        launcher.check_start(config, "nobody")  # the launcher does not start with a gate file it could read
+    os.chmod(world_root / "gate" / "policy.toml", 0o600)
+    assert launcher.check_start(config, "nobody") == user
+    key, head = audit.key_path(config.audit_log), audit.head_path(config.audit_log)
+    audit.append(config.audit_log, {"decision": "accepted", "run": 1}, None)  # the log, its key and head exist
+    files = {"audit key": key, "approvals": config.approvals, "policy": config.policy, "audit log": config.audit_log,
+             "audit head": head}
+    for path in files.values():  # what the gate made: the service user's alone
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    # this machine's Python lives under /root (0700), which ``nobody`` cannot read, so the modules the stand-in's
+    # legitimate work needs are imported before the switch, by doing it once here (the launcher preloads its libraries
+    # the same way; a hospital's venv and Python must be readable by the ClientApp's user: docs/deployment.md); the
+    # child re-imports hospitrust itself from this checkout, as the launcher's child does
+    scratch = world_root / "scratch"
+    scratch.mkdir()
+    _legit_work(hospital, scratch)
+    entry, seen, rc, _ = _launch(monkeypatch, world_root, config, content,
+                                 _attacker({k: str(v) for k, v in files.items()}, hospital), user=user)
+    assert rc == 0 and entry["decision"] == "accepted" and "raised" not in seen, (entry, seen)
+    assert seen["uid"] == [user.uid] * 3 and seen["gid"] == [user.gid] * 3, seen
+    assert seen["caps"] == {"CapEff": 0, "CapPrm": 0, "CapAmb": 0} and seen["home"] == user.home, seen
+    assert {k: v for k, v in seen.items() if k.startswith(("read", "append", "setuid", "rewrite"))} == {
+        **{f"read {name}": "denied" for name in files}, "append to the audit log": "denied", "setuid 0": "denied",
+        "rewrite its installed bundle": "denied"}, seen
+    assert seen["bundle VALUE"] == 1 and seen["images"] == 8 and seen["ledger epsilon"] is True, seen
+    # its reply went out, and the log is whole: two entries, the launcher's, verified
+    assert entry["reply_claimed_by_app"] == {"metrics": ["metrics/loss"]}
+    entries, problem = audit.verify(config.audit_log)
+    assert problem is None and len(entries) == 2
+    cache = hospital["home"] / "cache"
+    assert cache.stat().st_uid == user.uid and all(p.stat().st_uid == user.uid for p in cache.rglob("*"))
+    assert (hospital["home"] / "privacy-ledger.json").stat().st_uid == user.uid
+
+
+def _service_user_with_caps(service: int) -> None:
+    """In a forked root child: become ``service`` keeping CAP_SETUID, CAP_SETGID and CAP_KILL effective, as the
+    shipped unit's User= with AmbientCapabilities= runs the launcher.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(8, 1, 0, 0, 0) == 0  # PR_SET_KEEPCAPS
+    os.setgroups([])
+    os.setresgid(service, service, service)
+    os.setresuid(service, service, service)
+    caps = (1 << confine.CAP_SETUID) | (1 << confine.CAP_SETGID) | (1 << confine.CAP_KILL)
+    data = (confine._Data * 2)()
+    data[0].effective = data[0].permitted = caps
+    assert libc.capset(ctypes.byref(confine._Header(confine._CAPABILITY_VERSION_3, 0)), data) == 0
+
+
+def _in_child(fn) -> dict:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            out = fn()
+        except BaseException as exc:  # noqa: BLE001
+            out = {"error": f"{type(exc).__name__}: {exc}"}
+        os.write(w, json.dumps(out).encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def test_a_service_user_with_capabilities_cannot_come_back_after_the_switch():
+    _needs_root()
+    service = pwd.getpwnam("daemon").pw_uid
+    nobody = confine.AppUser.parse("nobody")
+
+    def plain_setuid() -> dict:  # the control: what a setuid alone leaves to a capable service user
+        _service_user_with_caps(service)
+        confine.check_can_switch(nobody)  # the launcher's start check passes: it has the three capabilities
+        os.setresgid(nobody.gid, nobody.gid, nobody.gid)
+        os.setresuid(nobody.uid, nobody.uid, nobody.uid)
+        os.setuid(service)
+        return {"back to": os.getuid()}
+
+    def launcher_switch() -> dict:
+        _service_user_with_caps(service)
+        confine.drop_to(nobody)
+        out = {}
+        for uid in (service, 0):
+            try:
+                os.setuid(uid)
+                out[str(uid)] = "BECAME IT"
+            except PermissionError:
+                out[str(uid)] = "denied"
+        return {**out, "uid": os.getuid(), "caps": confine.capabilities("CapPrm")}
+
+    assert _in_child(plain_setuid) == {"back to": service}
+    assert _in_child(launcher_switch) == {str(service): "denied", "0": "denied", "uid": nobody.uid, "caps": 0}
+
+    def without_caps() -> dict:
+        os.setgroups([])
+        os.setresgid(service, service, service)
+        os.setresuid(service, service, service)
+        confine.check_can_switch(nobody)
+        return {}
+
+    assert "needs CAP_SETUID CAP_SETGID CAP_KILL" in _in_child(without_caps)["error"]
+
+
+def test_clientapp_user_errors_are_one_line():
+    with pytest.raises(DeployError, match="no such user"):
+        confine.AppUser.parse("no-such-user-here")
+    with pytest.raises(DeployError, match="must not run as root"):
+        confine.check_can_switch(confine.AppUser.parse("0"))
+    assert confine.AppUser.parse("65534:65534") == confine.AppUser("", 65534, 65534, (), None)
+
+
+def test_a_clientapp_that_cannot_be_confined_is_refused_before_its_bundle_runs(tmp_path, monkeypatch):
+    def fails(user):
+        raise OSError(f"the ClientApp's user {user.label} could switch back to uid 0")
+
+    monkeypatch.setattr(confine, "drop_to", fails)  # the forked child inherits it
+    config, content = _gate(tmp_path, "max-cpu-seconds = 60\n")
+    entry, seen, rc, _ = _launch(monkeypatch, tmp_path, config, content, _sleep,
+                                 user=confine.AppUser("", 65534, 65534, (), None))
+    assert entry["decision"] == "refused" and entry["reason"] == (
+        "refused: the ClientApp could not be confined (OSError: the ClientApp's user uid 65534 could switch back to "
+        "uid 0)"), entry
+    assert seen["raised"] == "Refused" and "ended" not in entry  # Flower's error reply; _sleep never ran
