@@ -417,8 +417,12 @@ class _GroupedNet:
 
     @classmethod
     def of(cls, model: nn.Module, mask_names: list[str]) -> _GroupedNet | None:
+        class _Tracer(torch.fx.Tracer):  # the known layers (and their subclasses, e.g. small_cnn's pools) as leaves
+            def is_leaf_module(self, m: nn.Module, qualified_name: str) -> bool:
+                return isinstance(m, cls.LAYERS) or super().is_leaf_module(m, qualified_name)
+
         try:
-            graph = torch.fx.symbolic_trace(model).graph
+            graph = _Tracer().trace(model)
         except Exception:  # noqa: BLE001 - a model fx cannot trace: vmap computes its gradients
             return None
         nodes = [n for n in graph.nodes if n.op not in ("placeholder", "output")]
