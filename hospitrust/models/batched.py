@@ -333,7 +333,6 @@ def _train_group(jobs: list[TrainJob]) -> None:
     weights = torch.stack([h.weight for h in hospitals])
     scales = torch.stack([h.logit_scale for h in hospitals])
     lr, momentum, wd, mu = first.learning_rate, first.momentum, first.weight_decay, first.proximal_mu
-    buffers: dict[str, torch.Tensor] = {}
     mask_names = [name for name, _p, _s in plan.dropouts]
 
     def loss_of(params, x, y, valid, weight, logit_scale, masks, start_params):
@@ -352,6 +351,7 @@ def _train_group(jobs: list[TrainJob]) -> None:
     if grouped is not None:
         step_grads = grouped.step_grads(mu)
     most = max(h.steps for h in hospitals)
+    buffers: dict[str, torch.Tensor] = {n: torch.zeros_like(t) for n, t in stacked.items()} if momentum != 0 else {}
     for step in range(most):
         rows = [i for i, h in enumerate(hospitals) if step < h.steps]
         drawn = [hospitals[i].draw(step) for i in rows]
@@ -360,33 +360,31 @@ def _train_group(jobs: list[TrainJob]) -> None:
         y = torch.stack([_pad(lab, width) for _r, lab, _m in drawn])
         valid = torch.stack([_pad(torch.ones(int(lab.shape[0]), device=device), width) for _r, lab, _m in drawn])
         masks = [torch.stack([_pad(m[k], width) for _r, _l, m in drawn]) for k in range(len(mask_names))]
-        everyone = len(rows) == len(hospitals)
-        index = None if everyone else torch.tensor(rows, device=device)
-
-        def take(t: torch.Tensor, index=index) -> torch.Tensor:
-            return t if index is None else t.index_select(0, index)
-
-        params = {n: take(stacked[n]) for n in names}
-        grads, losses = step_grads(params, x, y, valid, take(weights), take(scales), masks,
-                                   None if start is None else {n: take(start[n]) for n in names})
-        for n in names:  # torch.optim.SGD's single-tensor step (dampening 0, no nesterov), on every hospital at once
-            p, g = params[n], grads[n]
-            if wd != 0:
-                g = g.add(p, alpha=wd)
-            if momentum != 0:
-                if step == 0:
-                    buffers[n] = torch.clone(g).detach()
-                    g = buffers[n]
-                else:
-                    buf = take(buffers[n])
-                    buf.mul_(momentum).add_(g)
-                    g = buf
-                    if index is not None:
-                        buffers[n].index_copy_(0, index, buf)
-            p.add_(g, alpha=-lr)
-            if index is not None:
-                stacked[n].index_copy_(0, index, p)
-        for row, loss, (_r, lab, _m) in zip(rows, losses.tolist(), drawn):
+        losses: list[float] = []
+        # hospitals a:b (consecutive rows of the stacked tensors: views, no copies), CHUNK at a time: one
+        # computation of their gradients, then torch.optim.SGD's single-tensor step (dampening 0, no
+        # nesterov) on their rows of the stacked parameters, in place
+        for a, b, j in _runs(rows, CHUNK):
+            here, drawn_here = slice(a, b), slice(j, j + b - a)
+            params = {n: stacked[n][here] for n in names}
+            grads, chunk_losses = step_grads(params, x[drawn_here], y[drawn_here], valid[drawn_here], weights[here],
+                                             scales[here], [m[drawn_here] for m in masks],
+                                             None if start is None else {n: start[n][here] for n in names})
+            with torch.no_grad():
+                for n in names:
+                    p, g = params[n], grads[n]
+                    if wd != 0:
+                        g = g.add(p, alpha=wd)
+                    if momentum != 0:
+                        buf = buffers[n][here]
+                        if step == 0:  # every hospital's first step: the buffer is the gradient
+                            buf.copy_(g)
+                        else:
+                            buf.mul_(momentum).add_(g)
+                        g = buf
+                    p.add_(g, alpha=-lr)
+            losses += chunk_losses.tolist()
+        for row, loss, (_r, lab, _m) in zip(rows, losses, drawn):
             b = int(lab.shape[0])
             hospitals[row].total += float(loss) * b
             hospitals[row].seen += b
@@ -400,8 +398,8 @@ def _train_group(jobs: list[TrainJob]) -> None:
 #: how a group's gradients are computed: "grouped" (grouped convolutions and batched matmuls over the
 #: stacked hospitals, where the model is a chain of the layers :class:`_GroupedNet` knows), else "vmap"
 ENGINE = "grouped"
-#: the grouped engine's hospitals per computation: all ten hospitals' activations at once (33 MB for the small
-#: CNN's first block at batch 32) leave the caches and ran 1.5x slower than ten hospitals alone; chunks ran as fast
+#: hospitals per computation of gradients: all ten hospitals' activations at once (33 MB for the small CNN's
+#: first block at batch 32) leave the CPU's caches and ran 1.5x slower than ten hospitals alone
 CHUNK = 2
 
 
@@ -486,14 +484,6 @@ class _GroupedNet:
         """
 
         def compute(params, x, y, valid, weight, logit_scale, masks, start_params):
-            hospitals = int(y.shape[0])
-            if hospitals > CHUNK:  # a few hospitals at a time: their activations stay in the CPU's caches
-                parts = [compute_chunk(*(_rows(a, k) for a in (params, x, y, valid, weight, logit_scale, masks, start_params)))
-                         for k in range(0, hospitals, CHUNK)]
-                return ({n: torch.cat([g[n] for g, _ in parts]) for n in params}, torch.cat([loss for _, loss in parts]))
-            return compute_chunk(params, x, y, valid, weight, logit_scale, masks, start_params)
-
-        def compute_chunk(params, x, y, valid, weight, logit_scale, masks, start_params):
             leaves = {n: t.detach().requires_grad_(True) for n, t in params.items()}
             logits = self.forward(leaves, x, masks) * logit_scale.unsqueeze(1)
             hospitals, batch = int(y.shape[0]), int(y.shape[1])
@@ -509,15 +499,15 @@ class _GroupedNet:
         return compute
 
 
-def _rows(a, start: int):
-    """Rows ``start`` to ``start + CHUNK`` (hospitals) of a tensor, or of each tensor in a dict or list (None: None)."""
-    if a is None:
-        return None
-    if isinstance(a, dict):
-        return {n: t[start : start + CHUNK] for n, t in a.items()}
-    if isinstance(a, list):
-        return [t[start : start + CHUNK] for t in a]
-    return a[start : start + CHUNK]
+def _runs(rows: list[int], chunk: int):
+    """(a, b, j): hospitals a..b-1, consecutive in ``rows`` (sorted) from its position j, at most ``chunk`` of them."""
+    j = 0
+    while j < len(rows):
+        k = j + 1
+        while k < len(rows) and k - j < chunk and rows[k] == rows[k - 1] + 1:
+            k += 1
+        yield rows[j], rows[k - 1] + 1, j
+        j = k
 
 
 def _pad(t: torch.Tensor, width: int) -> torch.Tensor:
