@@ -7,10 +7,10 @@ each hospital's ClientApp in its own thread (:class:`BatchSession`); the threads
 in message order, and meet inside :func:`hospitrust.models.training.train`: each *parks* its
 training job there and waits. When every hospital has parked or finished, the jobs of the same
 architecture and optimizer settings are trained together (:func:`train_together`): the parameters
-are stacked, one computation gives every hospital's gradient of its own batch (grouped convolutions
-and batched matmuls, :class:`_GroupedNet`, for a chain of the small CNN's layers; else
-``torch.func.vmap(grad(functional_call(...)))``), and SGD (momentum, weight decay) steps the stacked tensors with
-``torch.optim.SGD``'s arithmetic. Then the threads resume, one at a time, in message order: each
+are stacked, one computation per :data:`CHUNK` hospitals gives each its gradient of its own batch (grouped
+convolutions and batched matmuls, :class:`_GroupedNet`, for a chain of the small CNN's layers; else
+``torch.func.vmap(grad(functional_call(...)))``), and SGD (momentum, weight decay) steps their rows of the
+stacked tensors in place with ``torch.optim.SGD``'s arithmetic. Then the threads resume, one at a time, in message order: each
 hospital's ClientApp and mods run as they do without the option (an update attacker rewrites its
 own update after training).
 
