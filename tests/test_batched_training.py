@@ -97,14 +97,16 @@ def test_one_step_matches_todays_path(one_thread):
         assert job.result.loss == pytest.approx(result.loss, rel=REL)
 
 
-@pytest.mark.parametrize("engine", ["grouped", "vmap"])
-def test_uneven_hospitals_with_augmentation_dropout_and_momentum_match_todays_path(one_thread, monkeypatch, engine):
+@pytest.mark.parametrize(("engine", "chunk"), [("grouped", 2), ("grouped", 16), ("vmap", 2)])
+def test_uneven_hospitals_with_augmentation_dropout_and_momentum_match_todays_path(one_thread, monkeypatch, engine, chunk):
     """3, 2, 4 and 2 batches, smaller last batches, per-image augmentation and dropout drawn from each
     hospital's own generator: every update within 1e-5 of today's, and each hospital's RNG ends where
     today's training leaves it (what its ClientApp draws next is the same); with grouped convolutions
-    (the small CNN's chain of layers) and with vmap (any model without buffers).
+    (the small CNN's chain of layers: two hospitals per computation, and all at once) and with vmap
+    (any model without buffers).
     """
     monkeypatch.setattr(batched, "ENGINE", engine)
+    monkeypatch.setattr(batched, "CHUNK", chunk)
     augment = parse_augmentation(["horizontal-flip", "rotation=10"], 28)
     base, today, jobs = _both_paths([70, 40, 100, 33], batch_size=32, augment=augment)
     for (model, result, rng_after), job in zip(today, jobs):

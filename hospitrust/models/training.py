@@ -174,12 +174,18 @@ def class_weights_from_counts(counts, num_classes: int) -> torch.Tensor:
     return torch.from_numpy(w).float()
 
 
+#: predict_proba's batch on the CPU: a small CNN's activations of 128 images stay in the caches (512 ran
+#: 1.7x slower on one thread); every image's result is the same at any batch size (measured bit for bit)
+CPU_EVAL_BATCH = 128
+
+
 @torch.no_grad()
 def predict_proba(
-    model: nn.Module, images: np.ndarray, *, batch_size: int = 512, device: torch.device | None = None
+    model: nn.Module, images: np.ndarray, *, batch_size: int | None = None, device: torch.device | None = None
 ) -> np.ndarray:
-    """Class probabilities (N, C) as float64 numpy."""
+    """Class probabilities (N, C) as float64 numpy (``batch_size``: 512 on a GPU, :data:`CPU_EVAL_BATCH` on the CPU)."""
     device = device or pick_device()
+    batch_size = batch_size or (CPU_EVAL_BATCH if device.type == "cpu" else 512)
     model.to(device).eval()
     out = []
     for start in range(0, images.shape[0], batch_size):
