@@ -1,7 +1,9 @@
 """A federation that runs unattended, on the shared deployed federation (tests/federation.py: TLS, SuperNode
 authentication, the locked-down SuperLink): a hospital's supervisor killed with SIGKILL leaves no Flower process
 behind and its restart joins the same run; a `flower-supernode` killed alone is restarted by its supervisor and
-the hospital is back within two rounds; `hospitrust deploy hospitals` names the federation's hospitals.
+the hospital is back within two rounds; `hospitrust deploy hospitals` names the federation's hospitals; a hospital
+frozen in (or out of) a round is recorded as it was; ClientApps paused across a SuperLink crash (issue 47's
+post-crash hang) leave their hospitals healed within a minute of the resume.
 Each test leaves the hospitals as it found them.
 """
 
@@ -219,49 +221,105 @@ def _launcher_of(fed, name: str) -> psutil.Process:
     return launcher[0]
 
 
-TOKEN_LAPSE = 65  # Flower 1.42 drops a task's token 60 s (2 x 30 s) after its last heartbeat
+TOKEN_LAPSE = 65  # Flower 1.42's SuperNode drops a task's token 60 s (2 x 30 s) after its ClientApp's last heartbeat
 
 
-def test_a_clientapp_paused_past_its_token_leaves_its_hospital_healed_within_a_minute_of_the_resume(federation):
-    """Issue 47's recipe without the SuperLink kill: hospital-2's round-1 ClientApp is paused (SIGSTOP) past Flower's
-    task heartbeat (60 s), as one in flight across a SuperLink crash is, then resumed: Flower refuses its token and
-    it exits 0. Within a minute of the resume its SuperNode is free again: Flower's own error reply for a lapsed task
-    whose message it had pulled went out, or (its message not pulled yet: no reply ever) the watchdog restarted it.
-    The next run, which needs all three hospitals, gets hospital-2's answers, without the fixture's own restart."""
+def _superlinks(wrapper: psutil.Process) -> list[psutil.Process]:
+    """The `deploy superlink` wrapper's live flower-superlink children."""
+    out = []
+    for p in wrapper.children():
+        try:
+            if any("flower-superlink" in a for a in p.cmdline()[:2]) and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:  # exited
+            pass
+    return out
+
+
+def _in_flight(fed, name: str, since: float) -> list[psutil.Process]:
+    """Hospital ``name``'s ClientApps started after ``since`` and still running."""
+    out = []
+    for p in _launcher_of(fed, name).children():
+        with contextlib.suppress(psutil.Error):
+            if p.create_time() > since and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+    return out
+
+
+def _installed_for_training(log: str) -> bool:
+    """Whether the ClientApp of the train message the SuperNode received last has installed the run's bundle."""
+    return "Receiving: train" in log and "Successfully installed" in log[log.rfind("Receiving: train"):]
+
+
+def test_clientapps_paused_across_a_superlink_crash_leave_their_hospitals_healed_within_a_minute_of_the_resume(federation):
+    """Issue 47's post-crash hang, reproduced: the round-1 ClientApps in flight are paused (SIGSTOP), flower-superlink
+    is killed with SIGKILL and comes back by itself (its `deploy superlink` wrapper restarts it on its database), and
+    the ClientApps are resumed once past Flower's 60 s task heartbeat: Flower refuses their tokens and they exit 0
+    without a reply (before issue 47 their SuperNodes then stayed online and silent until the 1,800 s bound). Within
+    a minute of the resume every hospital is free again (Flower's own error reply for a lapsed task whose message it
+    had pulled, or the watchdog's restart), and the next run, which needs all three hospitals, gets hospital-2's
+    answers, without the fixture restarting any SuperNode."""
     fed, name = federation, "hospital-2"
     run_dir = fed.work / "runs" / "paused"
-    run_id = fed.submit(run_config(fed, "paused", f"min-hospitals=2 {task_keys(fed)}", reply_timeout=REPLY_TIMEOUT,
-                                   rounds=1))
+    # round 1 trains long enough (30 local epochs) to be caught in flight, after its ClientApps pulled their messages
+    config = run_config(fed, "paused", f"min-hospitals=2 {task_keys(fed)}", reply_timeout=REPLY_TIMEOUT, rounds=1)
+    assert "local-epochs=2 " in config
+    run_id = fed.submit(config.replace("local-epochs=2 ", "local-epochs=30 "))
+    restarted = list(fed.restarted)
+    offset = len(fed.logs[name].read_text(errors="replace"))
     _wait_round_one(fed, run_id, run_dir)
-    launcher, queried = _launcher_of(fed, name), (run_dir / "config.json").stat().st_mtime
-    deadline = time.monotonic() + 120
-    while not (clientapps := [p for p in launcher.children() if p.create_time() > queried
-                              and p.status() != psutil.STATUS_ZOMBIE]):
+    queried, deadline = (run_dir / "config.json").stat().st_mtime, time.monotonic() + 120
+    # in flight: its round-1 ClientApp installed the run's bundle (then it pulls its message and trains)
+    while not (_in_flight(fed, name, queried) and _installed_for_training(fed.logs[name].read_text(errors="replace")[offset:])):
         assert time.monotonic() < deadline, "hospital-2's round-1 ClientApp never started\n" + fed.tail(name)
         time.sleep(0.2)
-    for p in clientapps:
-        p.suspend()
+    time.sleep(2)
+    clientapps = {h: _in_flight(fed, h, queried) for h in HOSPITALS}  # the others' too, where still training
+    for p in (p for ps in clientapps.values() for p in ps):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.suspend()
+    assert "Sending: train" not in fed.logs[name].read_text(errors="replace")[offset:], fed.tail(name)  # no reply yet
+    paused = time.monotonic()
     try:
-        time.sleep(TOKEN_LAPSE)
+        # the crash: flower-superlink with SIGKILL; nothing but its wrapper restarts it
+        wrapper = psutil.Process(fed.procs["superlink"].pid)
+        (superlink,) = _superlinks(wrapper)
+        os.kill(superlink.pid, signal.SIGKILL)
+        while [p.pid for p in _superlinks(wrapper)] in ([], [superlink.pid]):
+            assert wrapper.is_running() and time.monotonic() - paused < 60, fed.tail("superlink")
+            time.sleep(0.5)
+        deploy.wait_healthy(fed.address, ca=fed.certs / "ca.crt", timeout=60, proc=fed.procs["superlink"])
+        back_after = time.monotonic() - paused
+        time.sleep(max(0.0, TOKEN_LAPSE - (time.monotonic() - paused)))
     finally:
-        for p in clientapps:
+        for p in (p for ps in clientapps.values() for p in ps):
             with contextlib.suppress(psutil.NoSuchProcess):  # gone with a restart of its SuperNode meanwhile
                 p.resume()
     resumed = time.monotonic()
-    while name in fed.busy():  # its current session still has a message without its reply
-        assert time.monotonic() - resumed < 60, "not healed within 60 s of the resume\n" + fed.tail(name)
+    while busy := fed.busy():  # a current session still has a message without its reply
+        assert time.monotonic() - resumed < 60, f"{busy} not healed within 60 s of the resume\n" + fed.diagnostics(run_dir)
         time.sleep(0.5)
     healed_after = time.monotonic() - resumed
-    status, details = fed.wait(run_id)
-    assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}"
-    restarted = list(fed.restarted)
+    # the hang's trigger, reproduced: Flower refused the resumed ClientApp's lapsed task token
+    refused = time.monotonic() + 30
+    while "Runtime task-token authentication failed" not in (log := fed.logs[name].read_text(errors="replace")[offset:]):
+        assert time.monotonic() < refused, fed.tail(name)
+        time.sleep(0.5)
+    healed_by = ("the watchdog" if "hospitrust watchdog: restarting" in log
+                 else "Flower (its error reply for the lapsed task, or the task handed to a new ClientApp)")
+    crashed, details = fed.wait(run_id)  # its ServerApp died with the SuperLink
+    assert crashed.startswith("finished"), f"{crashed}: {details}\n{fed.run_log(run_id)}"
     res = fed.flwr("run", str(fed.app), "tls", "--run-config",
-                   run_config(fed, "after-pause", f"min-hospitals=3 {task_keys(fed)}", reply_timeout=REPLY_TIMEOUT,
+                   run_config(fed, "after-crash", f"min-hospitals=3 {task_keys(fed)}", reply_timeout=REPLY_TIMEOUT,
                               rounds=1), "--format", "json")
     assert res.returncode == 0, res.stdout + res.stderr
     after = int(json.loads(res.stdout)["run-id"])
     status, details = fed.wait(after)
-    assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(after)}\n{fed.tail(name)}"
-    assert fed.restarted == restarted
-    assert name in _answered(_rounds(fed.work / "runs" / "after-pause")[0]), (
-        f"free {healed_after:.0f} s after the resume, yet silent\n" + fed.diagnostics(fed.work / "runs" / "after-pause"))
+    after_dir = fed.work / "runs" / "after-crash"
+    assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(after)}\n{fed.diagnostics(after_dir)}"
+    assert fed.restarted == restarted  # the hospitals healed themselves: the fixture restarted nothing
+    assert name in _answered(_rounds(after_dir)[0]), (
+        f"SuperLink back {back_after:.0f} s after the pause, free {healed_after:.0f} s after the resume, yet silent\n"
+        + fed.diagnostics(after_dir))
+    print(f"paused: {sorted(h for h, ps in clientapps.items() if ps)}; SuperLink back after {back_after:.1f} s; "
+          f"healed {healed_after:.1f} s after the resume by {healed_by}; the crashed run {crashed}")
