@@ -126,6 +126,23 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _archive(args: argparse.Namespace) -> int:
+    from hospitrust.bench.archive import ArchiveError, pack, unpack
+
+    try:
+        if args.action == "pack":
+            cells, size = pack(args.source, args.target)
+            print(f"{args.target}: {cells} finished cells, {size / 1024:.1f} KiB"
+                  f"{f' ({size / cells / 1024:.1f} KiB per cell)' if cells else ''}")
+        else:
+            cells = unpack(args.source, args.target)
+            print(f"{args.target}: {cells} finished cells (`hospitrust bench GRID.toml --out {args.target}` runs the rest)")
+    except (ArchiveError, OSError) as exc:
+        print(f"hospitrust bench-archive {args.action}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def add_bench_parsers(sub) -> None:
     bench = sub.add_parser(
         "bench", help="run a benchmark grid (resumable, parallel)",
@@ -175,3 +192,18 @@ def add_bench_parsers(sub) -> None:
     report.add_argument("--max-scenarios", type=int, default=6, help="scenarios drawn (default 6)")
     report.add_argument("--store", action="store_true", help="also (re)write results.csv / cells.csv / results.sqlite")
     report.set_defaults(func=_report)
+
+    archive = sub.add_parser(
+        "bench-archive", help="a grid folder's finished cells as one small .tar.xz, and back (grids across sessions)",
+        description="pack: the finished cells of a grid folder (config.json, summary.json, rounds.jsonl slimmed to "
+                    "what the report and the leaderboard read), its grid.json, grid.toml, bench.jsonl and failed/ "
+                    "into one deterministic .tar.xz to commit. unpack: that archive into a new grid folder, which "
+                    "`hospitrust report` reads and `hospitrust bench --out` resumes. See docs/benchmark.md.")
+    actions = archive.add_subparsers(dest="action", required=True)
+    pack = actions.add_parser("pack", help="grid folder -> archive")
+    pack.add_argument("source", metavar="GRID_DIR", help="the grid folder (`hospitrust bench --out`)")
+    pack.add_argument("target", metavar="ARCHIVE", help="the archive to write, e.g. benchmarks/archive/part1.tar.xz")
+    unpack = actions.add_parser("unpack", help="archive -> grid folder")
+    unpack.add_argument("source", metavar="ARCHIVE", help="an archive written by `hospitrust bench-archive pack`")
+    unpack.add_argument("target", metavar="GRID_DIR", help="a new (or empty) folder to write the grid folder into")
+    archive.set_defaults(func=_archive)

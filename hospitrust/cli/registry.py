@@ -34,7 +34,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(("data",), "hospitrust.cli.data", "add_data_parser"),
     Command(("task",), "hospitrust.cli.export", "add_task_parser"),
     Command(("unlearn",), "hospitrust.cli.fbd", "add_unlearn_parser"),
-    Command(("bench", "report"), "hospitrust.cli.bench", "add_bench_parsers"),
+    Command(("bench", "report", "bench-archive"), "hospitrust.cli.bench", "add_bench_parsers"),
 )
 
 
