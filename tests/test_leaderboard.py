@@ -512,3 +512,22 @@ def test_the_v2_statistics_section_by_hand(tmp_path):
     default = tmp_path / "v1"
     assert main(["report", "--leaderboard", str(grid), "--out", str(default), "--resamples", "200"]) == 0
     assert "v2 statistics" not in (default / "leaderboard.md").read_text()
+
+
+def test_the_v2_ranked_parts_are_the_generators_output_and_every_rule_meets_the_same_rule_agnostic_attacks():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("v2_parts", LEADERBOARD_GRIDS / "v2" / "parts.py")
+    parts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(parts)
+    assert parts.main(["--check"]) == 0  # committed parts == generated
+    agnostic = {label for label, _ in parts.RULE_AGNOSTIC}
+    seen: dict[str, set[str]] = {}
+    for path in sorted((LEADERBOARD_GRIDS / "v2").glob("ranked-pneumonia-s*.toml")):
+        for cell in parse_grid(path).cells:
+            seen.setdefault(f"{cell.axes['seed']}/{cell.axes['strategy']}", set()).add(cell.axes["attack"])
+    assert len(seen) == 10 * 12  # every evaluation seed x every ranked rule
+    for key, attacks in seen.items():
+        assert agnostic <= attacks, key  # the whole rule-agnostic suite, for every rule and seed
+    assert {int(k.split("/")[0]) for k in seen} == set(parts.EVALUATION_SEEDS)
+    assert not {int(k.split("/")[0]) for k in seen} & {1, 2, 3}  # no tuning seed is an evaluation seed
