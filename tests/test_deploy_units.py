@@ -134,16 +134,21 @@ def test_the_watchdog_fires_on_a_clientapp_that_died_with_a_message_open_or_a_me
 
     s = sv.Supervisor(["true"], "127.0.0.1:1", message_timeout=30.0, env={}, out=lambda line: None)
     s._supernode_line("INFO :      Receiving: train message (ID: abc)")
+    s._launcher_line(_json.dumps({"launcher": "started", "pid": 7, "task_id": 1}))  # the message's task
     s._launcher_line(_json.dumps({"launcher": "exited", "pid": 7, "task_id": 1, "seconds": 0.1, "rc": 17}))
     assert s.check() is None  # within the grace: the SuperNode may still log the reply it sent
     monkeypatch.setattr(sv, "DIED_GRACE_SECONDS", 0.0)
     why = s.check()
-    assert why is not None and "exit code 17" in why and "waited for its reply" in why
+    assert why is not None and "exit code 17" in why and "waits for a reply that will never come" in why
     # a ClientApp that died after its reply was sent: nothing to do
+    s._supernode_line("INFO :      Sent successfully")
+    s._supernode_line("INFO :      Receiving: train message (ID: xyz)")
+    s._launcher_line(_json.dumps({"launcher": "started", "pid": 8, "task_id": 2}))
+    s._supernode_line("INFO :      Sending: train reply")
     s._supernode_line("INFO :      Sent successfully")
     s._launcher_line(_json.dumps({"launcher": "exited", "pid": 8, "task_id": 2, "seconds": 0.1, "rc": -9}))
     assert s.check() is None
     # a message open longer than the bound
     s._supernode_line("INFO :      Receiving: evaluate message (ID: def)")
-    s.inflight.opened[0] -= 31.0
+    s.inflight.messages[-1].opened -= 31.0
     assert "in flight for 31 s (bound 30 s)" in (s.check() or "")

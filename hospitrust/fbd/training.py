@@ -77,6 +77,13 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
 class SiblingLossStep:
     """FED-FBD's loss step of the training loop: cross-entropy plus lambda x KL to the frozen ``teacher``
     (its logits without gradients; none without a teacher or with lambda = 0).
+
+    Parameters
+    ----------
+    teacher : nn.Module or None
+        The frozen sibling model whose logits the student is pulled towards; None for plain cross-entropy.
+    lam : float
+        lambda, the weight of the KL term (0 turns it off).
     """
 
     def __init__(self, teacher: nn.Module | None, lam: float) -> None:

@@ -52,6 +52,9 @@ def run_identity(values: dict[str, object]) -> tuple[Path, str]:
     return Path(out) / name, name
 
 
+MTIME_SLACK_SECONDS = 1.0
+
+
 class RunSupervisor:
     """Submit, watch and resume one run (see the module docstring)."""
 
@@ -78,7 +81,9 @@ class RunSupervisor:
             return None
         path = self.run_dir / CHECKPOINT_FILE
         try:
-            if path.stat().st_mtime < self.since:
+            # a file's mtime comes from the kernel's coarse clock, up to a tick behind time.time(): a checkpoint
+            # written right after the supervisor started can look older than it without the slack
+            if path.stat().st_mtime < self.since - MTIME_SLACK_SECONDS:
                 return 0, "checkpoint"
             import torch
 
