@@ -168,7 +168,8 @@ def test_a_clientapp_past_max_cpu_seconds_is_ended_and_the_entry_says_so(tmp_pat
     config, content = _gate(tmp_path, "max-cpu-seconds = 1\nmax-wall-seconds = 60\n")
     entry, seen, rc, seconds = _launch(monkeypatch, tmp_path, config, content, _burn)
     assert rc == -signal.SIGXCPU and entry["decision"] == "accepted" and entry["exit"] == rc, entry
-    assert entry["ended"].startswith("killed: past the site policy's max-cpu-seconds (1 s of CPU; it used 1."), entry
+    # the kernel counts CPU ticks for RLIMIT_CPU; wait4's rusage may report a little less (0.9 s seen under load)
+    assert entry["ended"].startswith("killed: past the site policy's max-cpu-seconds (1 s of CPU; it used "), entry
     assert "reply_claimed_by_app" not in entry and seen == {}  # it never got to reply
     exited = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"exited"' in line]
     assert exited[-1]["reason"] == entry["ended"] and exited[-1]["rc"] == rc
