@@ -304,3 +304,15 @@ def run_config(fed: Federation, name: str, extra: str = "", reply_timeout: float
             f'run-name="{name}" {extra}').strip()
 
 
+
+
+def superlinks(wrapper: psutil.Process) -> list[psutil.Process]:
+    """The `deploy superlink` wrapper's live flower-superlink children."""
+    out = []
+    for p in wrapper.children():
+        try:
+            if any("flower-superlink" in a for a in p.cmdline()[:2]) and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:  # exited
+            pass
+    return out

@@ -18,7 +18,7 @@ import psutil
 import pytest
 import torch
 
-from federation import HTA_ROUNDS, HTA_RUN, RUN_TIMEOUT, run_config, task_keys
+from federation import HTA_ROUNDS, HTA_RUN, RUN_TIMEOUT, run_config, superlinks as _superlinks, task_keys
 from hospitrust.ops import deploy
 
 pytestmark = [pytest.mark.slow, pytest.mark.data]
@@ -32,16 +32,6 @@ def _model_hash(path) -> str:
     return h.hexdigest()
 
 
-def _superlinks(wrapper: psutil.Process) -> list[psutil.Process]:
-    """The wrapper's live flower-superlink children."""
-    out = []
-    for p in wrapper.children():
-        try:
-            if any("flower-superlink" in a for a in p.cmdline()[:2]) and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.Error:  # exited
-            pass
-    return out
 
 
 def test_a_run_resumes_by_itself_after_the_superlink_and_then_its_wrapper_are_killed(federation):

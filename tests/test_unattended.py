@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from federation import HOSPITALS, flwr_env, run_config, task_keys
+from federation import HOSPITALS, flwr_env, run_config, superlinks as _superlinks, task_keys
 from hospitrust.ops import deploy
 
 pytestmark = [pytest.mark.slow, pytest.mark.data]
@@ -224,16 +224,6 @@ def _launcher_of(fed, name: str) -> psutil.Process:
 TOKEN_LAPSE = 65  # Flower 1.42's SuperNode drops a task's token 60 s (2 x 30 s) after its ClientApp's last heartbeat
 
 
-def _superlinks(wrapper: psutil.Process) -> list[psutil.Process]:
-    """The `deploy superlink` wrapper's live flower-superlink children."""
-    out = []
-    for p in wrapper.children():
-        try:
-            if any("flower-superlink" in a for a in p.cmdline()[:2]) and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.Error:  # exited
-            pass
-    return out
 
 
 def _in_flight(fed, name: str, since: float) -> list[psutil.Process]:
