@@ -13,7 +13,7 @@ from flwr.app import Context, RecordDict
 
 from conftest import small_run_config
 from hospitrust.attacks.data_attacks import LabelFlip
-from hospitrust.models import batched
+from hospitrust.models import batched, build_model
 from hospitrust.models.augment import parse_augmentation
 from hospitrust.models.batched import BatchSession, TrainJob, train_together
 from hospitrust.models.small_cnn import SmallCNN
@@ -53,7 +53,7 @@ def _settings(h, images, labels, augment):
                 missing_class_scale=0.5 if h == 3 else 1.0, augment=augment if h != 2 else None)
 
 
-def _both_paths(sizes, batch_size, augment=None, model_seed=1):
+def _both_paths(sizes, batch_size, augment=None, model_seed=1, build=lambda: SmallCNN(1, 2, 28)):
     """Every hospital trained today (one after the other) and batched, from the same model and RNG state.
 
     The model is seeded so that the step is the same on every run: where two inputs of a max-pooling
@@ -62,7 +62,7 @@ def _both_paths(sizes, batch_size, augment=None, model_seed=1):
     1e-5 to 5e-3 relative; with average pooling about 1 in 40). This seed's steps have no such tie.
     """
     torch.manual_seed(model_seed)
-    base = SmallCNN(1, 2, 28)
+    base = build()
     today, jobs = [], []
     for h, (images, labels) in enumerate(_hospitals(sizes)):
         s = _settings(h, images, labels, augment)
@@ -95,6 +95,15 @@ def test_one_step_matches_todays_path(one_thread):
         assert job.result.steps == result.steps == 1
         assert _rel(_update(job.model, base), _update(model, base)) < REL
         assert job.result.loss == pytest.approx(result.loss, rel=REL)
+
+
+def test_one_step_of_the_tiny_cnn_matches_todays_path(one_thread):
+    """The leaderboard's tiny CNN (the same chain at a quarter of the widths, GroupNorm of 4 groups) on the
+    grouped engine: every update within 1e-5 of today's.
+    """
+    base, today, jobs = _both_paths([48, 48, 48, 48], batch_size=48, build=lambda: build_model("tiny-cnn", 1, 2, 28))
+    for (model, result, _), job in zip(today, jobs):
+        assert _rel(_update(job.model, base), _update(model, base)) < REL
 
 
 @pytest.mark.parametrize(("engine", "chunk"), [("grouped", 2), ("grouped", 16), ("vmap", 2)])

@@ -44,25 +44,27 @@ class SmallCNN(nn.Module):
     Larger inputs are pooled to 7x7 so the head has the same size at every image size.
     """
 
-    def __init__(self, in_channels: int, num_classes: int, image_size: int = 28) -> None:
+    def __init__(self, in_channels: int, num_classes: int, image_size: int = 28,
+                 widths: tuple[int, int] = (32, 64), hidden: int = 128, groups: int = 8) -> None:
         super().__init__()
+        first, second = widths
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 32, 3, padding=1),
-            nn.GroupNorm(8, 32),
+            nn.Conv2d(in_channels, first, 3, padding=1),
+            nn.GroupNorm(groups, first),
             nn.ReLU(inplace=True),
             MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1),
-            nn.GroupNorm(8, 64),
+            nn.Conv2d(first, second, 3, padding=1),
+            nn.GroupNorm(groups, second),
             nn.ReLU(inplace=True),
             MaxPool2d(2),
             AdaptiveAvgPool2d(7),
         )
         self.classifier = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(64 * 7 * 7, 128),
+            nn.Linear(second * 7 * 7, hidden),
             nn.ReLU(inplace=True),
             nn.Dropout(0.25),
-            nn.Linear(128, num_classes),
+            nn.Linear(hidden, num_classes),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
