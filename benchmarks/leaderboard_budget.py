@@ -4,7 +4,9 @@ Reads the per-round curves of one or more tuning grid folders (``hospitrust benc
 rule without attack at a few learning rates, on tuning seeds, evaluated on the val split), and
 writes into ``--out``: ``budget.md`` (the page's budget table), ``budget.csv`` and ``curves.png``
 (balanced accuracy against the round per rule at its chosen rate: each seed thin, the mean thick,
-the plateau as a dashed line). The rules are in ``hospitrust.bench.budget``.
+the plateau as a dashed line). The rules are in ``hospitrust.bench.budget``. Each rule's
+``max-update-norm`` bound (amendment 5: twice the largest honest update norm of its clean tuning runs at
+its chosen rate, rounded up at two significant digits) is a column of both tables.
 
     python benchmarks/leaderboard_budget.py runs/leaderboard-v2/tune-pneumonia-a runs/leaderboard-v2/tune-pneumonia-b \
         --out docs/results/leaderboard/v2/budget
@@ -50,16 +52,54 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    table = budget_table(budgets)
+    norms = largest_update_norms([Path(g) for g in args.grids])
+    bounds = {b.rule: update_bound(norms.get((b.rule, float(b.learning_rate)))) for b in budgets}
+    table = budget_table(budgets) + "\n\n" + "\n".join(
+        ["| rule | learning rate | largest honest update norm | max-update-norm |", "|---|---|---|---|"]
+        + [f"| {b.rule} | {b.learning_rate:g} | {norms.get((b.rule, float(b.learning_rate)), float('nan')):.3g} | "
+           f"{bounds[b.rule]:g} |" for b in budgets])
     (out / "budget.md").write_text(table + "\n")
     pd.DataFrame([{"rule": b.rule, "learning-rate": b.learning_rate, "value": b.value, "plateau": b.plateau,
-                   "seeds": b.seeds, **{f"lr={r:g}": v for r, v in b.by_rate.items()},
+                   "seeds": b.seeds, "max-update-norm": bounds[b.rule], **{f"lr={r:g}": v for r, v in b.by_rate.items()},
                    **{f"doubling R={c}": d for c, d in b.doubling.items()}} for b in budgets]).to_csv(
         out / "budget.csv", index=False)
     _plot(rounds, budgets, args.metric, out / "curves.png")
     print(table)
     print(f"wrote {out / 'budget.md'}, {out / 'budget.csv'}, {out / 'curves.png'}")
     return 0
+
+
+def largest_update_norms(grids: list[Path]) -> dict[tuple[str, float], float]:
+    """(rule, learning rate) -> the largest update norm any hospital sent in those grids' cells (clean runs:
+    every hospital honest), from each cell's ``config.json`` and ``rounds.jsonl``.
+    """
+    import json
+
+    out: dict[tuple[str, float], float] = {}
+    for grid in grids:
+        for cell in sorted(Path(grid, "cells").iterdir()):
+            config, rounds = cell / "config.json", cell / "rounds.jsonl"
+            if not (config.is_file() and rounds.is_file()):
+                continue
+            cfg = json.loads(config.read_text())
+            key = (str(cfg["strategy"]), float(cfg["learning-rate"]))
+            for line in rounds.read_text().splitlines():
+                for client in json.loads(line).get("clients", []):
+                    norm = client.get("update_norm")
+                    if norm is not None and not client.get("malicious"):
+                        out[key] = max(out.get(key, 0.0), float(norm))
+    return out
+
+
+def update_bound(norm: float | None) -> float:
+    """Twice ``norm`` rounded up at two significant digits (2 x 0.309 -> 0.62, 2 x 6.4 -> 13); NaN without one."""
+    import math
+
+    if norm is None or not norm > 0:
+        return float("nan")
+    twice = 2.0 * norm
+    step = 10.0 ** (math.floor(math.log10(twice)) - 1)
+    return round(math.ceil(twice / step - 1e-9) * step, 10)
 
 
 def _plot(rounds: pd.DataFrame, budgets, metric: str, path: Path) -> None:

@@ -53,3 +53,38 @@ def test_a_table_without_the_columns_or_rows_is_refused_naming_them():
         rule_budgets(pd.DataFrame([{"cell": "x", "seed": 1, "round": 1, "strategy": "a", "balanced_accuracy": 0.5}]))
     with pytest.raises(BudgetError, match="no finished cell"):
         rule_budgets(pd.DataFrame(columns=["cell", "seed", "round", "strategy", "learning-rate", "balanced_accuracy"]))
+
+
+def _budget_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "leaderboard_budget.py"
+    spec = importlib.util.spec_from_file_location("leaderboard_budget", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_bound_is_twice_the_largest_honest_norm_rounded_up_at_two_digits():
+    bound = _budget_script().update_bound
+    assert bound(0.309) == 0.62 and bound(6.4) == 13.0 and bound(1.55) == 3.1 and bound(0.05) == 0.1
+    assert bound(0.3101) == 0.63  # rounded up, never down: an honest update stays inside
+    assert math.isnan(bound(None)) and math.isnan(bound(0.0))
+
+
+def test_the_largest_honest_norm_per_rule_and_rate_skips_malicious_hospitals(tmp_path):
+    import json
+
+    def cell(name, rule, rate, rounds):
+        d = tmp_path / "g" / "cells" / name
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps({"strategy": rule, "learning-rate": rate}))
+        (d / "rounds.jsonl").write_text("".join(json.dumps({"clients": c}) + "\n" for c in rounds))
+
+    cell("a", "fedavg", 0.01, [[{"update_norm": 0.2}, {"update_norm": 0.5}], [{"update_norm": 0.4}]])
+    cell("b", "fedavg", 0.01, [[{"update_norm": 0.7}, {"update_norm": 9.0, "malicious": True}]])
+    cell("c", "median", 0.03, [[{"update_norm": 1.5}, {"rejected": True}]])
+    (tmp_path / "g" / "cells" / "unfinished").mkdir()
+    norms = _budget_script().largest_update_norms([tmp_path / "g"])
+    assert norms == {("fedavg", 0.01): 0.7, ("median", 0.03): 1.5}
