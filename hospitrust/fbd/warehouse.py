@@ -233,6 +233,22 @@ class Warehouse:
         data = torch.load(path, map_location="cpu", weights_only=True)
         if data.get("format") != "hospitrust-fbd-warehouse/1":
             raise ValueError(f"{path} is not a hospitrust FBD warehouse (format {data.get('format')!r})")
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Warehouse":
+        """The warehouse :meth:`to_dict` described (a checkpoint's copy).
+
+        Parameters
+        ----------
+        data : dict
+            What :meth:`to_dict` returned.
+
+        Returns
+        -------
+        Warehouse
+            A warehouse with those colors and stamps.
+        """
         meta = {}
         for name, v in data["meta"].items():
             m, b = name.split("/", 1)

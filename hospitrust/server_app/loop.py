@@ -62,10 +62,6 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
     """The whole run; returns its directory. Raises on bad config or missing data before any round."""
     started = time.time()
     cfg = parse_run_config(context.run_config)
-    if cfg.strategy == "fbd":  # block ownership keeps a warehouse of colors, not one global model
-        from hospitrust.server_app.fbd import run_fbd_federation
-
-        return run_fbd_federation(grid, context)
     task = resolve_task(cfg)
     log(INFO, "hospitrust: %s", task.describe())
     sets = server_sets(cfg.server_data, task, cfg.federation, cfg.task.custom)  # a missing file fails here, before any hospital is contacted
@@ -98,7 +94,8 @@ def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: 
     run = set_up_run(grid, cfg, task, sets, device, run_dir, resuming=resume is not None)
     rounds = RoundLoop(run, run_dir)
     if resume is None:
-        run.evaluation.initial(run.arrays)
+        if not run.strategy.runs_own_evaluation:  # a rule's own state (FED-FBD's colors) is evaluated after round 1
+            run.evaluation.initial(run.arrays)
     else:
         rounds.restore(resume)
     rounds.run_rounds()
@@ -134,8 +131,8 @@ class RoundLoop:
             fail_if_every_hospital_crashed(number, rnd.result.clients, len(rnd.asked))
             if rnd.result.arrays is not None:
                 self.arrays = rnd.result.arrays
-            central, strategy_state = self.evaluate(rnd)
-            record = self.record(rnd, central)
+            central, strategy_state, own = self.evaluate(rnd)
+            record = {**self.record(rnd, central), **own}
             self.run_dir.append_round(record)
             self.history.append(record)
             valid = sum(1 for c in rnd.result.clients if not c.get("rejected"))
@@ -162,9 +159,10 @@ class RoundLoop:
     def overlaps_rounds(self) -> bool:
         return self.features.overlaps_rounds()
 
-    def evaluate(self, rnd: Round) -> tuple[dict[str, Any], dict[str, Any]]:
+    def evaluate(self, rnd: Round) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         """The hospitals' and the server's evaluation of the new model; the strategy's state as it was
-        before any next round sampled (for the checkpoint).
+        before any next round sampled (for the checkpoint); the strategy's own entries of the round's
+        record (a rule that ``runs_own_evaluation`` evaluates its state itself, FED-FBD's colors).
         """
         run, timing = self.run, rnd.timing
         rnd.hospitals_evaluate = run.evaluation.hospitals_evaluate(rnd.number)
@@ -179,9 +177,14 @@ class RoundLoop:
         rnd.evaluate_replies = sent.replies()
         timing["evaluate_seconds"] = time.time() - timing["evaluate_pushed_at"]
         central_started = time.perf_counter()
-        central = run.evaluation(self.arrays, rnd.evaluate_replies)
+        own: dict[str, Any] = {}
+        if run.strategy.runs_own_evaluation:
+            assert rnd.result is not None
+            central, own = run.strategy.own_evaluation(rnd.number, rnd.result)
+        else:
+            central = run.evaluation(self.arrays, rnd.evaluate_replies)
         timing["central_evaluation_seconds"] = time.perf_counter() - central_started
-        return central, strategy_state
+        return central, strategy_state, own
 
     def record(self, rnd: Round, central: dict[str, Any]) -> dict[str, Any]:
         """The round's line in rounds.jsonl: the loop's entries, then the features'."""
@@ -214,7 +217,8 @@ class RoundLoop:
 def _finish(run: RunSetup, rounds: RoundLoop, run_dir: RunDirectory, started: float) -> RunDirectory:
     """The final model, summary.json, the trust plot and the closing log."""
     cfg, history = run.cfg, rounds.history
-    run_dir.save_model(rounds.arrays.to_torch_state_dict())
+    if (final := run.strategy.final_model(rounds.arrays)) is not None:  # FED-FBD's final state: warehouse.pt
+        run_dir.save_model(final)
     summary = {
         **summary_head(cfg, history, len(run.hospitals), run_dir, started),
         "fairness": history[-1]["fairness"],
@@ -225,6 +229,7 @@ def _finish(run: RunSetup, rounds: RoundLoop, run_dir: RunDirectory, started: fl
         "failed_hospitals": run.failed,
         "resumed_at": rounds.resumed_at,
         **run.features.summary(),
+        **run.strategy.run_summary(history, run.truth),
     }
     run.features.finish(run_dir.path)
     run_dir.write_summary(summary)

@@ -5,8 +5,9 @@ benchmark, EARN's audit).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from logging import INFO, WARNING
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -177,11 +178,13 @@ class ServerServices(Mapping[str, Callable[..., Any]]):
 
 
 def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: torch.device, task: Task,
-                         sets: ServerSets) -> HospitrustStrategy:
+                         sets: ServerSets, run_dir: Path | None = None, resuming: bool = False,
+                         order: Sequence[str] | None = None) -> HospitrustStrategy:
     """The configured rule, built by the registry from its section and what it needs of the server.
     A rule's empty ``rare-classes`` option takes the task's rare classes, where the task names them.
     A preset is its rule with the run config's resolved options; the log says which values of the
-    preset the run config overrode.
+    preset the run config overrode. What the rule's ``server_parts`` builds (FED-FBD's plan, in the
+    hospitals' ``order``, and its warehouse, kept in ``run_dir``) is passed to its constructor.
     """
     train_config = {
         "local-epochs": cfg.local_epochs,
@@ -205,6 +208,9 @@ def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: t
         train_config=train_config, fraction_train=cfg.fraction_train, min_hospitals=cfg.min_hospitals,
         limits=ReplyLimits(max_update_norm=cfg.max_update_norm, max_num_examples=cfg.max_num_examples),
         seed=cfg.seed, device=device, assumed_malicious=cfg.assumed_malicious,
+        # what the rule's server_parts builds at the start of a run (FED-FBD's plan and warehouse, kept in run_dir)
+        **cls.server_parts(options, task=task, sets=sets, device=device, seed=cfg.seed, run_dir=run_dir, resuming=resuming,
+                           hospitals=list(order) if order is not None else list(hospitals.values())),
     )
     if strategy.required_replies() > len(hospitals):
         log(WARNING, "%s with assumed-malicious %d needs %d valid replies per round but there are only %d "

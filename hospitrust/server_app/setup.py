@@ -104,7 +104,8 @@ def set_up_run(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device:
     if task.pretrained and not resuming:  # read here only, on the SuperLink machine: round 1's global model
         load_pretrained(model, task.pretrained)
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
-    strategy = strategy_from_config(cfg, hospitals, device, task, sets)
+    strategy = strategy_from_config(cfg, hospitals, device, task, sets, run_dir.path, resuming,
+                                    order=[r["hospital"] for r in rows])
     strategy.train_config[TASK_KEY] = task.to_json()  # every train message carries the task
     if cfg.train.class_weighted_loss and cfg.train.class_weights_from == "federation":
         # every hospital weighs its classes by the federation's totals from the query round

@@ -194,6 +194,9 @@ class HospitrustStrategy(Strategy):
     #: True for the rules that read who sent each row (state kept per hospital, a reply's metrics): they
     #: cannot take rows that stand for several hospitals (:class:`GroupedRows`, ByzFL's bucket means)
     reads_who_sent: ClassVar[bool] = False
+    #: True for a rule whose state is no single global model (FED-FBD's colors): the loop asks its
+    #: :meth:`own_evaluation` instead of evaluating the global model, and saves :meth:`final_model`
+    runs_own_evaluation: ClassVar[bool] = False
 
     @classmethod
     def composes(cls, options: OptionsModel) -> tuple[str, ...]:
@@ -261,6 +264,89 @@ class HospitrustStrategy(Strategy):
         self.global_state: dict[str, torch.Tensor] | None = None
         # global_state flattened (aggregate_round's), with the state it was flattened from
         self._global_vector: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
+
+    @classmethod
+    def server_parts(cls, options: OptionsModel, *, task: Any, sets: Any, device: torch.device,
+                     hospitals: Sequence[str], seed: int, run_dir: Any, resuming: bool) -> dict[str, Any]:
+        """Further keyword arguments of the constructor that the server builds for this rule at the
+        start of a run (FED-FBD's plan and warehouse); none by default.
+
+        Parameters
+        ----------
+        options : Options
+            The rule's resolved options.
+        task : Task
+            The run's task (its model, channels, classes, image size).
+        sets : ServerSets
+            The server's test set and reference cohort.
+        device : torch.device
+            Where the server's math runs.
+        hospitals : Sequence[str]
+            The hospitals' names in the query rows' order (partition, then name).
+        seed : int
+            The run's seed.
+        run_dir : pathlib.Path
+            The run directory (files the rule keeps beside the loop's).
+        resuming : bool
+            True when the run resumes from a checkpoint (what the first round wrote is there already).
+
+        Returns
+        -------
+        dict
+            Keyword arguments for the constructor.
+        """
+        return {}
+
+    def own_evaluation(self, server_round: int, result: RoundResult) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The round's central report and the rule's own entries in its rounds.jsonl line, for a rule
+        whose state is no single global model (``runs_own_evaluation``); the loop asks no other rule.
+
+        Parameters
+        ----------
+        server_round : int
+            The round just aggregated.
+        result : RoundResult
+            What :meth:`aggregate_round` returned for it.
+
+        Returns
+        -------
+        tuple[dict, dict]
+            (the central classification report, extra entries of the round's record).
+        """
+        raise NotImplementedError(f"{self.name} evaluates the global model centrally (runs_own_evaluation is False)")
+
+    def final_model(self, arrays: ArrayRecord) -> dict[str, torch.Tensor] | None:
+        """The state dict saved as the run's model.pt; None for a rule that keeps its final state in
+        its own file (FED-FBD's warehouse.pt).
+
+        Parameters
+        ----------
+        arrays : ArrayRecord
+            The loop's global model after the last round.
+
+        Returns
+        -------
+        dict or None
+            The state dict to save, or None.
+        """
+        return arrays.to_torch_state_dict()
+
+    def run_summary(self, history: Sequence[Mapping[str, Any]], truth: Mapping[str, bool]) -> dict[str, Any]:
+        """The rule's own entries in summary.json; none by default.
+
+        Parameters
+        ----------
+        history : Sequence[Mapping]
+            The run's rounds.jsonl lines.
+        truth : Mapping[str, bool]
+            The simulation's ground truth: which hospitals attack.
+
+        Returns
+        -------
+        dict
+            Entries merged into the summary.
+        """
+        return {}
 
     # attributes that carry over from round to round (trust, reputation, history): saved in
     # the server checkpoint with the sampling RNG; subclasses list theirs, keyed by hospital name

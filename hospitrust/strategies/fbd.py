@@ -13,12 +13,15 @@ write this round, an incomplete block, a bad tensor) is rejected and recorded, i
 
 from __future__ import annotations
 
+import copy
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from logging import INFO, WARNING
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
@@ -26,11 +29,15 @@ from flwr.serverapp import Grid
 
 from pydantic import Field, model_validator
 
+from hospitrust import metrics
+from hospitrust.datasets.server import ServerSets
 from hospitrust.fbd.blocks import blocks_for
-from hospitrust.fbd.plan import ShippingPlan
-from hospitrust.fbd.routing import parse_color_list
+from hospitrust.fbd.plan import ShippingPlan, make_plan, parse_plan
+from hospitrust.fbd.routing import (
+    ROUTING_MODES, color_losses, color_probabilities, flagged_colors, loss_zscores, parse_color_list, route,
+)
 from hospitrust.options import Options
-from hospitrust.fbd.stamps import StampLog
+from hospitrust.fbd.stamps import STAMP_LOG, StampLog
 from hospitrust.fbd.warehouse import Warehouse, parse_color_key
 from hospitrust.strategies.base import HospitrustStrategy, RoundResult, UpdateStep
 from hospitrust.strategies.validation import CheckedReply, RejectedReply, shorten, negative_running_var
@@ -71,6 +78,92 @@ class FBDOptions(Options):
         return self
 
 
+PLAN_FILE = "fbd_plan.json"
+WAREHOUSE_FILE = "warehouse.pt"
+
+
+def plan_from_options(options: FBDOptions, hospitals: Sequence[str], seed: int) -> ShippingPlan:
+    """The run's shipping plan: ``fbd.plan`` when given, else a generated one (:func:`make_plan`).
+
+    Parameters
+    ----------
+    options : FBDOptions
+        The run's ``fbd`` section.
+    hospitals : Sequence[str]
+        The hospitals that answered the query round, in schedule order.
+    seed : int
+        The run's seed.
+
+    Returns
+    -------
+    ShippingPlan
+        The validated plan.
+    """
+    if options.plan.strip():
+        return parse_plan(options.plan, list(hospitals), options.colors, options.redundancy, seed)
+    return make_plan(list(hospitals), options.colors, options.redundancy, seed)
+
+
+class WarehouseEvaluator:
+    """Every color on the test split and the reference cohort; routing; detection.
+
+    Parameters
+    ----------
+    options : FBDOptions
+        The run's ``fbd`` section (routing and detection).
+    num_classes : int
+        The task's classes.
+    device : torch.device
+        Where the colors' models run.
+    sets : ServerSets
+        The server's test set and reference cohort (both required).
+    """
+
+    def __init__(self, options: FBDOptions, num_classes: int, device: Any, sets: ServerSets) -> None:
+        self.options, self.num_classes, self.device = options, num_classes, device
+        assert sets.test is not None and sets.cohort is not None  # FBD.check_run_config requires both
+        self.test, self.cohort = sets.test, sets.cohort
+        self.named_exclusions = parse_color_list(options.exclude_colors, options.colors)
+
+    def __call__(self, warehouse: Warehouse) -> tuple[dict[str, Any], dict[str, Any]]:
+        k, opts = self.num_classes, self.options
+        probs = color_probabilities(warehouse, self.test.images, device=self.device)
+        ref_probs = color_probabilities(warehouse, self.cohort.images, device=self.device)
+        # a color that predicts NaN / Inf (a state no check caught) is broken: uniform
+        # predictions for its own metrics, infinite reference loss, always left out of routing
+        broken = [m for m in range(warehouse.num_colors)
+                  if not (np.isfinite(probs[m]).all() and np.isfinite(ref_probs[m]).all())]
+        for m in broken:
+            probs[m], ref_probs[m] = 1.0 / k, 1.0 / k
+        losses = color_losses(ref_probs, self.cohort.labels)
+        losses[broken] = np.inf
+        finite = np.isfinite(losses)
+        z = np.full_like(losses, np.inf)
+        z[finite] = loss_zscores(losses[finite])
+        finite_idx = np.flatnonzero(finite)
+        flagged = sorted({int(finite_idx[i]) for i in flagged_colors(z[finite], opts.detect_z)} | set(broken))
+        exclude = sorted(set(self.named_exclusions) | (set(flagged) if opts.exclude_flagged else set()))
+        if len(exclude) >= warehouse.num_colors:
+            exclude = sorted(self.named_exclusions)  # never exclude everything: fall back to the named ones
+        exclude = sorted(set(exclude) | set(broken)) if len(broken) < warehouse.num_colors else exclude
+        colors = {}
+        for m in range(warehouse.num_colors):
+            rep = metrics.classification_report(self.test.labels, probs[m], k)
+            colors[str(m)] = {"accuracy": rep["accuracy"], "balanced_accuracy": rep["balanced_accuracy"], "auc": rep["auc"],
+                              "reference_loss": float(losses[m]) if finite[m] else None,
+                              "z": float(z[m]) if finite[m] else None, "flagged": m in flagged, "broken": m in broken}
+        routing = {}
+        for mode in ROUTING_MODES:
+            for label, ex in ((mode, ()), (f"{mode}-without-excluded", exclude)):
+                if label.endswith("excluded") and not ex:
+                    continue
+                rep = metrics.classification_report(self.test.labels, route(probs, mode, ex), k)
+                routing[label] = {"accuracy": rep["accuracy"], "balanced_accuracy": rep["balanced_accuracy"], "auc": rep["auc"]}
+        central = metrics.classification_report(self.test.labels, route(probs, opts.routing, exclude), k)
+        return central, {"colors": colors, "flagged_colors": flagged, "excluded_colors": exclude, "broken_colors": broken,
+                         "routing_mode": opts.routing, "routing": routing}
+
+
 class FBD(HospitrustStrategy):
     """Block ownership: per-hospital shipping, permission-checked direct replacement.
 
@@ -87,6 +180,10 @@ class FBD(HospitrustStrategy):
         The colors' current blocks (required).
     stamp_log : StampLog or None
         Where every write and rejected write is logged; None: not logged.
+    evaluator : WarehouseEvaluator or None
+        The colors' central evaluation (:meth:`own_evaluation`); None: the rule cannot evaluate.
+    warehouse_path : Path or None
+        Where :meth:`own_evaluation` saves the warehouse each round; None: not saved.
     **common
         The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
         train_config, fraction_train, min_hospitals, limits, seed, device); ``seed`` also seeds
@@ -96,6 +193,53 @@ class FBD(HospitrustStrategy):
     name = "fbd"
     Options = FBDOptions
     options: FBDOptions
+    #: the hospitals' writes replace blocks: no stack of whole-model updates (no pre-aggregation)
+    stacks_updates: ClassVar[bool] = False
+    #: the hospitals train block pairs with their own loss: no local DP-SGD
+    local_dp_compatible: ClassVar[bool] = False
+    #: the state is a warehouse of colors, evaluated through routing (:meth:`own_evaluation`)
+    runs_own_evaluation: ClassVar[bool] = True
+
+    @classmethod
+    def server_parts(cls, options: Options, *, task: Any, sets: Any, device: torch.device,
+                     hospitals: Sequence[str], seed: int, run_dir: Any, resuming: bool) -> dict[str, Any]:
+        """The plan (saved as ``fbd_plan.json``), the initial warehouse, the stamp log and the evaluator.
+
+        Parameters
+        ----------
+        options : Options
+            The run's ``fbd`` section.
+        task : Task
+            The run's task (its model, channels, classes, image size).
+        sets : ServerSets
+            The server's test set and reference cohort.
+        device : torch.device
+            Where the colors are evaluated.
+        hospitals : Sequence[str]
+            The hospitals' names in the query rows' order (partition, then name): the schedule's order.
+        seed : int
+            The run's seed (the plan, the colors' initialization, the sibling draw).
+        run_dir : pathlib.Path
+            The run directory.
+        resuming : bool
+            True on a resumed run: the stamp log has its init stamps already.
+
+        Returns
+        -------
+        dict
+            ``plan``, ``warehouse``, ``stamp_log``, ``evaluator`` and ``warehouse_path``.
+        """
+        assert isinstance(options, FBDOptions)
+        run_dir = Path(run_dir)
+        plan = plan_from_options(options, hospitals, seed)
+        plan.save(run_dir / PLAN_FILE)
+        warehouse = Warehouse.create(task.model, task.channels, task.num_classes, task.image_size, options.colors, seed)
+        stamps = StampLog(run_dir / STAMP_LOG)
+        if not resuming:
+            stamps.extend({"event": "init", **s} for s in warehouse.init_stamps())
+        return {"plan": plan, "warehouse": warehouse, "stamp_log": stamps,
+                "evaluator": WarehouseEvaluator(options, task.num_classes, device, sets),
+                "warehouse_path": run_dir / WAREHOUSE_FILE}
 
     @classmethod
     def check_run_config(cls, cfg: Any) -> None:
@@ -110,7 +254,7 @@ class FBD(HospitrustStrategy):
         if cfg.task.mean.strip() or cfg.task.std.strip() or cfg.task.augmentation.strip():
             raise ValueError("strategy fbd trains with the default normalization and no augmentation: leave task.mean, "
                              "task.std and task.augmentation empty")
-        on = [key for key, value in (("resume-from", bool(cfg.resume_from)), ("secagg.enabled", cfg.secagg.enabled),
+        on = [key for key, value in (("secagg.enabled", cfg.secagg.enabled),
                                      ("contribution-scoring.enabled", cfg.contribution_scoring.enabled)) if value]
         if on:
             raise ValueError(f"strategy fbd does not support {', '.join(on)} (its state is a warehouse of colors, "
@@ -121,15 +265,30 @@ class FBD(HospitrustStrategy):
 
     def __init__(self, hospitals: Mapping[int, str], options=None, *, plan: ShippingPlan | None = None,
                  warehouse: Warehouse | None = None, stamp_log: StampLog | None = None,
+                 evaluator: WarehouseEvaluator | None = None, warehouse_path: Path | None = None,
                  **common: Any) -> None:
         super().__init__(hospitals, options, **common)
         if plan is None or warehouse is None:
-            raise ValueError("strategy fbd needs a shipping plan and a warehouse (run it through hospitrust.server_app.fbd)")
+            raise ValueError("strategy fbd needs a shipping plan and a warehouse (FBD.server_parts builds them)")
         if plan.num_colors != warehouse.num_colors:
             raise ValueError(f"plan has {plan.num_colors} colors, warehouse {warehouse.num_colors}")
         self.plan, self.warehouse, self.stamp_log = plan.validate(), warehouse, stamp_log
         self.seed = int(common.get("seed", 0))
         self._shipped: dict[int, dict[str, Any]] = {}
+        self.evaluator, self.warehouse_path = evaluator, warehouse_path
+
+    def state_dict(self) -> dict[str, Any]:
+        """The base's state and the warehouse (every color's blocks and their stamps)."""
+        return {**super().state_dict(), "warehouse": copy.deepcopy(self.warehouse.to_dict())}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if "warehouse" not in state:
+            raise ValueError("fbd: checkpoint state lacks the warehouse (saved by another strategy?)")
+        super().load_state_dict(state)
+        warehouse = Warehouse.from_dict(copy.deepcopy(dict(state["warehouse"])))
+        if warehouse.num_colors != self.plan.num_colors:
+            raise ValueError(f"fbd: checkpoint warehouse has {warehouse.num_colors} colors, the plan {self.plan.num_colors}")
+        self.warehouse = warehouse
 
     def summary(self) -> None:
         log(INFO, "\t├── Strategy: fbd (block ownership, direct replacement)")
@@ -153,12 +312,23 @@ class FBD(HospitrustStrategy):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord | None, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
+        return self.configure_round(server_round, arrays, config, grid)
+
+    def configure_round(self, server_round: int, arrays: ArrayRecord | None, config: ConfigRecord, grid: Grid,
+                        excluded: Collection[str] = ()) -> list[Message]:
+        """Each scheduled, connected hospital not ``excluded`` gets its color and a sibling (``train.fbd``);
+        ``arrays`` (the loop's model) is not sent: the blocks come from the warehouse.
+        """
         online = set(grid.get_node_ids())
         node_of = {name: nid for nid, name in self.hospitals.items()}
         self._shipped = {}
         messages = []
         for hospital, color in self.plan.schedule(server_round).items():
             nid = node_of.get(hospital)
+            if hospital in excluded:
+                log(WARNING, "Round %d: %s is scheduled to write color %d but is kept out this round", server_round,
+                    hospital, color)
+                continue
             if nid is None or nid not in online:
                 log(WARNING, "Round %d: %s is scheduled to write color %d but is not connected", server_round, hospital, color)
                 continue
@@ -317,3 +487,69 @@ class FBD(HospitrustStrategy):
                            grid: Grid) -> Iterable[Message]:
         """No federated evaluation: the warehouse is evaluated centrally (routing, per color)."""
         return []
+
+    def own_evaluation(self, server_round: int, result: RoundResult) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Every color and every routing mode on the test split, detection on the reference cohort; the
+        warehouse saved first (``warehouse.pt``). The record's ``fbd`` entry: schedule, per-color metrics,
+        z-scores, flagged colors, routing, rejected writes.
+
+        Parameters
+        ----------
+        server_round : int
+            The round just aggregated.
+        result : RoundResult
+            Its result (the hospitals' entries, with their rejected writes).
+
+        Returns
+        -------
+        tuple[dict, dict]
+            (the routed central report, ``{"fbd": ...}``).
+        """
+        if self.evaluator is None:
+            raise RuntimeError("fbd: no evaluator (FBD.server_parts builds one)")
+        if self.warehouse_path is not None:
+            self.warehouse.save(self.warehouse_path)
+        central, fbd = self.evaluator(self.warehouse)
+        fbd["schedule"] = dict(self.plan.schedule(server_round).items())
+        fbd["rejected_writes"] = sum(len(c.get("rejected_writes", [])) for c in result.clients)
+        log(INFO, "round %3d fbd: %s auc %.4f  writes %d  rejected writes %d  flagged colors %s", server_round,
+            self.options.routing, central["auc"], sum(len(c.get("accepted_blocks", [])) for c in result.clients),
+            fbd["rejected_writes"], fbd["flagged_colors"])
+        return central, {"fbd": fbd}
+
+    def final_model(self, arrays: ArrayRecord) -> dict[str, torch.Tensor] | None:
+        """None: the final state is the warehouse (``warehouse.pt``), not one model."""
+        return None
+
+    def run_summary(self, history: Sequence[Mapping[str, Any]], truth: Mapping[str, bool]) -> dict[str, Any]:
+        """The colors a malicious hospital reached, the clean ones, the final routing.
+
+        Parameters
+        ----------
+        history : Sequence[Mapping]
+            The run's rounds.jsonl lines (each with its ``fbd`` entry).
+        truth : Mapping[str, bool]
+            Which hospitals attack.
+
+        Returns
+        -------
+        dict
+            ``malicious_hospitals`` and the ``fbd`` section.
+        """
+        malicious = sorted(h for h, bad in truth.items() if bad)
+        reached = {h: sorted({m for m, _ in self.warehouse.reached_by(h)}) for h in malicious}
+        tainted = sorted(set().union(*reached.values())) if reached else []
+        clean = [m for m in range(self.warehouse.num_colors) if m not in tainted]
+        log(INFO, "hospitrust: fbd routed (%s); clean colors %s", self.options.routing, clean)
+        return {
+            "malicious_hospitals": malicious,
+            "fbd": {
+                "plan": self.plan.to_json(),
+                "colors_reached_by_malicious": tainted,
+                "clean_colors": clean,
+                "final_colors": history[-1]["fbd"]["colors"],
+                "final_routing": history[-1]["fbd"]["routing"],
+                "block_hashes": self.warehouse.hashes(),
+                "rejected_writes": sum(r["fbd"]["rejected_writes"] for r in history),
+            },
+        }
