@@ -37,7 +37,7 @@ def unlearn_cell(run_dir: Path, hospitals: list[str] | None = None) -> list[dict
     """One record per hospital of the run: the unlearning's evaluation, or why it was refused."""
     from hospitrust.cli.fbd import unlearn_run
     from hospitrust.fbd.plan import PlanError, ShippingPlan
-    from hospitrust.server_app.fbd import PLAN_FILE
+    from hospitrust.strategies.fbd import PLAN_FILE
     from hospitrust.fbd.unlearn import UnlearningError
 
     plan = ShippingPlan.load(run_dir / PLAN_FILE)

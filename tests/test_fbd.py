@@ -444,7 +444,8 @@ def test_fbd_refuses_generic_loop_options_by_name():
 
     flat = {**RunConfig().to_flat(), "strategy": "fbd"}
     parse_run_config(flat)  # defaults are fine
-    for key, value in (("resume-from", "/tmp/some-run"), ("secagg.enabled", True), ("contribution-scoring.enabled", True)):
+    assert parse_run_config({**flat, "resume-from": "/tmp/some-run"}).resume_from  # the warehouse is checkpointed
+    for key, value in (("secagg.enabled", True), ("contribution-scoring.enabled", True)):
         with pytest.raises(ConfigError, match=f"strategy fbd does not support {key}"):
             parse_run_config({**flat, key: value})
 
@@ -485,7 +486,7 @@ def test_evaluator_leaves_a_broken_color_out_instead_of_failing(tmp_path, data_d
     """A color predicting NaN is reported broken, flagged and left out of routing; the round's
     metrics stay finite (the ResNet-18 noise run once died here in round 1)."""
     from hospitrust.config import parse_run_config
-    from hospitrust.server_app.fbd import WarehouseEvaluator
+    from hospitrust.strategies.fbd import WarehouseEvaluator
     from hospitrust.datasets.server import server_sets
     from hospitrust.tasks.task import resolve_task
 
@@ -493,7 +494,8 @@ def test_evaluator_leaves_a_broken_color_out_instead_of_failing(tmp_path, data_d
     wh = _warehouse(colors=3)
     wh.states[1]["classifier.4.weight"] = torch.full_like(wh.states[1]["classifier.4.weight"], float("nan"))
     task = resolve_task(cfg)
-    central, fbd = WarehouseEvaluator(cfg, task, torch.device("cpu"), server_sets(cfg.server_data, task, cfg.federation, cfg.task.custom))(wh)
+    sets = server_sets(cfg.server_data, task, cfg.federation, cfg.task.custom)
+    central, fbd = WarehouseEvaluator(cfg.options("fbd"), task.num_classes, torch.device("cpu"), sets)(wh)
     assert fbd["broken_colors"] == [1] and 1 in fbd["flagged_colors"] and 1 in fbd["excluded_colors"]
     assert fbd["colors"]["1"]["broken"] and fbd["colors"]["1"]["z"] is None
     assert np.isfinite(central["auc"]) and np.isfinite(central["balanced_accuracy"])

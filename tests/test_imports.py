@@ -184,7 +184,7 @@ def test_the_checker_sees_a_function_local_cycle():
     edges = {"a": {"b"}, "b": {"a"}, "c": set()}
     assert cycles(edges) == [["a", "b"]]
     graph, _ = import_graph()
-    assert "hospitrust.server_app.loop" in graph and "hospitrust.server_app.fbd" in graph["hospitrust.server_app.loop"]
+    assert "hospitrust.cli.fbd" in graph and "hospitrust.strategies.fbd" in graph["hospitrust.cli.fbd"]  # imported in a function
 
 
 def test_the_flower_components_stay_components_whatever_was_imported_first():

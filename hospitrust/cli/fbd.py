@@ -140,7 +140,7 @@ def unlearn_run(run_dir: str | Path, hospital: str, *, recalibrate_bn: bool = Fa
     """
     from hospitrust.datasets.federation import reference_set
     from hospitrust.fbd.plan import ShippingPlan
-    from hospitrust.server_app.fbd import PLAN_FILE, WAREHOUSE_FILE
+    from hospitrust.strategies.fbd import PLAN_FILE, WAREHOUSE_FILE
     from hospitrust.fbd.stamps import STAMP_LOG, StampLog
     from hospitrust.fbd.unlearn import unlearn_hospital
     from hospitrust.fbd.warehouse import Warehouse

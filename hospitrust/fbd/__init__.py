@@ -8,8 +8,9 @@
 - ``routing``: inference over colors (max-confidence, ensemble, exclusions), detection
 - ``unlearn``: a hospital removed by averaging colors it never reached; ``mia``: the audit
 
-The strategy itself is ``hospitrust.strategies.fbd.FBD`` (registry name ``fbd``). FED-FBD's loop is the
-apps': ``hospitrust.server_app.fbd`` (the server's rounds over the warehouse) and
-``hospitrust.client_app.fbd`` (the ClientApp's ``train.fbd`` handler); ``hospitrust fbd`` is
-``hospitrust.cli.fbd``. This package is the block model they share, below the strategies.
+The strategy itself is ``hospitrust.strategies.fbd.FBD`` (registry name ``fbd``): it runs on the
+server's one round loop (``hospitrust.server_app.loop``) with the round features, its warehouse in
+the checkpoint; ``hospitrust.client_app.fbd`` is the ClientApp's ``train.fbd`` handler;
+``hospitrust fbd`` is ``hospitrust.cli.fbd``. This package is the block model they share, below the
+strategies.
 """

@@ -135,6 +135,10 @@ def run_record(cfg: RunConfig, task: Task, sets: ServerSets, hospitals: Mapping[
         "class-names": list(task.class_names),
         "task-resolved": json.loads(task.to_json()),
         "hospital-data": {r["hospital"]: {"format": r.get("format", ""), **r.get("card", {})} for r in rows},
+        # each hospital's partition (-1: not simulated) and the federation's partitions: what
+        # ``hospitrust unlearn`` reads to find a simulated hospital's training images
+        "partitions": {r["hospital"]: r["partition_id"] for r in rows},
+        "num-partitions": max([r.get("num_partitions", -1) for r in rows] + [len(rows)]),
         "failed-hospitals": failed,
         "server-device": str(device),
         "test-set": sets.test_source,
