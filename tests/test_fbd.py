@@ -398,6 +398,50 @@ def test_poisoned_hospital_is_contained_to_its_colors(fbd_runs):
     assert len(rejected) == 8 and {s["writer"] for s in rejected} == {"hospital-0"}
 
 
+def test_the_detection_feature_runs_on_an_fbd_run_through_the_loop(fbd_runs):
+    """FBD is a strategy on the one round loop: the detection feature marks the attacker's entries,
+    records each round's detection and the run's security, beside the rule's own ``fbd`` entries."""
+    from hospitrust.server_app.results import read_rounds, read_summary
+
+    _, poisoned, _ = fbd_runs
+    rounds = read_rounds(poisoned)
+    assert [r["round"] for r in rounds] == [1, 2]
+    for r in rounds:
+        assert {c["hospital"]: c["malicious"] for c in r["clients"]}["hospital-0"] is True
+        assert "detection" in r and "fbd" in r and r["evaluation"] and r["central"]["auc"] == r["central"]["auc"]
+    summary = read_summary(poisoned)
+    assert summary["malicious_hospitals"] == ["hospital-0"] and "security" in summary
+    assert summary["fbd"]["rejected_writes"] == 8 and summary["resumed_at"] == []
+    assert not (poisoned / "model.pt").exists()  # the final state is the warehouse
+
+
+def test_fbd_run_resumed_after_round_1_equals_the_unbroken_run(tmp_path, _medmnist_problem):
+    """The warehouse is in the checkpoint: stopped after round 1 and resumed, the run ends with the
+    unbroken run's colors, bit for bit, and the same records."""
+    from hospitrust.ops.inprocess import run_inprocess
+    from hospitrust.server_app.results import read_rounds, read_summary
+
+    if _medmnist_problem:
+        pytest.fail(_medmnist_problem, pytrace=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_inprocess(_fbd_config(tmp_path, "unbroken"), 4)
+        run_inprocess(_fbd_config(tmp_path, "resumed", **{"num-server-rounds": 1}), 4)
+        run_inprocess(_fbd_config(tmp_path, "resumed", **{"resume-from": str(tmp_path / "runs" / "resumed")}), 4)
+    finally:
+        torch.set_num_threads(threads)
+    unbroken, resumed = tmp_path / "runs" / "unbroken", tmp_path / "runs" / "resumed"
+    assert Warehouse.load(resumed / "warehouse.pt").hashes() == Warehouse.load(unbroken / "warehouse.pt").hashes()
+    a, b = read_summary(unbroken), read_summary(resumed)
+    assert b["resumed_at"] == [1] and a["fbd"]["block_hashes"] == b["fbd"]["block_hashes"]
+    assert a["fbd"]["final_routing"] == b["fbd"]["final_routing"]
+    ra, rb = read_rounds(unbroken), read_rounds(resumed)
+    assert [r["fbd"]["colors"] for r in ra] == [r["fbd"]["colors"] for r in rb]
+    init = [s for s in StampLog(resumed / "fbd_stamps.jsonl").read() if s["event"] == "init"]
+    assert len(init) == len(Warehouse.load(unbroken / "warehouse.pt").hashes())  # written once, not again on resume
+
+
 def test_unlearn_cli_end_to_end(fbd_runs, capsys):
     from hospitrust.cli.main import main
 
