@@ -37,6 +37,7 @@ from hospitrust.fbd.routing import (
     ROUTING_MODES, color_losses, color_probabilities, flagged_colors, loss_zscores, parse_color_list, route,
 )
 from hospitrust.options import Options
+from hospitrust.options import Options as OptionsModel
 from hospitrust.fbd.stamps import STAMP_LOG, StampLog
 from hospitrust.fbd.warehouse import Warehouse, parse_color_key
 from hospitrust.strategies.base import HospitrustStrategy, RoundResult, UpdateStep
@@ -201,7 +202,7 @@ class FBD(HospitrustStrategy):
     runs_own_evaluation: ClassVar[bool] = True
 
     @classmethod
-    def server_parts(cls, options: Options, *, task: Any, sets: Any, device: torch.device,
+    def server_parts(cls, options: OptionsModel, *, task: Any, sets: Any, device: torch.device,
                      hospitals: Sequence[str], seed: int, run_dir: Any, resuming: bool) -> dict[str, Any]:
         """The plan (saved as ``fbd_plan.json``), the initial warehouse, the stamp log and the evaluator.
 
