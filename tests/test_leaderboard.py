@@ -531,3 +531,14 @@ def test_the_v2_ranked_parts_are_the_generators_output_and_every_rule_meets_the_
         assert agnostic <= attacks, key  # the whole rule-agnostic suite, for every rule and seed
     assert {int(k.split("/")[0]) for k in seen} == set(parts.EVALUATION_SEEDS)
     assert not {int(k.split("/")[0]) for k in seen} & {1, 2, 3}  # no tuning seed is an evaluation seed
+    # the threat-model and sweep parts: within a condition, every kept rule meets the same attacks. The parts of one
+    # condition differ only in their seed (the generator writes them; --check above), so one seed's part is parsed
+    for condition, (_, hospitals, _, attacks) in parts.CONDITIONS.items():
+        files = sorted((LEADERBOARD_GRIDS / "v2").glob(f"condition-{condition}-s*.toml"))
+        assert {int(f.stem.rsplit("-s", 1)[1]) for f in files} == set(parts.CONDITION_SEEDS) <= set(parts.EVALUATION_SEEDS)
+        met: dict[str, set[str]] = {}
+        for cell in parse_grid(files[0]).cells:
+            assert cell.hospitals == hospitals, files[0].name
+            met.setdefault(cell.axes["strategy"], set()).add(cell.axes["attack"])
+        assert set(met) == set(parts.CONDITION_RULES), condition
+        assert all(got == {label for label, _ in attacks} for got in met.values()), condition

@@ -3,7 +3,7 @@
 One part is one evaluation seed and one half of the ranked rules, so a part is a whole block of the
 statistics' unit (a seed) for its rules, and an interrupted session loses at most one part. Every part
 holds the same attack suite (docs/leaderboard.md, "The attack suite: complete and symmetric"); the
-rules' learning rates and the rounds come from the budget (docs/results/leaderboard/v2/budget/).
+rules' learning rates and the rounds come from the budget at the tiny CNN (docs/results/leaderboard/v2/budget-tiny/).
 
     python benchmarks/leaderboard/v2/parts.py            # (re)write the part files beside this script
     python benchmarks/leaderboard/v2/parts.py --check    # exit 1 if a committed part differs
@@ -25,11 +25,12 @@ EVALUATION_SEEDS = tuple(range(11, 21))  # none of them screened rules or chose 
 # (amendments 4 and 5: the rate chosen on the val split; the bound twice the largest honest update norm of the
 # rule's clean tuning runs at that rate, rounded up)
 RULES: dict[str, dict[str, tuple[float, float]]] = {
-    "a": {"fedavg": (0.03, 10.0), "median": (0.01, 2.7), "trimmed-mean": (0.01, 2.3), "krum": (0.03, 13.0),
-          "multi-krum": (0.01, 3.5), "geometric-median": (0.003, 0.62)},
-    "b": {"centered-clipping": (0.01, 2.7), "fltrust": (0.003, 0.78), "foolsgold": (0.03, 10.0), "hta": (0.01, 3.6),
-          "earn": (0.01, 3.4), "fedagain": (0.01, 3.1)},
+    "a": {"fedavg": (0.01, 1.2), "median": (0.03, 6.7), "trimmed-mean": (0.03, 7.5), "krum": (0.03, 5.5),
+          "multi-krum": (0.03, 8.1), "geometric-median": (0.01, 1.8)},
+    "b": {"centered-clipping": (0.01, 1.7), "fltrust": (0.01, 1.8), "foolsgold": (0.03, 4.7), "hta": (0.01, 1.8),
+          "earn": (0.03, 7.9), "fedagain": (0.03, 6.7)},
 }
+MODEL = "tiny-cnn"  # amendment 7
 ROUNDS = 40  # provisional: the tuning curves' length; the plateau check (80 rounds) confirms or raises it
 
 RULE_AGNOSTIC = [
@@ -129,7 +130,7 @@ def render(seed: int, half: str) -> str:
         'backend = "inprocess"', "workers = 2", "hospitals = 10", 'aggregation-backend = "eager"',
         'metric = "balanced_accuracy"', 'baseline = "fedavg"', "",
         "[base]",
-        'dataset = "pneumoniamnist"', 'partitioner = "dirichlet"', '"dirichlet.alpha" = 0.5',
+        'dataset = "pneumoniamnist"', 'partitioner = "dirichlet"', '"dirichlet.alpha" = 0.5', f'model = "{MODEL}"',
         f"num-server-rounds = {ROUNDS}", "local-epochs = 1", "train-subsample = 0.25",
         '"train.class-weighted-loss" = true', "checkpoint = false", "malicious-fraction = 0.3",
         "assumed-malicious = 3",
@@ -163,7 +164,7 @@ def render_condition(condition: str, seed: int) -> str:
     cells = len(CONDITION_RULES) * len(attacks)
     name = condition_part_name(condition, seed)[:-5]
     base = {
-        "dataset": '"pneumoniamnist"', "partitioner": '"dirichlet"', '"dirichlet.alpha"': 0.5,
+        "dataset": '"pneumoniamnist"', "partitioner": '"dirichlet"', '"dirichlet.alpha"': 0.5, "model": f'"{MODEL}"',
         "num-server-rounds": ROUNDS, "local-epochs": 1, "train-subsample": 0.25,
         '"train.class-weighted-loss"': "true", "checkpoint": "false", "malicious-fraction": 0.3,
         "assumed-malicious": 3, '"label-flip.mode"': '"source-to-target"', '"label-flip.source"': 1,
@@ -200,10 +201,65 @@ def render_condition(condition: str, seed: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_cost_probe(condition: str | None = None) -> str:
+    """The cost table's probe: every cell kind of the main condition's ranked grid (or, with ``condition``, of one
+    condition's parts) for 3 rounds on tuning seed 1, at the parts' rates and bounds."""
+    if condition is None:
+        rules, hospitals, overrides = RULE_PARAMETERS, 10, {}
+        attacks = RULE_AGNOSTIC + [(label, opts) for label, opts, _ in RULE_SPECIFIC]
+        what, name = "every cell kind of the main condition's ranked grid", "cost-probe"
+        skips = [(label, [r for r in rules if r not in who]) for label, _, who in RULE_SPECIFIC]
+    else:
+        what, hospitals, overrides, attacks = CONDITIONS[condition]
+        rules = {r: RULE_PARAMETERS[r] for r in CONDITION_RULES}
+        name, skips = f"cost-probe-{condition}", []
+    cells = len(rules) * len(attacks) - sum(len(others) for _, others in skips)
+    base = {
+        "dataset": '"pneumoniamnist"', "partitioner": '"dirichlet"', '"dirichlet.alpha"': 0.5, "model": f'"{MODEL}"',
+        "num-server-rounds": 3, "local-epochs": 1, "train-subsample": 0.25,
+        '"train.class-weighted-loss"': "true", "checkpoint": "false", "malicious-fraction": 0.3,
+        "assumed-malicious": 3, '"label-flip.mode"': '"source-to-target"', '"label-flip.source"': 1,
+        '"label-flip.target"': 0, **overrides,
+    }
+    lines = [
+        f"# Leaderboard v2, the cost table's probe (docs/leaderboard.md, \"Cost table\"): {what}, 3 rounds on",
+        "# tuning seed 1, at the parts' learning rates and bounds, so every part's seconds per round are measured and",
+        "# every combination shown to run before its parts start (generated by benchmarks/leaderboard/v2/parts.py).",
+        f"# Budget stated before it ran: {cells} cells of 3 rounds, {hospitals} hospitals, at most 30 minutes on 2 cores.",
+        "# Measured wall time: recorded in the cost table (docs/leaderboard.md).",
+        f"#   hospitrust bench benchmarks/leaderboard/v2/{name}.toml --out runs/leaderboard-v2/{name}",
+        "[grid]",
+        f'name = "leaderboard-v2-{name}"',
+        f'description = "PneumoniaMNIST, {hospitals} hospitals: {what}, 3 rounds, seed 1"',
+        'backend = "inprocess"', "workers = 2", f"hospitals = {hospitals}", 'aggregation-backend = "eager"',
+        'metric = "balanced_accuracy"', 'baseline = "fedavg"', "",
+        "[base]",
+        *[f"{k} = {v}" for k, v in base.items()],
+        "",
+        "[axes]",
+        "seed = [1]",
+        "strategy = [",
+        *[f'    {{ label = "{r}", strategy = "{r}", learning-rate = {lr}, max-update-norm = {bound} }},'
+          for r, (lr, bound) in rules.items()],
+        "]",
+        "attack = [",
+        *[f"    {_inline({'label': label, **opts})}," for label, opts in attacks],
+        "]",
+    ]
+    if any(label == "none" for label, _ in attacks):
+        lines += ["", "[[when]]", 'if = { attack = "none" }', "set = { malicious-fraction = 0.0 }"]
+    for label, others in skips:
+        lines += ["", "[[when]]", f'if = {{ attack = "{label}", strategy = [{", ".join(map(_value, others))}] }}',
+                  "skip = true"]
+    return "\n".join(lines) + "\n"
+
+
 def every_part() -> dict[str, str]:
     """Every generated part: file name -> text."""
     out = {part_name(seed, half): render(seed, half) for seed in EVALUATION_SEEDS for half in RULES}
     out.update({condition_part_name(c, seed): render_condition(c, seed) for c in CONDITIONS for seed in CONDITION_SEEDS})
+    out["cost-probe.toml"] = render_cost_probe()
+    out["cost-probe-h20.toml"] = render_cost_probe("h20")  # the only condition whose cells differ in size
     return out
 
 
