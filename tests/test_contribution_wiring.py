@@ -89,13 +89,13 @@ def test_contribution_strategy_weights_by_clipped_positive_scores():
     agg = strategy.aggregate_updates(1, updates, n, replies)
     torch.testing.assert_close(agg.weights, n / n.sum())
     # ee totals 0.3, -0.1, 0.1 -> weights 0.75, 0, 0.25; b is out of the aggregate
-    strategy.update_scores({"a": {"fp": 9.0, "ee": 0.3}, "b": {"fp": 9.0, "ee": -0.1}, "c": {"fp": 9.0, "ee": 0.1}})
+    strategy.receive_scores({"a": {"fp": 9.0, "ee": 0.3}, "b": {"fp": 9.0, "ee": -0.1}, "c": {"fp": 9.0, "ee": 0.1}})
     agg = strategy.aggregate_updates(2, updates, n, replies)
     torch.testing.assert_close(agg.weights, torch.tensor([0.75, 0.0, 0.25], dtype=torch.float64))
     torch.testing.assert_close(agg.update, torch.tensor([1.0, 0.25], dtype=torch.float64))
     assert agg.selected.tolist() == [True, False, True] and agg.extra["contribution_weighting"] == ["ee"] * 3
     # nobody positive: FedAvg again
-    strategy.update_scores({h: {"fp": 0.0, "ee": -1.0} for h in "abc"})
+    strategy.receive_scores({h: {"fp": 0.0, "ee": -1.0} for h in "abc"})
     torch.testing.assert_close(strategy.aggregate_updates(3, updates, n, replies).weights, n / n.sum())
     with pytest.raises(ValueError, match="contribution.score = 'shapley': Input should be 'fp', 'ee', 'fp-published' or 'ee-published'"):
         build_strategy("contribution", {1: "a"}, options={"score": "shapley"})

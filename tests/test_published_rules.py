@@ -266,7 +266,7 @@ def test_score_round_records_the_published_scores():
 
 def test_contribution_weighting_by_a_published_score():
     s = build_strategy("contribution", {1: "a", 2: "b"}, options={"score": "fp-published"})
-    s.update_scores({"a": {"fp": 1.0, "fp-published": 0.3}, "b": {"fp": 1.0, "fp-published": 0.1}})
+    s.receive_scores({"a": {"fp": 1.0, "fp-published": 0.3}, "b": {"fp": 1.0, "fp-published": 0.1}})
     agg = _aggregate_contribution(s)
     assert agg.weights.tolist() == pytest.approx([0.75, 0.25])
     assert agg.extra["contribution_weighting"] == ["fp-published"] * 2

@@ -11,6 +11,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 
 from hospitrust.attacks.threat_model import data_rng, hospital_attack
 from hospitrust.client_app.context import HospitalContext, local_report
+from hospitrust.privacy.options import privacy_options
 from hospitrust.datasets.federation import LabelledImages
 from hospitrust.models.augment import task_augmentation
 from hospitrust.models.loop import apply_data_steps
@@ -54,19 +55,20 @@ def local_training_step(msg: Message, context: Context, hospital: HospitalContex
 
     epochs, batch_size = hospital.local_epochs(server_cfg), hospital.batch_size(server_cfg)  # the gate's, where it runs
     privacy_metrics: dict[str, float | int] = {}
-    if cfg.privacy.local:  # DP-SGD with Opacus, within the hospital's own budget
+    privacy = privacy_options(cfg)
+    if privacy.local:  # DP-SGD with Opacus, within the hospital's own budget
         from hospitrust.privacy.client import Refusal, commit_round, plan_round, refusal_reply, round_metrics
         from hospitrust.privacy.local import check_model, train_private
 
         check_model(model)
-        plan = plan_round(context, hospital, cfg.privacy, num_examples=len(train_labels), batch_size=batch_size,
+        plan = plan_round(context, hospital, privacy, num_examples=len(train_labels), batch_size=batch_size,
                           epochs=epochs, rounds=cfg.num_server_rounds)
         if isinstance(plan, Refusal):
-            return refusal_reply(msg, plan, cfg.privacy, context)
-        lifetime = commit_round(context, plan, cfg.privacy, hospital=node.hospital_name, server_round=server_round)
+            return refusal_reply(msg, plan, privacy, context)
+        lifetime = commit_round(context, plan, privacy, hospital=node.hospital_name, server_round=server_round)
         private = train_private(
             model, train_images, train_labels, event=plan.event, epochs=epochs, batch_size=batch_size,
-            max_grad_norm=cfg.privacy.max_grad_norm,
+            max_grad_norm=privacy.max_grad_norm,
             learning_rate=float(cast(float, server_cfg.get("learning-rate", cfg.learning_rate))),
             optimizer=cfg.train.optimizer, momentum=cfg.train.momentum, weight_decay=cfg.train.weight_decay, device=device,
             class_weights=loss_class_weights(cfg.train, server_cfg, train_labels, info.num_classes),
@@ -74,7 +76,7 @@ def local_training_step(msg: Message, context: Context, hospital: HospitalContex
             augment=task_augmentation(hospital.task.augmentation, hospital.task.image_size),
         )
         result = TrainResult(private.loss, private.num_examples, private.steps)
-        privacy_metrics = round_metrics(context, plan, lifetime, cfg.privacy, private.event)
+        privacy_metrics = round_metrics(context, plan, lifetime, privacy, private.event)
     else:
         result = train(
             model,

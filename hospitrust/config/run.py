@@ -31,7 +31,7 @@ from hospitrust.attacks.selection import parse_int_list
 from hospitrust.config import legacy
 from hospitrust.errors import ConfigError, did_you_mean
 from hospitrust.config.sections import Section, all_sections, section_of
-from hospitrust.contribution.options import ContributionScoringOptions, check_contribution_settings
+from hospitrust.contribution.options import check_contribution_settings, contribution_options
 from hospitrust.datasets.base import DATA_DIR_ENV
 from hospitrust.datasets.federation import SimulatedFederation
 from hospitrust.datasets.partitioners import PARTITIONERS
@@ -39,13 +39,14 @@ from hospitrust.datasets.registry import source_of
 from hospitrust.models import MODELS
 from hospitrust.models.training import TrainOptions
 from hospitrust.options import Options, OptionsError, memo_key
-from hospitrust.privacy.options import PrivacyOptions, check_privacy_settings
+from hospitrust.privacy.options import check_privacy_settings
 from hospitrust.features.pre_aggregators import check_pre_aggregation
 from hospitrust.aggregation.pre_aggregation import parse_chain
-from hospitrust.features.secagg_options import SecAggOptions
+from hospitrust.features.secagg_options import secagg_options
 from hospitrust.datasets.server import ServerDataOptions
 from hospitrust.tasks.task import TaskOptions
-from hospitrust.strategies.registry import STRATEGIES, StrategyError, preset_of, rule_name, strategy_class
+from hospitrust.strategies.base import HospitrustStrategy
+from hospitrust.strategies.registry import STRATEGIES, StrategyError, preset_of, rule_name, rules_with, strategy_class
 
 
 
@@ -201,8 +202,9 @@ class CoreOptions(Options):
 
 class RunConfig(CoreOptions):
     """The validated run config: the top-level keys as attributes, and one Options per section
-    (``options(name)``; typed shortcuts for the services: ``train``, ``secagg``,
-    ``contribution_scoring``, ``attack_schedule``). Frozen and hashable.
+    (``options(name)``; typed shortcuts for the run's parts: ``train``, ``task``, ``server_data``,
+    ``attack_schedule``; a round feature's section through its own accessor, e.g.
+    ``hospitrust.privacy.options.privacy_options``). Frozen and hashable.
     """
 
     _sections: dict[str, Options] = PrivateAttr(default_factory=dict)
@@ -225,6 +227,13 @@ class RunConfig(CoreOptions):
         return self.options(section) if section in all_sections() else strategy_class(self.strategy).Options()
 
     @property
+    def rule(self) -> type[HospitrustStrategy]:
+        """The selected rule's class (a preset's rule, a plugin's class): what it can do are its class
+        attributes (``stacks_updates``, ``weighted_mean``, ``central_dp_compatible``, ...).
+        """
+        return strategy_class(self.strategy)
+
+    @property
     def preset_overrides(self) -> dict[str, tuple[Any, Any]]:
         """With a preset selected: each key of its rule's section set to another value than the
         preset's, -> (the preset's value, the value used); empty otherwise.
@@ -244,14 +253,6 @@ class RunConfig(CoreOptions):
         return cast(ServerDataOptions, self.options("server-data"))
 
     @property
-    def secagg(self) -> SecAggOptions:
-        return cast(SecAggOptions, self.options("secagg"))
-
-    @property
-    def contribution_scoring(self) -> ContributionScoringOptions:
-        return cast(ContributionScoringOptions, self.options("contribution-scoring"))
-
-    @property
     def attack_schedule(self) -> ScheduleOptions:
         return cast(ScheduleOptions, self.options(SCHEDULE_SECTION))
 
@@ -259,10 +260,6 @@ class RunConfig(CoreOptions):
     def pre_aggregation_steps(self) -> tuple[str, ...]:
         """The pre-aggregation chain's steps in order (empty without one)."""
         return parse_chain(self.pre_aggregation)
-
-    @property
-    def privacy(self) -> PrivacyOptions:
-        return cast(PrivacyOptions, self.options("privacy"))
 
     @property
     def attack_enabled(self) -> bool:
@@ -578,7 +575,8 @@ def cross_checks(cfg: RunConfig) -> list[str]:
             out.append(str(err))
     kind = getattr(getattr(attack, "attack", attack), "kind", None)
     try:
-        check_contribution_settings(cfg.strategy, cfg.contribution_scoring, cfg.secagg.enabled, cfg.fraction_train, kind)
+        check_contribution_settings(cfg.rule, contribution_options(cfg), secagg_options(cfg).enabled, cfg.fraction_train,
+                                    kind, weighted_mean_rules=rules_with("weighted_mean"))
     except ValueError as err:
         out.append(str(err))
     out += check_privacy_settings(cfg)
@@ -588,11 +586,11 @@ def cross_checks(cfg: RunConfig) -> list[str]:
         if cfg.server_data.evaluation_mode(cfg.task.custom) == "federated":
             out.append(f"{every}: this run has no server test set, so every round's metrics are the hospitals' "
                        "evaluations (federated evaluation): set it to 1, or give the server a test set")
-        if cfg.contribution_scoring.enabled:
+        if contribution_options(cfg).enabled:
             out.append(f"{every}: contribution-scoring.enabled scores every round from the hospitals' evaluations: "
                        "set it to 1")
-        if cfg.strategy == "fbd":
-            out.append(f"{every}: strategy 'fbd' runs its own evaluation every round: set it to 1")
+        if cfg.rule.runs_own_evaluation:
+            out.append(f"{every}: strategy {cfg.strategy!r} runs its own evaluation every round: set it to 1")
     return out
 
 

@@ -1,9 +1,10 @@
 """Every run-config section, from the components that own them.
 
-A section is named after its component's registry name (``hta``, ``dirichlet``, ``label-flip``)
-or its service (``train``, ``secagg``, ``contribution-scoring``, ``attack-schedule``); its keys
-are that component's ``Options``. Nothing here lists options: adding a rule, an attack or a
-partitioner adds its section.
+A section is named after its component's registry name (``hta``, ``dirichlet``, ``label-flip``),
+a round feature's declared section (``secagg``, ``contribution-scoring``, ``privacy``: the
+feature registry's ``feature_sections``) or a part every run has (``task``, ``train``,
+``attack-schedule``); its keys are that component's ``Options``. Adding a rule, an attack, a
+partitioner or a feature with options adds its section.
 """
 
 from __future__ import annotations
@@ -14,13 +15,11 @@ from dataclasses import dataclass
 from hospitrust.attacks.registry import ATTACKS, SCHEDULE_SECTION
 from hospitrust.attacks.schedule import ScheduleOptions
 from hospitrust.config.legacy import new_names
-from hospitrust.contribution.options import ContributionScoringOptions
 from hospitrust.datasets.partitioners import PARTITIONERS
 from hospitrust.models.training import TrainOptions
 from hospitrust.options import Options
-from hospitrust.privacy.options import PrivacyOptions
 from hospitrust.features.pre_aggregators import PRE_AGGREGATORS
-from hospitrust.features.secagg_options import SecAggOptions
+from hospitrust.features.registry import FEATURES, feature_sections
 from hospitrust.datasets.server import ServerDataOptions
 from hospitrust.tasks.task import TaskOptions
 from hospitrust.strategies.registry import STRATEGIES
@@ -33,7 +32,7 @@ class Section:
     """One ``[tool.flwr.app.config.<name>]`` table: whose it is and its options."""
 
     name: str
-    kind: str  # service | strategy | partitioner | attack | pre-aggregator
+    kind: str  # service (every run has it: a run part's or a round feature's) | strategy | partitioner | attack | pre-aggregator
     options: type[Options]
     summary: str  # one line, from the component's docstring
     doc: str  # its docs page, relative to docs/
@@ -44,15 +43,13 @@ def _summary(obj: object) -> str:
     return " ".join(doc.split("\n\n")[0].split())
 
 
-#: Sections every run has, whatever its components.
-SERVICES: dict[str, tuple[type[Options], str]] = {
+#: Sections every run has that no round feature owns (the features' own come from their registry), with their
+#: docs pages.
+RUN_SECTIONS: dict[str, tuple[type[Options], str]] = {
     "task": (TaskOptions, "tasks.md"),
     "server-data": (ServerDataOptions, "operators.md"),
     "train": (TrainOptions, "getting-started.md"),
-    "secagg": (SecAggOptions, "deployment.md"),
-    "contribution-scoring": (ContributionScoringOptions, "rules/contribution.md"),
     SCHEDULE_SECTION: (ScheduleOptions, "attacks.md"),
-    "privacy": (PrivacyOptions, "privacy.md"),
 }
 
 
@@ -66,7 +63,9 @@ def all_sections() -> dict[str, Section]:
     test does, makes a new entry): every message's config lookups call this, and building the
     summaries from the docstrings cost about 1 ms a call.
     """
-    key = tuple(tuple(registry.items()) for registry in (STRATEGIES, PARTITIONERS, ATTACKS, PRE_AGGREGATORS))
+    if not FEATURES:
+        feature_sections()  # fills the feature registry
+    key = tuple(tuple(registry.items()) for registry in (STRATEGIES, PARTITIONERS, ATTACKS, PRE_AGGREGATORS, FEATURES))
     memo = _SECTIONS_MEMO.get(key)
     if memo is None:
         memo = _SECTIONS_MEMO[key] = _build_sections()
@@ -75,8 +74,13 @@ def all_sections() -> dict[str, Section]:
 
 def _build_sections() -> dict[str, Section]:
     out: dict[str, Section] = {}
-    for name, (options, doc) in SERVICES.items():
+    for name, (options, doc) in RUN_SECTIONS.items():
         out[name] = Section(name, "service", options, _summary(options), doc)
+    for name, feature in feature_sections().items():
+        if name in out:
+            raise RuntimeError(f"section name {name!r} is used by round feature {feature.name!r} and a run part")
+        assert feature.Options is not None  # feature_sections checks it
+        out[name] = Section(name, "service", feature.Options, _summary(feature.Options), feature.doc)
     for kind, registry, doc in (("strategy", STRATEGIES, "rules/{}.md"), ("partitioner", PARTITIONERS, "data.md"),
                                 ("attack", ATTACKS, "attacks.md"),
                                 ("pre-aggregator", PRE_AGGREGATORS, "rules/pre-aggregation.md")):

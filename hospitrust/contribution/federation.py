@@ -138,14 +138,15 @@ class ContributionTracker:
         self.weights[server_round] = weights
         return with_weights(messages, weights)
 
-    def score(self, server_round: int, replies: Iterable[Message], strategy=None) -> dict[str, Any]:
+    def score(self, server_round: int, replies: Iterable[Message]) -> dict[str, Any]:
         """The round's record for rounds.jsonl: scores per hospital, left-out reports with
-        reasons. A strategy with ``update_scores`` (contribution) gets the new totals.
+        reasons (the ledger's totals, :meth:`totals`, include the round's scores).
         """
-        record = self._score(server_round, self.weights.pop(server_round, {}), replies)
-        if strategy is not None and hasattr(strategy, "update_scores"):
-            strategy.update_scores(self.ledger.totals())
-        return record
+        return self._score(server_round, self.weights.pop(server_round, {}), replies)
+
+    def totals(self) -> dict[str, dict[str, float]]:
+        """Hospital name -> score name -> its total over the rounds scored so far (the ledger's)."""
+        return self.ledger.totals()
 
     def _score(self, server_round: int, weights: Mapping[int, float], replies: Iterable[Message]) -> dict[str, Any]:
         reports, problems = [], {}

@@ -4,15 +4,15 @@ it to the rest of the run config.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Sequence
+from typing import Any, Literal, cast
 
 from pydantic import Field, field_validator
 
 from hospitrust.options import Options
 
-# strategies whose aggregate is a weighted mean M = M0 + sum_i w_i U_i: the counterfactual
-# models M - U_i and M0 + U_i (and Shapley's coalition models) are defined for them
-WEIGHTED_MEAN_STRATEGIES = ("fedavg", "fedprox", "contribution")
+#: The run-config section of contribution scoring (the round feature ``hospitrust.features.contribution``).
+SECTION = "contribution-scoring"
 
 
 def selfish_ids(value: str) -> list[int]:
@@ -67,15 +67,16 @@ class ContributionScoringOptions(Options):
         return v
 
 
-def check_contribution_settings(strategy: str, scoring: ContributionScoringOptions, secure: bool, fraction_train: float,
-                                attack_kind: str | None) -> None:
+def check_contribution_settings(rule: Any, scoring: ContributionScoringOptions, secure: bool, fraction_train: float,
+                                attack_kind: str | None, *, weighted_mean_rules: Sequence[str] = ()) -> None:
     """Raises ValueError naming the keys when contribution scoring or secure aggregation cannot
     work with the rest of the run config.
 
     Parameters
     ----------
-    strategy : str
-        The run's strategy (registry name).
+    rule : type
+        The run's rule (a ``HospitrustStrategy`` class): its ``name`` and what it can do, ``weighted_mean``
+        and ``secagg_compatible``.
     scoring : ContributionScoringOptions
         The ``contribution-scoring`` section.
     secure : bool
@@ -84,21 +85,38 @@ def check_contribution_settings(strategy: str, scoring: ContributionScoringOptio
         The run's ``fraction-train``.
     attack_kind : str or None
         The configured attack's kind (``"data"``, ``"update"``, ``"colluding"``), or None without one.
+    weighted_mean_rules : Sequence[str]
+        The rules that are weighted means (named in the message when ``rule`` is not one).
     """
-    if scoring.enabled and strategy not in WEIGHTED_MEAN_STRATEGIES:
+    if scoring.enabled and not rule.weighted_mean:
         raise ValueError(
-            f"contribution-scoring.enabled needs a weighted-mean strategy ({', '.join(WEIGHTED_MEAN_STRATEGIES)}); "
-            f"strategy {strategy!r} has no leave-one-out model M - U_i"
+            f"contribution-scoring.enabled needs a weighted-mean strategy ({', '.join(weighted_mean_rules)}); "
+            f"strategy {rule.name!r} has no leave-one-out model M - U_i"
         )
-    if strategy == "contribution" and not scoring.enabled:
-        raise ValueError("strategy 'contribution' weights hospitals by their scores: set contribution-scoring.enabled = true")
     if secure:
-        if strategy != "fedavg":
+        if not rule.secagg_compatible:
             raise ValueError(
-                f"secagg.enabled hands the server only the sum of the updates: strategy must be 'fedavg', got {strategy!r}"
+                f"secagg.enabled hands the server only the sum of the updates: strategy must be 'fedavg' (the "
+                f"example-weighted mean of that sum), got {rule.name!r}"
             )
         if fraction_train < 1.0:
             raise ValueError("secagg.enabled asks every hospital each round: fraction-train must be 1.0")
         if attack_kind == "colluding":
             raise ValueError("a colluding attack rewrites the stacked updates on the server, which secure aggregation "
                              "never holds: choose a data or update attack")
+
+
+def contribution_options(cfg: Any) -> ContributionScoringOptions:
+    """The ``contribution-scoring`` section of a run config (:data:`SECTION`).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The parsed run config (duck-typed: ``options(section)``).
+
+    Returns
+    -------
+    ContributionScoringOptions
+        Its options.
+    """
+    return cast(ContributionScoringOptions, cfg.options(SECTION))

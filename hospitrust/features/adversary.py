@@ -27,6 +27,8 @@ from flwr.app import Message
 from hospitrust.attacks.interfaces import ColludingAttack, RoundAware, RoundView
 from hospitrust.attacks.threat_model import ColludingAdversary, unwrapped
 from hospitrust.features.base import Round, RoundFeature, RunFacts
+from hospitrust.features.pre_aggregators import pre_aggregation_chain
+from hospitrust.features.secagg_options import secagg_options
 from hospitrust.strategies.base import Aggregate, AttackerRows, RoundResult, UpdateStep
 from hospitrust.strategies.validation import CheckedReply
 
@@ -73,9 +75,7 @@ def pre_aggregation_of(cfg: Any) -> Any:
     """
     if not str(getattr(cfg, "pre_aggregation", "") or "").strip():
         return None
-    import importlib
-
-    return importlib.import_module("hospitrust.features.pre_aggregators").pre_aggregation_chain(cfg)
+    return pre_aggregation_chain(cfg)
 
 
 def private_copy(strategy: Any) -> Any:
@@ -137,7 +137,7 @@ class RoundAwareAdversary(RoundFeature):
         from hospitrust.strategies.registry import rule_name
 
         inner = unwrapped(run.attack)
-        if run.cfg.secagg.enabled:
+        if secagg_options(run.cfg).enabled:
             raise ValueError(f"attack {inner.name!r} rewrites the malicious hospitals' rows of the update stack on the "
                              "server, which secure aggregation never holds: disable secagg or choose another attack")
         check = getattr(inner, "check_rule", None)

@@ -17,6 +17,8 @@ each round
     ``on_evaluate(rnd, messages)``: the evaluate messages before they go out.
     ``while_evaluating(rnd, loop)``: the evaluate messages are out, their replies not yet in.
     ``record(rnd)``: entries for the round's line in rounds.jsonl.
+    ``scores()``: per-hospital scores the rule takes after the round's record
+    (``HospitrustStrategy.receive_scores``: contribution scoring's totals).
     ``state()``: the feature's state for the round's checkpoint.
 at the end
     ``summary()``: entries for summary.json; ``finish(run_dir)``: files of its own.
@@ -35,6 +37,7 @@ from typing import Any, ClassVar, Protocol
 
 from flwr.app import ArrayRecord, Message
 
+from hospitrust.options import Options as OptionsModel
 from hospitrust.strategies.base import RoundResult, UpdateStep
 
 
@@ -142,11 +145,19 @@ class RoundFeature:
 
     The registry (``hospitrust.features.registry``) finds every subclass with a ``name`` in a module
     of ``hospitrust/features/``; ``for_run`` says whether the run has it. ``name`` keys its state in
-    the checkpoint; ``order`` places its hooks among the others' (lower first).
+    the checkpoint; ``order`` places its hooks among the others' (lower first). A feature with options
+    declares its run-config section (``section``, ``Options``, ``doc``): the run config composes the
+    sections from the registry (``feature_sections``), and every run has them.
     """
 
     name: ClassVar[str] = ""
     order: ClassVar[int] = 100
+    #: the feature's run-config section (``[tool.flwr.app.config.<section>]``); "" when it has no options
+    section: ClassVar[str] = ""
+    #: the section's keys
+    Options: ClassVar[type[OptionsModel] | None] = None
+    #: the docs page that explains them, relative to docs/
+    doc: ClassVar[str] = ""
     #: whether the next round's train messages may go out during this round's evaluation
     overlaps_rounds: bool = True
 
@@ -192,6 +203,12 @@ class RoundFeature:
 
     def record(self, rnd: Round) -> dict[str, Any]:
         return {}
+
+    def scores(self) -> Mapping[str, Mapping[str, float]] | None:
+        """Hospital name -> score name -> value, for the rule (``receive_scores``) after the round's
+        record; None when the feature scores nothing.
+        """
+        return None
 
     def state(self) -> dict[str, Any]:
         return {}
@@ -266,6 +283,17 @@ class Features:
 
     def record(self, rnd: Round) -> dict[str, Any]:
         return {k: v for f in self.features for k, v in f.record(rnd).items()}
+
+    def scores(self) -> dict[str, dict[str, float]] | None:
+        """Every feature's per-hospital scores merged (hospital -> score name -> value); None when none scores."""
+        found = [s for f in self.features if (s := f.scores()) is not None]
+        if not found:
+            return None
+        out: dict[str, dict[str, float]] = {}
+        for scores in found:
+            for hospital, values in scores.items():
+                out.setdefault(hospital, {}).update(values)
+        return out
 
     def state(self) -> dict[str, dict[str, Any]]:
         return {f.name: state for f in self.features if (state := f.state())}

@@ -58,8 +58,8 @@ class CentralPrivacy(DifferentialPrivacyServerSideFixedClipping):
 
     Parameters
     ----------
-    strategy : hospitrust.strategies.fedavg.FedAvg
-        The rule it wraps (set to equal weights here).
+    strategy : HospitrustStrategy
+        The rule it wraps, a ``central_dp_compatible`` one (asked here to weigh every reply equally).
     options : PrivacyOptions
         The ``privacy`` section (central noise multiplier, clipping norm, delta).
     num_hospitals : int
@@ -69,7 +69,7 @@ class CentralPrivacy(DifferentialPrivacyServerSideFixedClipping):
     def __init__(self, strategy: Any, options: PrivacyOptions, num_hospitals: int) -> None:
         super().__init__(strategy, options.central_noise_multiplier, options.central_clipping_norm,
                          num_sampled_clients=max(num_hospitals, 1))
-        strategy.equal_weights = True  # the std z C / n holds for the equal-weight mean of n clipped updates
+        strategy.use_equal_weights()  # the std z C / n holds for the equal-weight mean of n clipped updates
         self.inner = strategy
         self.options = options
         self.num_hospitals = num_hospitals

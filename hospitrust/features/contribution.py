@@ -11,6 +11,7 @@ from typing import Any
 from flwr.app import Message
 
 from hospitrust.contribution.federation import ContributionTracker
+from hospitrust.contribution.options import SECTION, ContributionScoringOptions, contribution_options
 from hospitrust.features.base import Round, RoundFeature, RunFacts
 
 
@@ -26,18 +27,14 @@ class ContributionScoring(RoundFeature):
     name = "contribution"
     overlaps_rounds = False  # it asks with the evaluation, which needs the round's aggregate first
     order = 40
+    section, Options, doc = SECTION, ContributionScoringOptions, "rules/contribution.md"
 
     @classmethod
     def for_run(cls, run: RunFacts) -> ContributionScoring | None:
-        return cls(run.hospitals) if run.cfg.contribution_scoring.enabled else None
+        return cls(run.hospitals) if contribution_options(run.cfg).enabled else None
 
     def __init__(self, hospitals: Mapping[int, str]) -> None:
         self.tracker = ContributionTracker(hospitals)
-        self.strategy: Any = None
-
-    def wrap_strategy(self, strategy: Any) -> Any:
-        self.strategy = strategy  # a rule with ``update_scores`` (contribution) gets the new totals
-        return strategy
 
     def restore(self, checkpoint: Mapping[str, Any]) -> None:
         self.tracker.restore(checkpoint["history"])  # a resumed run keeps its earlier rounds' scores
@@ -47,7 +44,11 @@ class ContributionScoring(RoundFeature):
         return self.tracker.ask(rnd.number, rnd.result, messages)
 
     def record(self, rnd: Round) -> dict[str, Any]:
-        return {"contribution": self.tracker.score(rnd.number, rnd.evaluate_replies, self.strategy)}
+        return {"contribution": self.tracker.score(rnd.number, rnd.evaluate_replies)}
+
+    def scores(self) -> dict[str, dict[str, float]]:
+        """The accumulated scores (a rule weighted by them, ``contribution``, takes them)."""
+        return self.tracker.totals()
 
     def summary(self) -> dict[str, Any]:
         return {"contribution": self.tracker.summary()}

@@ -15,7 +15,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from hospitrust.aggregation.pre_aggregation import STEPS, PreAggregationChain, parse_chain, rows_before_each_step
+from hospitrust.features.secagg_options import secagg_options
 from hospitrust.options import NoOptions, Options
+from hospitrust.privacy.options import privacy_options
 
 
 class BucketingOptions(Options):
@@ -91,19 +93,14 @@ PRE_AGGREGATORS: dict[str, type[PreAggregator]] = {
     cls.name: cls for cls in (NearestNeighbourMixing, AdaptiveRobustClipping, Bucketing, StaticClipping)}
 assert tuple(PRE_AGGREGATORS) == STEPS, "the components and the math name the same steps"
 
-#: Strategies whose replies are not a stack of whole-model updates.
-NO_STACK_STRATEGIES = {"fbd": "FED-FBD's replies write blocks of a warehouse of models; there is no stack of "
-                               "whole-model updates to mix or clip"}
-
-
 def check_pre_aggregation(cfg: Any) -> list[str]:
     """What keeps this run config's pre-aggregation from applying; one message per problem.
 
     Parameters
     ----------
     cfg : RunConfig
-        The parsed run config (duck-typed: ``pre_aggregation``, ``strategy``, ``secagg``,
-        ``options("privacy")``, ``options("bucketing")``, ``min_hospitals``, ``assumed_malicious``).
+        The parsed run config (duck-typed: ``pre_aggregation``, ``strategy``, ``rule`` (its class), ``options(section)``,
+        ``min_hospitals``, ``assumed_malicious``).
 
     Returns
     -------
@@ -115,26 +112,21 @@ def check_pre_aggregation(cfg: Any) -> list[str]:
         return []
     chain = f"pre-aggregation = {cfg.pre_aggregation!r}"
     out: list[str] = []
-    if cfg.strategy in NO_STACK_STRATEGIES:
-        out.append(f"{chain} with strategy {cfg.strategy!r}: {NO_STACK_STRATEGIES[cfg.strategy]}; use another rule or "
-                   "pre-aggregation = 'none'")
-    if cfg.secagg.enabled:
+    rule = cfg.rule
+    if not rule.stacks_updates:
+        why = rule.why_not("stacks_updates", "its replies are no stack of whole-model updates to mix or clip")
+        out.append(f"{chain} with strategy {cfg.strategy!r}: {why}; use another rule or pre-aggregation = 'none'")
+    if secagg_options(cfg).enabled:
         out.append(f"{chain} with secagg.enabled: SecAgg+ hands the server only the sum of the updates, and every "
                    "pre-aggregation step needs each hospital's update; disable one of them")
-    privacy = cfg.options("privacy")
+    privacy = privacy_options(cfg)
     if privacy.central:
         out.append(f"{chain} with privacy.mode = {privacy.mode!r}: central DP's noise is calibrated for the mean of the "
                    "hospitals' own clipped updates, which a step that mixes or rescales them changes; use privacy.mode "
                    "'local' or 'off', or pre-aggregation = 'none'")
     bucket_size = cfg.options("bucketing").bucket_size
     if "bucketing" in steps and cfg.options("bucketing").rule_input == "bucket-means":
-        from hospitrust.strategies.registry import StrategyError, strategy_class
-
-        try:
-            rule = strategy_class(cfg.strategy)
-        except StrategyError:
-            rule = None  # an unknown strategy is reported by its own check
-        if rule is not None and rule.reads_who_sent:
+        if rule.reads_who_sent:
             out.append(f"{chain} with bucketing.rule-input = 'bucket-means' and strategy {cfg.strategy!r}: the rule reads "
                        "who sent each row (state kept per hospital, or a reply's metrics), and a bucket mean stands for "
                        "several hospitals; use bucketing.rule-input = 'member-rows' or another rule")

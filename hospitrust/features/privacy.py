@@ -15,7 +15,7 @@ from flwr.common import log
 
 from hospitrust.features.base import Round, RoundFeature, RunFacts
 from hospitrust.privacy.client import BUDGET_SPENT_KEY
-from hospitrust.privacy.options import PrivacyOptions
+from hospitrust.privacy.options import SECTION, PrivacyOptions, privacy_options
 from hospitrust.privacy.records import PrivacyRecords, check_before_training, settings
 from hospitrust.strategies.base import PRIVACY_METRICS
 
@@ -68,14 +68,16 @@ class DifferentialPrivacy(RoundFeature):
 
     name = "privacy"
     order = 30
+    section, Options, doc = SECTION, PrivacyOptions, "privacy.md"
 
     @classmethod
     def for_run(cls, run: RunFacts) -> DifferentialPrivacy | None:
-        if run.cfg.privacy.mode == "off":
+        options = privacy_options(run.cfg)
+        if options.mode == "off":
             return None
         from hospitrust.tasks.model import task_model
 
-        return cls(run.cfg.privacy, run.hospitals, task_model(run.task), run.rows)
+        return cls(options, run.hospitals, task_model(run.task), run.rows)
 
     def __init__(self, options: PrivacyOptions, hospitals: Mapping[int, str], model: Any,
                  rows: Sequence[Mapping[str, Any]]) -> None:

@@ -45,6 +45,29 @@ def refresh() -> dict[str, type[RoundFeature]]:
     return FEATURES
 
 
+def feature_sections() -> dict[str, type[RoundFeature]]:
+    """Every feature that declares a run-config section, by section name (sorted): the run config
+    composes these sections (each feature's ``Options``) beside the components' own.
+
+    Returns
+    -------
+    dict[str, type[RoundFeature]]
+        Section name -> the feature class that owns it.
+    """
+    if not FEATURES:
+        refresh()
+    found: dict[str, type[RoundFeature]] = {}
+    for cls in FEATURES.values():
+        if not cls.section:
+            continue
+        if cls.Options is None:
+            raise ValueError(f"round feature {cls.name!r} names section {cls.section!r} without its Options")
+        if cls.section in found:
+            raise ValueError(f"two round features own section {cls.section!r}: {found[cls.section].name} and {cls.name}")
+        found[cls.section] = cls
+    return dict(sorted(found.items()))
+
+
 def run_features(run: RunFacts) -> Features:
     """The run's features, in hook order (``order``, then name)."""
     if not FEATURES:
@@ -52,4 +75,4 @@ def run_features(run: RunFacts) -> Features:
     return Features(f for cls in FEATURES.values() if (f := cls.for_run(run)) is not None)
 
 
-__all__ = ["FEATURES", "discover", "refresh", "run_features"]
+__all__ = ["FEATURES", "discover", "feature_sections", "refresh", "run_features"]

@@ -31,7 +31,7 @@ from flwr.common import FitIns, Parameters, log, ndarrays_to_parameters, paramet
 from flwr.serverapp import Grid
 
 from hospitrust.features.base import Round, RoundFeature, RunFacts, Trainer
-from hospitrust.features.secagg_options import SecAggOptions
+from hospitrust.features.secagg_options import SECTION, SecAggOptions, secagg_options
 from hospitrust.strategies.base import PRIVACY_METRICS, RoundResult
 
 
@@ -193,12 +193,14 @@ class SecureAggregation(RoundFeature):
     name = "secagg"
     overlaps_rounds = False  # its own stages
     order = 50
+    section, Options, doc = SECTION, SecAggOptions, "deployment.md"
 
     @classmethod
     def for_run(cls, run: RunFacts) -> SecureAggregation | None:
-        if not run.cfg.secagg.enabled:
+        options = secagg_options(run.cfg)
+        if not options.enabled:
             return None
-        return cls(run.cfg.secagg, run.hospitals, run.grid, reply_timeout=run.cfg.reply_timeout,
+        return cls(options, run.hospitals, run.grid, reply_timeout=run.cfg.reply_timeout,
                    min_hospitals=run.cfg.min_hospitals, train_sizes=[sum(r["train"]) for r in run.rows])
 
     def __init__(self, options: SecAggOptions, hospitals: Mapping[int, str], grid: Grid, *, reply_timeout: float,

@@ -4,9 +4,14 @@ reading it) imports these options without the server's SecAgg workflow.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from pydantic import Field
 
 from hospitrust.options import Options
+
+#: The run-config section of secure aggregation (the round feature ``hospitrust.features.secagg``).
+SECTION = "secagg"
 
 
 class SecAggOptions(Options):
@@ -27,3 +32,22 @@ class SecAggOptions(Options):
     reconstruction_threshold: float = Field(0.67, gt=0.0, le=1.0, description=(
         "Share of the hospitals' key shares needed to unmask the sum."
     ))
+
+
+def secagg_options(cfg: Any) -> SecAggOptions:
+    """The ``secagg`` section of a run config (:data:`SECTION`).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The parsed run config (duck-typed: ``options(section)``).
+
+    Returns
+    -------
+    SecAggOptions
+        Its options.
+    """
+    return cast(SecAggOptions, cfg.options(SECTION))
+
+
+__all__ = ["SECTION", "SecAggOptions", "secagg_options"]

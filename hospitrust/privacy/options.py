@@ -9,18 +9,18 @@ accountant), ``both``, or ``off`` (the default: nothing changes).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import Field, field_validator
 
+from hospitrust.contribution.options import contribution_options
 from hospitrust.options import Options
 
 #: The modes that run DP-SGD at the hospitals, and those that add noise at the server.
 LOCAL_MODES = ("local", "both")
 CENTRAL_MODES = ("central", "both")
-#: The rules central DP is defined for: the mean of n clipped updates with equal weights has
-#: sensitivity clipping-norm / n, the noise Flower's wrapper adds is calibrated for that.
-CENTRAL_STRATEGIES = ("fedavg",)
+#: The run-config section of differential privacy (the round feature ``hospitrust.features.privacy``).
+SECTION = "privacy"
 
 
 class PrivacyOptions(Options):
@@ -86,36 +86,38 @@ def check_privacy_settings(cfg: Any) -> list[str]:
     Parameters
     ----------
     cfg : RunConfig
-        The parsed run config (duck-typed: ``options("privacy")``, ``strategy``, ``secagg``, ``model``).
+        The parsed run config (duck-typed: ``options(section)``, ``strategy``, ``rule`` (its class), ``model``,
+        ``image_size``).
 
     Returns
     -------
     list[str]
         One message per problem (empty when the settings fit together).
     """
-    privacy: PrivacyOptions = cfg.options("privacy")
+    privacy = privacy_options(cfg)
     if privacy.mode == "off":
         return []
     out: list[str] = []
     mode = f"privacy.mode = {privacy.mode!r}"
-    if cfg.strategy == "fbd":
-        out.append(f"{mode} with strategy 'fbd': FED-FBD trains and sends blocks of a warehouse of models, which "
-                   "neither Opacus's accountant nor Flower's DP wrappers account for; use another rule or privacy.mode "
-                   "'off'")
-    if privacy.local and cfg.strategy == "fedprox":
-        out.append(f"{mode} with strategy 'fedprox': Opacus replaces each gradient with the clipped, noised sum of "
-                   "per-sample gradients, so FedProx's proximal term would be dropped silently; use fedavg")
+    rule = cfg.rule
+    reasons = []
+    if privacy.local and not rule.local_dp_compatible:
+        reasons.append(rule.why_not("local_dp_compatible", "its hospitals do not train as Opacus's DP-SGD accounts "
+                                                           "for; use fedavg"))
+    if privacy.central and not rule.central_dp_compatible:
+        # the equal-weight mean of n clipped updates has sensitivity clipping-norm / n: Flower's noise is for that
+        reasons.append(rule.why_not(
+            "central_dp_compatible", "central DP's noise (z x clipping-norm / n) is calibrated for the equal-weight "
+            "mean of n clipped updates, which only fedavg computes; a rule that selects or reweighs hospitals has "
+            "another sensitivity. Use strategy 'fedavg', or privacy.mode 'local' (DP-SGD at each hospital works under "
+            "every rule)"))
+    out += [f"{mode} with strategy {cfg.strategy!r}: {reason}" for reason in dict.fromkeys(reasons)]
     if privacy.central:
-        if cfg.strategy not in CENTRAL_STRATEGIES:
-            out.append(f"{mode} with strategy {cfg.strategy!r}: central DP's noise (z x clipping-norm / n) is "
-                       "calibrated for the equal-weight mean of n clipped updates, which only fedavg computes; a rule "
-                       "that selects or reweighs hospitals has another sensitivity. Use strategy 'fedavg', or "
-                       "privacy.mode 'local' (DP-SGD at each hospital works under every rule)")
-        if cfg.secagg.enabled:
+        if cfg.options("secagg").enabled:
             out.append(f"{mode} with secagg.enabled: Flower's server-side clipping must see each hospital's update, "
                        "which SecAgg+ hides from the server; use privacy.mode 'local' with SecAgg+ (each hospital "
                        "noises its own training)")
-        if cfg.contribution_scoring.enabled:
+        if contribution_options(cfg).enabled:
             out.append(f"{mode} with contribution-scoring.enabled: the scores assume the aggregate is the weighted "
                        "mean of the updates, which central noise changes; disable one of them")
     # local: per-sample gradients; central: noise on every array (BatchNorm's integer counter cannot take it)
@@ -125,6 +127,22 @@ def check_privacy_settings(cfg: Any) -> list[str]:
     return out
 
 
+def privacy_options(cfg: Any) -> PrivacyOptions:
+    """The ``privacy`` section of a run config (:data:`SECTION`).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The parsed run config (duck-typed: ``options(section)``).
+
+    Returns
+    -------
+    PrivacyOptions
+        Its options.
+    """
+    return cast(PrivacyOptions, cfg.options(SECTION))
+
+
 def opacus_model_problem(model: str, image_size: int) -> str:
     """Why Opacus cannot train ``model`` with per-sample gradients ('' when it can)."""
     from hospitrust.privacy.local import model_problem
@@ -132,5 +150,5 @@ def opacus_model_problem(model: str, image_size: int) -> str:
     return model_problem(model, image_size)
 
 
-__all__ = ["CENTRAL_MODES", "CENTRAL_STRATEGIES", "LOCAL_MODES", "PrivacyOptions", "check_privacy_settings",
-           "opacus_model_problem"]
+__all__ = ["CENTRAL_MODES", "LOCAL_MODES", "PrivacyOptions", "SECTION", "check_privacy_settings", "opacus_model_problem",
+           "privacy_options"]

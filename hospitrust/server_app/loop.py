@@ -200,6 +200,9 @@ class RoundLoop:
         # *_pushed_at are wall-clock stamps (the hospitals' timing is per client)
         rnd.timing.update(finished_at=time.time(), next_round_pushed_with_evaluation=rnd.number + 1 in self.ahead,
                           evaluate_clients=reply_timing(rnd.evaluate_replies, hospitals))
+        entries = self.features.record(rnd)
+        if (scores := self.features.scores()) is not None:  # e.g. contribution totals, for a rule weighted by them
+            self.run.strategy.receive_scores(scores)
         return {
             "round": rnd.number, "central": central, "evaluation": self.run.evaluation.name,
             "hospitals_evaluated": rnd.hospitals_evaluate, "clients": result.clients,
@@ -210,7 +213,7 @@ class RoundLoop:
             "node_unavailable": states["node_unavailable"], "offline": states["offline"], "rejoined": states["rejoined"],
             "kept_previous_model": result.kept_previous_model, "note": result.note, "hospital_accuracy": per_hospital,
             "fairness": metrics.fairness(per_hospital) if per_hospital else None,
-            **self.features.record(rnd),
+            **entries,
         }
 
 
@@ -233,7 +236,7 @@ def _finish(run: RunSetup, rounds: RoundLoop, run_dir: RunDirectory, started: fl
     }
     run.features.finish(run_dir.path)
     run_dir.write_summary(summary)
-    if cfg.strategy not in ("fedavg", "fedprox"):  # rules that weigh hospitals: draw whose update counted
+    if run.strategy.weighs_hospitals:  # draw whose update counted
         try:
             plot_trust(run_dir.path)
         except Exception as exc:  # a picture never fails a finished run

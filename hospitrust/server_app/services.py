@@ -179,17 +179,20 @@ class ServerServices(Mapping[str, Callable[..., Any]]):
 
 def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: torch.device, task: Task,
                          sets: ServerSets, run_dir: Path | None = None, resuming: bool = False,
-                         order: Sequence[str] | None = None) -> HospitrustStrategy:
+                         order: Sequence[str] | None = None,
+                         train_values: Mapping[str, Any] | None = None) -> HospitrustStrategy:
     """The configured rule, built by the registry from its section and what it needs of the server.
     A rule's empty ``rare-classes`` option takes the task's rare classes, where the task names them.
     A preset is its rule with the run config's resolved options; the log says which values of the
     preset the run config overrode. What the rule's ``server_parts`` builds (FED-FBD's plan, in the
     hospitals' ``order``, and its warehouse, kept in ``run_dir``) is passed to its constructor.
+    ``train_values``: further entries of every train message (the task).
     """
     train_config = {
         "local-epochs": cfg.local_epochs,
         "batch-size": cfg.batch_size,
         "learning-rate": cfg.learning_rate,
+        **(train_values or {}),
     }
     cls = strategy_class(cfg.strategy)
     options = cfg.strategy_options

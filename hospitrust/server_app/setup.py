@@ -81,6 +81,16 @@ class RunSetup:
     attack: Any  # the configured attack, or None
 
 
+def run_train_values(cfg: RunConfig, task: Task, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What every train message of the run carries besides the rule's own values: the task, and, when
+    the hospitals weigh their classes by the federation's totals, those totals from the query round.
+    """
+    values: dict[str, Any] = {TASK_KEY: task.to_json()}
+    if cfg.train.class_weighted_loss and cfg.train.class_weights_from == "federation":
+        values["federation-class-counts"] = [float(c) for c in np.sum([r["train"] for r in rows], axis=0)]
+    return values
+
+
 def set_up_run(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: torch.device, run_dir: RunDirectory,
                resuming: bool) -> RunSetup:
     """Discover the hospitals and build everything the rounds use; config.json is written."""
@@ -105,11 +115,7 @@ def set_up_run(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device:
         load_pretrained(model, task.pretrained)
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
     strategy = strategy_from_config(cfg, hospitals, device, task, sets, run_dir.path, resuming,
-                                    order=[r["hospital"] for r in rows])
-    strategy.train_config[TASK_KEY] = task.to_json()  # every train message carries the task
-    if cfg.train.class_weighted_loss and cfg.train.class_weights_from == "federation":
-        # every hospital weighs its classes by the federation's totals from the query round
-        strategy.train_config["federation-class-counts"] = [float(c) for c in np.sum([r["train"] for r in rows], axis=0)]
+                                    order=[r["hospital"] for r in rows], train_values=run_train_values(cfg, task, rows))
     wrapped = features.wrap_strategy(strategy)
     trainer = features.wrap_trainer(StrategyTrainer(wrapped, grid, features, cfg.reply_timeout,
                                                     RoundProgress(run_dir.path, hospitals)))

@@ -194,9 +194,47 @@ class HospitrustStrategy(Strategy):
     #: True for the rules that read who sent each row (state kept per hospital, a reply's metrics): they
     #: cannot take rows that stand for several hospitals (:class:`GroupedRows`, ByzFL's bucket means)
     reads_who_sent: ClassVar[bool] = False
+    # What the rule can do, asked by the loop, the features and the run-config checks (never its name).
+    #: False for a rule whose replies are no stack of whole-model updates (FED-FBD's blocks): nothing for
+    #: pre-aggregation to mix or clip
+    stacks_updates: ClassVar[bool] = True
+    #: True for a rule whose aggregate is a weighted mean ``M = M0 + sum_i w_i U_i``: contribution scoring's
+    #: counterfactual models (``M - U_i``, ``M0 + U_i``, Shapley's coalitions) are defined for it
+    weighted_mean: ClassVar[bool] = False
+    #: True for a rule that computes the equal-weight mean of the clipped updates once asked to
+    #: (:meth:`use_equal_weights`): central DP's noise ``z C / n`` is calibrated for exactly that
+    central_dp_compatible: ClassVar[bool] = False
+    #: True for a rule whose hospitals train as Opacus's DP-SGD accounts for (local DP)
+    local_dp_compatible: ClassVar[bool] = True
+    #: True for a rule that decides how much each hospital counts (trust, selection, scores): the run's trust
+    #: plot draws it; False for the example-weighted means (FedAvg, FedProx)
+    weighs_hospitals: ClassVar[bool] = True
     #: True for a rule whose state is no single global model (FED-FBD's colors): the loop asks its
     #: :meth:`own_evaluation` instead of evaluating the global model, and saves :meth:`final_model`
     runs_own_evaluation: ClassVar[bool] = False
+    #: True for a rule that is the plain example-weighted mean of the updates, all the server needs being their
+    #: sum (secure aggregation: the server never sees one update)
+    secagg_compatible: ClassVar[bool] = False
+    #: Why the rule lacks a capability, by the capability's name: the run-config checks quote it
+    capability_notes: ClassVar[Mapping[str, str]] = {}
+
+    @classmethod
+    def why_not(cls, capability: str, default: str) -> str:
+        """Why this rule lacks ``capability`` (its ``capability_notes`` entry), else ``default``.
+
+        Parameters
+        ----------
+        capability : str
+            A capability's class-attribute name (``local_dp_compatible``).
+        default : str
+            The reason given when the rule names none.
+
+        Returns
+        -------
+        str
+            The reason.
+        """
+        return cls.capability_notes.get(capability, default)
 
     @classmethod
     def composes(cls, options: OptionsModel) -> tuple[str, ...]:
@@ -657,6 +695,24 @@ class HospitrustStrategy(Strategy):
                 for k, v in agg.extra.items():
                     extra[k][i] = v[row]
         return Aggregate(agg.update, weights, selected, extra)
+
+    # ---- what the loop and the features ask of a rule -----------------------------------------
+    def use_equal_weights(self) -> None:
+        """Weigh every accepted reply equally from now on: central DP's noise is calibrated for the
+        equal-weight mean of the clipped updates. Only a ``central_dp_compatible`` rule can.
+        """
+        raise NotImplementedError(f"the {self.name} rule cannot weigh every reply equally (central_dp_compatible is "
+                                  "False)")
+
+    def receive_scores(self, totals: Mapping[str, Mapping[str, float]]) -> None:
+        """The contribution ledger's accumulated scores after a scored round; a rule that weighs
+        hospitals by them keeps them (``contribution``), the others ignore them.
+
+        Parameters
+        ----------
+        totals : Mapping[str, Mapping[str, float]]
+            Hospital name -> score name (``fp``, ``ee``, ...) -> its total over the rounds scored so far.
+        """
 
     # ---- what a rule implements ----------------------------------------------------------
     def required_replies(self) -> int:

@@ -4,7 +4,7 @@
 score (Fair-Private or Everybody-Else, run config ``contribution.score``) accumulated over
 the rounds scored so far. Until every hospital in the round has a score, and whenever no
 score is positive, it is FedAvg (weights ∝ examples). The scores come from
-``hospitrust.contribution`` through ``update_scores`` after each round; the aggregate is
+``hospitrust.contribution`` through ``receive_scores`` after each round; the aggregate is
 still a weighted mean, so the next round's contribution scores stay defined. A hospital
 whose accumulated score is not positive gets weight 0: it is out of the aggregate and, not
 being in it, out of later scoring too (its score is frozen), which is how a label flipper
@@ -19,6 +19,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from hospitrust.contribution.options import contribution_options
 from hospitrust.options import Options
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 
@@ -53,13 +54,20 @@ class ContributionWeighted(HospitrustStrategy):
     Options = ContributionOptions
     options: ContributionOptions
     state_attrs = ("scores",)  # checkpointed: the accumulated scores the weights come from
+    weighted_mean = True  # the aggregate stays a weighted mean: the next round's scores stay defined
+
+    @classmethod
+    def check_run_config(cls, cfg) -> None:
+        if not contribution_options(cfg).enabled:
+            raise ValueError("strategy 'contribution' weights hospitals by their scores: set "
+                             "contribution-scoring.enabled = true")
 
     def __init__(self, hospitals, options=None, **common) -> None:
         super().__init__(hospitals, options, **common)
         self.scores: dict[str, float] = {}
 
-    def update_scores(self, totals: Mapping[str, Mapping[str, float]]) -> None:
-        """Accumulated scores per hospital (``ContributionLedger.totals()``)."""
+    def receive_scores(self, totals: Mapping[str, Mapping[str, float]]) -> None:
+        """Accumulated scores per hospital (``ContributionLedger.totals()``), the weights' source."""
         self.scores = {h: float(v[self.options.score]) for h, v in totals.items()}
 
     def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:

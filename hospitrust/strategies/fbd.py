@@ -31,6 +31,8 @@ from pydantic import Field, model_validator
 
 from hospitrust import metrics
 from hospitrust.datasets.server import ServerSets
+from hospitrust.contribution.options import contribution_options
+from hospitrust.features.secagg_options import secagg_options
 from hospitrust.fbd.blocks import blocks_for
 from hospitrust.fbd.plan import ShippingPlan, make_plan, parse_plan
 from hospitrust.fbd.routing import (
@@ -200,6 +202,13 @@ class FBD(HospitrustStrategy):
     local_dp_compatible: ClassVar[bool] = False
     #: the state is a warehouse of colors, evaluated through routing (:meth:`own_evaluation`)
     runs_own_evaluation: ClassVar[bool] = True
+    capability_notes: ClassVar[Mapping[str, str]] = {
+        **dict.fromkeys(("local_dp_compatible", "central_dp_compatible"), (
+            "FED-FBD trains and sends blocks of a warehouse of models, which neither Opacus's accountant nor Flower's "
+            "DP wrappers account for; use another rule or privacy.mode 'off'")),
+        "stacks_updates": "FED-FBD's replies write blocks of a warehouse of models; there is no stack of whole-model "
+                          "updates to mix or clip",
+    }
 
     @classmethod
     def server_parts(cls, options: OptionsModel, *, task: Any, sets: Any, device: torch.device,
@@ -255,8 +264,8 @@ class FBD(HospitrustStrategy):
         if cfg.task.mean.strip() or cfg.task.std.strip() or cfg.task.augmentation.strip():
             raise ValueError("strategy fbd trains with the default normalization and no augmentation: leave task.mean, "
                              "task.std and task.augmentation empty")
-        on = [key for key, value in (("secagg.enabled", cfg.secagg.enabled),
-                                     ("contribution-scoring.enabled", cfg.contribution_scoring.enabled)) if value]
+        on = [key for key, value in (("secagg.enabled", secagg_options(cfg).enabled),
+                                     ("contribution-scoring.enabled", contribution_options(cfg).enabled)) if value]
         if on:
             raise ValueError(f"strategy fbd does not support {', '.join(on)} (its state is a warehouse of colors, "
                              "written by direct replacement); turn them off")

@@ -32,9 +32,19 @@ class FedAvg(HospitrustStrategy):
     """
 
     name = "fedavg"
-    #: Central differential privacy (``hospitrust.features.central_privacy``) sets it: its noise is calibrated for
-    #: the equal-weight mean of n clipped updates, ``Δ = Σ_i u_i / n``.
-    equal_weights = False
+    weighted_mean = True
+    central_dp_compatible = True
+    weighs_hospitals = False
+    secagg_compatible = True
+
+    def __init__(self, hospitals, options=None, **kwargs) -> None:
+        super().__init__(hospitals, options, **kwargs)
+        #: set by :meth:`use_equal_weights` (central differential privacy, whose noise is calibrated for the
+        #: equal-weight mean of n clipped updates, ``Δ = Σ_i u_i / n``)
+        self.equal_weights = False
+
+    def use_equal_weights(self) -> None:
+        self.equal_weights = True
 
     def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
         if self.equal_weights:

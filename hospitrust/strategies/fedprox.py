@@ -38,6 +38,11 @@ class FedProx(FedAvg):
     name = "fedprox"
     Options = FedProxOptions
     options: FedProxOptions
+    central_dp_compatible = False  # central DP was measured and documented with FedAvg only
+    local_dp_compatible = False
+    secagg_compatible = False
+    capability_notes = {"local_dp_compatible": "Opacus replaces each gradient with the clipped, noised sum of "
+                        "per-sample gradients, so FedProx's proximal term would be dropped silently; use fedavg"}
 
     def __init__(self, hospitals, options=None, **kwargs) -> None:
         super().__init__(hospitals, options, **kwargs)

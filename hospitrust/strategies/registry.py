@@ -116,6 +116,31 @@ def strategy_names() -> list[str]:
     return sorted([*STRATEGIES, *PRESETS])
 
 
+#: What a rule can do: the capability class attributes of ``HospitrustStrategy`` (the loop, the features
+#: and the run-config checks ask these, never a rule's name).
+CAPABILITIES = ("stacks_updates", "weighted_mean", "central_dp_compatible", "local_dp_compatible", "weighs_hospitals",
+                "runs_own_evaluation", "secagg_compatible")
+
+
+def rules_with(capability: str) -> list[str]:
+    """The registered rules that have ``capability`` (a class attribute in ``CAPABILITIES``), sorted:
+    what a run-config message offers instead of a rule that lacks it.
+
+    Parameters
+    ----------
+    capability : str
+        A name in ``CAPABILITIES``.
+
+    Returns
+    -------
+    list[str]
+        Rule names.
+    """
+    if capability not in CAPABILITIES:
+        raise StrategyError(f"unknown capability {capability!r}; known: {', '.join(CAPABILITIES)}")
+    return [name for name, cls in STRATEGIES.items() if getattr(cls, capability)]
+
+
 def preset_of(name: str) -> Preset | None:
     """The preset called ``name``, None when ``name`` is a rule, a plugin path or unknown.
 
@@ -273,5 +298,5 @@ def _nested(flat: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["PRESETS", "Preset", "STRATEGIES", "StrategyError", "build_strategy", "discover", "discover_presets",
-           "load_plugin", "preset_of", "refresh", "rule_name", "strategy_class", "strategy_names"]
+__all__ = ["CAPABILITIES", "PRESETS", "Preset", "STRATEGIES", "StrategyError", "build_strategy", "discover", "discover_presets",
+           "load_plugin", "preset_of", "refresh", "rule_name", "rules_with", "strategy_class", "strategy_names"]

@@ -1,0 +1,170 @@
+"""What a rule can do is a class attribute of its strategy (``HospitrustStrategy.stacks_updates``,
+``weighted_mean``, ...), asked by the loop, the features and the run-config checks; no rule is known by
+its name outside the strategy registry and FED-FBD's own modules, and no round feature reaches into a
+strategy by setting its attributes (it calls a method the strategy declares).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "hospitrust"
+
+# the modules allowed to know a rule by its name: the registry that maps names to classes, and FED-FBD's own
+NAME_KNOWERS = ("strategies/registry.py", "strategies/fbd.py", "server_app/fbd.py")
+NAME_KNOWER_PACKAGES = ("fbd/",)
+
+
+def _is_strategy_expr(node: ast.AST) -> bool:
+    """``strategy``, ``cfg.strategy``, ``self.run.cfg.strategy``: an expression that holds a rule's name or object."""
+    return (isinstance(node, ast.Name) and node.id == "strategy") or (isinstance(node, ast.Attribute)
+                                                                     and node.attr == "strategy")
+
+
+def _is_string_literal(node: ast.AST) -> bool:
+    """A str constant, or a tuple, list or set of them."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and bool(node.elts) and all(
+        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
+
+
+def name_comparisons(source: str) -> list[int]:
+    """Lines where a strategy expression is compared with (or tested for membership in) string literals."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(_is_strategy_expr(s) for s in sides) and any(_is_string_literal(s) for s in sides):
+                lines.append(node.lineno)
+    return lines
+
+
+def strategy_attribute_writes(source: str) -> list[int]:
+    """Lines that set an attribute of a strategy object: ``strategy.x = ...``, ``self.strategy.x += ...``,
+    ``setattr(strategy, ...)``, ``del strategy.x``.
+    """
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = list(node.targets)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr")
+              and node.args and _is_strategy_expr(node.args[0])):
+            lines.append(node.lineno)
+        flat: list[ast.AST] = []
+        while targets:
+            t = targets.pop()
+            if isinstance(t, (ast.Tuple, ast.List)):
+                targets.extend(t.elts)
+            else:
+                flat.append(t)
+        lines += [t.lineno for t in flat if isinstance(t, ast.Attribute) and _is_strategy_expr(t.value)]
+    return sorted(lines)
+
+
+def _modules(under: Path) -> list[Path]:
+    return sorted(under.rglob("*.py"))
+
+
+def test_the_checkers_see_what_they_look_for():
+    assert name_comparisons('if cfg.strategy == "fbd": pass') == [1]
+    assert name_comparisons('x = strategy not in ("fedavg", "fedprox")') == [1]
+    assert name_comparisons('x = "krum" != self.run.cfg.strategy') == [1]
+    assert name_comparisons('x = cfg.strategy == other_name\ny = c["strategy"] == "hta"') == []
+    assert strategy_attribute_writes("strategy.equal_weights = True") == [1]
+    assert strategy_attribute_writes("a, self.strategy.x = 1, 2\nsetattr(strategy, 'y', 3)\ndel strategy.z") == [1, 2, 3]
+    assert strategy_attribute_writes("self.strategy = strategy\nstrategy.use_equal_weights()") == []
+
+
+def test_no_rule_name_is_compared_outside_the_registry_and_fbd():
+    found = []
+    for path in _modules(PACKAGE):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel in NAME_KNOWERS or rel.startswith(NAME_KNOWER_PACKAGES):
+            continue
+        found += [f"hospitrust/{rel}:{line}" for line in name_comparisons(path.read_text())]
+    assert found == [], "ask the rule's class attributes (HospitrustStrategy.stacks_updates, ...) instead:\n" + \
+        "\n".join(found)
+
+
+def test_no_feature_sets_an_attribute_of_a_strategy():
+    found = []
+    for path in _modules(PACKAGE / "features"):
+        found += [f"hospitrust/features/{path.relative_to(PACKAGE / 'features').as_posix()}:{line}"
+                  for line in strategy_attribute_writes(path.read_text())]
+    assert found == [], "call a method the strategy declares (use_equal_weights, receive_scores, ...):\n" + \
+        "\n".join(found)
+
+
+EXPECTED = {  # rule -> the capabilities it has (every other one it lacks)
+    "fedavg": {"stacks_updates", "weighted_mean", "central_dp_compatible", "local_dp_compatible", "secagg_compatible"},
+    "fedprox": {"stacks_updates", "weighted_mean"},
+    "contribution": {"stacks_updates", "weighted_mean", "local_dp_compatible", "weighs_hospitals"},
+    "fbd": {"weighs_hospitals", "runs_own_evaluation"},
+    "hta": {"stacks_updates", "local_dp_compatible", "weighs_hospitals"},
+    "median": {"stacks_updates", "local_dp_compatible", "weighs_hospitals"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_rule_declares_what_it_can_do(name):
+    from hospitrust.strategies.registry import CAPABILITIES, strategy_class
+
+    cls = strategy_class(name)
+    assert {c for c in CAPABILITIES if getattr(cls, c)} == EXPECTED[name]
+
+
+def test_rules_with_a_capability_come_from_the_classes():
+    from hospitrust.strategies.registry import STRATEGIES, StrategyError, rules_with
+
+    assert rules_with("weighted_mean") == ["contribution", "fedavg", "fedprox"]
+    assert rules_with("central_dp_compatible") == ["fedavg"]
+    assert "fbd" not in rules_with("stacks_updates") and len(rules_with("stacks_updates")) == len(STRATEGIES) - 1
+    with pytest.raises(StrategyError, match="unknown capability"):
+        rules_with("flies")
+
+
+def test_central_dp_asks_the_rule_for_equal_weights_and_other_rules_refuse():
+    from hospitrust.strategies.registry import build_strategy
+
+    fedavg = build_strategy("fedavg", {1: "a", 2: "b"})
+    assert not fedavg.equal_weights
+    fedavg.use_equal_weights()
+    assert fedavg.equal_weights
+    with pytest.raises(NotImplementedError, match="central_dp_compatible"):
+        build_strategy("median", {1: "a", 2: "b"}).use_equal_weights()
+
+
+def test_scores_reach_only_a_rule_that_keeps_them():
+    from hospitrust.strategies.registry import build_strategy
+
+    totals = {"a": {"fp": 1.0, "ee": 0.5}, "b": {"fp": 2.0, "ee": -0.5}}
+    contribution = build_strategy("contribution", {1: "a", 2: "b"})
+    contribution.receive_scores(totals)
+    assert contribution.scores == {"a": 1.0, "b": 2.0}
+    fedavg = build_strategy("fedavg", {1: "a", 2: "b"})
+    before = dict(vars(fedavg))
+    fedavg.receive_scores(totals)  # declared on the base: a no-op
+    assert vars(fedavg).keys() == before.keys()
+
+
+def test_the_run_config_checks_ask_the_capabilities(monkeypatch):
+    from hospitrust.config import parse_run_config
+    from hospitrust.errors import ConfigError
+    from hospitrust.strategies.median import Median
+
+    with pytest.raises(ConfigError, match="pre-aggregation = 'nnm' with strategy 'median': no stack here"):
+        monkeypatch.setattr(Median, "stacks_updates", False)
+        monkeypatch.setattr(Median, "capability_notes", {"stacks_updates": "no stack here"})
+        parse_run_config({"strategy": "median", "pre-aggregation": "nnm", "min-hospitals": 4})
+    monkeypatch.undo()
+    monkeypatch.setattr(Median, "weighted_mean", True)
+    parse_run_config({"strategy": "median", "contribution-scoring.enabled": True})
