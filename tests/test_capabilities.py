@@ -14,7 +14,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "hospitrust"
 
 # the modules allowed to know a rule by its name: the registry that maps names to classes, and FED-FBD's own
-NAME_KNOWERS = ("strategies/registry.py", "strategies/fbd.py", "server_app/fbd.py")
+NAME_KNOWERS = ("strategies/registry.py", "strategies/fbd.py")
 NAME_KNOWER_PACKAGES = ("fbd/",)
 
 
