@@ -9,6 +9,8 @@ trust x evidence share, and no hospital may hold more than ``cap`` of it.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -27,6 +29,12 @@ __all__ = [
     "trust_step",
     "capped_weights",
     "rare_row_weights",
+    "class_rows",
+    "RareRowStep",
+    "rare_row_step",
+    "history_means",
+    "extend_history",
+    "lost_trust_flags",
 ]
 
 
@@ -524,3 +532,219 @@ def rare_row_weights(
     e = torch.as_tensor(evidence, dtype=torch.float64).clamp_min(0.0)
     share = e / e.sum() if float(e.sum()) > 0 else torch.zeros_like(e)
     return capped_weights(f + torch.as_tensor(trust, dtype=torch.float64) * share, cap)
+
+
+def class_rows(weight_update: torch.Tensor, bias_update: torch.Tensor) -> torch.Tensor:
+    """Each hospital's classifier rows: the weight row of class c followed by its bias.
+
+    Parameters
+    ----------
+    weight_update : torch.Tensor
+        ``(n, C, H)`` the hospitals' updates of the last layer's weight.
+    bias_update : torch.Tensor
+        ``(n, C)`` their updates of its bias.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n, C, H + 1)``: row ``[i, c]`` is hospital i's row of class c (weight row, then bias).
+    """
+    return torch.cat([weight_update, bias_update.unsqueeze(-1)], dim=-1)
+
+
+@dataclass
+class RareRowStep:
+    """One rare class's row in one round (:func:`rare_row_step`); every tensor ``(n,)`` float64.
+
+    Parameters
+    ----------
+    agreement : torch.Tensor
+        Each hospital's row agreement (:func:`row_agreement`; NaN: nothing to judge it by).
+    audit : torch.Tensor or None
+        Its audit score (> 0 passes, NaN: no verdict), None when the row was not audited.
+    trust : torch.Tensor
+        Its trust for the class after the round.
+    weight : torch.Tensor
+        Its weight in the row (:func:`rare_row_weights`, sums to 1).
+    clip : torch.Tensor
+        The scale on its row update (:func:`rare_row_clip` or the whole-update clip).
+    """
+
+    agreement: torch.Tensor
+    audit: torch.Tensor | None
+    trust: torch.Tensor
+    weight: torch.Tensor
+    clip: torch.Tensor
+
+
+def rare_row_step(
+    rows: torch.Tensor,
+    holders: torch.Tensor,
+    history: torch.Tensor,
+    history_known: torch.Tensor,
+    trust: torch.Tensor,
+    base_weights: torch.Tensor,
+    evidence: torch.Tensor,
+    update_clip: torch.Tensor,
+    *,
+    group_size: torch.Tensor | None = None,
+    audit: torch.Tensor | None = None,
+    mode: str = "blend",
+    agree_threshold: float = 0.1,
+    gain: float = 0.1,
+    decay: float = 0.5,
+    nonholder_weight: float = 1.0,
+    nonholder_by_peers: bool = False,
+    cap: float = 0.5,
+    clip_holders: bool = False,
+) -> RareRowStep:
+    r"""One round of EARN on the row of one rare class c: who agrees, the new trust, the row's weights.
+
+    A holder of c agrees when its agreement (:func:`row_agreement`) is at least ``agree_threshold``
+    and, audited, its audit score is positive (or NaN); its trust takes :func:`trust_step`; a hospital
+    that is no holder, or that nothing judges (NaN agreement), keeps its trust. The row's weights are
+    :func:`rare_row_weights` of the base weights (a non-holder's times :func:`nonholder_factor`; the
+    base weights as they are when no holder has any) and the trust shared by near-duplicate groups
+    (``trust / group_size``).
+
+    Parameters
+    ----------
+    rows : torch.Tensor
+        ``(n, R)`` the hospitals' updates of the class's row (:func:`class_rows` ``[:, c]``).
+    holders : torch.Tensor
+        ``(n,)`` bool: who holds the class.
+    history : torch.Tensor
+        ``(n, R)`` each hospital's mean row over its first rounds (:func:`history_means`).
+    history_known : torch.Tensor
+        ``(n,)`` bool: whether that history has a round yet.
+    trust : torch.Tensor
+        ``(n,)`` each hospital's trust for the class before the round.
+    base_weights : torch.Tensor
+        ``(n,)`` float64 the base rule's weights.
+    evidence : torch.Tensor
+        ``(n,)`` each hospital's evidence of holding the class.
+    update_clip : torch.Tensor
+        ``(n,)`` the factor that clips each hospital's whole update (ones: unclipped).
+    group_size : torch.Tensor or None
+        ``(n,)`` the size of each hospital's near-duplicate group (None: all 1).
+    audit : torch.Tensor or None
+        ``(n,)`` audit scores (:func:`row_audit`, :func:`model_audit`), None unaudited.
+    mode : str
+        :func:`row_agreement`'s mode.
+    agree_threshold : float
+        The least agreement that counts as agreeing.
+    gain : float
+        :func:`trust_step`'s gain.
+    decay : float
+        :func:`trust_step`'s decay.
+    nonholder_weight : float
+        :func:`nonholder_factor`'s weight.
+    nonholder_by_peers : bool
+        :func:`nonholder_factor`'s ``by_peers``.
+    cap : float
+        The largest share one hospital may hold of the row.
+    clip_holders : bool
+        True: the row's scale is :func:`rare_row_clip` (the larger of the whole-update clip and the
+        holders' median row norm's); False: the whole-update clip.
+
+    Returns
+    -------
+    RareRowStep
+        The round's agreement, audit, trust, weights and clip of the row.
+    """
+    a = row_agreement(rows, holders, history, history_known, mode=mode)["agreement"]
+    agrees = torch.nan_to_num(a, nan=-1.0) >= agree_threshold
+    if audit is not None:
+        agrees &= torch.isnan(audit) | (audit > 0)
+    judged = holders & ~torch.isnan(a)
+    new = torch.where(judged, trust_step(trust, agrees, gain=gain, decay=decay), trust)
+    nh = nonholder_factor(int(holders.sum()), nonholder_weight, by_peers=nonholder_by_peers)
+    row_base = base_weights * torch.where(holders, 1.0, nh)
+    if float(row_base.sum()) <= 0:  # no holder with base weight: the base weights as they are
+        row_base = base_weights
+    shared = new if group_size is None else new / group_size
+    weight = rare_row_weights(row_base, shared, evidence, cap=cap)
+    clip = rare_row_clip(rows, holders, update_clip) if clip_holders else update_clip
+    return RareRowStep(a, audit, new, weight, clip)
+
+
+def history_means(sums: Mapping[str, torch.Tensor], rounds: Mapping[str, int], names: Sequence[str],
+                  shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each hospital's history row: the mean of its rows over the rounds counted so far.
+
+    Parameters
+    ----------
+    sums : Mapping[str, torch.Tensor]
+        Hospital name -> the sum of its rows (``shape``) over its counted rounds.
+    rounds : Mapping[str, int]
+        Hospital name -> how many rounds that sum holds.
+    names : Sequence[str]
+        The round's hospitals, in row order.
+    shape : tuple[int, ...]
+        One hospital's rows' shape (``(C, H + 1)``).
+
+    Returns
+    -------
+    tuple[torch.Tensor, torch.Tensor]
+        ``(n,)`` bool whether a hospital has a history, and ``(n, *shape)`` float64 the means
+        (zeros without one).
+    """
+    known = torch.tensor([rounds.get(nm, 0) > 0 for nm in names])
+    means = torch.stack([sums[nm] / rounds[nm] if rounds.get(nm, 0) > 0 else torch.zeros(shape, dtype=torch.float64)
+                         for nm in names])
+    return known, means
+
+
+def extend_history(sums: Mapping[str, torch.Tensor], rounds: Mapping[str, int], names: Sequence[str],
+                   rows: torch.Tensor, limit: int) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """Add the round's rows to the history of each hospital that has fewer than ``limit`` rounds in it
+    (after ``limit`` rounds its history is locked).
+
+    Parameters
+    ----------
+    sums : Mapping[str, torch.Tensor]
+        Hospital name -> the sum of its rows so far.
+    rounds : Mapping[str, int]
+        Hospital name -> how many rounds that sum holds.
+    names : Sequence[str]
+        The round's hospitals, in row order.
+    rows : torch.Tensor
+        ``(n, C, H + 1)`` their rows this round (:func:`class_rows`).
+    limit : int
+        The rounds a history holds before it is locked.
+
+    Returns
+    -------
+    tuple[dict[str, torch.Tensor], dict[str, int]]
+        The new sums and round counts (the inputs are left as they were).
+    """
+    new_sums, new_rounds = dict(sums), dict(rounds)
+    for i, nm in enumerate(names):
+        if new_rounds.get(nm, 0) < limit:
+            new_sums[nm] = new_sums.get(nm, torch.zeros_like(rows[i])) + rows[i]
+            new_rounds[nm] = new_rounds.get(nm, 0) + 1
+    return new_sums, new_rounds
+
+
+def lost_trust_flags(locked: Sequence[bool], holders: torch.Tensor, trust: Mapping[int, torch.Tensor],
+                     threshold: float) -> list[bool]:
+    """Which hospitals, their history locked, hold a rare class whose trust they have below ``threshold``.
+
+    Parameters
+    ----------
+    locked : Sequence[bool]
+        Per hospital: its history is locked.
+    holders : torch.Tensor
+        ``(n, C)`` bool: who holds each class.
+    trust : Mapping[int, torch.Tensor]
+        Rare class -> ``(n,)`` the hospitals' trust for it after the round.
+    threshold : float
+        The trust below which a holder is flagged.
+
+    Returns
+    -------
+    list[bool]
+        One flag per hospital.
+    """
+    return [bool(locked[i] and any(bool(holders[i, c]) and float(t[i]) < threshold for c, t in trust.items()))
+            for i in range(len(locked))]

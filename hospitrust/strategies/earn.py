@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from logging import INFO, WARNING
 from typing import Any, Literal
 
@@ -13,15 +13,16 @@ from pydantic import Field, field_validator, model_validator
 
 from hospitrust.aggregation import coordinate_median, flatten_state, median_norm_clip
 from hospitrust.aggregation.earn import (
+    RareRowStep,
+    class_rows,
+    extend_history,
+    history_means,
     holder_mask,
+    lost_trust_flags,
     mean_class_spearman,
     model_audit,
-    nonholder_factor,
-    rare_row_clip,
-    rare_row_weights,
-    row_agreement,
+    rare_row_step,
     row_audit,
-    trust_step,
     update_count_evidence,
     update_evidence,
 )
@@ -420,9 +421,34 @@ class EARN(HospitrustStrategy):
             return Aggregate(update, base_w, torch.ones(n, dtype=torch.bool), extra={"flagged": [False] * n})
         W = updates[:, w_off : w_off + C * H].reshape(n, C, H).double().cpu()
         B = updates[:, b_off : b_off + C].double().cpu()
+        rows = class_rows(W, B)
         counts = reported_counts(replies, C)
+        evidence, spear = self._evidence(server_round, B, num_examples, counts, b_off)
+        holders = holder_mask(evidence, o.holder_min_count)
+        rare = self._rare_classes(counts, holders, C)
+        excuse = self._direction_excuse(names, rare) if self.excuse_in_effect else None
+        update, base_w, base_agg = self._base(server_round, updates, num_examples, replies, excuse)
+        steps = self._rare_rows(names, rare, rows, holders, evidence, updates, base_w, base_agg)
+        for c, step in steps.items():  # each rare row: its weights times its clip, over the hospitals' rows
+            wt = (step.weight * step.clip).to(updates.dtype).to(updates.device)
+            update[w_off + c * H : w_off + (c + 1) * H] = wt @ updates[:, w_off + c * H : w_off + (c + 1) * H]
+            update[b_off + c] = wt @ updates[:, b_off + c]
+        # the history: the mean of a hospital's rows over its first rounds, then locked
+        self.history_sum, self.history_rounds = extend_history(self.history_sum, self.history_rounds, names, rows,
+                                                               o.history_rounds)
+        locked = [self.history_rounds.get(nm, 0) >= o.history_rounds for nm in names]
+        flagged = lost_trust_flags(locked, holders, {c: step.trust for c, step in steps.items()}, FLAG_TRUST)
+        return self._aggregate(update, base_w, base_agg, flagged, evidence, holders, rare, steps, spear)
+
+    def _evidence(self, server_round: int, B: torch.Tensor, num_examples: torch.Tensor, counts: torch.Tensor | None,
+                  b_off: int) -> tuple[torch.Tensor, float]:
+        """``(n, C)`` who holds what (``earn.evidence``) and the round's Spearman of the update-derived
+        evidence against the reported counts (NaN without them), kept in ``evidence_spearman``.
+        """
+        o = self.options
         if o.evidence == "update-count":
-            global_bias = flatten_state(self.global_state)[0][b_off : b_off + C]
+            assert self.global_state is not None
+            global_bias = flatten_state(self.global_state)[0][b_off : b_off + B.shape[1]]
             derived = update_count_evidence(
                 B, num_examples.double().cpu(), global_bias,
                 learning_rate=float(self.train_config.get("learning-rate", 0.01)),
@@ -432,85 +458,63 @@ class EARN(HospitrustStrategy):
             derived = update_evidence(B)
         spear = mean_class_spearman(derived, counts) if counts is not None else math.nan
         self.evidence_spearman[server_round] = spear
-        if o.evidence == "reported":
-            evidence = counts if counts is not None else torch.zeros(n, C, dtype=torch.float64)
-        else:
-            evidence = derived
-        holders = holder_mask(evidence, o.holder_min_count)
-        rare = self._rare_classes(counts, holders, C)
+        if o.evidence != "reported":
+            return derived, spear
+        return (counts if counts is not None else torch.zeros(B.shape, dtype=torch.float64)), spear
 
-        excuse = self._direction_excuse(names, rare) if self.excuse_in_effect else None
-        update, base_w, base_agg = self._base(server_round, updates, num_examples, replies, excuse)
-        feats = labels = logits = None
-        if self.audit_in_effect and rare:
-            # self.audit_in_effect is on only with the judging callable (__init__)
-            if o.audit_by != "model":
-                assert self.head_features is not None
-                feats, labels = self.head_features(self.global_state)
-            else:
-                assert self.candidate_logits is not None
-                logits = self.candidate_logits(self.global_state, updates)
+    def _auditor(self, rare: list[int], updates: torch.Tensor) -> Callable[[torch.Tensor, int], torch.Tensor] | None:
+        """Class rows -> audit scores for class c on the reference cohort; None when unaudited."""
+        if not (self.audit_in_effect and rare):  # audit_in_effect is on only with the judging callable (__init__)
+            return None
+        assert self.global_state is not None
+        if self.options.audit_by != "model":
+            assert self.head_features is not None
+            feats, labels = self.head_features(self.global_state)
+            shift_free = self.options.audit_by == "row-shift-free"
+            return lambda rows, c: row_audit(rows[:, :-1], feats, labels, c, shift_free=shift_free)
+        assert self.candidate_logits is not None
+        logits = self.candidate_logits(self.global_state, updates)
+        return lambda rows, c: model_audit(logits[1], logits[0], logits[2], c)
 
-        known = torch.tensor([self.history_rounds.get(nm, 0) > 0 for nm in names])
-        hist_rows = torch.stack([
-            self.history_sum[nm] / self.history_rounds[nm] if self.history_rounds.get(nm, 0) > 0
-            else torch.zeros(C, H + 1, dtype=torch.float64) for nm in names
-        ])
-        agreement, audit_scores, row_weight, trust_now = ({} for _ in range(4))
+    def _rare_rows(self, names: list[str], rare: list[int], rows: torch.Tensor, holders: torch.Tensor,
+                   evidence: torch.Tensor, updates: torch.Tensor, base_w: torch.Tensor,
+                   base_agg: Aggregate | None) -> dict[int, RareRowStep]:
+        """Each rare class's round (:func:`~hospitrust.aggregation.earn.rare_row_step`); the trust is kept."""
+        o = self.options
+        n = rows.shape[0]
+        known, history = history_means(self.history_sum, self.history_rounds, names, tuple(rows.shape[1:]))
         # each hospital's rare rows scaled as its whole update is clipped to the median norm (the base's kept ones)
         update_clip = (median_norm_clip(updates, None if base_agg is None else base_agg.selected,
                                         None if base_agg is None or self.base_rule is None
                                         else self.base_rule.norm_trim_tolerance)
                        if o.clip_rows != "off" else torch.ones(n, dtype=torch.float64))
-        row_clip = {}
         # near-duplicate updates (HTA's groups) share one hospital's trust term, as they share its base weight
         group_size = (torch.ones(n, dtype=torch.float64) if base_agg is None
                       else torch.tensor(base_agg.extra["duplicate_group_size"], dtype=torch.float64))
+        audit = self._auditor(rare, updates)
+        steps = {}
         for c in rare:
-            rows = torch.cat([W[:, c, :], B[:, c : c + 1]], dim=1)
-            ag = row_agreement(rows, holders[:, c], hist_rows[:, c, :], known, mode=o.agreement)
-            a = ag["agreement"]
-            agrees = torch.nan_to_num(a, nan=-1.0) >= o.agree_threshold
-            if feats is not None or logits is not None:
-                if feats is not None:
-                    assert labels is not None  # set with feats
-                    au = row_audit(W[:, c, :], feats, labels, c, shift_free=o.audit_by == "row-shift-free")
-                else:
-                    assert logits is not None
-                    au = model_audit(logits[1], logits[0], logits[2], c)
-                agrees &= torch.isnan(au) | (au > 0)
-                audit_scores[c] = au
-            judged = holders[:, c] & ~torch.isnan(a)
             old = torch.tensor([self.trust.get(nm, {}).get(c, 0.0) for nm in names], dtype=torch.float64)
-            new = torch.where(judged, trust_step(old, agrees, gain=self.gain, decay=self.decay), old)
-            for nm, t in zip(names, new.tolist()):
+            steps[c] = rare_row_step(
+                rows[:, c], holders[:, c], history[:, c], known, old, base_w, evidence[:, c], update_clip,
+                group_size=group_size, audit=None if audit is None else audit(rows[:, c], c), mode=o.agreement,
+                agree_threshold=o.agree_threshold, gain=self.gain, decay=self.decay,
+                nonholder_weight=o.nonholder_weight, nonholder_by_peers=o.ablation.nonholder_by_peers, cap=o.row_cap,
+                clip_holders=o.clip_rows == "holders")
+            for nm, t in zip(names, steps[c].trust.tolist()):
                 self.trust.setdefault(nm, {})[c] = t
-            nh = nonholder_factor(int(holders[:, c].sum()), o.nonholder_weight, by_peers=o.ablation.nonholder_by_peers)
-            row_base = base_w * torch.where(holders[:, c], 1.0, nh)
-            if float(row_base.sum()) <= 0:  # no holder with base weight: the base weights as they are
-                row_base = base_w
-            w = rare_row_weights(row_base, new / group_size, evidence[:, c], cap=o.row_cap)
-            row_clip[c] = (rare_row_clip(rows, holders[:, c], update_clip) if o.clip_rows == "holders"
-                           else update_clip)
-            wt = (w * row_clip[c]).to(updates.dtype).to(updates.device)
-            update[w_off + c * H : w_off + (c + 1) * H] = wt @ updates[:, w_off + c * H : w_off + (c + 1) * H]
-            update[b_off + c] = wt @ updates[:, b_off + c]
-            agreement[c], row_weight[c], trust_now[c] = a, w, new
+        return steps
 
-        # the history: the mean of a hospital's rows over its first rounds, then locked
-        for i, nm in enumerate(names):
-            if self.history_rounds.get(nm, 0) < o.history_rounds:
-                rows_i = torch.cat([W[i], B[i].unsqueeze(1)], dim=1)
-                self.history_sum[nm] = self.history_sum.get(nm, torch.zeros_like(rows_i)) + rows_i
-                self.history_rounds[nm] = self.history_rounds.get(nm, 0) + 1
+    @staticmethod
+    def _aggregate(update: torch.Tensor, base_w: torch.Tensor, base_agg: Aggregate | None, flagged: list[bool],
+                   evidence: torch.Tensor, holders: torch.Tensor, rare: list[int], steps: Mapping[int, RareRowStep],
+                   spear: float) -> Aggregate:
+        """The round's aggregate with every hospital's EARN signals (and the HTA base's, where it ran)."""
+        n, C = evidence.shape
 
-        locked = [self.history_rounds.get(nm, 0) >= o.history_rounds for nm in names]
-        flagged = [
-            bool(locked[i] and any(bool(holders[i, c]) and float(trust_now[c][i]) < FLAG_TRUST for c in rare))
-            for i in range(n)
-        ]
-        def per(d, i):
-            return {str(c): float(v[i]) for c, v in d.items()}
+        def per(field: str, i: int) -> dict[str, float]:
+            return {str(c): float(v[i]) for c, s in steps.items() if (v := getattr(s, field)) is not None}
+
         extra_base = {} if base_agg is None else dict(base_agg.extra)
         if base_agg is not None:  # flagged by either: HTA's exclusion or a lost rare-row trust
             flagged = [bool(a or b) for a, b in zip(flagged, extra_base.pop("flagged"))]
@@ -520,11 +524,11 @@ class EARN(HospitrustStrategy):
             "evidence": [[float(x) for x in evidence[i]] for i in range(n)],
             "holds": [[int(c) for c in range(C) if bool(holders[i, c])] for i in range(n)],
             "rare_classes": [list(rare)] * n,
-            "earn_trust": [per(trust_now, i) for i in range(n)],
-            "row_agreement": [per(agreement, i) for i in range(n)],
-            "row_audit": [per(audit_scores, i) for i in range(n)],
-            "rare_row_weight": [per(row_weight, i) for i in range(n)],
-            "rare_row_clip": [per(row_clip, i) for i in range(n)],
+            "earn_trust": [per("trust", i) for i in range(n)],
+            "row_agreement": [per("agreement", i) for i in range(n)],
+            "row_audit": [per("audit", i) for i in range(n)],
+            "rare_row_weight": [per("weight", i) for i in range(n)],
+            "rare_row_clip": [per("clip", i) for i in range(n)],
             "evidence_spearman": [spear] * n,
             "flagged": flagged,
         })
