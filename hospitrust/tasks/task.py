@@ -68,7 +68,9 @@ class TaskOptions(Options):
     ))
     augmentation: str = Field("", description=(
         "Training augmentation (torchvision transforms v2), comma-separated: horizontal-flip, vertical-flip, "
-        "rotation=DEGREES, resized-crop=MIN_SCALE, brightness=F, contrast=F, translate=FRACTION. Empty: none."
+        "rotation=DEGREES, resized-crop=MIN_SCALE, brightness=F, contrast=F, translate=FRACTION (per image); "
+        "affine-rotation=DEGREES, affine-translate=FRACTION, affine-crop=MIN_SHARE (drawn and resampled for a "
+        "whole batch at once: far cheaper on a CPU). Empty: none."
     ))
     rare_classes: str = Field("", description=(
         "The clinically rare classes (names or indices, comma-separated) for the rare-class metrics and "
