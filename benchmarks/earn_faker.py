@@ -23,6 +23,7 @@ import json
 import math
 from pathlib import Path
 
+from hospitrust.records import HospitalRecord, RoundRecord
 from hospitrust.server_app import results
 
 
@@ -30,8 +31,8 @@ def _or_nan(x: float | None) -> float:
     return math.nan if x is None else x
 
 
-def _client(rnd: dict, name: str) -> dict | None:
-    return next((c for c in rnd.get("clients", []) if c.get("hospital") == name), None)
+def _client(rnd: RoundRecord, name: str) -> HospitalRecord | None:
+    return rnd.client(name)
 
 
 def rare_recall_late(rounds: list[dict], rare: int, last: int) -> float:
@@ -45,26 +46,27 @@ def rare_recall_late(rounds: list[dict], rare: int, last: int) -> float:
 def run_figures(run: Path, rare: str, faker: str, specialist: str) -> dict:
     config = json.loads((run / "config.json").read_text())
     cfg = config.get("run_config", config)
-    rounds = results.read_rounds(run)
+    lines = results.read_rounds(run)
+    rounds = [RoundRecord.from_json(line) for line in lines]
     ratios, row_weights, trust, body = [], [], [], []
     for rnd in rounds:
         f = _client(rnd, faker)
-        valid = [c for c in rnd.get("clients", []) if not c.get("rejected")]
-        total = sum(c.get("num_examples", 0) for c in valid)
-        if f is not None and not f.get("rejected") and total > 0 and f.get("num_examples"):
-            fair = f["num_examples"] / total  # its data share: FedAvg's weight, whatever the base rule
-            row_w = (f.get("rare_row_weight") or {}).get(rare, f.get("weight", fair))  # no per-row rule: its weight
+        valid = [c for c in rnd.clients if not c.rejected]
+        total = sum(c.num_examples for c in valid)
+        if f is not None and not f.rejected and total > 0 and f.num_examples:
+            fair = f.num_examples / total  # its data share: FedAvg's weight, whatever the base rule
+            row_w = (f.signal("rare_row_weight") or {}).get(rare, f.weight)  # no per-row rule: its weight
             row_weights.append(row_w)
             ratios.append(row_w / fair)
         s = _client(rnd, specialist)
-        if s is not None and not s.get("rejected") and total > 0 and s.get("num_examples"):
-            body.append(s.get("weight", 0.0) / (s["num_examples"] / total))  # its body weight over its data share
-        if s is not None and "earn_trust" in s:
-            trust.append((rnd["round"], (s.get("earn_trust") or {}).get(rare, math.nan)))
+        if s is not None and not s.rejected and total > 0 and s.num_examples:
+            body.append(s.weight / (s.num_examples / total))  # its body weight over its data share
+        if s is not None and s.signal("earn_trust") is not None:
+            trust.append((rnd.number, (s.signal("earn_trust") or {}).get(rare, math.nan)))
     first_08 = next((r for r, t in trust if t >= 0.8), None)
-    spear = [c.get("evidence_spearman") for rnd in rounds for c in rnd.get("clients", [])[:1]
-             if isinstance(c.get("evidence_spearman"), (int, float))]
-    final = rounds[-1]["central"] if rounds else {}
+    spear = [c.signal("evidence_spearman") for rnd in rounds for c in rnd.clients[:1]
+             if isinstance(c.signal("evidence_spearman"), (int, float))]
+    final = rounds[-1].central if rounds else {}
     return {
         "run": run.name,
         "seed": cfg.get("seed", "-"),
@@ -85,8 +87,8 @@ def run_figures(run: Path, rare: str, faker: str, specialist: str) -> dict:
         "evidence_spearman": sum(spear) / len(spear) if spear else math.nan,
         "rare_f1": final.get("rare_class_macro_f1", math.nan),
         # the final model swings from round to round: the last 5 rounds' mean as a steadier reading
-        "rare_f1_last5": _or_nan(results.late_mean(rounds, "rare_class_macro_f1", 5)),
-        "rare_recall_last5": rare_recall_late(rounds, int(rare), 5),
+        "rare_f1_last5": _or_nan(results.late_mean(lines, "rare_class_macro_f1", 5)),
+        "rare_recall_last5": rare_recall_late(lines, int(rare), 5),
         "balanced_accuracy": final.get("balanced_accuracy", math.nan),
         "rounds": len(rounds),
     }

@@ -18,19 +18,20 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from hospitrust.records import RoundRecord
 from privacy_table import _mean_sd, _number, finished_cells, privacy_level  # benchmarks/, the script's own folder
 
 
 def specialist_row(rounds: list[dict[str, Any]], hospital: str, label: int) -> dict[str, float]:
     """The specialist's mean over rounds: holder share, EARN trust and row weight on ``label`` (NaN if absent)."""
     held, trust, weight = [], [], []
-    for r in rounds:
-        entry = next((c for c in r.get("clients", []) if c.get("hospital") == hospital), None)
-        if entry is None or "earn_trust" not in entry:
+    for line in rounds:
+        entry = RoundRecord.from_json(line).client(hospital)
+        if entry is None or entry.signal("earn_trust") is None:
             continue
-        held.append(1.0 if label in entry.get("holds", []) else 0.0)
-        trust.append(_number(entry["earn_trust"].get(str(label))))
-        weight.append(_number((entry.get("rare_row_weight") or {}).get(str(label))))
+        held.append(1.0 if label in entry.signal("holds", []) else 0.0)
+        trust.append(_number(entry.signal("earn_trust").get(str(label))))
+        weight.append(_number((entry.signal("rare_row_weight") or {}).get(str(label))))
 
     def mean(xs: list[float]) -> float:
         xs = [x for x in xs if math.isfinite(x)]

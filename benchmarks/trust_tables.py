@@ -17,6 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from hospitrust.records import RoundRecord
 from hospitrust.server_app import results
 
 RULES = ["fedavg", "median", "multi-krum", "fltrust", "fedagain", "hta", "earn"]
@@ -73,8 +74,8 @@ def earn_spearman(folder: Path, attacks: list[str]) -> str:
             continue
         per_round = []
         for line in path.read_text().splitlines():
-            r = json.loads(line)
-            vals = [c.get("evidence_spearman") for c in r["clients"] if c.get("evidence_spearman") is not None]
+            r = RoundRecord.from_json(line)
+            vals = [c.signal("evidence_spearman") for c in r.clients if c.signal("evidence_spearman") is not None]
             if vals:
                 per_round.append(vals[0])
         if per_round:

@@ -7,7 +7,7 @@ check read, and nothing else:
 - ``grid.json``, ``grid.toml``, ``bench.jsonl`` (cell events) and ``failed/*.json``;
 - per finished cell (``cells/<cell>/summary.json`` there): ``config.json``, ``summary.json`` and
   ``rounds.jsonl`` slimmed to the fields :func:`hospitrust.bench.store.collect` reads (see ``ROUND_KEYS``,
-  ``CLIENT_KEYS``; of ``timing`` only ``finished_at``, which the rounds' periods are computed from).
+  ``CLIENT_KEYS``, ``SIGNAL_KEYS``; of ``timing`` only ``finished_at``, which the rounds' periods are computed from).
 
 Unfinished cells are left out: ``hospitrust bench`` runs them again after ``unpack``. Members are sorted,
 with fixed times, owners and modes, so packing an unchanged folder gives the same bytes (git stores it once).
@@ -30,6 +30,8 @@ ROUND_KEYS = ("round", "central", "detection", "fairness", "round_seconds", "agg
               "kept_previous_model", "hospital_accuracy")
 CLIENT_KEYS = ("hospital", "malicious", "selected", "rejected", "flagged", "weight", "trust", "reputation",
                "update_norm", "reason")
+# the rule signals of a hospital record (schema 2: under ``signals``) that collect reads
+SIGNAL_KEYS = ("reputation",)
 TOP_FILES = ("grid.json", "grid.toml", "bench.jsonl")
 CELL_FILES = ("config.json", "summary.json")
 
@@ -40,12 +42,21 @@ class ArchiveError(ValueError):
 
 def slim_round(rec: dict[str, Any]) -> dict[str, Any]:
     """One rounds.jsonl record with only what collect reads."""
-    out = {k: rec[k] for k in ROUND_KEYS if k in rec}
+    out = {k: rec[k] for k in ("schema", *ROUND_KEYS) if k in rec}
     finished_at = (rec.get("timing") or {}).get("finished_at")
     if finished_at is not None:
         out["timing"] = {"finished_at": finished_at}
     if "clients" in rec:
-        out["clients"] = [{k: c[k] for k in CLIENT_KEYS if k in c} for c in rec.get("clients") or []]
+        out["clients"] = [_slim_client(c) for c in rec.get("clients") or []]
+    return out
+
+
+def _slim_client(entry: dict[str, Any]) -> dict[str, Any]:
+    """A hospital record with only what collect reads (schema 2: its signals kept where collect reads one)."""
+    out = {k: entry[k] for k in CLIENT_KEYS if k in entry}
+    if "signals" in entry:
+        signals = {source: {k: v for k, v in values.items() if k in SIGNAL_KEYS} for source, values in entry["signals"].items()}
+        out["signals"] = {source: values for source, values in signals.items() if values}
     return out
 
 

@@ -26,7 +26,8 @@ import pandas as pd
 
 from hospitrust.bench.events import read_events
 from hospitrust.config import legacy
-from hospitrust.server_app.results import round_periods
+from hospitrust.records import HospitalRecord, RoundRecord
+from hospitrust.server_app.results import read_round_records, round_periods
 
 ALWAYS = ("strategy", "attack", "malicious-fraction", "seed", "dataset", "partitioner", "dirichlet.alpha",
           "num-server-rounds")
@@ -55,6 +56,11 @@ def is_option(key: str, value: Any) -> bool:
 
 def _num(x: Any) -> float:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
+
+
+def _trust(c: HospitalRecord) -> Any:
+    """The rule's trust in a hospital: its ``trust``, else its reputation (HTA's, EARN's base)."""
+    return c.trust if c.trust is not None else c.signal("reputation")
 
 
 def _mean(values: list[float]) -> float:
@@ -110,32 +116,32 @@ def collect(grid_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
         summary_path = path / "summary.json" if path else None
         status = "done" if summary_path and summary_path.is_file() else (
             "failed" if name in failed_events or (grid_dir / "failed" / f"{name}.json").is_file() else "pending")
-        rounds = []
+        rounds: list[RoundRecord] = []
         if path and (path / "rounds.jsonl").is_file() and status == "done":
-            rounds = [json.loads(line) for line in (path / "rounds.jsonl").read_text().splitlines() if line.strip()]
+            rounds = read_round_records(path)
         for rec in rounds:
-            central = rec.get("central", {})
-            det = rec.get("detection") or {}
-            fair = rec.get("fairness") or {}
-            clients = rec.get("clients", [])
-            row = {**cols, "round": rec["round"], **{m: _num(central.get(m)) for m in CENTRAL},
+            central = rec.central
+            det = rec.entries.get("detection") or {}
+            fair = rec.fairness or {}
+            clients = rec.clients
+            row = {**cols, "round": rec.number, **{m: _num(central.get(m)) for m in CENTRAL},
                    "detection_tpr": _num(det.get("tpr")), "detection_fpr": _num(det.get("fpr")),
                    "hospital_acc_min": _num(fair.get("min")), "hospital_acc_max": _num(fair.get("max")),
                    "hospital_acc_mean": _num(fair.get("mean")), "hospital_acc_std": _num(fair.get("std")),
                    "hospital_acc_spread": _num(fair.get("spread")),
-                   "round_seconds": _num(rec.get("round_seconds")),
-                   "aggregation_seconds": _num(rec.get("aggregation_seconds")),
-                   "kept_previous_model": bool(rec.get("kept_previous_model", False)),
-                   "trust_honest": _mean([_num(c.get("trust", c.get("reputation"))) for c in clients if not c.get("malicious")]),
-                   "trust_malicious": _mean([_num(c.get("trust", c.get("reputation"))) for c in clients if c.get("malicious")])}
+                   "round_seconds": _num(rec.round_seconds),
+                   "aggregation_seconds": _num(rec.aggregation_seconds),
+                   "kept_previous_model": rec.kept_previous_model,
+                   "trust_honest": _mean([_num(_trust(c)) for c in clients if not c.malicious]),
+                   "trust_malicious": _mean([_num(_trust(c)) for c in clients if c.malicious])}
             round_rows.append(row)
             for c in clients:
-                client_rows.append({"cell": name, "round": rec["round"], "hospital": c.get("hospital"),
-                                    "malicious": bool(c.get("malicious", False)), "selected": bool(c.get("selected", False)),
-                                    "rejected": bool(c.get("rejected", False)), "flagged": bool(c.get("flagged", False)),
-                                    "weight": _num(c.get("weight")), "trust": _num(c.get("trust")),
-                                    "reputation": _num(c.get("reputation")),
-                                    "hospital_accuracy": _num((rec.get("hospital_accuracy") or {}).get(c.get("hospital")))})
+                client_rows.append({"cell": name, "round": rec.number, "hospital": c.hospital,
+                                    "malicious": bool(c.malicious), "selected": c.selected,
+                                    "rejected": c.rejected, "flagged": bool(c.flagged),
+                                    "weight": _num(c.weight), "trust": _num(c.trust),
+                                    "reputation": _num(c.signal("reputation")),
+                                    "hospital_accuracy": _num(rec.hospital_accuracy.get(c.hospital))})
         cell = dict(cols, status=status)
         if status == "done":
             assert summary_path is not None  # status done: the file is there

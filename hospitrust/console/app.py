@@ -103,8 +103,8 @@ def round_rows(reader: RunReader, rnd: int) -> dict[str, Any]:
     left_out = [{"hospital": f.get("hospital", ""), "status": "left out", "reason": f.get("reason", ""), "signals": [],
                  "weight": None, "accuracy": None} for f in reader.left_out]
     return {"round": rnd, "rows": views.hospital_rows(record, reader.hospitals, reader.ground_truth) + left_out,
-            "asked": record.get("asked"), "note": record.get("note", ""),
-            "aggregation_seconds": record.get("aggregation_seconds"), "round_seconds": record.get("round_seconds")}
+            "asked": record.asked, "note": record.note,
+            "aggregation_seconds": record.aggregation_seconds, "round_seconds": record.round_seconds}
 
 
 class TokenGate(BaseHTTPMiddleware):

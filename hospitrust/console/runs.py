@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hospitrust.config import legacy
+from hospitrust.records import RoundRecord
 
 RUNNING_GRACE = 900.0  # seconds without a new round after which an unlocked, unfinished run counts as stopped
 FLOWER_POLL = 10.0  # seconds between two questions to the SuperLink about one run's status
@@ -64,7 +65,7 @@ class RunReader:
         self.names = names or dict  # node id -> hospital name, from every run the console reads
         self.flower_status = flower_status  # Flower run id -> (status, details), through the operator's connection
         self._flower: tuple[float, tuple[str, str] | None] = (0.0, None)
-        self.rounds: list[dict[str, Any]] = []
+        self.rounds: list[RoundRecord] = []
         self._names: set[str] = set()  # every hospital the rounds mention
         self._offset = 0
         self._head = b""  # the file's first bytes: a rewritten rounds.jsonl (a resume) starts over
@@ -109,13 +110,13 @@ class RunReader:
         for line in chunk[: end + 1].splitlines():
             if line.strip():
                 try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut short by a crash: the next whole line still counts
+                    record = RoundRecord.from_json(line)
+                except (json.JSONDecodeError, ValueError, TypeError, KeyError):
+                    continue  # a line cut short by a crash, or not a round: the next whole line still counts
                 self.rounds.append(record)
-                self._names |= {c["hospital"] for c in record.get("clients", [])}
-                self._names |= set(record.get("missing", [])) | set(record.get("offline", []))
-                self._names |= {b["hospital"] for b in record.get("budget_spent", [])}
+                self._names |= {c.hospital for c in record.clients}
+                self._names |= set(record.missing) | set(record.offline)
+                self._names |= {b["hospital"] for b in record.entries.get("budget_spent", [])}
                 new += 1
         self._offset += end + 1
         return new
@@ -223,8 +224,7 @@ class RunReader:
 
     def row(self) -> dict[str, Any]:
         """The run list's row."""
-        last = self.rounds[-1] if self.rounds else {}
-        central = last.get("central") or {}
+        central = self.rounds[-1].central if self.rounds else {}
         status = self.status
         return {
             "id": self.id,

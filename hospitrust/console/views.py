@@ -1,5 +1,5 @@
-"""What the console and the report show, computed from a run's records (pure functions of the
-dicts in ``rounds.jsonl``): the metrics per round, one row per hospital and round, each
+"""What the console and the report show, computed from a run's records (pure functions of its
+rounds, ``rounds.jsonl`` read as :class:`~hospitrust.records.RoundRecord`): the metrics per round, one row per hospital and round, each
 hospital's trust over the rounds, and the alerts.
 """
 
@@ -9,11 +9,13 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from hospitrust.records import HospitalRecord, RoundRecord
 from hospitrust.server_app.plots import client_signal
 
+PRE_AGGREGATION = "pre-aggregation"  # the pre-aggregation feature's name: its signals in a hospital record
 METRICS = ("balanced_accuracy", "auc", "accuracy", "worst_class_recall", "macro_f1", "rare_class_macro_f1",
            "attack_success_rate")
-# a rule's signals: (rounds.jsonl field, the label shown); the first present ones are shown
+# a rule's signals: (its name in a hospital record, the label shown); the present ones are shown
 SIGNALS = (
     ("s", "s"), ("m", "m"), ("v", "v"), ("reputation", "reputation"),       # HTA (and EARN's HTA base)
     ("earn_trust", "EARN trust"), ("evidence", "evidence"),                  # EARN: per rare class
@@ -27,33 +29,33 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 
 
-def metric_series(rounds: Sequence[Mapping[str, Any]]) -> dict[str, list[float | None]]:
+def metric_series(rounds: Sequence[RoundRecord]) -> dict[str, list[float | None]]:
     """Per metric, its value in each round (central evaluation; the hospitals' mean accuracy too)."""
-    out: dict[str, list[float | None]] = {"round": [float(r["round"]) for r in rounds]}
+    out: dict[str, list[float | None]] = {"round": [float(r.number) for r in rounds]}
     for metric in METRICS:
-        values = [_num((r.get("central") or {}).get(metric)) for r in rounds]
+        values = [_num(r.central.get(metric)) for r in rounds]
         if any(v is not None for v in values):
             out[metric] = values
-    fed = [_num((r.get("fairness") or {}).get("mean")) for r in rounds]
+    fed = [_num((r.fairness or {}).get("mean")) for r in rounds]
     if any(v is not None for v in fed):
         out["hospital_mean_accuracy"] = fed
     return out
 
 
-def trust_series(rounds: Sequence[Mapping[str, Any]], hospitals: Sequence[str]) -> dict[str, Any]:
+def trust_series(rounds: Sequence[RoundRecord], hospitals: Sequence[str]) -> dict[str, Any]:
     """Each hospital's trust (the rule's own signal: reputation, trust, EARN trust, else weight) per round."""
     signal_names: list[str] = []
     values: dict[str, list[float | None]] = {h: [] for h in hospitals}
     marks: dict[str, list[int]] = {h: [] for h in hospitals}  # rounds where it was rejected, left out or flagged
     for r in rounds:
         seen = {}
-        for c in r.get("clients", []):
+        for c in r.clients:
             got = client_signal(c)
             if got is not None:
                 signal_names.append(got[0])
-                seen[c["hospital"]] = got[1]
-            if c.get("rejected") or c.get("flagged") or c.get("selected") is False:
-                marks.setdefault(c["hospital"], []).append(int(r["round"]))
+                seen[c.hospital] = got[1]
+            if c.rejected or c.flagged or not c.selected:
+                marks.setdefault(c.hospital, []).append(r.number)
         for h in hospitals:
             values.setdefault(h, []).append(seen.get(h))
     signal = max(set(signal_names), key=signal_names.count) if signal_names else "weight"
@@ -87,35 +89,40 @@ def pre_aggregation_text(entry: Mapping[str, Any]) -> str:
     return " -> ".join(parts)
 
 
-def signals_of(client: Mapping[str, Any]) -> list[list[str]]:
+def signals_of(client: HospitalRecord) -> list[list[str]]:
     """[label, value] of the rule's signals recorded for this hospital in this round (and what
     pre-aggregation did to its update before the rule saw it).
     """
-    out = [[label, _fmt(client[key])] for key, label in SIGNALS if key in client and client[key] is not None]
-    if isinstance(client.get("pre_aggregation"), Mapping):
-        out.append(["pre-aggregation", pre_aggregation_text(client["pre_aggregation"])])
+    out = []
+    for key, label in SIGNALS:
+        value = client.trust if key == "trust" else client.signal(key)
+        if value is not None:
+            out.append([label, _fmt(value)])
+    chain = client.signals.get(PRE_AGGREGATION)
+    if chain:
+        out.append(["pre-aggregation", pre_aggregation_text(chain)])
     return out
 
 
 NODE_UNAVAILABLE = "Flower answered Node Unavailable: its SuperNode sent no heartbeat (killed, or its machine down)"
 
 
-def hospital_rows(record: Mapping[str, Any], hospitals: Sequence[str], ground_truth: bool) -> list[dict[str, Any]]:
+def hospital_rows(record: RoundRecord, hospitals: Sequence[str], ground_truth: bool) -> list[dict[str, Any]]:
     """One row per hospital of the federation for one round: what happened to it and why."""
-    by_name = {c["hospital"]: c for c in record.get("clients", [])}
-    missing, offline = set(record.get("missing", [])), set(record.get("offline", []))
-    unavailable, rejoined = set(record.get("node_unavailable", [])), set(record.get("rejoined", []))
-    unresponsive = set(record.get("unresponsive", []))
-    accuracy = record.get("hospital_accuracy") or {}
-    contribution = ((record.get("contribution") or {}).get("hospitals")) or {}
-    spent = {b["hospital"]: b for b in record.get("budget_spent", [])}
-    privacy = ((record.get("privacy") or {}).get("hospitals")) or {}
+    by_name = {c.hospital: c for c in record.clients}
+    missing, offline = set(record.missing), set(record.offline)
+    unavailable, rejoined = set(record.node_unavailable), set(record.rejoined)
+    unresponsive = set(record.unresponsive)
+    accuracy = record.hospital_accuracy
+    contribution = ((record.entries.get("contribution") or {}).get("hospitals")) or {}
+    spent = {b["hospital"]: b for b in record.entries.get("budget_spent", [])}
+    privacy = ((record.entries.get("privacy") or {}).get("hospitals")) or {}
     rows = []
     for name in hospitals:
         c = by_name.get(name)
         if c is not None:
-            status = "rejected" if c.get("rejected") else ("excluded" if c.get("selected") is False else "replied")
-            reason = c.get("reason") or c.get("exclusion_reason") or ""
+            status = "rejected" if c.rejected else ("excluded" if not c.selected else "replied")
+            reason = c.reason or c.exclusion_reason()
         elif name in spent:  # its own privacy budget: not failed
             status, reason = "budget spent", str(spent[name].get("reason", "privacy budget spent"))
         elif (privacy.get(name) or {}).get("budget_spent"):  # ran out in an earlier round: not asked again
@@ -134,19 +141,17 @@ def hospital_rows(record: Mapping[str, Any], hospitals: Sequence[str], ground_tr
             status, reason = "not asked", ""
         if name in rejoined and status == "replied":
             reason = reason or "back after missing the previous round"
-        c = c or {}
-        duplicates = c.get("duplicates_of") or []
         rows.append({
             "hospital": name,
             "status": status,
             "reason": reason,
             "online": status not in ("offline", "node unavailable"),
-            "weight": _num(c.get("weight")),
-            "num_examples": c.get("num_examples"),
-            "flagged": bool(c.get("flagged", False)),
-            "malicious": bool(c.get("malicious")) if ground_truth else None,
-            "signals": signals_of(c),
-            "duplicates_of": list(duplicates),
+            "weight": _num(c.weight) if c is not None else None,
+            "num_examples": c.num_examples if c is not None else None,
+            "flagged": bool(c is not None and c.flagged),
+            "malicious": bool(c is not None and c.malicious) if ground_truth else None,
+            "signals": signals_of(c) if c is not None else [],
+            "duplicates_of": list((c.signal("duplicates_of") if c is not None else None) or []),
             "accuracy": None if status in ("offline", "node unavailable") else _num(accuracy.get(name)),
             "contribution": {k: _num(v) for k, v in (contribution.get(name) or {}).items()
                              if k in ("fp", "ee", "loo", "ioi", "cos")},
@@ -171,46 +176,46 @@ def rare_holders(class_counts: Mapping[str, Sequence[int]]) -> set[str]:
     return {h for h, counts in class_counts.items() if counts[rare] > 0 and counts[rare] >= fair}
 
 
-def round_alerts(record: Mapping[str, Any], *, offline_before: set[str], ground_truth: bool,
+def round_alerts(record: RoundRecord, *, offline_before: set[str], ground_truth: bool,
                  rare: set[str]) -> list[dict[str, Any]]:
     """What an operator should see at once about one round."""
-    rnd = int(record["round"])
+    rnd = record.number
     out: list[dict[str, Any]] = []
-    for c in record.get("clients", []):
-        name = c["hospital"]
-        reason = str(c.get("reason", ""))
-        if c.get("rejected") and ("NaN" in reason or "Inf" in reason or "overflows" in reason):
+    for c in record.clients:
+        name = c.hospital
+        reason = c.reason
+        if c.rejected and ("NaN" in reason or "Inf" in reason or "overflows" in reason):
             out.append({"round": rnd, "kind": "non-finite", "hospital": name,
                         "text": f"round {rnd}: {name}'s update was rejected: {reason}"})
-        elif c.get("rejected"):
+        elif c.rejected:
             out.append({"round": rnd, "kind": "rejected", "hospital": name, "text": f"round {rnd}: {name} rejected: {reason}"})
-        if c.get("excluded") or (c.get("selected") is False and not c.get("rejected")):
-            why = c.get("exclusion_reason") or "left out of the aggregate"
+        if c.signal("excluded") or c.excluded:
+            why = c.exclusion_reason() or "left out of the aggregate"
             out.append({"round": rnd, "kind": "excluded", "hospital": name, "text": f"round {rnd}: {name} excluded: {why}"})
-        if ground_truth and name in rare and c.get("flagged") and not c.get("malicious"):
+        if ground_truth and name in rare and c.flagged and not c.malicious:
             out.append({"round": rnd, "kind": "rare-holder-flagged", "hospital": name,
                         "text": f"round {rnd}: {name}, an honest holder of the rarest class, was flagged"})
-    for b in record.get("budget_spent", []):
+    for b in record.entries.get("budget_spent", []):
         out.append({"round": rnd, "kind": "budget-spent", "hospital": b["hospital"],
                     "text": f"round {rnd}: {b['hospital']} did not train: {b.get('reason', 'privacy budget spent')}"})
-    for name in sorted(set(record.get("offline", [])) - offline_before):
+    for name in sorted(set(record.offline) - offline_before):
         out.append({"round": rnd, "kind": "offline", "hospital": name,
                     "text": f"round {rnd}: {name} went offline at the SuperLink (not asked)"})
-    unavailable = set(record.get("node_unavailable", []))
-    for name in record.get("missing", []):
+    unavailable = set(record.node_unavailable)
+    for name in record.missing:
         if name in unavailable:
             out.append({"round": rnd, "kind": "node-unavailable", "hospital": name,
                         "text": f"round {rnd}: {name} unavailable: {NODE_UNAVAILABLE}"})
         else:
             out.append({"round": rnd, "kind": "missing", "hospital": name, "text": f"round {rnd}: {name} did not reply"})
-    for name in record.get("rejoined", []):
+    for name in record.rejoined:
         out.append({"round": rnd, "kind": "rejoined", "hospital": name, "text": f"round {rnd}: {name} rejoined"})
-    if record.get("kept_previous_model"):
-        out.append({"round": rnd, "kind": "kept-model", "hospital": "", "text": f"round {rnd}: {record.get('note', '')}"})
+    if record.kept_previous_model:
+        out.append({"round": rnd, "kind": "kept-model", "hospital": "", "text": f"round {rnd}: {record.note}"})
     return out
 
 
-def all_alerts(rounds: Iterable[Mapping[str, Any]], *, ground_truth: bool, rare: set[str],
+def all_alerts(rounds: Iterable[RoundRecord], *, ground_truth: bool, rare: set[str],
                left_out: Iterable[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
     """Every round's alerts, after the hospitals that could not join (the query round, ``left_out``)."""
     out: list[dict[str, Any]] = [
@@ -219,5 +224,5 @@ def all_alerts(rounds: Iterable[Mapping[str, Any]], *, ground_truth: bool, rare:
     offline: set[str] = set()
     for record in rounds:
         out += round_alerts(record, offline_before=offline, ground_truth=ground_truth, rare=rare)
-        offline = set(record.get("offline", []))
+        offline = set(record.offline)
     return out

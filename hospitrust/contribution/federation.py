@@ -26,26 +26,23 @@ from hospitrust.contribution.interface import (
     SecureRoundView,
     score_round,
 )
+from hospitrust.records import HospitalRecord
 
 
-def round_weights(clients: Iterable[Mapping[str, Any]]) -> dict[int, float]:
+def round_weights(clients: Iterable[HospitalRecord]) -> dict[int, float]:
     """Node id -> aggregation weight of the hospitals whose update is in this round's aggregate.
 
     Parameters
     ----------
-    clients : Iterable[Mapping[str, Any]]
-        The round's client entries (``RoundRecord.clients``).
+    clients : Iterable[HospitalRecord]
+        The round's hospital records (``RoundResult.clients``).
 
     Returns
     -------
     dict[int, float]
         Node id -> weight, for the hospitals with a positive weight.
     """
-    return {
-        int(c["node_id"]): float(c["weight"])
-        for c in clients
-        if not c.get("rejected") and c.get("selected", True) and float(c.get("weight", 0.0)) > 0.0
-    }
+    return {c.node_id: float(c.weight) for c in clients if not c.rejected and c.selected and c.weight > 0.0}
 
 
 def with_weights(messages: Iterable[Message], weights: Mapping[int, float]) -> list[Message]:
@@ -132,7 +129,7 @@ class ContributionTracker:
 
     def ask(self, server_round: int, record, messages: Iterable[Message]) -> list[Message]:
         """The round's evaluate messages, with each hospital in the aggregate told its weight.
-        ``record`` is the strategy's RoundRecord (``clients``, ``kept_previous_model``).
+        ``record`` is the strategy's RoundResult (``clients``, ``kept_previous_model``).
         """
         weights = {} if record.kept_previous_model else round_weights(record.clients)
         self.weights[server_round] = weights

@@ -64,15 +64,19 @@ class CentralPrivacy(DifferentialPrivacyServerSideFixedClipping):
         The ``privacy`` section (central noise multiplier, clipping norm, delta).
     num_hospitals : int
         The population the accountant counts (every hospital of the run).
+    feature : str
+        The round feature it belongs to: a round that releases nothing leaves every hospital out
+        under this name.
     """
 
-    def __init__(self, strategy: Any, options: PrivacyOptions, num_hospitals: int) -> None:
+    def __init__(self, strategy: Any, options: PrivacyOptions, num_hospitals: int, feature: str = "privacy") -> None:
         super().__init__(strategy, options.central_noise_multiplier, options.central_clipping_norm,
                          num_sampled_clients=max(num_hospitals, 1))
         strategy.use_equal_weights()  # the std z C / n holds for the equal-weight mean of n clipped updates
         self.inner = strategy
         self.options = options
         self.num_hospitals = num_hospitals
+        self.feature = feature
         self.accountant_rdp = _accountant(options.delta, max(num_hospitals, 1))
         self.released: dict[int, int] = {}  # round -> n of its release
 
@@ -115,15 +119,17 @@ class CentralPrivacy(DifferentialPrivacyServerSideFixedClipping):
                 node_id = int(reply.metadata.src_node_id)
                 reason = (f"error reply: {(reply.error.reason or '').strip()[:300]}" if reply.has_error()
                           else "not aggregated: another hospital's reply was an error")
-                result.clients.append(self.inner._client_entry(node_id, rejected=reply.has_error(), reason=reason))
+                result.clients.append(self.inner.hospital_record(node_id, rejected=reply.has_error(), reason=reason))
         result.arrays, result.metrics = arrays, metrics
-        valid = sum(1 for c in result.clients if c.get("selected"))
+        valid = sum(1 for c in result.clients if c.selected)
         if arrays is None or valid != self.num_sampled_clients:
             why = (f"central DP: {valid} valid updates of the {self.num_sampled_clients} asked; the noise (z C / n) is "
                    "calibrated for all n, so nothing is released this round: kept the previous model")
             result.keep_previous(why)
             for c in result.clients:
-                c["selected"], c["weight"] = False, 0.0
+                if c.selected:
+                    c.exclude(f"central DP: nothing released ({valid} valid updates of the {self.num_sampled_clients} asked)",
+                              by=self.feature)
             log(WARNING, "Round %d: %s", server_round, why)
             return result
         self._compose(server_round, self.num_sampled_clients)

@@ -16,14 +16,23 @@ import numpy as np
 
 from hospitrust.attacks.metrics import detection_rates, rounds_to_detection
 from hospitrust.features.base import Round, RoundFeature, RunFacts
+from hospitrust.records import HospitalRecord
 
 
-def flagged_hospitals(clients: Sequence[Mapping[str, Any]]) -> dict[str, bool]:
-    """Hospital name -> flagged this round (rejected, left out, or ``flagged`` by the rule)."""
-    return {
-        c["hospital"]: bool(c["flagged"]) if "flagged" in c else bool(c.get("rejected") or not c.get("selected", True))
-        for c in clients
-    }
+def flagged_hospitals(clients: Sequence[HospitalRecord]) -> dict[str, bool]:
+    """Hospital name -> flagged this round (rejected, left out, or ``flagged`` by the rule).
+
+    Parameters
+    ----------
+    clients : Sequence[HospitalRecord]
+        The round's hospital records.
+
+    Returns
+    -------
+    dict[str, bool]
+        Hospital -> flagged; the rule's own ``flagged`` where it gives one.
+    """
+    return {c.hospital: c.flagged if c.flagged is not None else (c.rejected or not c.selected) for c in clients}
 
 
 def rare_class_holders(rows: Sequence[Mapping[str, Any]]) -> tuple[int | None, set[str]]:
@@ -80,7 +89,7 @@ def run_security(
 
 
 class Detection(RoundFeature):
-    """Marks each client entry ``malicious`` (the ground truth), records the round's detection and,
+    """Marks each hospital record ``malicious`` (the ground truth), records the round's detection and,
     at the end, the run's (``security``). Every run has it; with no attack everybody is honest.
 
     Parameters
@@ -110,7 +119,7 @@ class Detection(RoundFeature):
     def record(self, rnd: Round) -> dict[str, Any]:
         assert rnd.result is not None
         for c in rnd.result.clients:
-            c["malicious"] = self.truth.get(c["hospital"], False)
+            c.malicious = self.truth.get(c.hospital, False)
         flags = flagged_hospitals(rnd.result.clients)
         self.flags_per_round.append(flags)
         return {"detection": round_detection(flags, self.truth)}

@@ -177,9 +177,9 @@ class PreAggregation(RoundFeature):
         done = self.done.get(rnd.number)
         if done is not None:
             for client in result.clients:
-                entry = done.per_hospital.get(client.get("hospital", ""))
-                if entry is not None and not client.get("rejected"):
-                    client["pre_aggregation"] = entry
+                entry = done.per_hospital.get(client.hospital)
+                if entry is not None and not client.rejected:
+                    client.add_signals(self.name, entry)
         return result
 
     def record(self, rnd: Round) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from hospitrust.features.base import Round, RoundFeature, RunFacts
 from hospitrust.privacy.client import BUDGET_SPENT_KEY
 from hospitrust.privacy.options import SECTION, PrivacyOptions, privacy_options
 from hospitrust.privacy.records import PrivacyRecords, check_before_training, settings
-from hospitrust.strategies.base import PRIVACY_METRICS
+from hospitrust.records import PRIVACY_METRICS
 
 
 def budget_spent_entry(reply: Message, hospital: str) -> dict[str, Any] | None:
@@ -96,7 +96,7 @@ class DifferentialPrivacy(RoundFeature):
             return strategy
         from hospitrust.features.central_privacy import CentralPrivacy
 
-        self.central = CentralPrivacy(strategy, self.options, len(self.hospitals))
+        self.central = CentralPrivacy(strategy, self.options, len(self.hospitals), feature=self.name)
         return self.central
 
     def settings(self) -> dict[str, Any]:

@@ -32,7 +32,11 @@ from flwr.serverapp import Grid
 
 from hospitrust.features.base import Round, RoundFeature, RunFacts, Trainer
 from hospitrust.features.secagg_options import SECTION, SecAggOptions, secagg_options
-from hospitrust.strategies.base import PRIVACY_METRICS, RoundResult
+from hospitrust.records import HospitalRecord
+from hospitrust.strategies.base import RoundResult
+
+#: The feature's name: its run-config section, and where a hospital record carries its signals
+SECAGG = SECTION
 
 
 def _legacy_strategy_class():
@@ -134,20 +138,14 @@ class SecureTrainRound:
         answered = {nid for nid, _, _ in strategy.results}
         total = float(sum(n for _, n, _ in strategy.results))
         for nid, n, metrics in strategy.results:
-            record.clients.append({
-                "hospital": self.hospitals.get(nid, f"unknown-node-{nid}"), "node_id": nid, "num_examples": n,
-                "weight": n / total if total > 0 else 0.0,
-                "train_loss": float(metrics.get("train-loss", float("nan"))),
-                "benchmark_error": float(metrics.get("benchmark-error", float("nan"))),
-                "selected": True, "rejected": False, "reason": "", "secure_aggregation": True,
-                **({"privacy": {name: float(metrics[key]) for key, name in PRIVACY_METRICS.items() if key in metrics}}
-                   if "privacy-epsilon" in metrics else {}),  # local DP: what the hospital's accountant reports
-            })
+            entry = HospitalRecord.from_reply(self.hospitals.get(nid, f"unknown-node-{nid}"), nid, n, metrics,
+                                              weight=n / total if total > 0 else 0.0, selected=True)
+            entry.add_signals(SECAGG, {"secure_aggregation": True})  # the server saw only the masked sum
+            record.clients.append(entry)
         for nid in node_ids:
             if nid not in answered:
-                record.clients.append({"hospital": self.hospitals[nid], "node_id": nid, "num_examples": 0, "weight": 0.0,
-                                       "selected": False, "rejected": True,
-                                       "reason": "error reply: dropped out of the SecAgg+ round"})
+                record.clients.append(HospitalRecord(self.hospitals[nid], nid, rejected=True,
+                                                     reason="error reply: dropped out of the SecAgg+ round"))
         if strategy.aggregate is None or len(answered) < self.min_hospitals:
             record.keep_previous(f"SecAgg+ produced no aggregate from {len(answered)} hospital(s): kept the previous model")
             return record, node_ids
@@ -190,7 +188,7 @@ class SecureAggregation(RoundFeature):
         The hospitals' training-set sizes from the query round (the tightest weight bound).
     """
 
-    name = "secagg"
+    name = SECAGG
     overlaps_rounds = False  # its own stages
     order = 50
     section, Options, doc = SECTION, SecAggOptions, "deployment.md"

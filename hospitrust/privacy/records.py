@@ -14,6 +14,7 @@ from typing import Any
 
 from hospitrust.errors import ConfigError
 from hospitrust.privacy.options import PrivacyOptions
+from hospitrust.records import HospitalRecord
 
 
 def check_before_training(options: PrivacyOptions, model: Any, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -74,13 +75,13 @@ class PrivacyRecords:
             for name, entry in ((rec.get("privacy") or {}).get("hospitals") or {}).items():
                 self.hospitals[name] = dict(entry)
 
-    def round_entry(self, clients: Sequence[Mapping[str, Any]], budget_spent: Sequence[Mapping[str, Any]],
+    def round_entry(self, clients: Sequence[HospitalRecord], budget_spent: Sequence[Mapping[str, Any]],
                     central: Any | None, server_round: int) -> dict[str, Any]:
         """rounds.jsonl's ``privacy``: every hospital's (epsilon, delta) after this round, who ran out, central."""
         for c in clients:
-            p = c.get("privacy")
-            if p and not c.get("rejected"):
-                h = self.hospitals.setdefault(c["hospital"], {"rounds_trained": 0, "budget_spent": False})
+            p = c.privacy
+            if p and not c.rejected:
+                h = self.hospitals.setdefault(c.hospital, {"rounds_trained": 0, "budget_spent": False})
                 h.update({k: p[k] for k in ("epsilon", "delta", "lifetime_epsilon", "max_epsilon") if k in p})
                 h["rounds_trained"] = int(h.get("rounds_trained", 0)) + 1
         for b in budget_spent:

@@ -23,6 +23,7 @@ from hospitrust import metrics
 from hospitrust.config import RunConfig, parse_run_config
 from hospitrust.features import Round
 from hospitrust.models.training import pick_device, seed_everything
+from hospitrust.records import RoundRecord
 from hospitrust.server_app.checkpoint import check_compatible, load_checkpoint, restore_rng_states, save_checkpoint
 from hospitrust.server_app.discovery import offline_hospitals, round_states
 from hospitrust.server_app.evaluation import reply_timing
@@ -132,10 +133,10 @@ class RoundLoop:
             if rnd.result.arrays is not None:
                 self.arrays = rnd.result.arrays
             central, strategy_state, own = self.evaluate(rnd)
-            record = {**self.record(rnd, central), **own}
+            record = self.record(rnd, central, own)
             self.run_dir.append_round(record)
             self.history.append(record)
-            valid = sum(1 for c in rnd.result.clients if not c.get("rejected"))
+            valid = sum(1 for c in rnd.result.clients if not c.rejected)
             log(INFO, "%s", _progress_line(number, self.run.cfg.num_server_rounds, central, valid, len(rnd.asked),
                                            record["round_seconds"])
                 + round_story(rnd.result.clients, self.run.truth if self.run.attack is not None else None))
@@ -186,11 +187,26 @@ class RoundLoop:
         timing["central_evaluation_seconds"] = time.perf_counter() - central_started
         return central, strategy_state, own
 
-    def record(self, rnd: Round, central: dict[str, Any]) -> dict[str, Any]:
-        """The round's line in rounds.jsonl: the loop's entries, then the features'."""
+    def record(self, rnd: Round, central: dict[str, Any], own: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The round's line in rounds.jsonl: the loop's fields, then the features' entries, then the strategy's own.
+
+        Parameters
+        ----------
+        rnd : Round
+            The round, aggregated and evaluated.
+        central : dict[str, Any]
+            The central evaluation of its model.
+        own : Mapping[str, Any], optional
+            What the strategy's own evaluation added to the line (FBD's ``fbd``).
+
+        Returns
+        -------
+        dict[str, Any]
+            The line (a ``RoundRecord``'s ``to_json``).
+        """
         result, hospitals = rnd.result, self.run.strategy.hospitals
         assert result is not None
-        answered = {c["node_id"] for c in result.clients} | rnd.answered
+        answered = {c.node_id for c in result.clients} | rnd.answered
         missing = [nid for nid in rnd.asked if nid not in answered]
         per_hospital = {h: v["accuracy"] for h, v in
                         self.run.strategy.hospital_evaluation(rnd.number, rnd.evaluate_replies).items()}
@@ -200,21 +216,23 @@ class RoundLoop:
         # *_pushed_at are wall-clock stamps (the hospitals' timing is per client)
         rnd.timing.update(finished_at=time.time(), next_round_pushed_with_evaluation=rnd.number + 1 in self.ahead,
                           evaluate_clients=reply_timing(rnd.evaluate_replies, hospitals))
-        entries = self.features.record(rnd)
+        record = RoundRecord(
+            number=rnd.number, central=central, evaluation=self.run.evaluation.name,
+            hospitals_evaluated=rnd.hospitals_evaluate, clients=result.clients,
+            aggregation_seconds=result.aggregation_seconds, update_norm=result.update_norm,
+            round_seconds=time.perf_counter() - rnd.started, timing=rnd.timing, asked=len(rnd.asked),
+            # offline: not asked, offline when the round began and still at its end (rejoined: back by then)
+            missing=[hospitals[nid] for nid in missing], unresponsive=states["unresponsive"],
+            node_unavailable=states["node_unavailable"], offline=states["offline"], rejoined=states["rejoined"],
+            kept_previous_model=result.kept_previous_model, note=result.note, hospital_accuracy=per_hospital,
+            fairness=metrics.fairness(per_hospital) if per_hospital else None,
+        )
+        # the features' entries, then the strategy's own (FBD's ``fbd``); before to_json: a feature may still mark
+        # the hospital records
+        record.entries = {**self.features.record(rnd), **(own or {})}
         if (scores := self.features.scores()) is not None:  # e.g. contribution totals, for a rule weighted by them
             self.run.strategy.receive_scores(scores)
-        return {
-            "round": rnd.number, "central": central, "evaluation": self.run.evaluation.name,
-            "hospitals_evaluated": rnd.hospitals_evaluate, "clients": result.clients,
-            "aggregation_seconds": result.aggregation_seconds, "update_norm": result.update_norm,
-            "round_seconds": time.perf_counter() - rnd.started, "timing": rnd.timing, "asked": len(rnd.asked),
-            # offline: not asked, offline when the round began and still at its end (rejoined: back by then)
-            "missing": [hospitals[nid] for nid in missing], "unresponsive": states["unresponsive"],
-            "node_unavailable": states["node_unavailable"], "offline": states["offline"], "rejoined": states["rejoined"],
-            "kept_previous_model": result.kept_previous_model, "note": result.note, "hospital_accuracy": per_hospital,
-            "fairness": metrics.fairness(per_hospital) if per_hospital else None,
-            **entries,
-        }
+        return record.to_json()
 
 
 def _finish(run: RunSetup, rounds: RoundLoop, run_dir: RunDirectory, started: float) -> RunDirectory:

@@ -15,16 +15,26 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hospitrust.records import HospitalRecord, RoundRecord
+
 SIGNALS = ("reputation", "trust", "earn_trust", "weight")
 METRICS = (("balanced_accuracy", "balanced accuracy"), ("auc", "AUC"), ("accuracy", "accuracy"),
            ("worst_class_recall", "worst-class recall"), ("rare_class_macro_f1", "rare-class macro-F1"),
            ("attack_success_rate", "attack success rate"))
 
 
-def client_signal(client: Mapping[str, Any]) -> tuple[str, float] | None:
-    """(signal name, value) for one client entry of rounds.jsonl, or None if it has none."""
+def _signal_value(client: HospitalRecord, key: str) -> Any:
+    if key == "weight":
+        return client.weight
+    if key == "trust":
+        return client.trust
+    return client.signal(key)
+
+
+def client_signal(client: HospitalRecord) -> tuple[str, float] | None:
+    """(signal name, value) for one hospital record, or None if it has none."""
     for key in SIGNALS:
-        value = client.get(key)
+        value = _signal_value(client, key)
         if value is None:
             continue
         if isinstance(value, Mapping):  # EARN: trust per class
@@ -36,21 +46,21 @@ def client_signal(client: Mapping[str, Any]) -> tuple[str, float] | None:
     return None
 
 
-def trust_series(rounds: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str, list[tuple[int, float, bool]]], set[str]]:
+def trust_series(rounds: Sequence[RoundRecord]) -> tuple[str, dict[str, list[tuple[int, float, bool]]], set[str]]:
     """Signal name, hospital -> [(round, value, flagged)], and the malicious hospitals."""
     series: dict[str, list[tuple[int, float, bool]]] = {}
     malicious: set[str] = set()
     names: list[str] = []
     for r in rounds:
-        for c in r.get("clients", []):
+        for c in r.clients:
             got = client_signal(c)
-            if c.get("malicious"):
-                malicious.add(c["hospital"])
+            if c.malicious:
+                malicious.add(c.hospital)
             if got is None:
                 continue
             names.append(got[0])
-            flagged = bool(c.get("rejected") or c.get("flagged") or c.get("selected") is False)
-            series.setdefault(c["hospital"], []).append((int(r["round"]), got[1], flagged))
+            flagged = bool(c.rejected or c.flagged or not c.selected)
+            series.setdefault(c.hospital, []).append((r.number, got[1], flagged))
     signal = max(set(names), key=lambda n: (names.count(n), -SIGNALS.index(n))) if names else "weight"
     return signal, series, malicious
 
@@ -99,11 +109,11 @@ def _title(run_dir: Path) -> str:
 
 def plot_trust(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Draw ``trust.png`` (or ``out``) from the run's rounds.jsonl; returns its path."""
-    from hospitrust.server_app.results import read_rounds
+    from hospitrust.server_app.results import read_round_records
 
     plt = _pyplot()
     run_dir = Path(run_dir)
-    rounds = read_rounds(run_dir)
+    rounds = read_round_records(run_dir)
     if not rounds:
         raise ValueError(f"{run_dir}: rounds.jsonl has no rounds to plot")
     signal, series, malicious = trust_series(rounds)
@@ -139,25 +149,25 @@ def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Draw ``metrics.png`` (or ``out``): the central metrics per round, and the hospitals' mean
     accuracy on their own validation sets (federated evaluation); returns its path.
     """
-    from hospitrust.server_app.results import read_rounds
+    from hospitrust.server_app.results import read_round_records
 
     plt = _pyplot()
     run_dir = Path(run_dir)
-    rounds = read_rounds(run_dir)
+    rounds = read_round_records(run_dir)
     if not rounds:
         raise ValueError(f"{run_dir}: rounds.jsonl has no rounds to plot")
-    xs = [int(r["round"]) for r in rounds]
+    xs = [r.number for r in rounds]
     fig, ax = plt.subplots(figsize=(9, 4.2), dpi=110)
     for (key, label), colour in zip(METRICS, _colours(len(METRICS))):
-        ys = [(r.get("central") or {}).get(key) for r in rounds]
+        ys = [r.central.get(key) for r in rounds]
         if any(isinstance(y, (int, float)) for y in ys):
             ax.plot(xs, [y if isinstance(y, (int, float)) else float("nan") for y in ys], marker="o", markersize=3,
                     color=colour, label=label)
-    fed = [(r.get("fairness") or {}).get("mean") for r in rounds]
+    fed = [(r.fairness or {}).get("mean") for r in rounds]
     if any(isinstance(y, (int, float)) for y in fed):
         ax.plot(xs, [y if isinstance(y, (int, float)) else float("nan") for y in fed], linestyle=":", color="grey",
                 label="hospitals' mean accuracy (own val)")
-    kept = [x for x, r in zip(xs, rounds) if r.get("kept_previous_model")]
+    kept = [x for x, r in zip(xs, rounds) if r.kept_previous_model]
     for x in kept:
         ax.axvline(x, color="red", alpha=0.2)
     if kept:

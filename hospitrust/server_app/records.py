@@ -21,6 +21,7 @@ from flwr.common import log
 from hospitrust.config import RunConfig
 # the security bookkeeping moved to the detection feature; importable from here as before
 from hospitrust.features.detection import flagged_hospitals, rare_class_holders, round_detection, run_security  # noqa: F401
+from hospitrust.records import HospitalRecord, RoundRecord
 from hospitrust.server_app.discovery import format_class_counts
 from hospitrust.server_app.results import RunDirectory
 from hospitrust.datasets.server import ServerSets
@@ -36,21 +37,22 @@ def participation(history: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     def row(name: str) -> dict[str, int]:
         return out.setdefault(name, {"asked": 0, "valid": 0, "rejected": 0, "missing": 0, "unresponsive": 0, "offline": 0})
 
-    for rec in history:
-        for b in rec.get("budget_spent", []):  # asked, refused: its own privacy budget (counted only when it happens)
+    for line in history:
+        rec = RoundRecord.from_json(line)
+        for b in rec.entries.get("budget_spent", []):  # asked, refused: its own privacy budget (counted only when it happens)
             r = row(b["hospital"])
             r["asked"] += 1
             r["budget_spent"] = r.get("budget_spent", 0) + 1
-        for c in rec["clients"]:
-            r = row(c["hospital"])
+        for c in rec.clients:
+            r = row(c.hospital)
             r["asked"] += 1
-            r["rejected" if c.get("rejected") else "valid"] += 1
-        for name in rec.get("missing", []):
+            r["rejected" if c.rejected else "valid"] += 1
+        for name in rec.missing:
             row(name)["asked"] += 1
             row(name)["missing"] += 1
-        for name in rec.get("unresponsive", []):  # missing, and still online at the SuperLink
+        for name in rec.unresponsive:  # missing, and still online at the SuperLink
             row(name)["unresponsive"] += 1
-        for name in rec.get("offline", []):
+        for name in rec.offline:
             row(name)["offline"] += 1
     return dict(sorted(out.items()))
 
@@ -69,10 +71,10 @@ def near_duplicates(history: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     ``duplicates_of``): in how many rounds, and with whom. Empty when none was.
     """
     out: dict[str, dict[str, Any]] = {}
-    for rec in history:
-        for c in rec["clients"]:
-            if others := c.get("duplicates_of"):
-                entry = out.setdefault(c["hospital"], {"rounds": 0, "with": set()})
+    for line in history:
+        for c in RoundRecord.from_json(line).clients:
+            if others := c.signal("duplicates_of"):
+                entry = out.setdefault(c.hospital, {"rounds": 0, "with": set()})
                 entry["rounds"] += 1
                 entry["with"].update(others)
     return {name: {"rounds": e["rounds"], "with": sorted(e["with"])} for name, e in sorted(out.items())}
@@ -103,11 +105,11 @@ class FederationFailure(RuntimeError):
     """Every hospital's ClientApp failed: a broken app or setup, not one bad hospital."""
 
 
-def fail_if_every_hospital_crashed(rnd: int, clients: list[dict[str, Any]], asked: int) -> None:
-    crashed = [c for c in clients if c.get("rejected") and str(c.get("reason", "")).startswith("error reply")]
+def fail_if_every_hospital_crashed(rnd: int, clients: list[HospitalRecord], asked: int) -> None:
+    crashed = [c for c in clients if c.rejected and c.reason.startswith("error reply")]
     if asked and len(crashed) == asked:
         raise FederationFailure(
-            f"round {rnd}: the ClientApp failed at every hospital ({asked}); first error: {crashed[0]['reason']}"
+            f"round {rnd}: the ClientApp failed at every hospital ({asked}); first error: {crashed[0].reason}"
         )
 
 

@@ -3,7 +3,8 @@
 ``<output-dir>/<run-name>/``
   - ``config.json``        the resolved run config (kebab-case keys) plus the hospital map
   - ``class_counts.csv``   per hospital, local train/val counts per class
-  - ``rounds.jsonl``       one JSON object per round (ROUND_FIELDS; ``clients``: CLIENT_FIELDS)
+  - ``rounds.jsonl``       one JSON object per round (ROUND_FIELDS; ``clients``: CLIENT_FIELDS), written and
+                           read as ``hospitrust.records.RoundRecord`` (``schema`` says which version)
   - ``summary.json``       SUMMARY_FIELDS
   - ``model.pt``           the final global model (torch state_dict)
   - ``checkpoint.pt``      server state after the last finished round (hospitrust.server_app.checkpoint)
@@ -24,12 +25,14 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from hospitrust.records import RoundRecord
 
 CENTRAL_METRICS = ("accuracy", "balanced_accuracy", "macro_f1", "auc", "worst_class_recall", "per_class_recall", "loss")
 FLOWER_RUNS = "flower-runs.jsonl"  # the Flower run ids that wrote the directory, one line each, the last one current
@@ -200,7 +203,13 @@ def read_rounds(run_dir: str | Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def round_periods(rounds: list[dict[str, Any]]) -> list[float]:
+def read_round_records(run_dir: str | Path) -> list[RoundRecord]:
+    """The run's rounds.jsonl as typed records, whichever schema wrote each line."""
+    with open(Path(run_dir) / "rounds.jsonl") as fh:
+        return [RoundRecord.from_json(line) for line in fh if line.strip()]
+
+
+def round_periods(rounds: Sequence[RoundRecord | Mapping[str, Any]]) -> list[float]:
     """Each round's period: from the previous round's record to its own (``timing.finished_at``);
     the first round, and a round without the stamps (older runs), count their ``round_seconds``.
     On a deployed or in-process grid the next round's train messages go out with this round's
@@ -209,8 +218,9 @@ def round_periods(rounds: list[dict[str, Any]]) -> list[float]:
     out: list[float] = []
     before = None
     for r in rounds:
-        now = (r.get("timing") or {}).get("finished_at")
-        out.append(float(now - before) if before is not None and now is not None else float(r.get("round_seconds") or 0.0))
+        rec = r if isinstance(r, RoundRecord) else RoundRecord.from_json(r)
+        now = rec.timing.get("finished_at")
+        out.append(float(now - before) if before is not None and now is not None else float(rec.round_seconds or 0.0))
         before = now
     return out
 

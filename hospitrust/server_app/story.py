@@ -1,6 +1,6 @@
 """What the terminal says a rule did: per round, the hospitals rejected, excluded or down-weighted
 by name, and under a simulated attack the flagged hospitals against the true attackers; at the end,
-the run's detection rates. Plain functions of the round records (rounds.jsonl's ``clients``).
+the run's detection rates. Plain functions of a round's hospital records (``RoundRecord.clients``).
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hospitrust.records import HospitalRecord
 from hospitrust.server_app.records import flagged_hospitals
 
 MAX_NAMES = 6  # names shown per list; the rest as "+N more" (rounds.jsonl has them all)
@@ -19,22 +20,21 @@ def _names(hospitals: Sequence[str]) -> str:
     return shown + (f" +{len(hospitals) - MAX_NAMES} more" if len(hospitals) > MAX_NAMES else "")
 
 
-def rule_actions(clients: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+def rule_actions(clients: Sequence[HospitalRecord]) -> dict[str, list[str]]:
     """The round's hospitals by what happened to their reply: ``rejected`` (failed validation),
     ``excluded`` (valid, left out by the rule), ``down-weighted`` (kept, but flagged by the rule or
     given less than half the share FedAvg would give it: its examples over the kept replies').
     """
     out: dict[str, list[str]] = {"rejected": [], "excluded": [], "down-weighted": []}
-    kept = [c for c in clients if not c.get("rejected") and c.get("selected", True)]
-    examples = sum(float(c.get("num_examples") or 0) for c in kept)
+    kept = [c for c in clients if not c.rejected and c.selected]
+    examples = sum(float(c.num_examples) for c in kept)
     for c in clients:
-        if c.get("rejected"):
-            out["rejected"].append(c["hospital"])
-        elif not c.get("selected", True):
-            out["excluded"].append(c["hospital"])
-        elif c.get("flagged") or (examples > 0 and c.get("weight") is not None
-                                  and float(c["weight"]) < 0.5 * float(c.get("num_examples") or 0) / examples):
-            out["down-weighted"].append(c["hospital"])
+        if c.rejected:
+            out["rejected"].append(c.hospital)
+        elif not c.selected:
+            out["excluded"].append(c.hospital)
+        elif c.flagged or (examples > 0 and c.weight < 0.5 * float(c.num_examples) / examples):
+            out["down-weighted"].append(c.hospital)
     return {k: sorted(v, key=_natural) for k, v in out.items()}
 
 
@@ -43,7 +43,7 @@ def _natural(name: str) -> tuple[str, int]:
     return (head, int(tail)) if tail.isdigit() else (name, -1)
 
 
-def round_story(clients: Sequence[Mapping[str, Any]], truth: Mapping[str, bool] | None) -> str:
+def round_story(clients: Sequence[HospitalRecord], truth: Mapping[str, bool] | None) -> str:
     """``" | excluded hospital-6, hospital-7 | attackers flagged 2/2 ..."``: what follows a round's
     progress line; ``truth`` (hospital -> attacker) only for a simulated attack.
     """
@@ -52,7 +52,7 @@ def round_story(clients: Sequence[Mapping[str, Any]], truth: Mapping[str, bool] 
     parts = ["; ".join(did) if did else "rule kept every reply"]
     if truth is not None:
         flagged = {h for h, bad in flagged_hospitals(clients).items() if bad}  # as the run's detection rates count
-        present = [c["hospital"] for c in clients]
+        present = [c.hospital for c in clients]
         attackers = sorted((h for h in present if truth.get(h, False)), key=_natural)
         caught = [h for h in attackers if h in flagged]
         missed = [h for h in attackers if h not in flagged]

@@ -29,6 +29,7 @@ from flwr.serverapp.strategy import Strategy
 from hospitrust.aggregation.vectorize import FlatSpec, flatten_state, unflatten_state
 from hospitrust.options import NoOptions, kebab
 from hospitrust.options import Options as OptionsModel
+from hospitrust.records import HospitalRecord
 from hospitrust.strategies.validation import CheckedReply, RejectedReply, ReplyLimits, check_train_reply, check_update_row
 
 #: What a rule can ask the server for (``HospitrustStrategy.needs``): the keyword argument the
@@ -54,13 +55,14 @@ class Aggregate:
     selected : torch.Tensor
         ``(n,)`` bool: whether the reply took part.
     extra : dict[str, list[Any]]
-        Per-client signals by name (one value per reply), recorded as-is in its client entry.
+        Per-client signals by name (one value per reply), recorded in its :class:`HospitalRecord`
+        under the rule's name (``trust`` and ``flagged`` as the record's own fields).
     """
 
     update: torch.Tensor  # (d,)
     weights: torch.Tensor  # (n,) share of each accepted reply in the aggregate (sums to 1 for averaging rules)
     selected: torch.Tensor  # (n,) bool: did the reply take part
-    extra: dict[str, list[Any]] = field(default_factory=dict)  # per-client signals, recorded as-is
+    extra: dict[str, list[Any]] = field(default_factory=dict)  # per-client signals, recorded in the hospital records
 
 
 @dataclass
@@ -71,8 +73,8 @@ class RoundResult:
     ----------
     arrays : ArrayRecord or None
         The new global model; None keeps the previous one.
-    clients : list[dict[str, Any]]
-        One entry per reply (accepted or rejected): hospital, weight, selected, reason, the
+    clients : list[HospitalRecord]
+        One record per reply (accepted or rejected): hospital, weight, selected, reason, the
         rule's per-hospital signals.
     metrics : MetricRecord or None
         Flower's aggregate metrics (valid replies, train loss).
@@ -88,7 +90,7 @@ class RoundResult:
     """
 
     arrays: ArrayRecord | None = None
-    clients: list[dict[str, Any]] = field(default_factory=list)
+    clients: list[HospitalRecord] = field(default_factory=list)
     metrics: MetricRecord | None = None
     aggregation_seconds: float = 0.0
     kept_previous_model: bool = False
@@ -151,12 +153,6 @@ class GroupedRows:
 #: What ``aggregate_round`` takes: steps that keep one row per reply (:data:`RowStep`, an
 #: :class:`AttackerRows` among them), the last one possibly a :class:`GroupedRows`.
 UpdateStep = RowStep | GroupedRows
-
-
-#: Reply metrics of local differential privacy -> their names in a client's ``privacy`` record.
-PRIVACY_METRICS = {"privacy-epsilon": "epsilon", "privacy-delta": "delta", "privacy-lifetime-epsilon": "lifetime_epsilon",
-                   "privacy-max-epsilon": "max_epsilon", "privacy-noise-multiplier": "noise_multiplier",
-                   "privacy-sample-rate": "sample_rate", "privacy-steps": "steps", "privacy-next-epsilon": "next_epsilon"}
 
 
 class HospitrustStrategy(Strategy):
@@ -496,11 +492,11 @@ class HospitrustStrategy(Strategy):
                     raise RejectedReply("no global model was sent this round")
                 accepted.append(check_train_reply(reply, self.global_state, global_vec, self.limits))
             except RejectedReply as rej:
-                record.clients.append(self._client_entry(node_id, rejected=True, reason=rej.reason))
+                record.clients.append(self.hospital_record(node_id, rejected=True, reason=rej.reason))
                 log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(node_id), rej.reason)
             except Exception as exc:  # a check itself failed on odd input: still the hospital's fault
                 reason = f"unreadable reply: {type(exc).__name__}: {exc}"
-                record.clients.append(self._client_entry(node_id, rejected=True, reason=reason))
+                record.clients.append(self.hospital_record(node_id, rejected=True, reason=reason))
                 log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(node_id), reason)
 
         if self._too_few(server_round, record, accepted, started):
@@ -545,12 +541,9 @@ class HospitrustStrategy(Strategy):
         new_state = unflatten_state(new_vec.cpu(), spec, template)
         record.aggregation_seconds = time.perf_counter() - started
         for i, r in enumerate(accepted):
-            extra = {"update_norm": norms[i], **{k: v[i] for k, v in result.extra.items()}}
-            record.clients.append(
-                self._client_entry(
-                    r.node_id, reply=r, weight=float(result.weights[i]), selected=bool(result.selected[i]), **extra
-                )
-            )
+            record.clients.append(self.hospital_record(
+                r.node_id, reply=r, weight=float(result.weights[i]), selected=bool(result.selected[i]),
+                update_norm=norms[i], signals={k: v[i] for k, v in result.extra.items()}))
         losses = [float(r.metrics.get("train-loss", float("nan"))) for r in accepted]
         total = float(num_examples.sum())
         train_loss = float(sum(loss * n for loss, n in zip(losses, num_examples.tolist())) / total) if total else math.nan
@@ -620,7 +613,7 @@ class HospitrustStrategy(Strategy):
         record.note = f"{why}: kept the previous model"
         log(WARNING, "Round %d: %s", server_round, record.note)
         for r in accepted:
-            record.clients.append(self._client_entry(r.node_id, reply=r, weight=0.0, selected=False))
+            record.clients.append(self.hospital_record(r.node_id, reply=r, weight=0.0, selected=False))
         record.aggregation_seconds = time.perf_counter() - started
         record.metrics = MetricRecord({"valid-replies": len(accepted)})
 
@@ -638,7 +631,7 @@ class HospitrustStrategy(Strategy):
                 check_update_row(updates[i], global_vec, spec, self.limits)
                 keep.append(i)
             except RejectedReply as rej:
-                record.clients.append(self._client_entry(r.node_id, rejected=True, reason=rej.reason))
+                record.clients.append(self.hospital_record(r.node_id, rejected=True, reason=rej.reason))
                 log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(r.node_id), rej.reason)
         if len(keep) == len(accepted):
             return updates, accepted
@@ -741,7 +734,7 @@ class HospitrustStrategy(Strategy):
     def _name_of(self, node_id: int) -> str:
         return self.hospitals.get(node_id, f"unknown-node-{node_id}")
 
-    def _client_entry(
+    def hospital_record(
         self,
         node_id: int,
         *,
@@ -750,28 +743,54 @@ class HospitrustStrategy(Strategy):
         selected: bool = False,
         rejected: bool = False,
         reason: str = "",
-        **extra: Any,
-    ) -> dict[str, Any]:
-        metrics = reply.metrics if reply is not None else {}
-        entry = {
-            "hospital": self._name_of(node_id),
-            "node_id": node_id,
-            "num_examples": reply.num_examples if reply is not None else 0,
-            "weight": weight,
-            "train_loss": float(metrics.get("train-loss", float("nan"))),
-            "benchmark_error": float(metrics.get("benchmark-error", float("nan"))),
-            "selected": selected,
-            "rejected": rejected,
-            "reason": reason,
-        }
-        timing = {k[len("timing-"):]: float(v) for k, v in metrics.items() if k.startswith("timing-")}
-        if timing:  # where the hospital's time went (ClientApp train handler)
-            entry["timing"] = timing
-        if "privacy-epsilon" in metrics:  # local DP: what the hospital says it spent (its own accountant)
-            entry["privacy"] = {name: float(metrics[key]) for key, name in PRIVACY_METRICS.items()
-                                if isinstance(metrics.get(key), (int, float)) and not isinstance(metrics.get(key), bool)}
-        entry.update(extra)
-        return entry
+        update_norm: float | None = None,
+        signals: Mapping[str, Any] | None = None,
+    ) -> HospitalRecord:
+        """The record of one hospital's reply this round: the one place a strategy builds it.
+
+        Parameters
+        ----------
+        node_id : int
+            The node that replied.
+        reply : CheckedReply, optional
+            The reply, where it passed the checks (its example count and metrics are recorded).
+        weight : float
+            Its share in the aggregate.
+        selected : bool
+            Whether its update took part.
+        rejected : bool
+            Whether the reply was rejected (``reason`` says why).
+        reason : str
+            Why it was rejected.
+        update_norm : float, optional
+            L2 norm of its update as the rule saw it.
+        signals : Mapping, optional
+            The rule's per-hospital signals (an :class:`Aggregate`'s ``extra`` for this reply): ``trust``
+            and ``flagged`` go to the record's own fields, the rest under the rule's name.
+
+        Returns
+        -------
+        HospitalRecord
+            The record.
+        """
+        record = HospitalRecord.from_reply(
+            self._name_of(node_id), node_id, reply.num_examples if reply is not None else 0,
+            reply.metrics if reply is not None else None, weight=weight, selected=selected, rejected=rejected,
+            reason=reason, update_norm=update_norm)
+        values = dict(signals or {})
+        trust, flagged = values.pop("trust", None), values.pop("flagged", None)
+        if trust is not None:
+            record.trust = float(trust)
+        if flagged is not None:
+            record.flagged = bool(flagged)
+        if values:
+            record.add_signals(self.signal_source, values)
+        return record
+
+    @property
+    def signal_source(self) -> str:
+        """The name the rule's signals are recorded under in each :class:`HospitalRecord`."""
+        return self.name or type(self).__name__
 
     def _integer_buffers(self, accepted: list[CheckedReply], selected: torch.Tensor) -> dict[str, torch.Tensor]:
         """Non-float tensors (BatchNorm counters) are copied, never averaged: the largest among

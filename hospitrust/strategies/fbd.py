@@ -450,19 +450,19 @@ class FBD(HospitrustStrategy):
                 log(WARNING, "Round %d: no reply from a hospital: %s", server_round, (reply.error.reason or "").strip()[:200])
                 continue
             shipped = self._shipped.get(nid)
-            entry_extra: dict[str, Any] = {"color": -1, "sibling": -1, "accepted_blocks": [], "rejected_writes": []}
+            signals: dict[str, Any] = {"color": -1, "sibling": -1, "accepted_blocks": [], "rejected_writes": []}
             try:
                 if shipped is None:
                     raise RejectedReply("this hospital was not asked to train this round")
-                entry_extra.update(color=shipped["color"], sibling=shipped["sibling"])
+                signals.update(color=shipped["color"], sibling=shipped["sibling"])
                 metrics, accepted, rejected, n = self._check(reply, shipped)
             except RejectedReply as rej:
-                record.clients.append(self._client_entry(nid, rejected=True, reason=rej.reason, **entry_extra))
+                record.clients.append(self.hospital_record(nid, rejected=True, reason=rej.reason, signals=signals))
                 log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(nid), rej.reason)
                 continue
             except Exception as exc:  # a check failed on odd input: still the hospital's fault
                 reason = f"unreadable reply: {type(exc).__name__}: {shorten(exc)}"
-                record.clients.append(self._client_entry(nid, rejected=True, reason=reason, **entry_extra))
+                record.clients.append(self.hospital_record(nid, rejected=True, reason=reason, signals=signals))
                 log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(nid), reason)
                 continue
             hospital, color = shipped["hospital"], shipped["color"]
@@ -477,19 +477,19 @@ class FBD(HospitrustStrategy):
             for bad in rejected:
                 stamps.append({"event": "rejected", "round": server_round, "writer": hospital, **bad})
                 log(WARNING, "Round %d: rejected write by %s: %s", server_round, hospital, bad["reason"])
-            # what the entry records of a reply: its example count and metrics
+            # what the record keeps of a reply: its example count and metrics
             checked = CheckedReply(node_id=nid, state={}, update=None, num_examples=n, metrics=metrics)
-            record.clients.append(self._client_entry(
+            record.clients.append(self.hospital_record(
                 nid, reply=checked, weight=1.0 if accepted else 0.0, selected=bool(accepted),
                 rejected=not accepted, reason="" if accepted else "no block write accepted (see rejected_writes)",
-                **{**entry_extra, "accepted_blocks": [b for b, _ in accepted], "rejected_writes": rejected}))
+                signals={**signals, "accepted_blocks": [b for b, _ in accepted], "rejected_writes": rejected}))
         if self.stamp_log is not None:
             self.stamp_log.extend(stamps)
         record.aggregation_seconds = time.perf_counter() - started
         if not writes:
             record.kept_previous_model = True
             record.note = "no block was written this round"
-        record.metrics = MetricRecord({"blocks-written": writes, "valid-replies": sum(1 for c in record.clients if c["selected"])})
+        record.metrics = MetricRecord({"blocks-written": writes, "valid-replies": sum(1 for c in record.clients if c.selected)})
         return record
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord | None, config: ConfigRecord,
@@ -520,9 +520,10 @@ class FBD(HospitrustStrategy):
             self.warehouse.save(self.warehouse_path)
         central, fbd = self.evaluator(self.warehouse)
         fbd["schedule"] = dict(self.plan.schedule(server_round).items())
-        fbd["rejected_writes"] = sum(len(c.get("rejected_writes", [])) for c in result.clients)
+        mine = [c.signals.get(self.name, {}) for c in result.clients]  # what FBD recorded per hospital, under its name
+        fbd["rejected_writes"] = sum(len(s.get("rejected_writes", [])) for s in mine)
         log(INFO, "round %3d fbd: %s auc %.4f  writes %d  rejected writes %d  flagged colors %s", server_round,
-            self.options.routing, central["auc"], sum(len(c.get("accepted_blocks", [])) for c in result.clients),
+            self.options.routing, central["auc"], sum(len(s.get("accepted_blocks", [])) for s in mine),
             fbd["rejected_writes"], fbd["flagged_colors"])
         return central, {"fbd": fbd}
 
