@@ -278,7 +278,7 @@ class HospitalRecord:
             node_id=int(data.get("node_id", -1)),
             num_examples=int(data.get("num_examples") or 0),
             weight=_number(data.get("weight", 0.0)),
-            selected=bool(data.get("selected", False)),
+            selected=bool(data.get("selected", not data.get("rejected", False))),  # absent: kept unless rejected
             rejected=bool(data.get("rejected", False)),
             reason=str(data.get("reason") or ""),
             train_loss=_number(data.get("train_loss")),

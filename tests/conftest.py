@@ -288,3 +288,17 @@ def assert_close_by_norm(got, want, what: str, rtol: float = RECORDED_RTOL, floo
     err, scale = float(np.linalg.norm(got - want)), float(np.linalg.norm(want))
     assert err <= rtol * scale + floor, (f"{what}: differs from the record by {err:.3g} ({err / max(scale, 1e-300):.3g} "
                                          f"relative to its norm {scale:.3g}; tolerance {rtol:g} relative)")
+
+
+def flat_entry(entry) -> dict:
+    """A hospital record (a ``HospitalRecord``, or its entry in a rounds.jsonl line) as one flat dict: the
+    common fields and every source's signals side by side (schema 1's shape), for the tests that check a
+    rule's math by the signals it records.
+    """
+    from hospitrust.records import HospitalRecord
+
+    record = entry if isinstance(entry, HospitalRecord) else HospitalRecord.from_json(entry)
+    out = {k: v for k, v in record.to_json().items() if k != "signals"}
+    for values in record.signals.values():
+        out.update(values)
+    return out

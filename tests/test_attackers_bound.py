@@ -80,11 +80,11 @@ def _without_nan(entry):
 def test_an_over_bound_colluding_row_is_rejected_and_recorded_as_a_reply_would_be():
     over = [-60.0, -60.0, -60.0, 0.0, 0.0]  # norm 103.9 > 10
     result = _round(_fedavg(), HONEST + [[0.1] * 3 + [0.0, 0.0]], _attacked(over))
-    (rejected,) = [c for c in result.clients if c["rejected"]]
+    (rejected,) = [c.to_json() for c in result.clients if c.rejected]
     assert rejected["hospital"] == "d" and rejected["reason"] == "update norm 103.9 exceeds the bound 10 (max-update-norm)"
     # the same update sent as a reply: rejected by check_train_reply with the same record
     as_reply = _round(_fedavg(), HONEST + [over])
-    (reply_entry,) = [c for c in as_reply.clients if c["rejected"]]
+    (reply_entry,) = [c.to_json() for c in as_reply.clients if c.rejected]
     assert _without_nan(rejected) == _without_nan(reply_entry)
     assert set(rejected) == set(reply_entry)
     # the round goes on with the three valid replies, none clipped: FedAvg's mean of the honest rows
@@ -92,7 +92,7 @@ def test_an_over_bound_colluding_row_is_rejected_and_recorded_as_a_reply_would_b
     state = result.arrays.to_torch_state_dict()
     torch.testing.assert_close(state["w"], torch.tensor([2.0, 2.0, 2.0]))
     torch.testing.assert_close(state["bn.running_var"], torch.ones(2))
-    assert [c["hospital"] for c in result.clients if not c["rejected"]] == ["a", "b", "c"]
+    assert [c.hospital for c in result.clients if not c.rejected] == ["a", "b", "c"]
 
 
 def test_too_few_valid_rows_after_the_check_keep_the_previous_model():
@@ -100,7 +100,7 @@ def test_too_few_valid_rows_after_the_check_keep_the_previous_model():
     assert result.kept_previous_model and result.arrays is None
     assert result.note == "3 valid replies < min-hospitals 4: kept the previous model"
     assert result.metrics["valid-replies"] == 3
-    assert [(c["hospital"], c["rejected"], c["weight"]) for c in result.clients] == [
+    assert [(c.hospital, c.rejected, c.weight) for c in result.clients] == [
         ("d", True, 0.0), ("a", False, 0.0), ("b", False, 0.0), ("c", False, 0.0)]
 
 
@@ -113,7 +113,7 @@ def test_every_reply_check_on_an_update_applies_to_a_colluding_row(row, reason):
     result = _round(_fedavg(), HONEST + [[0.1] * 3 + [0.0, 0.0]], _attacked(row))
     as_reply = _round(_fedavg(), HONEST + [row])
     for res in (result, as_reply):
-        assert [c["reason"] for c in res.clients if c["rejected"]] == ([reason] if reason else [])
+        assert [c.reason for c in res.clients if c.rejected] == ([reason] if reason else [])
     if reason is None:  # accepted and averaged as sent: (1+2+3+10)/4
         torch.testing.assert_close(result.arrays.to_torch_state_dict()["w"], torch.tensor([4.0, 1.5, 1.5]))
 
@@ -125,7 +125,7 @@ def test_a_step_that_is_not_an_attackers_is_not_rechecked():
         return updates * 100.0  # norms 300+: would fail the check
 
     result = _round(_fedavg(), HONEST + [[0.1] * 3 + [0.0, 0.0]], (blow_up,))
-    assert not any(c["rejected"] for c in result.clients) and result.metrics["valid-replies"] == 4
+    assert not any(c.rejected for c in result.clients) and result.metrics["valid-replies"] == 4
 
 
 # ------------------------------------------------------------------ the adaptive searches stay inside the bound

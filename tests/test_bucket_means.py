@@ -66,13 +66,13 @@ def test_the_trimmed_mean_sees_three_bucket_means_and_trims_the_outliers_bucket(
     assert record["pre_aggregation"]["rows_out"] == 3 and sorted(len(b) for b in buckets) == [2, 2, 2]
     outlier_bucket = next(b for b in buckets if "h5" in b)
     for c in result.clients:
-        mine = next(b for b in buckets if c["hospital"] in b)
-        assert c["pre_aggregation"]["steps"] == [{"step": "bucketing", "bucket": mine}]  # its record names its bucket
+        mine = next(b for b in buckets if c.hospital in b)
+        assert c.signals["pre-aggregation"]["steps"] == [{"step": "bucketing", "bucket": mine}]  # its record names its bucket
         # the row the rule saw for it: its bucket's mean, norm sqrt(2) x 501 or sqrt(2)
         expected = 501.0 * 2 ** 0.5 if mine == outlier_bucket else 2 ** 0.5
-        assert c["update_norm"] == pytest.approx(expected, rel=1e-6)
+        assert c.update_norm == pytest.approx(expected, rel=1e-6)
     # members of one bucket share its weight equally
-    weight = {c["hospital"]: c["weight"] for c in result.clients}
+    weight = {c.hospital: c.weight for c in result.clients}
     for b in buckets:
         assert weight[b[0]] == pytest.approx(weight[b[1]])
     assert sum(weight.values()) == pytest.approx(1.0)

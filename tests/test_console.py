@@ -20,6 +20,7 @@ from browser import ARTIFACTS, browser, wait_for  # noqa: F401  (browser is a fi
 from conftest import small_run_config
 from hospitrust.console import views
 from hospitrust.console.runs import RunReader
+from hospitrust.records import RoundRecord
 
 # ------------------------------------------------------------------ views, by hand
 ROUND = {
@@ -38,35 +39,40 @@ ROUND = {
     "hospital_accuracy": {"h0": 0.75},
     "fairness": {"mean": 0.75},
 }
+# the same round as schema 1 wrote it (above) and as schema 2 writes it: the views read either
+ROUNDS = [RoundRecord.from_json(ROUND), RoundRecord.from_json(json.loads(json.dumps(RoundRecord.from_json(ROUND).to_json())))]
 
 
-def test_hospital_rows_say_what_happened_to_every_hospital_and_why():
-    rows = {r["hospital"]: r for r in views.hospital_rows(ROUND, ["h0", "h1", "h2", "h3", "h4", "h5"], ground_truth=True)}
+@pytest.mark.parametrize("record", ROUNDS, ids=["schema-1", "schema-2"])
+def test_hospital_rows_say_what_happened_to_every_hospital_and_why(record):
+    rows = {r["hospital"]: r for r in views.hospital_rows(record, ["h0", "h1", "h2", "h3", "h4", "h5"], ground_truth=True)}
     assert [rows[h]["status"] for h in ("h0", "h1", "h2", "h3", "h4", "h5")] == [
         "replied", "rejected", "excluded", "missing", "offline", "not asked"]
     assert rows["h1"]["reason"].startswith("arrays contain NaN") and rows["h1"]["malicious"]
     assert rows["h2"]["reason"].startswith("reputation 0.1") and rows["h2"]["flagged"]
     assert ["reputation", "0.9"] in rows["h0"]["signals"] and rows["h0"]["accuracy"] == 0.75
     assert not rows["h4"]["online"] and rows["h3"]["online"]
-    assert views.hospital_rows(ROUND, ["h1"], ground_truth=False)[0]["malicious"] is None  # no truth, no claim
+    assert views.hospital_rows(record, ["h1"], ground_truth=False)[0]["malicious"] is None  # no truth, no claim
 
 
-def test_alerts_name_the_exclusions_the_non_finite_update_and_who_went_offline():
-    alerts = views.round_alerts(ROUND, offline_before=set(), ground_truth=True, rare={"h2"})
+@pytest.mark.parametrize("record", ROUNDS, ids=["schema-1", "schema-2"])
+def test_alerts_name_the_exclusions_the_non_finite_update_and_who_went_offline(record):
+    alerts = views.round_alerts(record, offline_before=set(), ground_truth=True, rare={"h2"})
     kinds = {(a["kind"], a["hospital"]) for a in alerts}
     assert {("non-finite", "h1"), ("excluded", "h2"), ("rare-holder-flagged", "h2"), ("offline", "h4"),
             ("missing", "h3")} <= kinds
     # an honest rare-class holder's flag is an alert only where the run knows who is honest
     assert not any(a["kind"] == "rare-holder-flagged" for a in
-                   views.round_alerts(ROUND, offline_before=set(), ground_truth=False, rare={"h2"}))
-    assert not any(a["kind"] == "offline" for a in views.round_alerts(ROUND, offline_before={"h4"}, ground_truth=True,
+                   views.round_alerts(record, offline_before=set(), ground_truth=False, rare={"h2"}))
+    assert not any(a["kind"] == "offline" for a in views.round_alerts(record, offline_before={"h4"}, ground_truth=True,
                                                                         rare=set()))  # once, when it goes offline
 
 
 def test_rows_say_what_flower_said_node_unavailable_rejoined_and_an_offline_hospital_has_no_accuracy():
-    record = {"round": 2, "clients": [{"hospital": "h0", "weight": 1.0, "rejected": False}], "missing": ["h1", "h2"],
-              "node_unavailable": ["h1"], "unresponsive": ["h2"], "offline": ["h4"], "rejoined": ["h3", "h0"],
-              "hospital_accuracy": {"h0": 0.7, "h3": 0.6, "h4": 0.5}}
+    record = RoundRecord.from_json({
+        "round": 2, "clients": [{"hospital": "h0", "weight": 1.0, "rejected": False}], "missing": ["h1", "h2"],
+        "node_unavailable": ["h1"], "unresponsive": ["h2"], "offline": ["h4"], "rejoined": ["h3", "h0"],
+        "hospital_accuracy": {"h0": 0.7, "h3": 0.6, "h4": 0.5}})
     rows = {r["hospital"]: r for r in views.hospital_rows(record, ["h0", "h1", "h2", "h3", "h4"], ground_truth=False)}
     assert rows["h1"]["status"] == "node unavailable" and "Node Unavailable" in rows["h1"]["reason"]
     assert "reply-timeout" not in rows["h1"]["reason"] and not rows["h1"]["online"]
@@ -102,13 +108,13 @@ def test_the_reader_follows_a_growing_rounds_file_and_a_rewritten_one(tmp_path):
     lines = [json.dumps({"round": r, "clients": [{"hospital": "h0"}]}) for r in (1, 2, 3)]
     (run / "rounds.jsonl").write_text(lines[0] + "\n" + lines[1][:10])  # round 2 half written
     reader = RunReader(run, "run")
-    assert reader.refresh() == 1 and [r["round"] for r in reader.rounds] == [1]
+    assert reader.refresh() == 1 and [r.number for r in reader.rounds] == [1]
     with open(run / "rounds.jsonl", "a") as fh:
         fh.write(lines[1][10:] + "\n" + lines[2] + "\n")
-    assert reader.refresh() == 2 and [r["round"] for r in reader.rounds] == [1, 2, 3]
+    assert reader.refresh() == 2 and [r.number for r in reader.rounds] == [1, 2, 3]
     (run / "rounds.jsonl").write_text(lines[0] + "\n")  # a resume rewrote it: rounds after the checkpoint dropped
     reader.refresh()
-    assert [r["round"] for r in reader.rounds] == [1]
+    assert [r.number for r in reader.rounds] == [1]
     assert reader.status == "running"  # unfinished, written a moment ago
     (run / "failed.json").write_text(json.dumps({"error": "RuntimeError: boom"}))
     reader.refresh()
@@ -251,7 +257,7 @@ def test_the_live_page_shows_hospitals_new_rounds_and_a_rejected_hospitals_reaso
 def test_a_hospital_that_could_not_join_is_the_first_alert():
     from hospitrust.console import views
 
-    rounds = [{"round": 1, "clients": [], "offline": [], "missing": ["h2"]}]
+    rounds = [RoundRecord.from_json({"round": 1, "clients": [], "offline": [], "missing": ["h2"]})]
     alerts = views.all_alerts(rounds, ground_truth=False, rare=set(), left_out=[
         {"node_id": 7, "hospital": "st-broken", "reason": "1 of 6 images cannot be used: file not found (row 4 of the manifest)"}])
     assert [a["kind"] for a in alerts] == ["left-out", "missing"]

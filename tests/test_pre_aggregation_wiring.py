@@ -18,6 +18,7 @@ from hospitrust.errors import ConfigError
 from hospitrust.features import Round, RunFacts
 from hospitrust.features.pre_aggregation import PreAggregation
 from hospitrust.features.registry import run_features
+from hospitrust.records import HospitalRecord, RoundRecord
 from hospitrust.strategies.base import RoundResult
 
 T = functools.partial(torch.tensor, dtype=torch.float64)
@@ -106,18 +107,18 @@ def test_arc_then_nnm_rows_and_records_by_hand():
     # NNM (n - f = 3): h0 and h3 are [3, 4] -> {itself, the other, h2 [0, 2]}; h1 [0, 1] -> {h1, h2, h0 (tie with h3:
     # lower row)}; h2 -> {h2, h1, h0}
     close(rows, [[2.0, 10 / 3], [1.0, 7 / 3], [1.0, 7 / 3], [2.0, 10 / 3]])
-    result = RoundResult(clients=[{"hospital": h, "rejected": False} for h in NAMES]
-                         + [{"hospital": "h9", "rejected": True, "reason": "bad reply"}])
+    result = RoundResult(clients=[HospitalRecord(h, selected=True) for h in NAMES]
+                         + [HospitalRecord("h9", rejected=True, reason="bad reply")])
     feature.on_aggregate(Round(1, ArrayRecord(), started=0.0), result)
-    h3 = result.clients[3]["pre_aggregation"]
+    h3 = result.clients[3].signals["pre-aggregation"]  # under the feature's own name
     assert h3["steps"] == [{"step": "arc", "factor": 0.5, "clipped": True},
                            {"step": "nnm", "neighbours": ["h3", "h0", "h2"]}]
     assert h3["mixed_from"] == pytest.approx({"h0": 1 / 3, "h2": 1 / 3, "h3": 0.5 / 3})  # h3's own update at half
-    h1 = result.clients[1]["pre_aggregation"]
+    h1 = result.clients[1].signals["pre-aggregation"]
     assert h1["steps"][1]["neighbours"] == ["h1", "h2", "h0"] and h1["steps"][0] == {"step": "arc", "factor": 1.0,
                                                                                        "clipped": False}
     assert h1["mixed_from"] == pytest.approx({"h0": 1 / 3, "h1": 1 / 3, "h2": 1 / 3})
-    assert "pre_aggregation" not in result.clients[4]  # a rejected reply was never in the stack
+    assert result.clients[4].signals == {}  # a rejected reply was never in the stack
     assert feature.record(Round(1, ArrayRecord(), started=0.0)) == {"pre_aggregation": {
         "chain": ["arc", "nnm"], "applied": True, "rows_in": 4, "rows_out": 4, "steps": [
             {"step": "arc", "threshold": 5.0, "clipped": ["h3"], "num_clipped": 1},
@@ -136,12 +137,12 @@ def test_bucketing_hands_every_member_its_buckets_mean_and_names_the_buckets():
     for bucket in buckets:
         for i in bucket:
             close(rows[i], X[bucket].mean(0))
-    result = RoundResult(clients=[{"hospital": h} for h in NAMES])
+    result = RoundResult(clients=[HospitalRecord(h, selected=True) for h in NAMES])
     feature.on_aggregate(Round(3, ArrayRecord(), started=0.0), result)
     named = [[NAMES[i] for i in b] for b in buckets]
     for i, c in enumerate(result.clients):
         mine = next(b for b in named if NAMES[i] in b)
-        assert c["pre_aggregation"] == {"mixed_from": {h: 0.5 for h in sorted(mine)}, "steps": [{"step": "bucketing",
+        assert c.signals["pre-aggregation"] == {"mixed_from": {h: 0.5 for h in sorted(mine)}, "steps": [{"step": "bucketing",
                                                                                                   "bucket": mine}]}
     assert feature.record(Round(3, ArrayRecord(), started=0.0))["pre_aggregation"]["steps"] == [
         {"step": "bucketing", "bucket_size": 2, "buckets": named}]
@@ -223,16 +224,16 @@ def test_arc_nnm_before_hta_in_a_real_inprocess_run(tmp_path, data_dir):
     arc, nnm = entry["steps"]
     assert arc["num_clipped"] == 1 and nnm == {"step": "nnm", "f": 1, "neighbourhood_size": 3}
     hospitals = [c["hospital"] for c in rec["clients"]]
-    factor = {c["hospital"]: c["pre_aggregation"]["steps"][0]["factor"] for c in rec["clients"]}
+    factor = {c["hospital"]: c["signals"]["pre-aggregation"]["steps"][0]["factor"] for c in rec["clients"]}
     assert arc["clipped"] == [h for h in hospitals if factor[h] < 1.0]
     for c in rec["clients"]:
-        pre = c["pre_aggregation"]
+        pre = c["signals"]["pre-aggregation"]
         neighbours = pre["steps"][1]["neighbours"]
         assert neighbours[0] == c["hospital"] and len(neighbours) == 3 and set(neighbours) <= set(hospitals)
         # the row HTA saw for this hospital: its neighbours' clipped updates, a third each
         assert pre["mixed_from"] == pytest.approx({h: factor[h] / 3 for h in neighbours})
-        assert "reputation" in c  # the rule ran on the mixed rows and kept its per-hospital record
-    rows = hospital_rows(rec, hospitals, ground_truth=False)
+        assert "reputation" in c["signals"]["hta"]  # the rule ran on the mixed rows and kept its per-hospital record
+    rows = hospital_rows(RoundRecord.from_json(rec), hospitals, ground_truth=False)
     shown = dict(rows[0]["signals"])["pre-aggregation"]
     assert shown.startswith("arc ") and f"nnm mean of {hospitals[0]}" in shown
 
@@ -247,6 +248,6 @@ def test_bucketing_before_the_median_in_a_real_inprocess_run(tmp_path, data_dir)
     norm = {c["hospital"]: c["update_norm"] for c in rec["clients"]}  # of the row the median saw
     for c in rec["clients"]:
         mine = next(b for b in buckets if c["hospital"] in b)
-        assert c["pre_aggregation"]["steps"] == [{"step": "bucketing", "bucket": mine}]
-        assert c["pre_aggregation"]["mixed_from"] == {h: 0.5 for h in sorted(mine)}
+        assert c["signals"]["pre-aggregation"]["steps"] == [{"step": "bucketing", "bucket": mine}]
+        assert c["signals"]["pre-aggregation"]["mixed_from"] == {h: 0.5 for h in sorted(mine)}
         assert norm[mine[0]] == pytest.approx(norm[mine[1]], rel=1e-12)  # float64: both members handed the bucket's mean

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import math
 
+from hospitrust.records import HospitalRecord
 from hospitrust.server_app.records import flagged_hospitals, rare_class_holders, run_security
 
 
 def test_flagged_means_rejected_or_left_out_or_said_so():
     clients = [
-        {"hospital": "a", "rejected": True, "selected": False, "weight": 0.0},
-        {"hospital": "b", "rejected": False, "selected": False, "weight": 0.0},
-        {"hospital": "c", "rejected": False, "selected": True, "weight": 0.01},  # small, not suspected
-        {"hospital": "d", "rejected": False, "selected": True, "weight": 0.3, "flagged": True},
+        HospitalRecord("a", rejected=True, selected=False, weight=0.0),
+        HospitalRecord("b", rejected=False, selected=False, weight=0.0),
+        HospitalRecord("c", rejected=False, selected=True, weight=0.01),  # small, not suspected
+        HospitalRecord("d", rejected=False, selected=True, weight=0.3, flagged=True),
+        HospitalRecord("e", rejected=False, selected=False, flagged=False),  # the rule's own word counts
     ]
-    assert flagged_hospitals(clients) == {"a": True, "b": True, "c": False, "d": True}
+    assert flagged_hospitals(clients) == {"a": True, "b": True, "c": False, "d": True, "e": False}
 
 
 def test_rare_class_holders():

@@ -8,15 +8,13 @@ import math
 import re
 
 from hospitrust.ops.simulate import CLEAR_LINE, copy_lines
+from hospitrust.records import HospitalRecord
 from hospitrust.server_app import transport
 from hospitrust.server_app.story import detection_line, round_story, rule_actions
 
 
-def _client(name, *, selected=True, rejected=False, flagged=None, weight=None, n=10):
-    c = {"hospital": name, "selected": selected, "rejected": rejected, "weight": weight, "num_examples": n}
-    if flagged is not None:
-        c["flagged"] = flagged
-    return c
+def _client(name, *, selected=True, rejected=False, flagged=None, weight=math.nan, n=10):  # NaN: no weight to judge
+    return HospitalRecord(name, selected=selected, rejected=rejected, flagged=flagged, weight=weight, num_examples=n)
 
 
 CLIENTS = [_client("hospital-10"), _client("hospital-2", selected=False), _client("hospital-7", selected=False),

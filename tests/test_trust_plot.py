@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from hospitrust.records import HospitalRecord, RoundRecord
 from hospitrust.server_app.plots import client_signal, plot_trust, trust_series
 
 
@@ -20,16 +21,22 @@ def _rounds():
     ]
 
 
+def _record(**entry):
+    return HospitalRecord.from_json({"hospital": "x", **entry})
+
+
 def test_signal_precedence_and_earn_mean():
-    assert client_signal({"reputation": 0.4, "trust": 9.0, "weight": 0.1}) == ("reputation", 0.4)
-    assert client_signal({"trust": 2.0, "weight": 0.1}) == ("trust", 2.0)
-    assert client_signal({"earn_trust": {"0": 0.2, "3": 0.6}, "weight": 0.1}) == ("earn_trust", pytest.approx(0.4))
-    assert client_signal({"weight": 0.25}) == ("weight", 0.25)
-    assert client_signal({"hospital": "x"}) is None
+    assert client_signal(_record(reputation=0.4, trust=9.0, weight=0.1)) == ("reputation", 0.4)
+    assert client_signal(_record(trust=2.0, weight=0.1)) == ("trust", 2.0)
+    assert client_signal(_record(earn_trust={"0": 0.2, "3": 0.6}, weight=0.1)) == ("earn_trust", pytest.approx(0.4))
+    assert client_signal(_record(weight=0.25)) == ("weight", 0.25)
+    # schema 2: a rule's signals under its name, trust a field of its own
+    assert client_signal(_record(trust=2.0, signals={"hta": {"reputation": 0.3}})) == ("reputation", 0.3)
+    assert client_signal(_record(trust=2.0, signals={})) == ("trust", 2.0)
 
 
 def test_series_marks_malicious_and_flagged_rounds():
-    signal, series, malicious = trust_series(_rounds())
+    signal, series, malicious = trust_series([RoundRecord.from_json(r) for r in _rounds()])
     assert signal == "reputation" and malicious == {"h1"}
     assert [p[0] for p in series["h1"]] == [1, 2, 3]
     assert [p[2] for p in series["h1"]] == [False, True, True]

@@ -11,6 +11,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.supercore.task_identity import TaskIdentity
 from scipy.stats import rankdata, spearmanr
 
+from conftest import flat_entry
 from hospitrust.aggregation import (
     excused_direction,
     fedagain_divergence,
@@ -47,7 +48,7 @@ def _send(strategy, rnd, global_state, deltas, metrics=None, num_examples=None):
         m.update((metrics or [{}] * len(msgs))[i])
         replies.append(Message(RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(m)}), reply_to=msg))
     result = strategy.aggregate_round(rnd, replies)
-    arrays, by_name = result.arrays, {c["hospital"]: c for c in result.clients}
+    arrays, by_name = result.arrays, {c.hospital: flat_entry(c) for c in result.clients}
     return arrays, by_name
 
 
