@@ -11,7 +11,7 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 
-from conftest import small_run_config
+from conftest import flat_entry, small_run_config
 from hospitrust.client_app import app as client_app
 from hospitrust.config import ConfigError, parse_run_config
 from hospitrust.client_app.contribution import STATE_SENT
@@ -54,7 +54,7 @@ def test_contribution_strategy_run_scores_every_round_and_weights_by_score(tmp_p
     n = np.array([first[h]["num_examples"] for h in sorted(first)], dtype=float)
     np.testing.assert_allclose([first[h]["weight"] for h in sorted(first)], n / n.sum())
     fp1 = {h: max(v["fp"], 0.0) for h, v in rounds[0]["contribution"]["hospitals"].items()}
-    second = {c["hospital"]: c for c in rounds[1]["clients"]}
+    second = {c["hospital"]: flat_entry(c) for c in rounds[1]["clients"]}  # the rule's signals beside the fields
     if sum(fp1.values()) > 0:
         for h, c in second.items():
             assert c["weight"] == pytest.approx(fp1[h] / sum(fp1.values()))
@@ -120,7 +120,7 @@ def test_secagg_server_never_holds_an_update_and_scores_match_plain_fedavg(tmp_p
 
     secure = read_rounds(secure_dir)[0]
     plain = read_rounds(plain_dir)[0]
-    assert all(c["secure_aggregation"] for c in secure["clients"])
+    assert all(c["signals"]["secagg"]["secure_aggregation"] for c in secure["clients"])
     assert secure["contribution"]["scored"]
     # the SecAgg+ aggregate is FedAvg up to quantization, and so are FP and EE
     plain_model = torch.load(plain_dir / "model.pt")
@@ -175,7 +175,7 @@ def test_simulate_with_secagg_produces_fp_and_ee(tmp_path, data_dir):
     assert "run ended finished:completed" in res.stdout
     assert "Secure aggregation completed" in res.stdout + res.stderr
     r = read_rounds(out / "secagg")[0]
-    assert all(c["secure_aggregation"] for c in r["clients"])
+    assert all(c["signals"]["secagg"]["secure_aggregation"] for c in r["clients"])
     c = r["contribution"]
     assert c["scored"] and len(c["hospitals"]) == 3
     assert all(np.isfinite(v["fp"]) and np.isfinite(v["ee"]) for v in c["hospitals"].values())

@@ -16,7 +16,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from conftest import small_run_config
+from conftest import flat_entry, small_run_config
 from hospitrust.fbd.mia import mia_auroc
 from hospitrust.fbd.plan import PlanError, ShippingPlan, make_plan, parse_plan
 from hospitrust.fbd.routing import color_losses, flagged_colors, loss_zscores, parse_color_list, route
@@ -298,7 +298,7 @@ def test_writes_outside_the_plan_are_rejected_and_recorded(tmp_path):
     partial = {color_key(h3_color, "classifier.4.weight"): wh.states[h3_color]["classifier.4.weight"] + 1}
     replies = [_reply(messages[11], payload), _reply(messages[12], bad), _reply(messages[14], partial),
                _reply(messages[13], {}, n=0)]
-    clients = {c["hospital"]: c for c in strategy.aggregate_round(1, replies).clients}
+    clients = {c.hospital: flat_entry(c) for c in strategy.aggregate_round(1, replies).clients}
     c0 = clients["hospital-0"]
     assert c0["selected"] and c0["accepted_blocks"] == wh.block_names
     reasons = sorted(r["reason"] for r in c0["rejected_writes"])
@@ -364,7 +364,8 @@ def test_fbd_run_writes_plan_stamps_warehouse_and_rounds(fbd_runs):
         assert set(ROUND_FIELDS) <= set(r) and set(CENTRAL_METRICS) <= set(r["central"])
         assert sorted(r["fbd"]["schedule"]) == SIX[:4] and len(set(r["fbd"]["schedule"].values())) == 4
         assert set(r["fbd"]["routing"]) >= {"ensemble", "max-confidence"}
-        assert all(c["selected"] and c["accepted_blocks"] == ["stem", "conv2", "neck", "head"] for c in r["clients"])
+        assert all(c["selected"] and c["signals"]["fbd"]["accepted_blocks"] == ["stem", "conv2", "neck", "head"]
+                   for c in r["clients"])
         assert r["fbd"]["rejected_writes"] == 0
     assert read_summary(honest)["strategy"] == "fbd"
     wh = Warehouse.load(honest / "warehouse.pt")
@@ -390,7 +391,7 @@ def test_poisoned_hospital_is_contained_to_its_colors(fbd_runs):
     for key in h:  # clean colors bit-identical; the poisoned group's colors differ
         assert (h[key] == p[key]) == (int(key.split("/")[0]) in clean), key
     for r in read_rounds(poisoned):  # the attempted write to a clean color was rejected, every round
-        c0 = next(c for c in r["clients"] if c["hospital"] == "hospital-0")
+        c0 = flat_entry(next(c for c in r["clients"] if c["hospital"] == "hospital-0"))
         assert c0["selected"] and c0["malicious"]
         assert {w["color"] for w in c0["rejected_writes"]} == {foreign} and len(c0["rejected_writes"]) == 4
         assert r["fbd"]["rejected_writes"] == 4

@@ -383,7 +383,7 @@ def test_local_dp_under_secagg_records_each_hospitals_epsilon(tmp_path, data_dir
     run_inprocess(cfg, 3)
     run_dir = Path(cfg["output-dir"]) / cfg["run-name"]
     (record,) = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    assert not record["kept_previous_model"] and all(c["secure_aggregation"] for c in record["clients"])
+    assert not record["kept_previous_model"] and all(c["signals"]["secagg"]["secure_aggregation"] for c in record["clients"])
     assert all(3.9 < c["privacy"]["epsilon"] <= 4.0 for c in record["clients"])
     assert set(record["privacy"]["hospitals"]) == {"hospital-0", "hospital-1", "hospital-2"}
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import flat_entry
 from hospitrust.aggregation import fedagain_trust
 from hospitrust.aggregation.earn import holder_mask, peer_reliability
 from hospitrust.contribution import (
@@ -293,6 +294,7 @@ def test_fedagain_published_in_a_real_inprocess_run(tmp_path, data_dir):
                                                            run_config=cfg))
     (rec,) = read_rounds(tmp_path / "runs" / cfg["run-name"])
     assert not rec["kept_previous_model"]
+    rec["clients"] = [flat_entry(c) for c in rec["clients"]]  # the rule's signals beside the common fields
     trust = [c["trust"] for c in rec["clients"]]
     assert [c["weight"] for c in rec["clients"]] == pytest.approx([t / sum(trust) for t in trust])
     for c in rec["clients"]:  # the paper's factors, unfloored: T = 1 / (E D + 1e-6)
@@ -318,6 +320,7 @@ def test_published_hta_and_earn_in_a_real_inprocess_run(tmp_path, data_dir, name
                                                            run_config=cfg))
     (rec,) = read_rounds(tmp_path / "runs" / cfg["run-name"])
     assert not rec["kept_previous_model"], rec["note"]
+    rec["clients"] = [flat_entry(c) for c in rec["clients"]]  # the rule's signals beside the common fields
     for c in rec["clients"]:
         assert not c["rejected"], c["reason"]
         assert all(k in c for k in keys), (name, keys)

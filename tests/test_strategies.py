@@ -105,20 +105,20 @@ def test_robust_rules_resist_one_far_outlier(name):
 def test_selection_rules_record_the_outlier_as_not_selected(name):
     s = _strategy(name, 7)
     _, record = _replies(s, HONEST + OUTLIER)
-    by_name = {c["hospital"]: c for c in record.clients}
-    assert not by_name["h6"]["selected"] and by_name["h6"]["weight"] == 0.0
-    assert sum(c["weight"] for c in record.clients) == pytest.approx(1.0)
+    by_name = {c.hospital: c for c in record.clients}
+    assert not by_name["h6"].selected and by_name["h6"].weight == 0.0
+    assert sum(c.weight for c in record.clients) == pytest.approx(1.0)
 
 
 def test_krum_picks_one_honest_update():
     _, record = _replies(_strategy("krum", 7), HONEST + OUTLIER)
-    assert [c["hospital"] for c in record.clients if c["selected"]] in (["h0"], ["h1"], ["h2"], ["h3"], ["h4"], ["h5"])
+    assert [c.hospital for c in record.clients if c.selected] in (["h0"], ["h1"], ["h2"], ["h3"], ["h4"], ["h5"])
 
 
 def test_fltrust_gives_zero_trust_to_an_opposite_update():
     s = _strategy("fltrust", 3)
     arrays, record = _replies(s, [[1.0] * D, [2.0] * D, [-1.0] * D])
-    trust = {c["hospital"]: c["trust"] for c in record.clients}
+    trust = {c.hospital: c.trust for c in record.clients}
     assert trust["h2"] == 0.0 and trust["h0"] == pytest.approx(1.0) and trust["h1"] == pytest.approx(1.0)
     # both honest updates rescaled to ||g|| = sqrt(6): the aggregate is g itself
     assert torch.allclose(torch.from_numpy(arrays["w"].numpy()), torch.ones(D), atol=1e-5)
@@ -133,7 +133,7 @@ def test_rule_minimum_keeps_previous_model_instead_of_crashing():
 def test_fedavg_weights_by_examples():
     arrays, record = _replies(_strategy("fedavg", 2), [[0.0] * D, [3.0] * D], num_examples=[10, 20])
     assert torch.allclose(torch.from_numpy(arrays["w"].numpy()), torch.full((D,), 2.0))
-    assert [c["weight"] for c in sorted(record.clients, key=lambda c: c["hospital"])] == pytest.approx([1 / 3, 2 / 3])
+    assert [c.weight for c in sorted(record.clients, key=lambda c: c.hospital)] == pytest.approx([1 / 3, 2 / 3])
 
 
 @pytest.mark.parametrize("name", [n for n in STACK_RULES if n not in FIELD_RULES])

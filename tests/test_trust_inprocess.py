@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from flwr.app import Context, RecordDict
 
-from conftest import small_run_config
+from conftest import flat_entry, small_run_config
 from hospitrust.client_app import app as client_app
 from hospitrust.ops.inprocess import InProcessGrid
 from hospitrust.server_app.results import read_rounds
@@ -34,7 +34,7 @@ def test_trust_rule_in_a_real_inprocess_run(tmp_path, data_dir, name):
     for rec in rounds:
         assert not rec["kept_previous_model"], rec["note"]
         assert len(rec["clients"]) == 5
-        for c in rec["clients"]:
+        for c in map(flat_entry, rec["clients"]):  # the rule's signals beside the common fields
             assert not c["rejected"], c["reason"]
             for k in keys:
                 assert k in c, (name, k)
@@ -54,7 +54,7 @@ def test_hta_groups_alie_copies_in_a_real_inprocess_run(tmp_path, data_dir):
     run = tmp_path / "runs" / cfg["run-name"]
     bad = set()
     for rec in read_rounds(run):
-        by = {c["hospital"]: c for c in rec["clients"]}
+        by = {c["hospital"]: flat_entry(c) for c in rec["clients"]}
         bad = {h for h, c in by.items() if c["malicious"]}
         assert len(bad) == 2
         for h, c in by.items():
