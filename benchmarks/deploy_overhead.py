@@ -55,6 +55,7 @@ sys.path.insert(0, str(REPO))
 from hospitrust.ops import deploy, flwr  # noqa: E402
 from hospitrust.server_app.results import round_periods  # noqa: E402
 from hospitrust.ops.simulate import size_resources  # noqa: E402
+from hospitrust.records import RoundRecord  # noqa: E402
 
 
 def read_rounds(run_dir: Path) -> list[dict]:
@@ -74,7 +75,7 @@ def phases(rounds: list[dict]) -> dict[str, float]:
     period = dict(zip([r["round"] for r in rounds], round_periods(rounds)))
     for r in rows:
         t = r.get("timing") or {}
-        clients = [c["timing"] for c in r["clients"] if c.get("timing")]
+        clients = [c.timing for c in RoundRecord.from_json(r).clients if c.timing]
         add("round", period[r["round"]])
         if not clients or "train_pushed_at" not in t:
             continue
@@ -125,9 +126,9 @@ def idle_waits(rounds: list[dict]) -> float:
     for r, period in list(zip(rounds, round_periods(rounds)))[1:]:
         t = r.get("timing") or {}
         busy: dict[str, float] = {}
-        for c in r["clients"]:
-            if c.get("timing"):
-                busy[c["hospital"]] = busy.get(c["hospital"], 0.0) + _busy(c["timing"], t["train_pushed_at"])
+        for c in RoundRecord.from_json(r).clients:
+            if c.timing:
+                busy[c.hospital] = busy.get(c.hospital, 0.0) + _busy(c.timing, t["train_pushed_at"])
         for hospital, e in (t.get("evaluate_clients") or {}).items():
             busy[hospital] = busy.get(hospital, 0.0) + _busy(e, t["evaluate_pushed_at"])
         server = float(r.get("aggregation_seconds") or 0.0) + float(t.get("central_evaluation_seconds", 0.0))
