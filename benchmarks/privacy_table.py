@@ -23,6 +23,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hospitrust.records import RoundRecord
+
 
 def privacy_level(config: Mapping[str, Any]) -> str:
     """``off`` or ``eps<target-epsilon>`` (local), ``central`` / ``both`` marked as such."""
@@ -42,14 +44,14 @@ def false_positive_rate(rounds: Iterable[Mapping[str, Any]], strategy: str) -> t
     """
     detected = total = 0
     for r in rounds:
-        honest = [c for c in r.get("clients", []) if not c.get("malicious") and not c.get("rejected")]
+        honest = [c for c in RoundRecord.from_json(r).clients if not c.malicious and not c.rejected]
         if not honest:
             continue
         if strategy.startswith("earn"):
-            median = statistics.median(float(c.get("weight", 0.0)) for c in honest)
-            detected += sum(1 for c in honest if float(c.get("weight", 0.0)) < 0.5 * median)
-        else:
-            detected += sum(1 for c in honest if c.get("excluded") or c.get("selected") is False)
+            median = statistics.median(c.weight for c in honest)
+            detected += sum(1 for c in honest if c.weight < 0.5 * median)
+        else:  # left out by the rule or a feature (schema 1's ``excluded`` entries were never selected either)
+            detected += sum(1 for c in honest if c.excluded)
         total += len(honest)
     return detected, total
 
