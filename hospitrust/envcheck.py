@@ -146,6 +146,21 @@ def check_browser() -> Check:
     return Check("browser tests", True, "Chromium, chromedriver and Selenium found")
 
 
+def check_extras() -> Check:
+    """Which of hospitrust's extras are installed (``pip install .`` is a hospital's SuperNode; simulating,
+    benchmarks, DP, figures and compressed DICOM are extras: :mod:`hospitrust.extras`).
+    """
+    from hospitrust.extras import EXTRAS, install_command, missing
+
+    absent = [name for name in EXTRAS if missing(name)]
+    present = [name for name in EXTRAS if name not in absent]
+    if not absent:
+        return Check("extras", True, f"all installed: {', '.join(present)}")
+    return Check("extras", False, f"installed: {', '.join(present) or 'none'}; not installed: {', '.join(absent)} "
+                                  f"(a hospital's SuperNode needs none; e.g. {install_command(','.join(absent))})",
+                 required=False)
+
+
 def all_checks() -> list[Check]:
     """Every check, in the order `hospitrust doctor` prints them."""
-    return [check_torch(), check_flower(), check_data(), check_browser()]
+    return [check_torch(), check_flower(), check_extras(), check_data(), check_browser()]

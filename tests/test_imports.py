@@ -15,8 +15,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "hospitrust"
 # floor and the floors below it, and no two packages import each other. docs/architecture.md draws it.
 CORE, LOWER, MIDDLE, TOP = 0, 1, 2, 3
 LAYERS = {
-    # the core: the Options base, errors, metric names, the private-state helpers, the typed round records
+    # the core: the Options base, errors, metric names, the private-state helpers, the typed round records, the
+    # extras' check
     "hospitrust": CORE, "options": CORE, "errors": CORE, "metrics": CORE, "private": CORE, "records": CORE,
+    "extras": CORE,
     # math, data and models: pure rules, attacks, datasets and the server's data, tasks, models,
     # contribution math, privacy math, FED-FBD's block model; the environment checks
     "aggregation": LOWER, "attacks": LOWER, "datasets": LOWER, "tasks": LOWER, "models": LOWER,

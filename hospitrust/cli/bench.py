@@ -11,6 +11,11 @@ from hospitrust.bench.names import METRICS
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from hospitrust.extras import extra_problem
+
+    if (missing := extra_problem("bench", "hospitrust bench")) is not None:
+        print(missing, file=sys.stderr)
+        return 2
     from hospitrust.bench.grid import GridError, parse_grid
     from hospitrust.bench.runner import GridLocked, run_grid
     from hospitrust.ops.simulate import SimulationError
@@ -92,8 +97,16 @@ def _leaderboard(folders: list[str], out: str | None, *, metric: str | None, bas
 
 
 def _report(args: argparse.Namespace) -> int:
-    from hospitrust.bench.report import make_report
+    from hospitrust.extras import extra_problem
 
+    one_run = len(args.grid_dir) == 1 and not args.leaderboard and (Path(args.grid_dir[0]) / "rounds.jsonl").is_file()
+    # one run's page needs the figures only; a grid's report and the leaderboard the bench's tables and statistics
+    # (not its Ray: nothing is simulated)
+    missing = (extra_problem("plots", "hospitrust report") if one_run else
+               extra_problem("bench", "hospitrust report", distributions=("matplotlib", "pandas", "scipy")))
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return 2
     if args.leaderboard:
         return _leaderboard(args.grid_dir, args.out, metric=args.metric, baseline=args.baseline, last_k=args.last_k,
                             resamples=args.resamples, without_attacks=args.without_attacks,
@@ -116,6 +129,8 @@ def _report(args: argparse.Namespace) -> int:
             return 2
         print("report: " + "\n        ".join(str(p) for p in written))
         return 0
+    from hospitrust.bench.report import make_report
+
     if args.store:
         from hospitrust.bench.store import build_store
 

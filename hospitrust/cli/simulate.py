@@ -10,6 +10,11 @@ from hospitrust.errors import ConfigError
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    from hospitrust.extras import extra_problem
+
+    if (missing := extra_problem("simulation", "hospitrust simulate")) is not None:  # before Flower starts a SuperLink
+        print(missing, file=sys.stderr)
+        return 2
     from hospitrust.datasets.base import DataMissingError
     from hospitrust.ops import flwr
     from hospitrust.ops.simulate import COMPLETED, SimulationError, simulate

@@ -14,6 +14,7 @@ from typing import Any, Literal, cast
 from pydantic import Field, field_validator
 
 from hospitrust.contribution.options import contribution_options
+from hospitrust.extras import extra_problem
 from hospitrust.options import Options
 
 #: The modes that run DP-SGD at the hospitals, and those that add noise at the server.
@@ -97,8 +98,12 @@ def check_privacy_settings(cfg: Any) -> list[str]:
     privacy = privacy_options(cfg)
     if privacy.mode == "off":
         return []
-    out: list[str] = []
     mode = f"privacy.mode = {privacy.mode!r}"
+    # Opacus trains (local) and checks the model (both modes), dp-accounting counts central DP's epsilon: at the
+    # server and at every hospital the run config is checked, one line instead of an ImportError in a round
+    if (missing := extra_problem("dp", mode)) is not None:
+        return [missing]
+    out: list[str] = []
     rule = cfg.rule
     reasons = []
     if privacy.local and not rule.local_dp_compatible:
