@@ -40,6 +40,8 @@ EXTRAS: dict[str, Extra] = {e.name: e for e in (
     Extra("dp", "differential privacy: local DP-SGD (Opacus) and central DP's accounting (flwr[dp])",
           ("opacus", "dp-accounting")),
     Extra("plots", "figures: `hospitrust report RUN_DIR` and a finished run's trust.png", ("matplotlib",)),
+    Extra("operator", "the operator's SuperLink machine: the ServerApp's central DP and trust.png, `hospitrust report`",
+          ("opacus", "dp-accounting", "matplotlib")),
     Extra("simulation", "`hospitrust simulate`: Flower's Ray simulation (flwr[simulation]), with figures",
           ("ray", "matplotlib")),
     Extra("bench", "`hospitrust bench`, `hospitrust report GRID_DIR` and the leaderboard",
