@@ -13,6 +13,7 @@ suite). The marker check (test_docs_markers_are_well_formed) is cheap and runs i
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -43,6 +44,19 @@ def test_docs_markers_are_well_formed():
         problems += unmarked_problems(page)
         commands(page)  # raises MarkerError naming the page, the line and what is wrong
     assert not problems, "\n".join(problems)
+
+
+README_LIMIT = 250  # lines: the README is the manual's front page (install, the two commands, the roles, links)
+
+
+def test_readme_is_a_short_manual():
+    """README.md keeps to README_LIMIT lines; the details live on docs/ pages it links to."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= README_LIMIT, (f"README.md has {len(lines)} lines, at most {README_LIMIT}: move a section to a "
+                                        "page under docs/ (keep its commands and their docs-test markers) and link it")
+    links = {m for m in re.findall(r"\]\((docs/[^)#]+)", "\n".join(lines))}
+    missing = sorted(link for link in links if not (REPO / link).exists())
+    assert not missing, f"README.md links to pages that are not there: {missing}"
 
 
 def _environment(work: Path) -> dict[str, str]:
