@@ -69,6 +69,7 @@ for name in ('normal', 'pneumonia'):
 port=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 nowhere=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 sn_start=$(date +%s)
+: >supernode.log  # there before the first grep below, whenever the background job opens it
 setsid hospitrust deploy supernode --superlink "127.0.0.1:$nowhere" --ca etc/ca.crt --key etc/st-mary.key \
     --data-path images --hospital st-mary --classes normal,pneumonia --cache-dir cache --port "$port" \
     >supernode.log 2>&1 </dev/null &
