@@ -607,8 +607,12 @@ def restrict_to_active(flat: Mapping[str, Any]) -> dict[str, Any]:
         return dict(flat)
     parsed: dict[str, Options] = {}
     preset = preset_of(core.strategy)
+    by_section: dict[str | None, dict[str, Any]] = {}  # grouped once: a grid restricts thousands of cells
+    for k, v in flat.items():
+        section = section_of(k)
+        by_section.setdefault(section, {})[k if section is None else k[len(section) + 1:]] = v
     for name in known:
-        values = {k[len(name) + 1:]: v for k, v in flat.items() if section_of(k) == name}
+        values = by_section.get(name, {})
         try:
             if preset is not None and name == preset.rule.name:
                 parsed[name] = resolve_preset(core.strategy, values)[0]
@@ -618,8 +622,8 @@ def restrict_to_active(flat: Mapping[str, Any]) -> dict[str, Any]:
             pass
     active = set(active_sections(core, parsed))
     preset_sections = {name for name in legacy.PRESET_SECTIONS if name != core.strategy}  # their keys were inactive here
-    return {k: v for k, v in flat.items()
-            if (section_of(k) not in known and section_of(k) not in preset_sections) or section_of(k) in active}
+    keep = {name for name in by_section if (name not in known and name not in preset_sections) or name in active}
+    return {k: v for k, v in flat.items() if section_of(k) in keep}
 
 
 def run_config_defaults() -> dict[str, Any]:
