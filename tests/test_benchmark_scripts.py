@@ -281,3 +281,22 @@ def test_attack_matrix_cells_carry_only_their_components_options(tmp_path):
     assert flip["earn.row-cap"] == 0.3 and flip["num-server-rounds"] == 1 and flip["malicious-fraction"] == 0.3
     none = matrix._cell_config(base, "none", "hta", 0.3, tmp_path, overrides)
     assert none["malicious-fraction"] == 0.0 and none["hta.exclusion-fraction"] == 0.4
+
+
+def test_signals_by_role_means_attackers_and_honest_apart_by_hand(tmp_path, capsys):
+    """Two attackers and two honest hospitals, one rejected honest reply: each column's means by hand."""
+    script = _script("leaderboard/v2/signals_by_role")
+
+    def hospital(name, malicious, s, weight, norm, rejected=False):
+        return {"hospital": name, "malicious": malicious, "weight": weight, "update_norm": norm, "rejected": rejected,
+                "signals": {} if rejected else {"hta": {"s": s}}}
+
+    line = {"schema": 2, "round": 3, "central": {"balanced_accuracy": 0.75}, "update_norm": 0.125, "clients": [
+        hospital("a", True, 0.2, 0.25, 1.0), hospital("b", True, 0.4, 0.75, 3.0),
+        hospital("c", False, 0.9, 0.0, 0.5), hospital("d", False, 0.0, 0.0, 9.0, rejected=True)]}
+    (tmp_path / "rounds.jsonl").write_text(json.dumps(line) + "\n")
+    assert script.main([str(tmp_path), "--rule", "hta", "--signals", "s", "--rounds", "3"]) == 0
+    row = capsys.readouterr().out.splitlines()[-1]
+    # s: attackers (0.2 + 0.4) / 2, honest 0.9 (d rejected); weight 0.5 / 0; norm 2 / 0.5; one rejected
+    assert row == "3 | 0.750 | 0.1250 | 0.300 / 0.900 | 0.500 / 0.000 | 2.000 / 0.500 | 1"
+    assert script.main([str(tmp_path / "missing"), "--rule", "hta"]) == 2
