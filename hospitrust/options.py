@@ -40,6 +40,9 @@ class OptionsError(ValueError):
         super().__init__("; ".join(f"{k} = {v!r}: {m}" if k else m for k, v, m in problems))
 
 
+_FLAT_FIELDS: dict[tuple[type, str], dict[str, tuple[type, str]]] = {}  # Options.flat_fields, per (model, prefix)
+
+
 class Options(BaseModel):
     """Base of every component's options: frozen, unknown keys refused, kebab-case keys.
 
@@ -55,6 +58,9 @@ class Options(BaseModel):
     @classmethod
     def flat_fields(cls, prefix: str = "") -> dict[str, tuple[type[Options], str]]:
         """Flat key (relative to the section, ``ablation.trim-norms``) -> (model, field name)."""
+        cached = _FLAT_FIELDS.get((cls, prefix))  # a model's fields never change: a grid asks thousands of times
+        if cached is not None:
+            return dict(cached)
         out: dict[str, tuple[type[Options], str]] = {}
         for name, info in cls.model_fields.items():
             key = f"{prefix}{kebab(name)}"
@@ -63,7 +69,8 @@ class Options(BaseModel):
                 out.update(sub.flat_fields(prefix=f"{key}."))
             else:
                 out[key] = (cls, name)
-        return out
+        _FLAT_FIELDS[(cls, prefix)] = out
+        return dict(out)
 
     def to_flat(self, prefix: str = "") -> dict[str, Any]:
         """The options as flat run-config keys (``prefix`` + key)."""
