@@ -43,6 +43,16 @@ ROUND = {
 ROUNDS = [RoundRecord.from_json(ROUND), RoundRecord.from_json(json.loads(json.dumps(RoundRecord.from_json(ROUND).to_json())))]
 
 
+def _run_list(driver, runs: int) -> dict[str, str]:
+    """Run name -> its row's text, once the list shows ``runs`` runs: read in one go inside the wait, since the
+    page's poll can re-render the list between finding a row and reading it (a stale element)."""
+    def rows(d):
+        listed = {r.text.split()[0]: r.text for r in d.find_elements("css selector", "#runs tr")[1:]}
+        return listed if len(listed) >= runs else None
+
+    return wait_for(driver, rows, what="the run list")
+
+
 @pytest.mark.parametrize("record", ROUNDS, ids=["schema-1", "schema-2"])
 def test_hospital_rows_say_what_happened_to_every_hospital_and_why(record):
     rows = {r["hospital"]: r for r in views.hospital_rows(record, ["h0", "h1", "h2", "h3", "h4", "h5"], ground_truth=True)}
@@ -332,8 +342,7 @@ def test_the_live_page_shows_a_left_out_hospital_and_a_stopped_run(hta_run, brow
     _copy_run(hta_run, runs / "stopped", finished=False, age=3600)  # no summary, no lock, an hour old
     with serving_console(runs) as base:
         browser.get(base + "/")
-        wait_for(browser, lambda d: len(d.find_elements("css selector", "#runs tr")) >= 3, what="the run list")
-        listed = {r.text.split()[0]: r.text for r in browser.find_elements("css selector", "#runs tr")[1:]}
+        listed = _run_list(browser, runs=2)
         assert "stopped" in listed["stopped"] and "completed" in listed["left"], listed
         browser.get(base + "/#/run/left")
         wait_for(browser, lambda d: d.find_elements("css selector", '#hospitals tr[data-hospital="st-broken"]'),
@@ -420,8 +429,7 @@ def test_the_live_page_lists_a_query_round_failure_closes_a_stopped_runs_panel_a
     (killed / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
     with serving_console(runs) as base:
         browser.get(base + "/")
-        wait_for(browser, lambda d: len(d.find_elements("css selector", "#runs tr")) >= 5, what="the run list")
-        listed = {r.text.split()[0]: r.text for r in browser.find_elements("css selector", "#runs tr")[1:]}
+        listed = _run_list(browser, runs=4)
         assert "failed" in listed["query-failed"] and "answered the query round" in listed["query-failed"], listed
         assert f"hospital-2 (node {silent}): unresponsive" in listed["query-failed"], listed
 
