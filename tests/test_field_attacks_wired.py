@@ -26,7 +26,8 @@ from hospitrust.strategies.hta import HTA
 from hospitrust.strategies.krum import Krum
 from hospitrust.strategies.validation import CheckedReply
 
-NEW = ("tailored-alie", "tailored-ipm", "agr-tailored", "neurotoxin", "dba", "hta-aware", "earn-aware", "fltrust-aware")
+NEW = ("tailored-alie", "tailored-ipm", "agr-tailored", "neurotoxin", "dba", "hta-aware", "earn-aware", "fltrust-aware",
+       "anchored-trust-aware")
 T = functools.partial(torch.tensor, dtype=torch.float64)
 
 
@@ -55,7 +56,7 @@ def test_every_new_attack_is_registered_with_its_kind_and_section():
     kinds = {name: ATTACKS[name].kind for name in NEW}
     assert kinds == {"tailored-alie": "colluding", "tailored-ipm": "colluding", "agr-tailored": "colluding",
                      "neurotoxin": "data", "dba": "data", "hta-aware": "colluding", "earn-aware": "colluding",
-                     "fltrust-aware": "colluding"}
+                     "fltrust-aware": "colluding", "anchored-trust-aware": "colluding"}
     from hospitrust.config import parse_run_config
     from conftest import small_run_config
 
@@ -74,7 +75,8 @@ def test_a_grid_names_every_new_attack():
                        "axes": {"attack": list(NEW), "strategy": ["median"]},
                        "when": [{"if": {"attack": "hta-aware"}, "set": {"strategy": "hta"}},
                                 {"if": {"attack": "earn-aware"}, "set": {"strategy": "earn"}},
-                                {"if": {"attack": "fltrust-aware"}, "set": {"strategy": "fltrust"}}]})
+                                {"if": {"attack": "fltrust-aware"}, "set": {"strategy": "fltrust"}},
+                                {"if": {"attack": "anchored-trust-aware"}, "set": {"strategy": "anchored-trust"}}]})
     assert sorted(c.run_config["attack"] for c in grid.cells) == sorted(NEW)
 
 
@@ -310,6 +312,7 @@ RUNS = [  # attack, strategy, hospitals, extra keys
     ("hta-aware", "hta", 4, {"hta.validation-exponent": 0.0}),
     ("earn-aware", "earn", 4, {}),
     ("fltrust-aware", "fltrust", 4, {}),
+    ("anchored-trust-aware", "anchored-trust", 4, {}),
 ]
 
 

@@ -42,10 +42,22 @@ def _replies(strategy, vectors, num_examples=None, order=None):
     return result.arrays, result
 
 
+class _RootUpdate:
+    """A fixed root update (anchor) over one local step, as the ServerApp's reference-cohort trainer gives."""
+
+    local_steps = 1
+
+    def __init__(self, vector):
+        self.vector = torch.as_tensor(vector, dtype=torch.float32)
+
+    def __call__(self, state, rnd):
+        return self.vector.clone()
+
+
 def _strategy(name, n, **kwargs):
     hospitals = {100 + i: f"h{i}" for i in range(n)}
-    if name in ("fltrust", "monna"):
-        kwargs.setdefault("server_update", lambda state, rnd: torch.ones(D))
+    if name in ("fltrust", "monna", "anchored-trust"):
+        kwargs.setdefault("server_update", _RootUpdate(torch.ones(D)))
     return build_strategy(name, hospitals, **kwargs)
 
 
@@ -64,8 +76,8 @@ def test_identical_updates_give_that_update(name):
     kwargs = {"options": {"proximal_mu": 0.1}} if name == "fedprox" else {}
     if name == "flame":  # no noise: the aggregate is exact
         kwargs = {"options": {"noise_lambda": 0.0}}
-    if name in ("fltrust", "monna"):  # FLTrust rescales to the root update's norm: give it the same update
-        kwargs["server_update"] = lambda state, rnd: torch.tensor([2.0, -1, 0, 3, 1, 1])
+    if name in ("fltrust", "monna", "anchored-trust"):  # FLTrust rescales to the root update's norm: the same update
+        kwargs["server_update"] = _RootUpdate([2.0, -1, 0, 3, 1, 1])
     s = _strategy(name, 7, **kwargs)
     arrays, record = _replies(s, [[2.0, -1, 0, 3, 1, 1]] * 7)
     # FoolsGold takes identical histories for Sybils: every learning rate 0, the model does not move

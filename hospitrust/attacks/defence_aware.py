@@ -285,4 +285,93 @@ class EARNAware(RoundAwareColludingAttack):
                                    "audit_estimated": audit is not None}
 
 
-__all__ = ["EARNAware", "FLTrustAware", "HTAAware"]
+class AnchoredTrustAwareOptions(Options):
+    """The anchored-trust-aware attack's options."""
+
+    spread: float = Field(0.5, ge=0.0, description=(
+        "Each attacker pulls along its own copy of the direction plus random noise of this relative norm, so the "
+        "copies differ (anchored trust merges near-duplicates)."
+    ))
+    angles: int = Field(91, ge=2, le=10_000, description="The grid of angles searched between the anchor and the push.")
+    _finite = field_validator("spread")(_finite)
+
+
+class AnchoredTrustAware(RoundAwareColludingAttack):
+    """Against anchored trust: each attacker sends, at the largest norm the rule and the server let
+    through (its row's bound this round, within ``max-update-norm``), the update in the plane of this
+    round's anchor and minus the honest mean that pushes furthest orthogonally to the anchor, times
+    the trust its history keeps at this round's cosine of full trust
+    (:func:`~hospitrust.attacks.math.defence_aware.anchored_trust_push`). After building history
+    honestly (``attack-schedule.start-round``) it spends it.
+
+    Reads: the honest updates and their examples, the rule's options, from a private copy of the
+    rule each attacker's histories and the rule's previous aggregate, the round's exact anchor (the
+    copy's reference-cohort trainer: an omniscient attacker who knows the operator's cohort), and the
+    copy evaluated on the round with the attackers' own updates in their rows (the cosine of full
+    trust and each row's bound).
+
+    Parameters
+    ----------
+    spread : float
+        Relative noise on each attacker's direction (>= 0).
+    angles : int
+        Angles searched (>= 2).
+    """
+
+    name = "anchored-trust-aware"
+    Options = AnchoredTrustAwareOptions
+    rules = ("anchored-trust",)
+
+    def __init__(self, spread: float = 0.5, angles: int = 91) -> None:
+        self.spread = U.check_finite_number(spread, "spread", nonneg=True)
+        if int(angles) != angles or int(angles) < 2:
+            raise ValueError(f"angles must be an integer >= 2, got {angles!r}")
+        self.angles = int(angles)
+
+    def craft_round(self, view: RoundView):
+        rule = _rule_copy(view, self.rules, self.name)
+        o = rule.options
+        if rule.global_state is None or view.aggregate is None:
+            raise ValueError("attack 'anchored-trust-aware' needs the rule's global model and RoundView.aggregate "
+                             "(it runs in a run)")
+        # the rule on this round as it stands (the attackers' own updates in their rows): the cosine of full trust
+        # and each row's bound, which the crafted rows then meet
+        forecast = view.aggregate(view.updates).extra
+        anchor = rule.server_update(rule.global_state, view.server_round).double().cpu()
+        gnorm = float(torch.linalg.vector_norm(anchor))
+        honest = view.honest.double()
+        counts = (view.num_examples.double().cpu() if view.num_examples is not None
+                  else torch.ones(view.updates.shape[0], dtype=torch.float64))
+        honest_counts = counts[view.honest_rows]
+        away = -(honest_counts.unsqueeze(1) * honest).sum(0) / honest_counts.sum().clamp_min(1e-300)
+        d = honest.shape[1]
+        last = rule.last_step
+        path_step = torch.zeros(d, dtype=torch.float64)
+        if last is not None and float(torch.linalg.vector_norm(last.double())) > 0:
+            path_step = last.double().cpu() / float(torch.linalg.vector_norm(last.double()))
+        rows, angles, trusts = [], [], []
+        for r in view.malicious_rows:
+            name = view.hospitals[r]
+            zero = torch.zeros(d, dtype=torch.float64)
+            history = rule.history.get(name, zero).double().cpu()
+            reference = (o.history_decay * rule.anchor_history.get(name, zero).double().cpu()
+                         + (anchor / gnorm if gnorm > 0 else zero)
+                         + o.history_decay * rule.path_history.get(name, zero).double().cpu() + path_step)
+            norm = float(forecast["bound"][r]) * (1 - 1e-6)
+            if view.max_norm is not None:
+                norm = min(norm, float(view.max_norm) * (1 - 1e-6))
+            if gnorm == 0 or norm <= 0:  # nothing to hide behind: the rule takes no step this round
+                rows.append(view.updates[r].double())
+                angles.append(float("nan"))
+                trusts.append(float("nan"))
+                continue
+            row, found = DA.anchored_trust_push(anchor, _spread(away, self.spread, view.generator), history, reference,
+                                                decay=o.history_decay,
+                                                full_trust_cosine=float(forecast["full_trust_cosine"][r]),
+                                                trust_width=o.trust_width, norm=norm, angles=self.angles)
+            rows.append(row)
+            angles.append(found["angle"])
+            trusts.append(found["trust"])
+        return torch.stack(rows).to(view.updates.dtype), {"angle": angles, "trust": trusts}
+
+__all__ = ["AnchoredTrustAware", "EARNAware", "FLTrustAware", "HTAAware"]

@@ -177,6 +177,9 @@ class RoundView:
         The server's bound on an update's norm (run config ``max-update-norm``): the server checks
         every crafted row against it as it checks a reply and rejects a row above it, so an adaptive
         attack keeps its strength inside it; None outside a run (no bound).
+    num_examples : torch.Tensor or None
+        ``(n,)`` the examples each row's hospital reported (an attacker knows its own; the omniscient
+        colluders the others'); None outside a run.
     """
 
     server_round: int
@@ -190,6 +193,7 @@ class RoundView:
     previous_global_update: torch.Tensor | None = None
     generator: torch.Generator | None = None
     max_norm: float | None = None
+    num_examples: torch.Tensor | None = None
 
     @property
     def honest_rows(self) -> list[int]:

@@ -220,7 +220,8 @@ class RoundAwareAdversary(RoundFeature):
             previous_global_update=self.previous_global_update,
             generator=torch.Generator().manual_seed(self.seed * 7919 + server_round),
             max_norm=self.max_norm if self.max_norm is not None else getattr(getattr(self.strategy, "limits", None),
-                                                                           "max_update_norm", None))
+                                                                           "max_update_norm", None),
+            num_examples=torch.tensor([r.num_examples for r in self._checked(hospitals)], dtype=torch.float64))
         crafted, info = self.inner.craft_round(view)
         if tuple(crafted.shape) != (len(rows), updates.shape[1]):
             raise ValueError(f"{self.inner!r} crafted shape {tuple(crafted.shape)}, expected {(len(rows), updates.shape[1])}")

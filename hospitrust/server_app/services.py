@@ -73,6 +73,8 @@ class ReferenceCohortTrainer:
         self.cfg, self.info, self.device = cfg, info, device
         self.cohort = cohort
         self.model = task_model(info)
+        #: the root update's optimizer steps (one epoch of minibatches; anchored trust bounds a step by it)
+        self.local_steps = -(-len(cohort.labels) // cfg.batch_size)
 
     def __call__(self, global_state: dict[str, torch.Tensor], server_round: int) -> torch.Tensor:
         seed_everything(self.cfg.seed, 10_000_019, server_round)

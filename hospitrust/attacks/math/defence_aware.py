@@ -22,7 +22,8 @@ from hospitrust.aggregation.hta import mad_exclusion, reputation_update
 
 from .update import check_finite_number
 
-__all__ = ["turn_towards", "hta_trust_needed", "hta_band_attack", "earn_row_push", "fltrust_small_cosine"]
+__all__ = ["turn_towards", "hta_trust_needed", "hta_band_attack", "earn_row_push", "fltrust_small_cosine",
+           "anchored_trust_push"]
 
 
 def _unit(v: torch.Tensor, name: str) -> torch.Tensor:
@@ -307,3 +308,64 @@ def fltrust_small_cosine(root_estimate: torch.Tensor, direction: torch.Tensor, c
         raise ValueError(f"cosine must be in (0, 1] (a cosine of 0 or below gets FLTrust weight 0), got {c}")
     size = float(torch.linalg.vector_norm(root_estimate.double())) if norm is None else check_finite_number(norm, "norm", nonneg=True)
     return turn_towards(root_estimate, direction, c, size), {"cosine": c}
+
+
+def anchored_trust_push(anchor: torch.Tensor, away: torch.Tensor, history: torch.Tensor, reference: torch.Tensor, *,
+                        decay: float, full_trust_cosine: float, trust_width: float, norm: float, angles: int = 91
+                        ) -> tuple[torch.Tensor, dict]:
+    r"""Against anchored trust: the update of norm ``norm`` in the plane of the anchor :math:`\hat g`
+    and the attacker's direction that adds the most along the direction, times the trust it keeps.
+
+    Anchored trust keeps the part of an update along :math:`\hat g` and orthogonal to it (the part
+    against :math:`\hat g` is removed) and weighs it by
+    :math:`t = \min(1, \max(0, 1 - (\tau^* - \cos(\rho H + \hat x, R)) / w))`, with the attacker's history
+    :math:`H` and the reference :math:`R` (the anchor's and the federation's decayed path, this round's
+    anchor included). For :math:`x(\theta) = \lVert x\rVert(\cos\theta\,\hat g + \sin\theta\,\hat u)`,
+    :math:`\hat u` the direction's unit part orthogonal to :math:`\hat g`, the search takes the
+    :math:`\theta \in [0, \pi/2]` (a grid of ``angles``) that maximises :math:`t(\theta)\sin\theta`: the
+    orthogonal push the rule lets through, per unit of norm. Ties go to the larger angle.
+
+    Parameters
+    ----------
+    anchor, away : torch.Tensor
+        ``(d,)`` the anchor and where the attacker pulls.
+    history, reference : torch.Tensor
+        ``(d,)`` :math:`\rho`-decayed history before this round, and :math:`R`.
+    decay, full_trust_cosine, trust_width, norm : float
+        :math:`\rho`, the round's cosine of full trust :math:`\tau^*`, the width :math:`w`, and the
+        update's norm.
+    angles : int
+        Grid size (>= 2).
+
+    Returns
+    -------
+    tuple of torch.Tensor and dict
+        The ``(d,)`` update and ``{"angle": degrees, "trust": t, "push": t sin(angle)}``.
+    """
+    g = anchor.double()
+    gnorm = float(torch.linalg.vector_norm(g))
+    if gnorm == 0:
+        raise ValueError("the anchor is zero: there is no plane to search")
+    g_unit = g / gnorm
+    u = away.double() - float(away.double() @ g_unit) * g_unit
+    unorm = float(torch.linalg.vector_norm(u))
+    if unorm == 0:
+        raise ValueError("the attacker's direction is parallel to the anchor: nothing to push orthogonally")
+    u_unit = u / unorm
+    thetas = torch.linspace(0.0, math.pi / 2, max(int(angles), 2), dtype=torch.float64)
+    base = decay * history.double()
+    ref = reference.double()
+    ref_norm = float(torch.linalg.vector_norm(ref))
+    best = (-1.0, 0.0, 0.0)
+    for theta in thetas.tolist():
+        unit = math.cos(theta) * g_unit + math.sin(theta) * u_unit
+        h_vec = base + unit
+        denom = float(torch.linalg.vector_norm(h_vec)) * ref_norm
+        h = float(h_vec @ ref) / denom if denom > 0 else 0.0
+        trust = min(1.0, max(0.0, 1.0 - (full_trust_cosine - h) / trust_width))
+        push = trust * math.sin(theta)
+        if push >= best[0]:
+            best = (push, theta, trust)
+    push, theta, trust = best
+    row = norm * (math.cos(theta) * g_unit + math.sin(theta) * u_unit)
+    return row.to(anchor.dtype), {"angle": math.degrees(theta), "trust": trust, "push": push}
