@@ -526,7 +526,7 @@ def test_the_v2_ranked_parts_are_the_generators_output_and_every_rule_meets_the_
     for path in sorted((LEADERBOARD_GRIDS / "v2").glob("ranked-pneumonia-s*.toml")):
         for cell in parse_grid(path).cells:
             seen.setdefault(f"{cell.axes['seed']}/{cell.axes['strategy']}", set()).add(cell.axes["attack"])
-    assert len(seen) == 10 * 12  # every evaluation seed x every ranked rule
+    assert len(seen) == 10 * 13  # every evaluation seed x every ranked rule (12, and anchored trust: amendment 10)
     for key, attacks in seen.items():
         assert agnostic <= attacks, key  # the whole rule-agnostic suite, for every rule and seed
     assert {int(k.split("/")[0]) for k in seen} == set(parts.EVALUATION_SEEDS)

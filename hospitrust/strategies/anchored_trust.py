@@ -7,6 +7,8 @@ from logging import INFO, WARNING
 
 import torch
 from flwr.common import log
+from typing import Literal
+
 from pydantic import Field
 
 from hospitrust.aggregation.anchored_trust import anchored_trust, local_steps
@@ -30,9 +32,20 @@ class AnchoredTrustOptions(Options):
     trust_width: float = Field(0.5, gt=0.0, le=2.0, description=(
         "w: below the cosine of full trust, trust falls linearly to 0 at w under it."
     ))
+    full_trust_rank: Literal["n-minus-f", "median"] = Field("n-minus-f", description=(
+        "Which of the round's history cosines caps the cosine of full trust: the (n - f)-th largest (the honest "
+        "majority keeps full trust), or the median (half the hospitals do; hospitals far below it lose trust even "
+        "where one honest hospital is as low as the colluders)."
+    ))
+    bound_per_step: bool = Field(False, description=(
+        "false: an update is clipped to kappa x the trusted updates' median norm, the same bound for every hospital; "
+        "true: per local step (kappa x the hospital's steps x the trusted median norm per step), which let colluders "
+        "holding the largest partitions move several times further (measured: docs/experiments/"
+        "2026-12-04-anchored-trust-design.md)."
+    ))
     step_bound: float = Field(2.0, gt=0.0, description=(
-        "kappa: an update is clipped to kappa x its own local steps x the trusted updates' median norm per local "
-        "step (rows given no weight do not set it)."
+        "kappa: an update is clipped to kappa x the trusted updates' median norm (rows given no weight do not set "
+        "it; per local step with bound-per-step)."
     ))
     duplicate_cosine: float = Field(0.999, gt=0.0, le=1.0, description=(
         "Updates whose pairwise cosine reaches this count as one voice (they share one hospital's weight)."
@@ -116,16 +129,21 @@ class AnchoredTrust(HospitrustStrategy):
         o = self.options
         names = [self._name_of(r.node_id) for r in replies]
         anchor = self.server_update(self.global_state, server_round).to(updates.device, updates.dtype)
-        steps = local_steps(num_examples, int(self.train_config.get("batch-size", 32)),
-                            int(self.train_config.get("local-epochs", 1)))
+        n = updates.shape[0]
+        steps = (local_steps(num_examples, int(self.train_config.get("batch-size", 32)),
+                             int(self.train_config.get("local-epochs", 1)))
+                 if o.bound_per_step else torch.ones(n, dtype=torch.float64))
+        # the rank of the cosine of full trust, as the f of full_trust_at: the (n - f)-th largest, or the median
+        rank_f = min(self.f, max(n - 1, 0)) if o.full_trust_rank == "n-minus-f" else n // 2
         dup = duplicate_groups(updates, o.duplicate_cosine)
         out = anchored_trust(
-            updates, anchor, num_examples, steps, float(self.server_update.local_steps),  # type: ignore[attr-defined]
+            updates, anchor, num_examples, steps,
+            float(self.server_update.local_steps) if o.bound_per_step else 1.0,  # type: ignore[attr-defined]
             self._past(self.history, names, updates), self._past(self.anchor_history, names, updates),
             self._past(self.path_history, names, updates),
             None if self.last_step is None else self.last_step.to(updates.device, updates.dtype),
             decay=o.history_decay, full_trust_cosine=o.full_trust_cosine, trust_width=o.trust_width,
-            assumed_malicious=min(self.f, max(updates.shape[0] - 1, 0)), step_bound=o.step_bound, group_size=dup["size"])
+            assumed_malicious=rank_f, step_bound=o.step_bound, group_size=dup["size"])
         for i, name in enumerate(names):
             self.history[name] = out["history"][i].detach().cpu().clone()
             self.anchor_history[name] = out["anchor_history"][i].detach().cpu().clone()
