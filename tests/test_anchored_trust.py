@@ -62,7 +62,7 @@ def test_the_part_against_the_anchor_is_removed_before_the_mean():
     h_vec = T([1.5 - 1 / math.sqrt(5), 2 / math.sqrt(5)])
     a_vec = T([0.5 + 1.0, 0.0])
     expected_h = float(h_vec @ a_vec / (h_vec.norm() * a_vec.norm()))
-    assert out["history_cosine"].item() == pytest.approx(expected_h, rel=1e-12)
+    assert out["history_cosine"].item() == pytest.approx(expected_h, rel=1e-12)  # float64: every input and step is float64
     assert out["trust"].item() == 1.0
     torch.testing.assert_close(out["update"], T([0.0, 2.0]))  # the trusted update without its part against g
     torch.testing.assert_close(out["history"], h_vec.unsqueeze(0))
