@@ -224,8 +224,12 @@ def _fill_constant_options(frames: list[pd.DataFrame], constants: list[dict[str,
 
 
 def load(grid_dirs: Sequence[str | Path], *, metric: str = "balanced_accuracy", last_k: int = LAST_K,
-         progress: Callable[[str], None] | None = None) -> Board:
-    """Read the grid folders' finished cells into one :class:`Board` (clear errors for folders without results)."""
+         progress: Callable[[str], None] | None = None, condition_of: Callable[[str], str] | None = None) -> Board:
+    """Read the grid folders' finished cells into one :class:`Board` (clear errors for folders without results).
+
+    ``condition_of``: a grid's name (grid.json) -> the condition of all its cells, for parts whose
+    conditions are told apart by the part rather than by an option (the v2 leaderboard's parts).
+    """
     from hospitrust.bench.store import collect
 
     say = progress or (lambda _line: None)
@@ -259,6 +263,8 @@ def load(grid_dirs: Sequence[str | Path], *, metric: str = "balanced_accuracy", 
         done["chance"] = [_chance(path, cell, metric) for cell in done["cell"]]
         done["grid"] = name
         done["grid_dir"] = str(path)
+        if condition_of is not None:
+            done["condition"] = condition_of(name)
         frames.append(done)
         grids.append(GridInfo(path, name, len(done), len(cells), _wall_seconds(path)))
     if problems:
@@ -526,7 +532,7 @@ def rank_analysis(frame: pd.DataFrame, column: str, blocks: list[str], *, higher
 # ---------------------------------------------------------------- drawing and writing
 
 
-def cd_diagram(analysis: RankAnalysis, title: str) -> bytes:
+def cd_diagram(analysis: RankAnalysis, title: str, test: str = "Wilcoxon") -> bytes:
     """The critical-difference diagram: rules on a mean-rank axis (1 = best, left), a bar under
     each group of rules that no Holm-corrected Wilcoxon test separates.
     """
@@ -566,7 +572,7 @@ def cd_diagram(analysis: RankAnalysis, title: str) -> bytes:
     ax.set_ylim(label_top - 0.55 * max(half, len(names) - half) - 0.1, 0.6)
     fried = analysis.friedman
     sub = (f"Friedman p = {fried.pvalue:.3g} over {fried.blocks} blocks" if fried.pvalue == fried.pvalue else fried.note)
-    ax.set_title(f"{title}\nmean rank (1 = best); bars: no Holm-corrected Wilcoxon difference at {stats.ALPHA}; {sub}",
+    ax.set_title(f"{title}\nmean rank (1 = best); bars: no Holm-corrected {test} difference at {stats.ALPHA}; {sub}",
                  fontsize=8.5)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")

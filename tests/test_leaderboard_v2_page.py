@@ -1,0 +1,117 @@
+"""The leaderboard v2's page (hospitrust/bench/leaderboard_v2.py, benchmarks/leaderboard/v2/render.py) on
+hand-made tables: one rule against the rest paired by seed (Holm), the per-seed worst case without the
+backdoor, the parts' conditions from their names, and a whole page rendered from synthetic cells.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+
+from hospitrust.bench import leaderboard_v2 as v2
+from hospitrust.bench import stats
+from hospitrust.bench.leaderboard import LeaderboardError
+
+RENDER = Path(__file__).resolve().parent.parent / "benchmarks" / "leaderboard" / "v2" / "render.py"
+
+
+def _render_module():
+    spec = importlib.util.spec_from_file_location("leaderboard_v2_render", RENDER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_focus_comparison_by_hand_with_holm_and_the_fewest_seeds():
+    a = np.array([0.80, 0.70, 0.90, 0.60])
+    values = pd.DataFrame({"A": a, "B": a - [0.30, 0.31, 0.29, 0.30], "C": a + [0.1, -0.1, 0.0, 0.0]}, index=[1, 2, 3, 4])
+    out = stats.focus_comparison(values, "A").set_index("other")
+    # A - B = 0.30, 0.31, 0.29, 0.30: mean 0.30, sd sqrt(0.0002 / 3), t = 0.30 / (sd / 2)
+    sd = math.sqrt(0.0002 / 3)
+    half = sps.t.ppf(0.975, 3) * sd / 2
+    assert out.loc["B", "mean"] == pytest.approx(0.30)
+    assert (out.loc["B", "low"], out.loc["B", "high"]) == pytest.approx((0.30 - half, 0.30 + half))
+    joint = sps.t.ppf(1 - 0.05 / 2 / 2, 3) * sd / 2  # 1 - alpha / m with m = 2 rules, two-sided
+    assert (out.loc["B", "low_all"], out.loc["B", "high_all"]) == pytest.approx((0.30 - joint, 0.30 + joint))
+    p_b = 2 * sps.t.sf(0.30 / (sd / 2), 3)
+    assert out.loc["B", "p_t"] == pytest.approx(p_b)
+    # A - C = -0.1, 0.1, 0, 0: mean 0, t = 0, p = 1; Holm: 2 * p_b first, then max(2 * p_b, 1) = 1
+    assert out.loc["C", "p_t"] == pytest.approx(1.0)
+    assert out.loc["B", "p_t_holm"] == pytest.approx(2 * p_b) and out.loc["C", "p_t_holm"] == pytest.approx(1.0)
+    # the sign-flip test: all four of A - B positive, 2 of the 16 patterns as far: 0.125, Holm 0.25
+    assert out.loc["B", "p_sign_flip"] == pytest.approx(0.125) and out.loc["B", "p_sign_flip_holm"] == pytest.approx(0.25)
+    assert bool(out.loc["B", "beats"]) and not bool(out.loc["C", "beats"])
+    # the same table with a floor of 5 paired seeds calls nothing
+    assert not stats.focus_comparison(values, "A", min_seeds=5)["beats"].any()
+    with pytest.raises(ValueError, match="focus rule 'Z' is not among the rules A, B, C"):
+        stats.focus_comparison(values, "Z")
+
+
+def _cells(conditions=(("main", range(11, 21)),)) -> pd.DataFrame:
+    """Three rules; anchored-trust meets its own attack too. Worst cases: anchored-trust 0.80 + seed noise
+    (its own attack), median 0.60 (ipm), fedavg 0.50 (ipm); the backdoor hurts accuracy most but is scored apart.
+    """
+    rows = []
+    for cond, seeds in conditions:
+        for seed in seeds:
+            noise = 0.001 * (seed % 7)
+            for rule, clean, ipm in (("fedavg", 0.86, 0.50), ("median", 0.84, 0.60), ("anchored-trust", 0.86, 0.85)):
+                attacks = {"none": clean, "label-flip": clean - 0.02, "ipm": ipm, "backdoor": 0.30}
+                if rule == "anchored-trust":
+                    attacks["anchored-trust-aware"] = 0.80
+                for attack, value in attacks.items():
+                    rows.append({"condition": cond, "rule": rule, "attack_label": attack, "seed": seed,
+                                 "final_balanced_accuracy": value + noise, "chance": 0.5,
+                                 "final_attack_success_rate": 0.9 if attack == "backdoor" else math.nan})
+    return pd.DataFrame(rows)
+
+
+def test_the_worst_case_per_seed_leaves_out_the_backdoor_and_incomplete_seeds():
+    cells = _cells()
+    worst = v2.worst_per_seed(cells, "final_balanced_accuracy")
+    assert worst.loc[11].to_dict() == pytest.approx({"anchored-trust": 0.804, "fedavg": 0.504, "median": 0.604})
+    assert v2.worst_attacks(cells, "final_balanced_accuracy").to_dict() == {
+        "anchored-trust": "anchored-trust-aware", "fedavg": "ipm", "median": "ipm"}
+    # a seed that lacks one of the rule's attacks has no worst case for that rule
+    short = cells.drop(cells[(cells["rule"] == "median") & (cells["seed"] == 12) & (cells["attack_label"] == "ipm")].index)
+    assert math.isnan(v2.worst_per_seed(short, "final_balanced_accuracy").loc[12, "median"])
+    # a threat model's attacks only
+    assert v2.worst_per_seed(cells, "final_balanced_accuracy", ["label-flip"]).loc[11, "fedavg"] == pytest.approx(0.844)
+    assert v2.accuracy_attacks(cells, ["ipm", "label-flip"]) == ["ipm", "label-flip", "anchored-trust-aware"]
+
+
+def test_the_parts_conditions_come_from_their_names():
+    render = _render_module()
+    assert render.condition_of("leaderboard-v2-ranked-pneumonia-s11-a") == "main"
+    assert render.condition_of("leaderboard-v2-condition-alpha0.1-s12") == "alpha0.1"
+    assert render.condition_of("condition-h20-s15") == "h20"
+    with pytest.raises(LeaderboardError, match="not a leaderboard v2 part"):
+        render.condition_of("leaderboard-v2-probe-floor")
+    names = render.part_names()
+    assert "ranked-pneumonia-s20-c" in names and "condition-faulty-s11" in names and "cost-probe" not in names
+
+
+def test_a_page_from_synthetic_cells_ranks_compares_and_draws(tmp_path):
+    render = _render_module()
+    cells = _cells((("main", range(11, 21)), ("f1", range(11, 16))))
+    md = "\n".join(render.page(cells, tmp_path, focus="anchored-trust", baseline="fedavg", grids=[],
+                               missing=["condition-f2-s11"]))
+    assert "Not run yet (1 parts): condition-f2-s11" in md
+    # the ranking: three rules separated by 10 seeds each (sign-flip p = 2/1024 per pair, Holm x3 < 0.05)
+    assert "| 1 | anchored-trust | 0.804 [" in md and "| 2 | median |" in md and "| 3 | fedavg |" in md
+    assert "anchored-trust over median by 0.200" in md
+    # the focus: beats both on the main condition's 10 seeds; on f1's 5 seeds no call
+    assert "anchored-trust beats 2 of 2 rules here (fedavg, median)." in md
+    assert "Without attack, anchored-trust minus fedavg: 0.000 [0.000, 0.000] over 10 seeds, within the 0.02" in md
+    assert "Fewer than 10 paired seeds against fedavg, median" in md
+    # the backdoor is beside, not inside: its success rate table, and no backdoor in the worst attacks
+    assert "| anchored-trust | 0.900 [0.900, 0.900] | 10 |" in md
+    assert "one malicious hospital (f = 1)" in md
+    for png in ("cd_main.png", "sweep_f.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
