@@ -8,7 +8,13 @@ import math
 import pytest
 import torch
 
-from hospitrust.aggregation.anchored_trust import anchored_trust, full_trust_at, local_steps, saturating_trust
+from hospitrust.aggregation.anchored_trust import (
+    anchored_trust,
+    full_trust_at,
+    local_steps,
+    reference_histories,
+    saturating_trust,
+)
 from hospitrust.attacks.math.defence_aware import anchored_trust_push
 from hospitrust.strategies.anchored_trust import AnchoredTrust
 from hospitrust.strategies.validation import CheckedReply
@@ -208,3 +214,25 @@ def test_aware_push_spends_a_history_built_honestly():
     _, found = anchored_trust_push(T([1.0, 0.0]), T([0.0, 1.0]), T([10.0, 0.0]), T([10.0, 0.0]), decay=0.9,
                                    full_trust_cosine=0.5, trust_width=0.5, norm=1.0, angles=91)
     assert found["angle"] == pytest.approx(90.0) and found["trust"] == 1.0
+
+
+def test_the_rule_and_its_attacker_share_one_reference():
+    # A = (1, 0), P = (0, 2), anchor (0, 3) -> unit (0, 1), last step (4, 0) -> unit (1, 0), decay 0.5:
+    # A' = (0.5, 0) + (0, 1) = (0.5, 1); P' = (0, 1) + (1, 0) = (1, 1)
+    a, p = torch.tensor([1.0, 0.0], dtype=torch.float64), torch.tensor([0.0, 2.0], dtype=torch.float64)
+    new_a, new_p = reference_histories(a, p, torch.tensor([0.0, 3.0], dtype=torch.float64),
+                                       torch.tensor([4.0, 0.0], dtype=torch.float64), 0.5)
+    assert new_a.tolist() == [0.5, 1.0] and new_p.tolist() == [1.0, 1.0]
+    # no path in the first round, and a zero anchor adds nothing
+    new_a, new_p = reference_histories(a, p, torch.zeros(2, dtype=torch.float64), None, 0.5)
+    assert new_a.tolist() == [0.5, 0.0] and new_p.tolist() == [0.0, 1.0]
+    # the rule's history cosine is cos(H', A' + P') with that very reference, row by row
+    x = torch.tensor([[1.0, 1.0], [2.0, -1.0]], dtype=torch.float64)
+    hist, a2, p2 = torch.zeros_like(x), torch.stack([a, a]), torch.stack([p, p])
+    out = anchored_trust(x, torch.tensor([0.0, 3.0], dtype=torch.float64), torch.ones(2), torch.ones(2), 1.0, hist, a2,
+                         p2, torch.tensor([4.0, 0.0], dtype=torch.float64), decay=0.5)
+    for i in range(2):
+        ra, rp = reference_histories(a, p, torch.tensor([0.0, 3.0], dtype=torch.float64),
+                                     torch.tensor([4.0, 0.0], dtype=torch.float64), 0.5)
+        expected = torch.nn.functional.cosine_similarity(x[i] / x[i].norm(), ra + rp, dim=0)
+        assert float(out["history_cosine"][i]) == pytest.approx(float(expected), rel=1e-12)

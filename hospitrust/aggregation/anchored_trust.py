@@ -114,6 +114,40 @@ def _row_cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where(denom > 0, dots / denom.clamp_min(1e-300), torch.zeros_like(dots))
 
 
+def reference_histories(anchor_history: torch.Tensor, path_history: torch.Tensor, anchor: torch.Tensor,
+                        last_step: torch.Tensor | None, decay: float) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""The reference side of the trust after this round: :math:`A_i \leftarrow \rho A_i + \hat g` and
+    :math:`P_i \leftarrow \rho P_i + \hat s` (:func:`anchored_trust`; a hospital's history cosine is
+    :math:`\cos(H_i, A_i + P_i)`). One function for the rule and for the attacker who forecasts it
+    (``anchored-trust-aware``), so that both compute the same numbers.
+
+    Parameters
+    ----------
+    anchor_history, path_history : torch.Tensor
+        ``(n, d)`` or ``(d,)``: :math:`A_i` and :math:`P_i` before this round (float64).
+    anchor : torch.Tensor
+        ``(d,)`` this round's anchor :math:`g` (float64).
+    last_step : torch.Tensor or None
+        ``(d,)`` the rule's previous aggregate :math:`s` (float64; None in the first round: no path yet).
+    decay : float
+        :math:`\rho`.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        :math:`A_i` and :math:`P_i` after this round, shaped like the inputs.
+    """
+    gnorm = float(torch.linalg.vector_norm(anchor))
+    g_unit = anchor / gnorm if gnorm > 0 else torch.zeros_like(anchor)
+    new_anchor_history = decay * anchor_history + g_unit
+    new_path = decay * path_history
+    if last_step is not None:
+        step_norm = float(torch.linalg.vector_norm(last_step))
+        if step_norm > 0:
+            new_path = new_path + last_step / step_norm
+    return new_anchor_history, new_path
+
+
 def anchored_trust(
     x: torch.Tensor,
     anchor: torch.Tensor,
@@ -227,16 +261,11 @@ def anchored_trust(
     gnorm = float(torch.linalg.vector_norm(gd))
     g_unit = gd / gnorm if gnorm > 0 else torch.zeros_like(gd)
     new_history = decay * history.double() + _unit_rows(xd, norms)
-    new_anchor_history = decay * anchor_history.double() + g_unit.unsqueeze(0)
     past_path = torch.zeros_like(xd) if path_history is None else path_history.double()
     if past_path.shape != x.shape:
         raise ValueError(f"path_history must be {tuple(x.shape)} like the updates, got {tuple(past_path.shape)}")
-    new_path = decay * past_path
-    if last_step is not None:
-        step = check_vector(last_step, d, "last_step", x).double()
-        step_norm = float(torch.linalg.vector_norm(step))
-        if step_norm > 0:
-            new_path = new_path + (step / step_norm).unsqueeze(0)
+    step = None if last_step is None else check_vector(last_step, d, "last_step", x).double()
+    new_anchor_history, new_path = reference_histories(anchor_history.double(), past_path, gd, step, decay)
     h = _row_cosines(new_history, new_anchor_history + new_path).cpu()
     along = (xd @ g_unit)
     round_cos = torch.where(norms > 0, along / norms.clamp_min(1e-300), torch.zeros_like(along)).cpu()

@@ -16,6 +16,7 @@ import torch
 from pydantic import Field, field_validator
 
 from hospitrust.aggregation import coordinate_median
+from hospitrust.aggregation.anchored_trust import reference_histories
 from hospitrust.aggregation.vectorize import flatten_state
 from hospitrust.attacks.interfaces import RoundAwareColludingAttack, RoundView
 from hospitrust.attacks.math import defence_aware as DA
@@ -345,18 +346,17 @@ class AnchoredTrustAware(RoundAwareColludingAttack):
         honest_counts = counts[view.honest_rows]
         away = -(honest_counts.unsqueeze(1) * honest).sum(0) / honest_counts.sum().clamp_min(1e-300)
         d = honest.shape[1]
-        last = rule.last_step
-        path_step = torch.zeros(d, dtype=torch.float64)
-        if last is not None and float(torch.linalg.vector_norm(last.double())) > 0:
-            path_step = last.double().cpu() / float(torch.linalg.vector_norm(last.double()))
+        last = None if rule.last_step is None else rule.last_step.double().cpu()
         rows, angles, trusts = [], [], []
         for r in view.malicious_rows:
             name = view.hospitals[r]
             zero = torch.zeros(d, dtype=torch.float64)
             history = rule.history.get(name, zero).double().cpu()
-            reference = (o.history_decay * rule.anchor_history.get(name, zero).double().cpu()
-                         + (anchor / gnorm if gnorm > 0 else zero)
-                         + o.history_decay * rule.path_history.get(name, zero).double().cpu() + path_step)
+            # the rule's own reference after this round (A_i + P_i), computed by the rule's function
+            anchor_side, path_side = reference_histories(rule.anchor_history.get(name, zero).double().cpu(),
+                                                         rule.path_history.get(name, zero).double().cpu(),
+                                                         anchor, last, o.history_decay)
+            reference = anchor_side + path_side
             norm = float(forecast["bound"][r]) * (1 - 1e-6)
             if view.max_norm is not None:
                 norm = min(norm, float(view.max_norm) * (1 - 1e-6))
