@@ -1,4 +1,5 @@
-"""The shell commands of the manual (README.md and docs/*.md, not docs/experiments/ or docs/results/),
+"""The shell commands of the manual (README.md, docs/*.md and the rule pages docs/rules/*.md, not docs/experiments/
+or docs/results/),
 collected from its fenced blocks, and how tests/test_docs_commands.py runs each one.
 
 A ```bash (or ```sh / ```shell) fence holds commands: each line is one, a line ending in ``\\`` goes on
@@ -42,8 +43,8 @@ _COMMAND_LIKE = re.compile(r"^\s*(\$ )?(hospitrust|python3?|flwr|flower-[a-z]+|p
 
 
 def scope() -> list[Path]:
-    """The manual's pages whose commands are tested: README.md and docs/*.md."""
-    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    """The manual's pages whose commands are tested: README.md, docs/*.md and the rule pages."""
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "docs" / "rules").glob("*.md"))]
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Every command the manual shows (README.md, docs/*.md) runs, at a tiny budget, as the reader copies it.
+"""Every command the manual shows (README.md, docs/*.md, docs/rules/*.md) runs, at a tiny budget, as the reader copies it.
 
 The commands come from the pages' ```bash fences and the docs-test markers above them
 (tests/docs_commands.py says the syntax). Each page runs in a temporary copy of the repository, its commands
