@@ -37,8 +37,14 @@ def test_focus_comparison_by_hand_with_holm_and_the_fewest_seeds():
     half = sps.t.ppf(0.975, 3) * sd / 2
     assert out.loc["B", "mean"] == pytest.approx(0.30)
     assert (out.loc["B", "low"], out.loc["B", "high"]) == pytest.approx((0.30 - half, 0.30 + half))
-    joint = sps.t.ppf(1 - 0.05 / 2 / 2, 3) * sd / 2  # 1 - alpha / m with m = 2 rules, two-sided
-    assert (out.loc["B", "low_all"], out.loc["B", "high_all"]) == pytest.approx((0.30 - joint, 0.30 + joint))
+    # Holm's steps: B has the smaller p, so its interval is at 1 - 0.05 / 2 (two-sided: the 0.9875 quantile),
+    # C's at 1 - 0.05 / 1 = 0.95
+    step = sps.t.ppf(1 - 0.05 / 2 / 2, 3) * sd / 2
+    assert out.loc["B", "step_level"] == pytest.approx(0.975) and out.loc["C", "step_level"] == pytest.approx(0.95)
+    assert (out.loc["B", "step_low"], out.loc["B", "step_high"]) == pytest.approx((0.30 - step, 0.30 + step))
+    c_sd = math.sqrt(0.02 / 3)  # A - C = -0.1, 0.1, 0, 0
+    c_half = sps.t.ppf(0.975, 3) * c_sd / 2
+    assert (out.loc["C", "step_low"], out.loc["C", "step_high"]) == pytest.approx((-c_half, c_half))
     p_b = 2 * sps.t.sf(0.30 / (sd / 2), 3)
     assert out.loc["B", "p_t"] == pytest.approx(p_b)
     # A - C = -0.1, 0.1, 0, 0: mean 0, t = 0, p = 1; Holm: 2 * p_b first, then max(2 * p_b, 1) = 1
@@ -47,8 +53,10 @@ def test_focus_comparison_by_hand_with_holm_and_the_fewest_seeds():
     # the sign-flip test: all four of A - B positive, 2 of the 16 patterns as far: 0.125, Holm 0.25
     assert out.loc["B", "p_sign_flip"] == pytest.approx(0.125) and out.loc["B", "p_sign_flip_holm"] == pytest.approx(0.25)
     assert bool(out.loc["B", "beats"]) and not bool(out.loc["C", "beats"])
-    # the same table with a floor of 5 paired seeds calls nothing
+    # the same table with a floor of 5 paired seeds calls nothing; nor do differences at rounding noise
     assert not stats.focus_comparison(values, "A", min_seeds=5)["beats"].any()
+    tiny = pd.DataFrame({"A": a + 2.0 ** -52, "B": a}, index=[1, 2, 3, 4])
+    assert not stats.focus_comparison(tiny, "A")["beats"].any()
     with pytest.raises(ValueError, match="focus rule 'Z' is not among the rules A, B, C"):
         stats.focus_comparison(values, "Z")
 
@@ -97,8 +105,12 @@ def test_the_parts_conditions_come_from_their_names():
     assert "ranked-pneumonia-s20-c" in names and "condition-faulty-s11" in names and "cost-probe" not in names
 
 
-def test_a_page_from_synthetic_cells_ranks_compares_and_draws(tmp_path):
+def test_a_page_from_synthetic_cells_ranks_compares_and_draws(tmp_path, monkeypatch):
     render = _render_module()
+    # the protocol's attacks for these three rules are the synthetic ones (parts.py holds the real suite)
+    monkeypatch.setattr(render, "expected_attacks", lambda cond: {
+        r: {"label-flip", "ipm", "backdoor"} | ({"anchored-trust-aware"} if r == "anchored-trust" else set())
+        for r in ("fedavg", "median", "anchored-trust")})
     cells = _cells((("main", range(11, 21)), ("f1", range(11, 16))))
     md = "\n".join(render.page(cells, tmp_path, focus="anchored-trust", baseline="fedavg", grids=[],
                                missing=["condition-f2-s11"]))
@@ -108,10 +120,32 @@ def test_a_page_from_synthetic_cells_ranks_compares_and_draws(tmp_path):
     assert "anchored-trust over median by 0.200" in md
     # the focus: beats both on the main condition's 10 seeds; on f1's 5 seeds no call
     assert "anchored-trust beats 2 of 2 rules here (fedavg, median)." in md
-    assert "Without attack, anchored-trust minus fedavg: 0.000 [0.000, 0.000] over 10 seeds, within the 0.02" in md
-    assert "Fewer than 10 paired seeds against fedavg, median" in md
+    assert ("Without attack, anchored-trust minus fedavg: 0.000 [0.000, 0.000] over 10 seeds: the mean is within the "
+            "0.02 the rule may cost, and the interval's lower end is.") in md
+    # the threat models' tables within the main condition and the 5-seed condition are descriptive: no verdict
+    assert "### one malicious hospital (f = 1) (descriptive)" in md
+    assert md.count("beats 2 of 2 rules") == 1 and "Descriptive: the claim is not tested on this table" in md
     # the backdoor is beside, not inside: its success rate table, and no backdoor in the worst attacks
     assert "| anchored-trust | 0.900 [0.900, 0.900] | 10 |" in md
     assert "one malicious hospital (f = 1)" in md
     for png in ("cd_main.png", "sweep_f.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_unfinished_seed_has_no_worst_case_and_an_unrun_cell_says_so():
+    cells = _cells()
+    expected = {r: {"label-flip", "ipm", "backdoor"} for r in ("fedavg", "median")}
+    expected["anchored-trust"] = {"label-flip", "ipm", "backdoor", "anchored-trust-aware", "tailored-ipm"}
+    # anchored-trust's tailored-ipm never ran, and seed 12 of fedavg lacks its ipm run: neither has a worst case
+    short = cells.drop(cells[(cells["rule"] == "fedavg") & (cells["seed"] == 12) & (cells["attack_label"] == "ipm")].index)
+    worst = v2.worst_per_seed(short, "final_balanced_accuracy", expected=expected)
+    assert "anchored-trust" not in worst and math.isnan(worst.loc[12, "fedavg"]) and worst["median"].notna().all()
+    md = "\n".join(v2.matrix_lines(short, "final_balanced_accuracy", ["fedavg", "anchored-trust"], expected=expected,
+                                   order=["label-flip", "ipm", "tailored-ipm"]))
+    assert "| fedavg | 0.864 [0.862, 0.865] | 0.844 [0.842, 0.845] | 0.503 [0.502, 0.505] (n=9) | - | - | 0.503" in md
+    assert "| anchored-trust |" in md and "| not run |" in md
+    # the expected attacks of the real parts: the main condition's suite and each rule's own
+    render = _render_module()
+    main = render.expected_attacks("main")
+    assert {"tailored-ipm", "backdoor", "anchored-trust-aware", "fltrust-aware"} <= main["anchored-trust"]
+    assert "hta-aware" not in main["fedavg"] and render.expected_attacks("faulty")["hta"] == {"label-noise", "corruption"}

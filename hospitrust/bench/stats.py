@@ -434,16 +434,21 @@ def rank_ranges(values: pd.DataFrame, pairs: pd.DataFrame, *, higher_is_better: 
 
 
 def focus_comparison(values: pd.DataFrame, focus: str, *, level: float = LEVEL, alpha: float = ALPHA,
-                     min_seeds: int = 2) -> pd.DataFrame:
+                     min_seeds: int = 2, min_effect: float = 1e-9) -> pd.DataFrame:
     """One rule (``focus``) against every other rule, paired by seed: does it beat each of them?
 
-    Per other rule: the mean of ``focus - other`` over the seeds both have, its Student's t interval at
-    ``level``, the same interval at ``1 - alpha / m`` (Bonferroni over the m other rules: it holds for all m
-    at once, the interval Holm's first step uses), the two-sided paired t-test's p-value
-    (scipy.stats.ttest_rel) and the exact sign-flip p-value (:func:`sign_flip_pvalue`), both Holm-adjusted
-    over the m rules. ``beats``: at least ``min_seeds`` paired seeds, the Holm-adjusted t-test rejects at
-    ``alpha`` and the mean difference is positive (then the level-``level`` interval lies above 0 too). ``values`` must be oriented so that higher
-    is better (negate a lower-is-better metric first).
+    Per other rule: the mean of ``focus - other`` over the seeds both have with its Student's t interval at
+    ``level``; the two-sided paired t-test's p-value (scipy.stats.ttest_rel, n - 1 degrees of freedom) and
+    the exact sign-flip p-value (:func:`sign_flip_pvalue`), both Holm-adjusted over the m other rules; and the
+    **Holm step interval**: with the t-test p-values in increasing order, the j-th (j = 1..m) gets the t
+    interval at ``1 - alpha / (m - j + 1)``, the level at which Holm's j-th step tests it (Bonferroni's for the
+    first). By the duality of the t-test and its interval, a rule is rejected by Holm exactly when its step
+    interval and those of every rule before it exclude 0.
+
+    ``beats``: at least ``min_seeds`` paired seeds, the Holm-adjusted t-test rejects at ``alpha``, and the mean
+    difference is above ``min_effect`` (differences at rounding noise beat nothing); then the level-``level``
+    interval and the step interval lie above 0 too. ``values`` must be oriented so that higher is better
+    (negate a lower-is-better metric first).
 
     Parameters
     ----------
@@ -457,34 +462,46 @@ def focus_comparison(values: pd.DataFrame, focus: str, *, level: float = LEVEL, 
         The family-wise error over the other rules.
     min_seeds : int
         The fewest paired seeds a "beats" may stand on (the v2 protocol's claims: 10).
+    min_effect : float
+        The smallest mean difference a "beats" may stand on.
 
     Returns
     -------
     pandas.DataFrame
-        One row per other rule (in column order): other, n, mean, low, high, low_all, high_all, p_t,
-        p_t_holm, p_sign_flip, p_sign_flip_holm, beats.
+        One row per other rule (in column order): other, n, mean, low, high, step_level, step_low, step_high,
+        p_t, p_t_holm, p_sign_flip, p_sign_flip_holm, beats.
     """
     if focus not in values.columns:
         raise ValueError(f"focus rule {focus!r} is not among the rules {', '.join(map(str, values.columns))}")
     others = [c for c in values.columns if c != focus]
-    m = max(len(others), 1)
-    rows = []
+    rows, diffs = [], []
     for other in others:
         pair = values[[focus, other]].dropna()
         d = (pair[focus] - pair[other]).to_numpy(dtype=float)
         iv = t_interval(d, level=level)
-        joint = t_interval(d, level=1.0 - alpha / m)
         if len(d) < 2:
             p_t = math.nan
         elif np.all(d == d[0]):
             p_t = 1.0 if d[0] == 0 else 0.0  # no spread: the t statistic is infinite (or undefined at 0)
         else:
             p_t = float(sps.ttest_rel(pair[focus].to_numpy(dtype=float), pair[other].to_numpy(dtype=float)).pvalue)
-        rows.append({"other": other, "n": len(d), "mean": iv.mean, "low": iv.low, "high": iv.high,
-                     "low_all": joint.low, "high_all": joint.high, "p_t": p_t, "p_sign_flip": sign_flip_pvalue(d)})
-    out = pd.DataFrame(rows, columns=["other", "n", "mean", "low", "high", "low_all", "high_all", "p_t", "p_sign_flip"])
-    out["p_t_holm"] = holm(out["p_t"].fillna(1.0).tolist()) if len(out) else []
-    out["p_sign_flip_holm"] = holm(out["p_sign_flip"].fillna(1.0).tolist()) if len(out) else []
-    out["beats"] = (out["p_t_holm"] < alpha) & (out["mean"] > 0) & (out["n"] >= min_seeds)
-    return out[["other", "n", "mean", "low", "high", "low_all", "high_all", "p_t", "p_t_holm", "p_sign_flip",
-                "p_sign_flip_holm", "beats"]]
+        diffs.append(d)
+        rows.append({"other": other, "n": len(d), "mean": iv.mean, "low": iv.low, "high": iv.high, "p_t": p_t,
+                     "p_sign_flip": sign_flip_pvalue(d)})
+    columns = ["other", "n", "mean", "low", "high", "step_level", "step_low", "step_high", "p_t", "p_t_holm",
+               "p_sign_flip", "p_sign_flip_holm", "beats"]
+    out = pd.DataFrame(rows, columns=["other", "n", "mean", "low", "high", "p_t", "p_sign_flip"])
+    if not len(out):
+        return pd.DataFrame(columns=columns)
+    m = len(out)
+    order = np.argsort(out["p_t"].fillna(1.0).to_numpy(), kind="stable")  # Holm's order, as holm() takes it
+    step_level, step_low, step_high = np.empty(m), np.empty(m), np.empty(m)
+    for j, idx in enumerate(order):
+        step_level[idx] = 1.0 - alpha / (m - j)
+        iv = t_interval(diffs[idx], level=step_level[idx])
+        step_low[idx], step_high[idx] = iv.low, iv.high
+    out["step_level"], out["step_low"], out["step_high"] = step_level, step_low, step_high
+    out["p_t_holm"] = holm(out["p_t"].fillna(1.0).tolist())
+    out["p_sign_flip_holm"] = holm(out["p_sign_flip"].fillna(1.0).tolist())
+    out["beats"] = (out["p_t_holm"] < alpha) & (out["mean"] > min_effect) & (out["n"] >= min_seeds)
+    return out[columns]
