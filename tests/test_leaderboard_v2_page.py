@@ -115,7 +115,7 @@ def test_a_page_from_synthetic_cells_ranks_compares_and_draws(tmp_path, monkeypa
     md = "\n".join(render.page(cells, tmp_path, focus="anchored-trust", baseline="fedavg", grids=[],
                                missing=["condition-f2-s11"]))
     assert "Not run yet (1 parts): condition-f2-s11" in md
-    # the ranking: three rules separated by 10 seeds each (sign-flip p = 2/1024 per pair, Holm x3 < 0.05)
+    # the ranking: three rules separated over 10 seeds (equal differences: paired t p = 0, Holm over 3 pairs)
     assert "| 1 | anchored-trust | 0.804 [" in md and "| 2 | median |" in md and "| 3 | fedavg |" in md
     assert "anchored-trust over median by 0.200" in md
     # the focus: beats both on the main condition's 10 seeds; on f1's 5 seeds no call

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats as sps
 
 from hospitrust.bench import stats
 
@@ -128,3 +129,24 @@ def test_friedman_blocks_are_condition_seed_pairs_of_per_seed_worst_cases():
     f = stats.friedman(blocks)
     # median first, krum second, mean third in all 6 blocks: chi2 = 12 / (6 * 3 * 4) * 6^2 * (1 + 4 + 9) - 3 * 6 * 4
     assert f.blocks == 6 and f.statistic == pytest.approx(12.0) and f.pvalue == pytest.approx(math.exp(-6.0))
+
+
+def test_the_rank_ranges_pairwise_test_can_separate_thirteen_rules_over_ten_seeds():
+    # amendment 11: the exact sign-flip test's smallest p over 10 seeds is 2 / 1024; Holm over the 78 pairs of 13 rules
+    # needs 0.05 / 78 for its first step, so it could never separate a pair
+    assert 2 / 2 ** 10 > 0.05 / math.comb(13, 2)
+    rng = np.random.default_rng(0)
+    base = rng.normal(0.7, 0.05, size=10)
+    table = pd.DataFrame({f"r{i:02d}": base + 0.05 * i + rng.normal(0, 0.005, size=10) for i in range(13)})
+    sign = stats.paired_tests(table)
+    t = stats.paired_tests(table, test="t").set_index(["a", "b"])
+    assert not sign["significant"].any()  # every pair 10 for 10 in one direction, and still none separated
+    assert t["significant"].all()
+    # the t-test's p-value is scipy's paired t-test of the same seeds
+    d = (table["r00"] - table["r01"]).to_numpy()
+    assert t.loc[("r00", "r01"), "pvalue"] == pytest.approx(sps.ttest_rel(table["r00"], table["r01"]).pvalue, rel=1e-9)
+    assert stats.paired_t_pvalue(d) == pytest.approx(sps.ttest_1samp(d, 0.0).pvalue, rel=1e-12)
+    assert stats.paired_t_pvalue([0.1, 0.1]) == 0.0 and stats.paired_t_pvalue([0.0, 0.0]) == 1.0
+    assert math.isnan(stats.paired_t_pvalue([0.3]))
+    with pytest.raises(ValueError, match="test = 'wilcoxon': expected one of sign-flip, t"):
+        stats.paired_tests(table, test="wilcoxon")

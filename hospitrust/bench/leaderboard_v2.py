@@ -3,7 +3,7 @@
 Every statement is about per-seed values: a rule's value on a seed is its worst case over the attacks it
 met on that seed (:func:`worst_per_seed`), the backdoor left out of the accuracy worst case and reported by
 its success rate beside it. Means carry Student's t 95 % intervals; rules are compared paired by seed with
-the exact sign-flip test, Holm-corrected over all pairs, and shown as rank ranges (tied rules share one);
+the paired t-test, Holm-corrected over all pairs, and shown as rank ranges (tied rules share one);
 one rule can be set against every other (:func:`focus_lines`: does it beat each, Holm-corrected over them).
 
 The functions take the board's cells (:func:`hospitrust.bench.leaderboard.load`: one row per finished run
@@ -24,6 +24,8 @@ from hospitrust.bench.leaderboard import RankAnalysis, attack_order, cd_diagram
 #: scored by their success rate beside the accuracy worst case, not inside it (the v2 protocol)
 SUCCESS_RATE_ATTACKS = ("backdoor",)
 ASR = "final_attack_success_rate"
+#: the pairwise test of the rank ranges (amendment 11: the exact sign-flip test cannot separate 78 pairs over 10 seeds)
+PAIRED_TEST = "t"
 #: within this of chance a model learned nothing (the rendered tables mark it)
 CHANCE_MARGIN = 0.01
 
@@ -154,7 +156,7 @@ def matrix_lines(cells: pd.DataFrame, column: str, rules: Sequence[str], *, chan
 def ranking(worst: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The seeds every rule has (complete blocks), the pairwise tests over them, and the rank ranges."""
     complete = worst.dropna()
-    pairs = stats.paired_tests(complete)
+    pairs = stats.paired_tests(complete, test=PAIRED_TEST)
     return complete, pairs, stats.rank_ranges(complete, pairs)
 
 
@@ -182,14 +184,14 @@ def ranking_lines(worst: pd.DataFrame, clean: pd.DataFrame, baseline: str, what:
                      f"no attack minus {baseline} [95 % t CI]"], rows)
     separated = [f"{p.a if p.mean > 0 else p.b} over {p.b if p.mean > 0 else p.a} by {abs(p.mean):.3f} "
                  f"(p Holm {p.p_holm:.3g})" for p in pairs.itertuples() if p.significant]
-    lines += [f"Pairs the Holm-corrected sign-flip tests separate at {stats.ALPHA} (of {len(pairs)}): "
+    lines += [f"Pairs the Holm-corrected paired t-tests separate at {stats.ALPHA} (of {len(pairs)}): "
               + ("; ".join(separated) if separated else "none") + ".", ""]
     return lines
 
 
 def cd_png(worst: pd.DataFrame, title: str) -> bytes | None:
     """The critical-difference diagram of ``worst`` (seeds x rules) over its complete seeds: mean ranks, and
-    bars joining the rules no Holm-corrected sign-flip test separates. None with fewer than 2 rules or seeds.
+    bars joining the rules no Holm-corrected paired t-test separates. None with fewer than 2 rules or seeds.
     """
     complete, pairs, _ = ranking(worst)
     if complete.shape[1] < 2 or len(complete) < 2:
@@ -198,7 +200,7 @@ def cd_png(worst: pd.DataFrame, title: str) -> bytes | None:
     mean_ranks = ranks.mean().sort_values()
     analysis = RankAnalysis(complete, ranks, mean_ranks, stats.friedman(complete), pairs,
                             stats.cliques(mean_ranks, pairs), [])
-    return cd_diagram(analysis, title, test="sign-flip")
+    return cd_diagram(analysis, title, test="paired t")
 
 
 def success_rate_lines(cells: pd.DataFrame, rules: Sequence[str]) -> list[str]:

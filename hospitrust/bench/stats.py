@@ -318,9 +318,32 @@ def sign_flip_pvalue(differences: Sequence[float] | np.ndarray) -> float:
     return (hits + 1) / (SIGN_FLIP_RESAMPLES + 1)
 
 
-def paired_tests(values: pd.DataFrame, *, level: float = LEVEL, alpha: float = ALPHA) -> pd.DataFrame:
+def paired_t_pvalue(differences: Sequence[float] | np.ndarray) -> float:
+    """The two-sided one-sample t-test of a mean paired difference of 0 (the paired t-test, n - 1 degrees of
+    freedom; scipy.stats.ttest_1samp). Differences without spread: 0 when they are not 0 (the t statistic is
+    infinite), 1 when they are all 0; NaN with fewer than 2 differences.
+    """
+    d = np.asarray([v for v in differences if v == v], dtype=float)
+    if len(d) < 2:
+        return math.nan
+    if np.all(d == d[0]):
+        return 1.0 if d[0] == 0 else 0.0
+    return float(sps.ttest_1samp(d, 0.0).pvalue)
+
+
+#: the pairwise tests :func:`paired_tests` can use
+PAIRED_TESTS = ("sign-flip", "t")
+
+
+def paired_tests(values: pd.DataFrame, *, level: float = LEVEL, alpha: float = ALPHA,
+                 test: str = "sign-flip") -> pd.DataFrame:
     """Every pair of rules (columns) over the seeds (rows, paired): the mean difference ``a - b`` with its
-    t interval, the exact sign-flip p-value (:func:`sign_flip_pvalue`), Holm-adjusted over all pairs.
+    t interval, the p-value of ``test`` (the exact sign-flip test, :func:`sign_flip_pvalue`, or the paired
+    t-test, :func:`paired_t_pvalue`), Holm-adjusted over all pairs.
+
+    The exact sign-flip test cannot go below 2 / 2^n: with n = 10 seeds that is 0.00195, and Holm over the
+    78 pairs of 13 rules needs 0.05 / 78 = 0.00064 for its first step, so it separates no pair whatever the
+    data. The paired t-test has no such floor (docs/leaderboard.md, amendment 11).
 
     Parameters
     ----------
@@ -331,19 +354,23 @@ def paired_tests(values: pd.DataFrame, *, level: float = LEVEL, alpha: float = A
         The intervals' level.
     alpha : float
         The family-wise error of the Holm-corrected tests.
+    test : str
+        "sign-flip" or "t".
 
     Returns
     -------
     pandas.DataFrame
         Columns a, b, n, mean, low, high, pvalue, p_holm, significant.
     """
+    if test not in PAIRED_TESTS:
+        raise ValueError(f"test = {test!r}: expected one of {', '.join(PAIRED_TESTS)}")
+    pvalue = sign_flip_pvalue if test == "sign-flip" else paired_t_pvalue
     rows = []
     for a, b in itertools.combinations(values.columns, 2):
         pair = values[[a, b]].dropna()
         d = (pair[a] - pair[b]).to_numpy(dtype=float)
         iv = t_interval(d, level=level)
-        rows.append({"a": a, "b": b, "n": len(d), "mean": iv.mean, "low": iv.low, "high": iv.high,
-                     "pvalue": sign_flip_pvalue(d)})
+        rows.append({"a": a, "b": b, "n": len(d), "mean": iv.mean, "low": iv.low, "high": iv.high, "pvalue": pvalue(d)})
     out = pd.DataFrame(rows, columns=["a", "b", "n", "mean", "low", "high", "pvalue"])
     out["p_holm"] = holm(out["pvalue"].fillna(1.0).tolist()) if len(out) else []
     out["significant"] = out["p_holm"] < alpha
@@ -438,7 +465,7 @@ def focus_comparison(values: pd.DataFrame, focus: str, *, level: float = LEVEL, 
     """One rule (``focus``) against every other rule, paired by seed: does it beat each of them?
 
     Per other rule: the mean of ``focus - other`` over the seeds both have with its Student's t interval at
-    ``level``; the two-sided paired t-test's p-value (scipy.stats.ttest_rel, n - 1 degrees of freedom) and
+    ``level``; the two-sided paired t-test's p-value (:func:`paired_t_pvalue`, n - 1 degrees of freedom) and
     the exact sign-flip p-value (:func:`sign_flip_pvalue`), both Holm-adjusted over the m other rules; and the
     **Holm step interval**: with the t-test p-values in increasing order, the j-th (j = 1..m) gets the t
     interval at ``1 - alpha / (m - j + 1)``, the level at which Holm's j-th step tests it (Bonferroni's for the
@@ -479,12 +506,7 @@ def focus_comparison(values: pd.DataFrame, focus: str, *, level: float = LEVEL, 
         pair = values[[focus, other]].dropna()
         d = (pair[focus] - pair[other]).to_numpy(dtype=float)
         iv = t_interval(d, level=level)
-        if len(d) < 2:
-            p_t = math.nan
-        elif np.all(d == d[0]):
-            p_t = 1.0 if d[0] == 0 else 0.0  # no spread: the t statistic is infinite (or undefined at 0)
-        else:
-            p_t = float(sps.ttest_rel(pair[focus].to_numpy(dtype=float), pair[other].to_numpy(dtype=float)).pvalue)
+        p_t = paired_t_pvalue(d)
         diffs.append(d)
         rows.append({"other": other, "n": len(d), "mean": iv.mean, "low": iv.low, "high": iv.high, "p_t": p_t,
                      "p_sign_flip": sign_flip_pvalue(d)})

@@ -127,7 +127,7 @@ def page(cells: pd.DataFrame, out: Path, *, focus: str, baseline: str, grids, mi
           "Rendered by `python benchmarks/leaderboard/v2/render.py` from the parts' grids (docs/leaderboard.md, "
           "\"v2 protocol\"). Headline: the final model's balanced accuracy on the test split. A rule's value on a seed "
           "is its worst case over the attacks it met there (the backdoor scored by its success rate, beside it); means "
-          "over seeds carry Student's t 95 % intervals; rules are compared paired by seed (sign-flip tests, Holm over "
+          "over seeds carry Student's t 95 % intervals; rules are compared paired by seed (paired t-tests, Holm over "
           "all pairs) and shown as rank ranges.", ""]
     md += ["## Parts", ""]
     rows = [[g.name.removeprefix("leaderboard-v2-"), condition_of(g.name), f"{g.done} / {g.total}",
