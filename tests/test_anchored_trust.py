@@ -235,4 +235,4 @@ def test_the_rule_and_its_attacker_share_one_reference():
         ra, rp = reference_histories(a, p, torch.tensor([0.0, 3.0], dtype=torch.float64),
                                      torch.tensor([4.0, 0.0], dtype=torch.float64), 0.5)
         expected = torch.nn.functional.cosine_similarity(x[i] / x[i].norm(), ra + rp, dim=0)
-        assert float(out["history_cosine"][i]) == pytest.approx(float(expected), rel=1e-12)
+        assert float(out["history_cosine"][i]) == pytest.approx(float(expected), rel=1e-12)  # float64

@@ -144,8 +144,8 @@ def test_the_rank_ranges_pairwise_test_can_separate_thirteen_rules_over_ten_seed
     assert t["significant"].all()
     # the t-test's p-value is scipy's paired t-test of the same seeds
     d = (table["r00"] - table["r01"]).to_numpy()
-    assert t.loc[("r00", "r01"), "pvalue"] == pytest.approx(sps.ttest_rel(table["r00"], table["r01"]).pvalue, rel=1e-9)
-    assert stats.paired_t_pvalue(d) == pytest.approx(sps.ttest_1samp(d, 0.0).pvalue, rel=1e-12)
+    assert t.loc[("r00", "r01"), "pvalue"] == pytest.approx(sps.ttest_rel(table["r00"], table["r01"]).pvalue, rel=1e-9)  # float64
+    assert stats.paired_t_pvalue(d) == pytest.approx(sps.ttest_1samp(d, 0.0).pvalue, rel=1e-12)  # float64
     assert stats.paired_t_pvalue([0.1, 0.1]) == 0.0 and stats.paired_t_pvalue([0.0, 0.0]) == 1.0
     assert math.isnan(stats.paired_t_pvalue([0.3]))
     with pytest.raises(ValueError, match="test = 'wilcoxon': expected one of sign-flip, t"):
