@@ -111,18 +111,20 @@ def test_a_page_from_synthetic_cells_ranks_compares_and_draws(tmp_path, monkeypa
     monkeypatch.setattr(render, "expected_attacks", lambda cond: {
         r: {"label-flip", "ipm", "backdoor"} | ({"anchored-trust-aware"} if r == "anchored-trust" else set())
         for r in ("fedavg", "median", "anchored-trust")})
-    cells = _cells((("main", range(11, 21)), ("f1", range(11, 16))))
+    # and the condition parts' attacks, which a sweep's main-condition point is held to
+    monkeypatch.setattr(render.parts, "CONDITION_ATTACKS", [("label-flip", {}), ("ipm", {})])
+    cells = _cells((("main", range(11, 21)), ("f1", render.parts.CONDITION_SEEDS)))
     md = "\n".join(render.page(cells, tmp_path, focus="anchored-trust", baseline="fedavg", grids=[],
                                missing=["condition-f2-s11"]))
     assert "Not run yet (1 parts): condition-f2-s11" in md
     # the ranking: three rules separated over 10 seeds (equal differences: paired t p = 0, Holm over 3 pairs)
     assert "| 1 | anchored-trust | 0.804 [" in md and "| 2 | median |" in md and "| 3 | fedavg |" in md
     assert "anchored-trust over median by 0.200" in md
-    # the focus: beats both on the main condition's 10 seeds; on f1's 5 seeds no call
+    # the focus: beats both on the main condition's 10 seeds; on f1's 3 seeds no call
     assert "anchored-trust beats 2 of 2 rules here (fedavg, median)." in md
     assert ("Without attack, anchored-trust minus fedavg: 0.000 [0.000, 0.000] over 10 seeds: the mean is within the "
             "0.02 the rule may cost, and the interval's lower end is.") in md
-    # the threat models' tables within the main condition and the 5-seed condition are descriptive: no verdict
+    # the threat models' tables within the main condition and the condition parts' are descriptive: no verdict
     assert "### one malicious hospital (f = 1) (descriptive)" in md
     assert md.count("beats 2 of 2 rules") == 1 and "Descriptive: the claim is not tested on this table" in md
     # the backdoor is beside, not inside: its success rate table, and no backdoor in the worst attacks

@@ -164,8 +164,9 @@ def page(cells: pd.DataFrame, out: Path, *, focus: str, baseline: str, grids, mi
         rules = [r for r in parts.RULE_PARAMETERS if any(r in w for w in models.values())]
         md += ["## Threat models apart", "",
                "Per-seed worst case within each threat model, mean over its seeds [95 % t CI] (n = seeds). Faulty and "
-               "one malicious hospital: the condition parts (5 seeds, the kept rules); the colluding minority: the "
-               "main condition, its attacks grouped by what the attacker aims at.", ""]
+               f"one malicious hospital: the condition parts ({len(parts.CONDITION_SEEDS)} seeds, the kept rules, "
+               "amendment 12's attacks); the colluding minority: the main condition, its attacks grouped by what the "
+               "attacker aims at.", ""]
         md += v2.by_threat_model_lines(models, rules)
     # sweeps
     at_protocol = _main_at_condition_protocol(cells)
@@ -174,14 +175,16 @@ def page(cells: pd.DataFrame, out: Path, *, focus: str, baseline: str, grids, mi
         for label, cond in points:
             sub = at_protocol if cond is None else cells[cells["condition"] == cond]
             if len(sub):
+                # the main condition's point is held to a condition part's attacks (f1's: none of the clean run)
                 worsts[label] = v2.worst_per_seed(sub, COLUMN, expected=expected_attacks(cond or "f1"))
         if len(worsts) < 2:
             continue
         rules = [r for r in parts.CONDITION_RULES if any(r in w for w in worsts.values())]
         md += [f"## Sweep: {xlabel}", "",
-               "The condition parts' attacks (none, label flip, sign flip, ALIE, IPM, tailored IPM) at seeds "
-               f"{', '.join(map(str, parts.CONDITION_SEEDS))}; the main condition's point is its runs of the same seeds, "
-               "rules and attacks.", ""]
+               f"The condition parts' attacks ({', '.join(label for label, _ in parts.CONDITION_ATTACKS)}; amendment 12) "
+               f"at seeds {', '.join(map(str, parts.CONDITION_SEEDS))}; the main condition's point is its runs of the "
+               "same seeds, rules and attacks: a sweep's worst case is over these attacks only, milder than the main "
+               "condition's over the full suite.", ""]
         md += v2.by_threat_model_lines(worsts, rules)
         (out / f"sweep_{name}.png").write_bytes(v2.sweep_png(worsts, rules, f"sweep: {xlabel}", xlabel))
         md += [f"![sweep: {xlabel}](sweep_{name}.png)", ""]
@@ -214,9 +217,9 @@ def page(cells: pd.DataFrame, out: Path, *, focus: str, baseline: str, grids, mi
                "its step interval and those of every rule before it exclude 0); the paired t-test's and the sign-flip "
                "test's p-values, Holm-corrected over the other rules. **The claim is tested in the main condition "
                "only, fixed before its grids ran** (the only condition with 10 seeds; the sweeps and threat-model "
-               "conditions run 5): \"beats it\" there needs the corrected t-test to reject at "
+               f"conditions run {len(parts.CONDITION_SEEDS)}): \"beats it\" there needs the corrected t-test to reject at "
                f"{stats.ALPHA} over at least 10 paired seeds with a positive mean. The tables after it, a threat "
-               "model's attacks within the main condition or a 5-seed condition, are descriptive and call nothing.", ""]
+               "model's attacks within the main condition or a condition part's (fewer seeds), are descriptive and call nothing.", ""]
         if len(main):
             md += ["### Main condition, every attack (the claim)", ""]
             md += v2.focus_lines(worst, clean, focus, baseline)
