@@ -475,12 +475,12 @@ def _screen_lines(decision: ScreenDecision, table: MetricTable) -> list[str]:
              f"enters the full grid when its worst case is within {SCREEN_MARGIN:g} of it; the best rule outside "
              "the kept set always enters. An attack enters when it is some rule's worst case, and so do no attack "
              "and one backdoor.", ""]
-    lines += _md_table(["rule", "worst case", "worst attack", "decision"],
+    lines += md_table(["rule", "worst case", "worst attack", "decision"],
                        [[r, f"{table.worst[r].mean:.3f}", table.worst_attack[r], f"in: {why}"]
                         for r, why in decision.rules_in.items()]
                        + [[r, f"{table.worst[r].mean:.3f}", table.worst_attack[r], f"out: {gap:.3f} below the best"]
                           for r, gap in decision.rules_out.items()])
-    lines += _md_table(["attack", "enters because it is the worst case of"],
+    lines += md_table(["attack", "enters because it is the worst case of"],
                        [[a, ", ".join(rules)] for a, rules in sorted(decision.attacks_in.items(),
                                                                       key=lambda kv: (kv[0] != "none", -len(kv[1]), kv[0]))])
     out = [a for a in table.attacks if a not in decision.attacks_in]
@@ -587,7 +587,8 @@ def _iv(value: Interval | None, digits: int = 3, signed: bool = False) -> str:
     return ("+" + text if signed and value.mean >= 0 else text)
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table's lines (and a blank line after it); a ``|`` inside a cell becomes ``/``."""
     def clean(cell: str) -> str:
         return str(cell).replace("|", "/")
 
@@ -618,7 +619,7 @@ def _matrix_lines(table: MetricTable, order: list[str], worst_title: str, digits
             row.append(text + _chance_mark(iv, chance))
         row.append(_iv(table.worst.get(rule), digits) + _chance_mark(table.worst.get(rule), chance))
         rows.append(row)
-    return _md_table(header, rows)
+    return md_table(header, rows)
 
 
 METRIC_NAMES = {"balanced_accuracy": "balanced accuracy", "accuracy": "accuracy", "auc": "AUC", "macro_f1": "macro-F1",
@@ -648,7 +649,7 @@ def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resam
            "rules are compared paired by seed, and two rules whose paired-difference CI contains 0 are a **tie**. "
            "The worst case is taken per seed (the worst attack of that seed's runs, attacked cells only) and then summarised. "
            "See docs/benchmark.md#leaderboard-statistics.", ""]
-    md += _md_table(["grid", "folder", "cells finished", "wall time (bench.jsonl: its starts, summed)"],
+    md += md_table(["grid", "folder", "cells finished", "wall time (bench.jsonl: its starts, summed)"],
                     [[g.name, _shown_path(g.path), f"{g.done} / {g.total}",
                       "-" if g.wall_seconds != g.wall_seconds else f"{g.wall_seconds / 60:.1f} min"] for g in board.grids])
     md += [f"Conditions: {len(board.conditions)}; rules: {cells['rule'].nunique()}; attacks: {cells['attack_label'].nunique()}; "
@@ -678,7 +679,7 @@ def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resam
         rows.append(row)
     md += ["**Mean rank over (condition, attack) cells, and each condition's per-seed worst case [95 % CI] "
            "(#its rank by worst case there; \"#1, tie\": tied with the best)**", ""]
-    md += _md_table(["rule", "mean rank", *[f"worst case: {c}" for c in board.conditions]], rows)
+    md += md_table(["rule", "mean rank", *[f"worst case: {c}" for c in board.conditions]], rows)
     md += _dropped_lines(overall)
     if len(overall.mean_ranks) >= 2:
         name = "cd_all_conditions.png"
@@ -714,7 +715,7 @@ def render(board: Board, out_dir: str | Path, *, baseline: str = "fedavg", resam
         if ranking["attacks"].nunique() > 1:
             md += ["The rules were run with different numbers of attacks here (column \"attacks\"; an attack aimed at "
                    "one rule, or an unfinished grid): each rule's worst case is over its own.", ""]
-        md += _md_table(["rank", "rule", "worst case [95 % CI]", "seeds", "attacks", "worst attack (mode)", "minus best [CI]",
+        md += md_table(["rank", "rule", "worst case [95 % CI]", "seeds", "attacks", "worst attack (mode)", "minus best [CI]",
                          "verdict", "vs above", f"minus {baseline} [CI]"],
                         [[r["rank"], r["rule"], _iv(r["worst case"]) + _chance_mark(r["worst case"], chance), str(r["seeds"]),
                           str(r["attacks"]), r["worst attack"],
@@ -836,7 +837,7 @@ def _paired_lines(table: MetricTable, order: list[str], baseline: str, kw: dict)
                 d = stats.paired_difference(a, b, **kw)
                 row.append(f"{_iv(d, signed=True)}{' tie' if stats.call(d) == 'tie' else ''}")
             rows.append(row)
-        lines += _md_table(["rule", *table.attacks], rows)
+        lines += md_table(["rule", *table.attacks], rows)
     return lines
 
 
@@ -872,7 +873,7 @@ def _pairs_lines(analysis: RankAnalysis) -> list[str]:
              + (":" if len(significant) else "."), ""]
     if len(significant):
         ranks = analysis.mean_ranks
-        lines += _md_table(["better (mean rank)", "worse (mean rank)", "Wilcoxon p", "Holm p"],
+        lines += md_table(["better (mean rank)", "worse (mean rank)", "Wilcoxon p", "Holm p"],
                            [[f"{a} ({ranks[a]:.2f})", f"{b} ({ranks[b]:.2f})", f"{p:.3g}", f"{ph:.3g}"]
                             for a, b, p, ph in ((r.a, r.b, r.pvalue, r.p_holm) if ranks[r.a] <= ranks[r.b]
                                                 else (r.b, r.a, r.pvalue, r.p_holm) for r in significant.itertuples())])
@@ -891,7 +892,7 @@ def _v2_ranking_lines(values: pd.DataFrame, higher_is_better: bool, what: str) -
     ranges = stats.rank_ranges(values, pairs, higher_is_better=higher_is_better)
     rows = [[r["rank"], rule, _iv(stats.t_interval(values[rule].to_numpy())), f"{r['mean_rank']:.2f}"]
             for rule, r in ranges.to_dict("index").items()]
-    lines = _md_table(["rank (range)", "rule", f"{what} [95 % t CI]", "mean rank"], rows)
+    lines = md_table(["rank (range)", "rule", f"{what} [95 % t CI]", "mean rank"], rows)
     sign = 1.0 if higher_is_better else -1.0
     separated = [f"{(p.a if sign * p.mean > 0 else p.b)} over {(p.b if sign * p.mean > 0 else p.a)}: "
                  f"{abs(p.mean):.3f} [{min(abs(p.low), abs(p.high)):.3f}, {max(abs(p.low), abs(p.high)):.3f}], "

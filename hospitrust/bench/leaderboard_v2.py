@@ -19,7 +19,7 @@ from collections.abc import Collection, Mapping, Sequence
 import pandas as pd
 
 from hospitrust.bench import stats
-from hospitrust.bench.leaderboard import RankAnalysis, attack_order, cd_diagram
+from hospitrust.bench.leaderboard import RankAnalysis, attack_order, cd_diagram, md_table
 
 #: scored by their success rate beside the accuracy worst case, not inside it (the v2 protocol)
 SUCCESS_RATE_ATTACKS = ("backdoor",)
@@ -32,11 +32,6 @@ CHANCE_MARGIN = 0.01
 
 def _iv(values, digits: int = 3) -> str:
     return stats.t_interval(list(values)).text(digits)
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *["| " + " | ".join(r) + " |" for r in rows], ""]
 
 
 def accuracy_attacks(cells: pd.DataFrame, order: Sequence[str] = (), expected: Expected | None = None) -> list[str]:
@@ -74,7 +69,10 @@ def worst_per_seed(cells: pd.DataFrame, column: str, attacks: Sequence[str] | No
     one of them, or one of the rule's attacks seen on another seed, has no value (NaN), as in
     :func:`stats.worst_case_per_seed`.
     """
-    per = _per_seed(cells, column, attacks, expected)
+    return _wide(_per_seed(cells, column, attacks, expected))
+
+
+def _wide(per: pd.DataFrame) -> pd.DataFrame:
     if per.empty:
         return pd.DataFrame()
     wide = per.pivot(index="seed", columns="rule", values="worst")
@@ -94,7 +92,10 @@ def _per_seed(cells: pd.DataFrame, column: str, attacks: Sequence[str] | None, e
 def worst_attacks(cells: pd.DataFrame, column: str, attacks: Sequence[str] | None = None,
                   expected: Expected | None = None) -> pd.Series:
     """Per rule, the attack that was its worst on the most seeds (ties: every such attack, joined by "/")."""
-    per = _per_seed(cells, column, attacks, expected)
+    return _modes(_per_seed(cells, column, attacks, expected))
+
+
+def _modes(per: pd.DataFrame) -> pd.Series:
     if per.empty:
         return pd.Series(dtype=str)
     out = {}
@@ -130,8 +131,8 @@ def matrix_lines(cells: pd.DataFrame, column: str, rules: Sequence[str], *, chan
     """
     rules_expected = None if expected is None else {r: expected.get(r, ()) for r in rules}
     attacks = ["none", *accuracy_attacks(cells, order, rules_expected)]
-    worst = worst_per_seed(cells, column, expected=expected)
-    modes = worst_attacks(cells, column, expected=expected)
+    per = _per_seed(cells, column, None, expected)
+    worst, modes = _wide(per), _modes(per)
     rows = []
     for rule in rules:
         mine = cells[cells["rule"] == rule]
@@ -150,7 +151,7 @@ def matrix_lines(cells: pd.DataFrame, column: str, rules: Sequence[str], *, chan
         mark = " (chance)" if chance is not None and len(w) and abs(float(w.mean()) - chance) <= CHANCE_MARGIN else ""
         row += [(_iv(w) + mark) if len(w) else "-", str(len(w)), modes.get(rule, "-")]
         rows.append(row)
-    return _table(["rule", *attacks, "worst case per seed [95 % t CI]", "seeds", "worst attack (most seeds)"], rows)
+    return md_table(["rule", *attacks, "worst case per seed [95 % t CI]", "seeds", "worst attack (most seeds)"], rows)
 
 
 def ranking(worst: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -180,7 +181,7 @@ def ranking_lines(worst: pd.DataFrame, clean: pd.DataFrame, baseline: str, what:
         rows.append([r["rank"], rule, _iv(complete[rule]), f"{r['mean_rank']:.2f}", clean_iv, cost])
     labels = [" / ".join(map(str, i)) if isinstance(i, tuple) else str(i) for i in complete.index]
     lines = [f"{len(complete)} {unit} with every rule's {what} ({', '.join(labels)}).", ""]
-    lines += _table(["rank (range)", "rule", f"{what} [95 % t CI]", "mean rank", "no attack [95 % t CI]",
+    lines += md_table(["rank (range)", "rule", f"{what} [95 % t CI]", "mean rank", "no attack [95 % t CI]",
                      f"no attack minus {baseline} [95 % t CI]"], rows)
     separated = [f"{p.a if p.mean > 0 else p.b} over {p.b if p.mean > 0 else p.a} by {abs(p.mean):.3f} "
                  f"(p Holm {p.p_holm:.3g})" for p in pairs.itertuples() if p.significant]
@@ -215,7 +216,7 @@ def success_rate_lines(cells: pd.DataFrame, rules: Sequence[str]) -> list[str]:
         vals = sub.loc[sub["rule"] == rule, ASR]
         if len(vals):
             rows.append([rule, _iv(vals), str(len(vals))])
-    return _table(["rule", "backdoor success rate [95 % t CI] (lower is better)", "seeds"], rows)
+    return md_table(["rule", "backdoor success rate [95 % t CI] (lower is better)", "seeds"], rows)
 
 
 def focus_lines(worst: pd.DataFrame, clean: pd.DataFrame, focus: str, baseline: str, *,
@@ -236,7 +237,7 @@ def focus_lines(worst: pd.DataFrame, clean: pd.DataFrame, focus: str, baseline: 
     rows = [[r.other, str(r.n), f"{r.mean:+.3f} [{r.low:+.3f}, {r.high:+.3f}]",
              f"[{r.step_low:+.3f}, {r.step_high:+.3f}] [{r.step_level:.4f}]", f"{r.p_t_holm:.3g}",
              f"{r.p_sign_flip_holm:.3g}"] + (["yes" if r.beats else "no"] if claim else []) for r in table.itertuples()]
-    lines = _table(header, rows)
+    lines = md_table(header, rows)
     if not claim:
         return [*lines, "Descriptive: the claim is not tested on this table (it is not one of the conditions fixed "
                         "for it), so it calls nothing.", ""]
@@ -272,7 +273,7 @@ def by_threat_model_lines(columns: dict[str, pd.DataFrame], rules: Sequence[str]
             vals = worst[rule].dropna() if rule in worst else pd.Series(dtype=float)
             row.append(f"{_iv(vals)} (n={len(vals)})" if len(vals) else "-")
         rows.append(row)
-    return _table(["rule", *columns], rows)
+    return md_table(["rule", *columns], rows)
 
 
 def sweep_png(points: dict[str, pd.DataFrame], rules: Sequence[str], title: str, xlabel: str) -> bytes:

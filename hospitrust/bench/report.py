@@ -515,7 +515,7 @@ def section_overhead(data: ReportData) -> Section:
     return sec
 
 
-def _md_table(df: pd.DataFrame) -> str:
+def md_table(df: pd.DataFrame) -> str:
     df = df.reset_index()
     head = "| " + " | ".join(str(c) for c in df.columns) + " |"
     sep = "|" + "---|" * len(df.columns)
@@ -562,7 +562,7 @@ def make_report(grid_dir: str | Path, *, metric: str | None = None, baseline: st
             body.append(f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{b64}">'
                         f"<figcaption>{html.escape(caption)}</figcaption></figure>")
         for caption, table in sec.tables:
-            md += [f"**{caption}**", "", _md_table(table), ""]
+            md += [f"**{caption}**", "", md_table(table), ""]
             body += [f"<h3>{html.escape(caption)}</h3>", table.to_html(border=0, classes="t", na_rep="-")]
     style = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
              "img{max-width:100%}figure{margin:1em 0}figcaption{font-size:.85em;color:#555}"

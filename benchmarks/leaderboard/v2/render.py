@@ -132,7 +132,7 @@ def page(cells: pd.DataFrame, out: Path, *, focus: str, baseline: str, grids, mi
     md += ["## Parts", ""]
     rows = [[g.name.removeprefix("leaderboard-v2-"), condition_of(g.name), f"{g.done} / {g.total}",
              "-" if g.wall_seconds != g.wall_seconds else f"{g.wall_seconds / 60:.1f}"] for g in grids]
-    md += v2._table(["part", "condition", "cells finished", "wall time (min, its starts summed)"], rows)
+    md += v2.md_table(["part", "condition", "cells finished", "wall time (min, its starts summed)"], rows)
     if missing:
         md += [f"Not run yet ({len(missing)} parts): {', '.join(missing)}. Every table below stands on the seeds it "
                "names.", ""]
