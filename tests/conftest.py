@@ -41,6 +41,18 @@ DOCS_RECORDS: list[list] = []  # what the docs pages ran and left out, gathered 
 # the modules whose tests take the `federation` fixture (checked at collection): one unit of work under xdist
 FEDERATION_MODULES = frozenset(f"tests/test_{name}.py" for name in
                                ("control_plane", "deploy", "hospital_control", "run_supervisor", "unattended"))
+# HOSPITRUST_FEDERATION_UNITS=2 splits them into two units of about equal time (suite of 2026-12-04: 500 s and
+# 580 s), each starting its own federation on its own free ports on its own worker: run_supervisor stays with
+# deploy, whose first run's model is its reference. Default 1: one federation for all of them.
+FEDERATION_UNITS = int(os.environ.get("HOSPITRUST_FEDERATION_UNITS", "1"))
+_FEDERATION_SPLIT = {"tests/test_deploy.py": 1, "tests/test_run_supervisor.py": 1}
+
+
+def federation_unit(module: str) -> str | None:
+    """The unit of work of a federation module (None for any other module)."""
+    if module not in FEDERATION_MODULES:
+        return None
+    return "federation" if FEDERATION_UNITS < 2 else f"federation-{_FEDERATION_SPLIT.get(module, 2)}"
 
 
 def _data_folder() -> Path:
@@ -99,11 +111,12 @@ def pytest_xdist_make_scheduler(config, log):
     class FilesAndFederation(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = super()._split_scope(nodeid)
-            return "federation" if module in FEDERATION_MODULES else module
+            return federation_unit(module) or module
 
         def _assign_work_unit(self, node) -> None:
-            if "federation" in self.workqueue:  # then the units with the most tests, as xdist orders them
-                self.workqueue.move_to_end("federation", last=False)
+            for unit in ("federation-2", "federation-1", "federation"):  # first, then the units with the most tests
+                if unit in self.workqueue:
+                    self.workqueue.move_to_end(unit, last=False)
             super()._assign_work_unit(node)
 
     return FilesAndFederation(config, log)
