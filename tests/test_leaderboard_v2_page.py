@@ -132,6 +132,12 @@ def test_a_page_from_synthetic_cells_ranks_compares_and_draws(tmp_path, monkeypa
     assert "one malicious hospital (f = 1)" in md
     for png in ("cd_main.png", "sweep_f.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the sweeps' own cells: the f sweep's condition part and the main condition's runs held to its protocol
+    tables = render.condition_tables(cells)
+    assert list(tables) == ["sweep-f"]
+    f = tables["sweep-f"]
+    assert set(f["condition"]) == {"main", "f1"} and set(f["seed"]) == set(render.parts.CONDITION_SEEDS)
+    assert set(f.loc[f["condition"] == "main", "attack_label"]) == {"label-flip", "ipm"}
 
 
 def test_an_unfinished_seed_has_no_worst_case_and_an_unrun_cell_says_so():

@@ -121,6 +121,22 @@ SWEEPS = {  # name: (x label, [(point, condition or None for the main condition'
 }
 
 
+def condition_tables(cells: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Each sweep's cells (its condition parts' and the main condition's runs at their protocol) and the faulty
+    hospitals' (only those that have run), by folder name."""
+    at_protocol = _main_at_condition_protocol(cells)
+    out = {}
+    for name, (_, points) in SWEEPS.items():
+        conds = [c for _, c in points if c is not None]
+        parts_cells = cells[cells["condition"].isin(conds)]
+        if len(parts_cells):
+            out[f"sweep-{name}"] = pd.concat([at_protocol, parts_cells])
+    faulty = cells[cells["condition"] == "faulty"]
+    if len(faulty):
+        out["faulty-hospitals"] = faulty
+    return out
+
+
 def page(cells: pd.DataFrame, out: Path, *, focus: str, baseline: str, grids, missing: list[str]) -> list[str]:
     """The page's Markdown lines from the board's cells (its PNGs written into ``out``)."""
     md = ["# Leaderboard v2: results", "",
@@ -241,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranked-table", default=None,
                     help="also write the main condition's cells (the ranked table) to this CSV "
                          "(docs/results/leaderboard/leaderboard_cells.csv once every ranked part has run)")
+    ap.add_argument("--sweeps-out", default=None,
+                    help="also write each sweep's and the faulty hospitals' cells (the main condition's matched runs "
+                         "included) to DIR/sweep-NAME/ and DIR/faulty-hospitals/ (docs/results/leaderboard)")
     args = ap.parse_args(argv)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     grids, out = Path(args.grids), Path(args.out)
@@ -265,6 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     table.to_csv(out / "leaderboard_cells.csv", index=False)
     if args.ranked_table:
         table[table["condition"] == MAIN].to_csv(args.ranked_table, index=False)
+    if args.sweeps_out:
+        for name, sub in condition_tables(table).items():
+            folder = Path(args.sweeps_out) / name
+            folder.mkdir(parents=True, exist_ok=True)
+            sub.to_csv(folder / "leaderboard_cells.csv", index=False)
     (out / "leaderboard.md").write_text("\n".join(md) + "\n")
     print(f"leaderboard v2: {out / 'leaderboard.md'} ({len(board.cells)} runs from {len(found)} parts; "
           f"{len(missing)} parts not run yet)")
