@@ -70,13 +70,16 @@ RULE_SPECIFIC = [
 # Their "f = 3 of 10", "alpha = 0.5" and the faulty hospitals' "none" points are the main condition's cells of
 # the same seeds; the rules keep the main condition's learning rate and bound (amendment 8).
 CONDITION_SEEDS = EVALUATION_SEEDS[:3]
-CONDITION_RULES = ("fedavg", "median", "multi-krum", "fltrust", "foolsgold", "hta", "earn", "fedagain", "anchored-trust")
+# amendment 12: FoolsGold left out (its clean runs average 0.59, 0.25 below FedAvg: a sweep of a rule that does not
+# train without attack says nothing of its robustness)
+CONDITION_RULES = ("fedavg", "median", "multi-krum", "fltrust", "hta", "earn", "fedagain", "anchored-trust")
 CONDITION_ATTACKS = [
     ("sign-flip", {"attack": "sign-flip"}),
     ("alie", {"attack": "alie"}),
 ]
 CLEAN = [("none", {"attack": "none"})]
-# the attacks the 20-hospital cost probe ran with (before amendment 12 cut them): kept so that its file stays as run
+# the rules and attacks the 20-hospital cost probe ran with (before amendment 12 cut them): its file stays as run
+PROBED_CONDITION_RULES = ("fedavg", "median", "multi-krum", "fltrust", "foolsgold", "hta", "earn", "fedagain")
 PROBED_CONDITION_ATTACKS = CLEAN + [(a, {"attack": a}) for a in ("label-flip", "sign-flip", "alie", "ipm", "tailored-ipm")]
 FAULTY_ATTACKS = [
     ("label-noise", {"attack": "label-noise"}),
@@ -224,7 +227,7 @@ def render_cost_probe(condition: str | None = None) -> str:
     else:
         what, hospitals, overrides, _ = CONDITIONS[condition]
         attacks = PROBED_CONDITION_ATTACKS
-        rules = {r: RULE_PARAMETERS[r] for r in CONDITION_RULES if r in probed}
+        rules = {r: RULE_PARAMETERS[r] for r in PROBED_CONDITION_RULES if r in probed}
         name, skips = f"cost-probe-{condition}", []
     cells = len(rules) * len(attacks) - sum(len(others) for _, others in skips)
     base = {
