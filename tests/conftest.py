@@ -43,7 +43,8 @@ FEDERATION_MODULES = frozenset(f"tests/test_{name}.py" for name in
                                ("control_plane", "deploy", "hospital_control", "run_supervisor", "unattended"))
 # HOSPITRUST_FEDERATION_UNITS=2 splits them into two units of about equal time (suite of 2026-12-04: 500 s and
 # 580 s), each starting its own federation on its own free ports on its own worker: run_supervisor stays with
-# deploy, whose first run's model is its reference. Default 1: one federation for all of them.
+# deploy, whose first run's model is its reference. Default 1: one federation for all of them (two on 3 workers were
+# slower on 2 cores, 1,334 s against 1,161: docs/experiments/2026-12-04-suite-federation-units.md).
 FEDERATION_UNITS = int(os.environ.get("HOSPITRUST_FEDERATION_UNITS", "1"))
 _FEDERATION_SPLIT = {"tests/test_deploy.py": 1, "tests/test_run_supervisor.py": 1}
 
