@@ -535,7 +535,7 @@ def test_the_v2_ranked_parts_are_the_generators_output_and_every_rule_meets_the_
     # condition differ only in their seed (the generator writes them; --check above), so one seed's part is parsed
     for condition, (_, hospitals, _, attacks) in parts.CONDITIONS.items():
         files = sorted((LEADERBOARD_GRIDS / "v2").glob(f"condition-{condition}-s*.toml"))
-        assert {int(f.stem.rsplit("-s", 1)[1]) for f in files} == set(parts.CONDITION_SEEDS) <= set(parts.EVALUATION_SEEDS)
+        assert {int(f.stem.rsplit("-s", 1)[1]) for f in files} == set(parts.condition_seeds(condition)) <= set(parts.EVALUATION_SEEDS)
         met: dict[str, set[str]] = {}
         for cell in parse_grid(files[0]).cells:
             assert cell.hospitals == hospitals, files[0].name

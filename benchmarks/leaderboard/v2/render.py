@@ -121,6 +121,13 @@ SWEEPS = {  # name: (x label, [(point, condition or None for the main condition'
 }
 
 
+def _fewer_seeds(points) -> str:
+    """The sweep points that run fewer seeds than the others (amendment 13), in words."""
+    fewer = [f"{label}: seeds {', '.join(map(str, parts.condition_seeds(c)))}, amendment 13" for label, c in points
+             if c is not None and parts.condition_seeds(c) != tuple(parts.CONDITION_SEEDS)]
+    return f" ({'; '.join(fewer)})" if fewer else ""
+
+
 def condition_tables(cells: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Each sweep's cells (its condition parts' and the main condition's runs at their protocol) and the faulty
     hospitals' (only those that have run), by folder name."""
@@ -198,7 +205,7 @@ def page(cells: pd.DataFrame, out: Path, *, focus: str, baseline: str, grids, mi
         rules = [r for r in parts.CONDITION_RULES if any(r in w for w in worsts.values())]
         md += [f"## Sweep: {xlabel}", "",
                f"The condition parts' attacks ({', '.join(label for label, _ in parts.CONDITION_ATTACKS)}; amendment 12) "
-               f"at seeds {', '.join(map(str, parts.CONDITION_SEEDS))}; the main condition's point is its runs of the "
+               f"at seeds {', '.join(map(str, parts.CONDITION_SEEDS))}{_fewer_seeds(points)}; the main condition's point is its runs of the "
                "same seeds, rules and attacks: a sweep's worst case is over these attacks only, milder than the main "
                "condition's over the full suite.", ""]
         md += v2.by_threat_model_lines(worsts, rules)
