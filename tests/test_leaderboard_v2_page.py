@@ -6,6 +6,8 @@ backdoor, the parts' conditions from their names, and a whole page rendered from
 from __future__ import annotations
 
 import importlib.util
+import json
+import tarfile
 import math
 from pathlib import Path
 
@@ -157,3 +159,34 @@ def test_an_unfinished_seed_has_no_worst_case_and_an_unrun_cell_says_so():
     main = render.expected_attacks("main")
     assert {"tailored-ipm", "backdoor", "anchored-trust-aware", "fltrust-aware"} <= main["anchored-trust"]
     assert "hta-aware" not in main["fedavg"] and render.expected_attacks("faulty")["hta"] == {"label-noise", "corruption"}
+
+
+def _grid_time_module():
+    spec = importlib.util.spec_from_file_location("leaderboard_v2_grid_time", RENDER.parent / "grid_time.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_grid_time_sums_each_starts_span_and_reads_an_archive_without_unpacking(tmp_path, capsys):
+    grid_time = _grid_time_module()
+    # two starts: 100 -> 160 (the last event before the resume), then 1000 -> 1030; the gap between them is not counted
+    events = [{"time": 100.0, "event": "start"}, {"time": 130.0, "event": "cell"}, {"time": 160.0, "event": "interrupted"},
+              {"time": 1000.0, "event": "start"}, {"time": 1030.0, "event": "end"}]
+    lines = [json.dumps(e) for e in events]
+    assert grid_time.wall_seconds(lines) == 90.0
+    assert grid_time.wall_seconds([]) == 0.0
+    # one part in a folder, one only in an archive (bench.jsonl at the archive's root, as bench-archive packs it)
+    grids, archives = tmp_path / "grids", tmp_path / "archives"
+    (grids / "condition-f1-s11").mkdir(parents=True)
+    (grids / "condition-f1-s11" / "bench.jsonl").write_text("\n".join(lines) + "\n")
+    archives.mkdir()
+    (tmp_path / "bench.jsonl").write_text("\n".join(lines[3:]) + "\n")
+    with tarfile.open(archives / "ranked-pneumonia-s11-a.tar.xz", "w:xz") as tar:
+        tar.add(tmp_path / "bench.jsonl", arcname="bench.jsonl")
+    assert grid_time.main([str(grids), "--archives", str(archives)]) == 0
+    out = capsys.readouterr().out
+    assert "condition parts: 1, 0.03 h" in out and "ranked parts: 1, 0.01 h" in out  # 90 s and 30 s
+    unarchived = sum(grid_time.UNARCHIVED_MINUTES.values())
+    assert f"every grid: {2 + len(grid_time.UNARCHIVED_MINUTES)}, {(120 / 60 + unarchived) / 60:.2f} h" in out
+    assert grid_time.main([str(tmp_path / "none"), "--archives", str(tmp_path / "none")]) == 2
