@@ -27,7 +27,11 @@ UNARCHIVED_MINUTES = {
 
 
 def wall_seconds(lines: list[str]) -> float:
-    """The sum, over a grid's starts, of the time from the start to the last event before the next start."""
+    """The sum, over a grid's starts, of the time from the start to the last event before the next start.
+
+    Not the `end` events' wall_seconds the results page sums (hospitrust.bench.leaderboard): a start killed without
+    an `end` (a stopped session) spent grid time too.
+    """
     total, start, last = 0.0, None, None
     for line in lines:
         if not line.strip():
