@@ -29,9 +29,16 @@ between the output and the same call on the plain torch passes (the ``eager`` ba
 kernels as they were before the compiled one-pass ones; skip with ``--no-check``).
 ``--json PATH`` also writes every row.
 
+``--backends`` measures instead where ``torch.compile`` pays (the ``auto`` backend's threshold,
+``hospitrust.aggregation._codegen.AUTO_COMPILE_MIN_ELEMENTS``): per rule, n and size, the eager
+call, the compiled call, the compile itself (its first call less a compiled call, with Inductor's
+caches off so every process pays it as a new one does) and the break-even, the calls (rounds) after
+which the compile has paid for itself.
+
 Example::
 
     PYTHONPATH=. python benchmarks/aggregation.py --sizes resnet18 --clients 10,20,50 --f auto
+    PYTHONPATH=. python benchmarks/aggregation.py --backends --sizes small,resnet18 --clients 3,10,20
 """
 
 from __future__ import annotations
@@ -77,7 +84,14 @@ def resnet18_shapes() -> list[tuple[int, ...]]:
         return [(11_191_242,)]
 
 
-SIZES = {"small": lambda: SMALL_CNN, "resnet18": resnet18_shapes}
+def default_model_shapes() -> list[tuple[int, ...]]:
+    """The default run's model: hospitrust's small-cnn on 28 x 28 grey images, 2 classes (420,802 parameters)."""
+    from hospitrust.models import build_model
+
+    return [tuple(t.shape) for t in build_model("small-cnn", 1, 2).state_dict().values() if t.is_floating_point()]
+
+
+SIZES = {"small": lambda: SMALL_CNN, "small-cnn": default_model_shapes, "resnet18": resnet18_shapes}
 
 #: Rules that take f, with the condition on (n, f) under which they are defined.
 F_RULES = {
@@ -444,6 +458,94 @@ def _row(r: dict) -> str:
             f"{r['read'] * 1e3:8.1f} | {r['ratio']:6.2f} | {r['min_ratio']:8.2f} | {fl} | {diff} |")
 
 
+#: The kernels ``--backends`` times: every order statistic and a Gram and a row-dot pass (f = 1 where one is taken).
+BACKEND_RULES = {
+    "median": lambda x, server: agg.coordinate_median(x),
+    "trimmed_mean": lambda x, server: agg.trimmed_mean(x, 1),
+    "bulyan": lambda x, server: agg.bulyan(x, 1),
+    "krum": lambda x, server: agg.krum(x, 1),
+    "fltrust": lambda x, server: agg.fltrust(x, server),
+}
+
+
+def backends(size: str, n: int, repeats: int, seed: int, rules: set[str] | None) -> list[dict]:
+    """Eager against compiled for each kernel of ``BACKEND_RULES`` that ``n`` admits, on one size.
+
+    Returns
+    -------
+    list of dict
+        Per rule: ``eager_ms``, ``compiled_ms`` (medians), ``compile_s`` and ``break_even_calls``.
+    """
+    import torch._inductor.config as inductor_config
+
+    from hospitrust.aggregation import _codegen
+
+    inductor_config.force_disable_caches = True  # a new process pays the compile: so does every row here
+    _inductor_start()
+    d = sum(math.prod(s) for s in SIZES[size]())
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g) * 0.01
+    server = x.mean(0)
+    out = []
+    old = agg.get_backend()
+    try:
+        for rule, fn in BACKEND_RULES.items():
+            if (rules and rule not in rules) or (rule in F_RULES and not F_RULES[rule](n, 1)):
+                continue
+            agg.set_backend("eager")
+            fn(x, server)
+            eager = statistics.median(_seconds(lambda: fn(x, server)) for _ in range(repeats))
+            agg.set_backend("compile")
+            _codegen._compiled_cache.clear()  # every row compiles its kernels anew (one kernel serves every d)
+            torch._dynamo.reset()
+            before = sum(_codegen.compiled_calls.values())
+            first = _seconds(lambda: fn(x, server))
+            compiled = statistics.median(_seconds(lambda: fn(x, server)) for _ in range(repeats))
+            ran = sum(_codegen.compiled_calls.values()) > before
+            compile_s = max(first - compiled, 0.0)
+            saved = eager - compiled
+            row = {"size": size, "n": n, "d": d, "elements": n * d, "rule": rule, "eager_ms": eager * 1e3,
+                   "compiled_ms": compiled * 1e3, "compile_s": compile_s, "compiled": ran,
+                   "break_even_calls": compile_s / saved if saved > 0 and ran else math.inf}
+            print(f"{size:>9} {n:>4} {d:>10,} {n * d:>13,} {rule:>13} {row['eager_ms']:>9.2f} {row['compiled_ms']:>9.2f} "
+                  f"{compile_s:>8.1f} {row['break_even_calls']:>10.0f}" + ("" if ran else "  (compile failed: eager)"),
+                  flush=True)
+            out.append(row)
+    finally:
+        agg.set_backend(old)
+    return out
+
+
+_INDUCTOR_START: list[float] = []
+
+
+def _inductor_start() -> float:
+    """Seconds of the first compile in this process less a later one of the same kind: what a new process pays
+    once, before any kernel of its own (Inductor's start), printed once and left out of every row."""
+    if not _INDUCTOR_START:
+        from hospitrust.aggregation import _codegen
+
+        x = torch.randn(3, 1024)
+        agg.set_backend("compile")
+        try:
+            first = _seconds(lambda: agg.coordinate_median(x))
+            _codegen._compiled_cache.clear()
+            torch._dynamo.reset()
+            again = _seconds(lambda: agg.coordinate_median(x))
+        finally:
+            agg.set_backend("auto")
+        _INDUCTOR_START.append(max(first - again, 0.0))
+        print(f"Inductor's start in a new process: {_INDUCTOR_START[0]:.1f} s once, before its first kernel (not in the rows)")
+    return _INDUCTOR_START[0]
+
+
+def _seconds(fn) -> float:
+    gc.collect()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def main(argv=None) -> None:
     """Command line entry point (see the module docstring).
 
@@ -465,6 +567,8 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write every row to this JSON file")
+    p.add_argument("--backends", action="store_true",
+                   help="eager against compiled per rule, n and size, with the compile's break-even in calls")
     p.add_argument("--no-check", action="store_true",
                    help="skip comparing every output with the plain torch passes (eager backend)")
     a = p.parse_args(argv)
@@ -475,7 +579,22 @@ def main(argv=None) -> None:
     rules = None if a.rules is None else {r.strip() for r in a.rules.split(",") if r.strip()}
     print("command:", "python " + " ".join(sys.argv if argv is None else ["benchmarks/aggregation.py", *argv]))
     records: list[dict] = []
-    for size in a.sizes.split(","):
+    if a.backends:
+        print(f"{'size':>9} {'n':>4} {'d':>10} {'n x d':>13} {'rule':>13} {'eager ms':>9} {'comp. ms':>9} {'compile s':>8} "
+              f"{'break-even':>10}")
+        for size in a.sizes.split(","):
+            for n_str in a.clients.split(","):
+                records += backends(size.strip(), int(n_str), a.repeats, a.seed, rules)
+        start = _INDUCTOR_START[0] if _INDUCTOR_START else 0.0
+        for r in records:  # what a new process (a ServerApp) pays for its first kernel: Inductor's start too
+            saved = (r["eager_ms"] - r["compiled_ms"]) / 1e3
+            r["break_even_calls_new_process"] = (r["compile_s"] + start) / saved if saved > 0 and r["compiled"] else math.inf
+        paying = [r for r in records if r["break_even_calls_new_process"] <= _codegen_payback()]
+        print(f"rows where a compile pays within {_codegen_payback()} calls in a new process (Inductor's {start:.1f} s start "
+              "counted): " + (", ".join(f"{r['size']} {r['rule']} n={r['n']} ({r['elements']:,}: "
+                                        f"{r['break_even_calls_new_process']:.0f})" for r in paying) or "none"))
+        print(f"auto compiles from {_codegen_threshold():,} elements (hospitrust.aggregation._codegen.AUTO_COMPILE_MIN_ELEMENTS)")
+    for size in ([] if a.backends else a.sizes.split(",")):
         for n_str in a.clients.split(","):
             n = int(n_str)
             records += run(size.strip(), n, f_values(a.f, n), a.repeats, a.flower, a.seed, device, rules,
@@ -483,6 +602,18 @@ def main(argv=None) -> None:
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"command": sys.argv, "torch": torch.__version__, "records": records}, fh, indent=1)
+
+
+def _codegen_payback() -> int:
+    from hospitrust.aggregation import _codegen
+
+    return _codegen.AUTO_PAYBACK_CALLS
+
+
+def _codegen_threshold() -> int:
+    from hospitrust.aggregation import _codegen
+
+    return _codegen.AUTO_COMPILE_MIN_ELEMENTS
 
 
 if __name__ == "__main__":

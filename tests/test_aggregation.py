@@ -247,17 +247,46 @@ def test_eager_blocks_large_d():
         agg.set_backend(old)
 
 
-def test_compiled_kernel_equals_reference():
-    # One torch.compile'd kernel (the fast CPU path for large d); falls back
-    # to eager (with a warning) if the compiler is unavailable.
+def test_auto_compiles_only_from_the_break_even_size(monkeypatch):
+    # auto asks for a compiled kernel from AUTO_COMPILE_MIN_ELEMENTS rows x columns on, and stays eager below it;
+    # the compiler itself is replaced by a recorder that declines (the eager path answers), so nothing compiles here
+    from hospitrust.aggregation import _codegen
+
+    asked: list[tuple] = []
+    threshold = _codegen.AUTO_COMPILE_MIN_ELEMENTS
+    monkeypatch.setattr(_codegen, "call_compiled", lambda key, build, args, **kw: asked.append(key))
+    monkeypatch.setattr(_codegen, "AUTO_COMPILE_MIN_ELEMENTS", 5 * 4000)
+    monkeypatch.setattr(_codegen, "_backend", "auto")
     g = torch.Generator().manual_seed(7)
-    x = torch.randint(-3, 4, (6, 3000), generator=g).float()
-    old = agg.get_backend()
-    agg.set_backend("compile")
-    try:
-        assert torch.equal(agg.coordinate_median(x), reference_coordinate_median(x))
-    finally:
-        agg.set_backend(old)
+    below, at = torch.randn(4, 4000, generator=g), torch.randn(5, 4000, generator=g)
+    assert torch.equal(agg.coordinate_median(below), reference_coordinate_median(below)) and asked == []
+    assert torch.equal(agg.coordinate_median(at), reference_coordinate_median(at))
+    assert [k[:3] for k in asked] == [("ostat", "median", 5)]
+    # at the measured threshold, the default small-cnn (420,802 parameters) with 3 or 20 hospitals stays eager, as
+    # does any model on a GPU
+    monkeypatch.setattr(_codegen, "AUTO_COMPILE_MIN_ELEMENTS", threshold)
+    model = torch.empty(0, 420_802)
+    assert not _codegen.auto_compiles(model, 3) and not _codegen.auto_compiles(model, 20)
+    monkeypatch.setattr(_codegen, "AUTO_COMPILE_MIN_ELEMENTS", 1)
+    assert _codegen.auto_compiles(model, 3)
+    assert not _codegen.auto_compiles(torch.empty(0, 420_802, device="meta"), 3)
+    # eager never asks, compile always does
+    monkeypatch.setattr(_codegen, "_backend", "eager")
+    agg.coordinate_median(at)
+    assert len(asked) == 1
+    monkeypatch.setattr(_codegen, "_backend", "compile")
+    agg.coordinate_median(below)
+    assert [k[:3] for k in asked][1:] == [("ostat", "median", 4)]
+
+
+def test_the_run_config_chooses_the_aggregation_backend():
+    from hospitrust.config import parse_run_config
+    from hospitrust.errors import ConfigError
+
+    assert parse_run_config({"strategy": "median"}).aggregation.backend == "auto"
+    assert parse_run_config({"strategy": "median", "aggregation.backend": "eager"}).aggregation.backend == "eager"
+    with pytest.raises(ConfigError, match="aggregation.backend"):
+        parse_run_config({"strategy": "median", "aggregation.backend": "fast"})
 
 
 def test_sorting_network_sorts():
@@ -519,14 +548,25 @@ def test_compiled_one_pass_kernels_equal_the_plain_passes():
         "geometric_median": lambda: agg.geometric_median(x),
         "norm_clip": lambda: agg.norm_clip(x, 0.5),
     }
+    from hospitrust.aggregation import _codegen
+
     old = agg.get_backend()
+    compiled: dict[str, int] = {}
     try:
         agg.set_backend("eager")
         plain = {k: fn() for k, fn in calls.items()}
         agg.set_backend("compile")
-        fast = {k: fn() for k, fn in calls.items()}
+        fast = {}
+        for k, fn in calls.items():
+            before = sum(_codegen.compiled_calls.values())
+            fast[k] = fn()
+            compiled[k] = sum(_codegen.compiled_calls.values()) - before
     finally:
         agg.set_backend(old)
+    # every call but the ones with no compiled kernel (the plain mean, the geometric median's Weiszfeld loop) ran
+    # one: a compiler that fails falls back to eager in the product, and would compare eager with eager here
+    assert {k for k, n in compiled.items() if n == 0} <= {"mean", "geometric_median"}, compiled
+    assert torch.equal(fast["median"], reference_coordinate_median(x))
     for k in calls:
         assert fast[k].shape == plain[k].shape, k
         # the Gram entries are about 2e5 here: both sum float32 partials, relative 1e-6

@@ -11,12 +11,19 @@ f = 4: 10x a read instead of 1x), so every kernel is compiled with a much larger
 
 A compile failure (no C++ compiler, an Inductor bug) is logged once per kernel, dtype and
 device and the caller falls back to its eager path.
+
+Compiling costs seconds once per process and kernel (7 s idle for a 3-row median, tens of seconds
+loaded or at 50 rows), so ``auto`` compiles only where that pays: when the kernel's rows x columns
+reach ``AUTO_COMPILE_MIN_ELEMENTS``, the size at which the time the compiled kernel saves per call
+repays its compile within ``AUTO_PAYBACK_CALLS`` calls (measured with
+``benchmarks/aggregation.py --backends``, docs/experiments/2026-12-06-compile-break-even.md). A
+run chooses with its run config's ``aggregation.backend`` (applied when the server sets the run up,
+:func:`set_backend`); a grid with ``[grid] aggregation-backend``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -37,15 +44,22 @@ CONTRACT_OPTIONS: dict[str, Any] = {**COMPILE_OPTIONS, "cpp.enable_floating_poin
 #: two loop nests and two reads of ``x`` (1.0 read instead of 0.67 for FLTrust's dots and norms).
 ROW_OPTIONS: dict[str, Any] = {**CONTRACT_OPTIONS, "pick_loop_orders": False}
 
-_backend = os.environ.get("HOSPITRUST_AGG_BACKEND", "auto").strip().lower() or "auto"
-if _backend not in BACKENDS:  # pragma: no cover - configuration error
-    _LOG.warning("HOSPITRUST_AGG_BACKEND=%r is not one of %s; using 'auto'", _backend, BACKENDS)
-    _backend = "auto"
+#: Calls within which a compile must pay for itself for ``auto`` to compile: a run of 100 rounds.
+AUTO_PAYBACK_CALLS = 100
+#: Rows x columns from which ``auto`` compiles a kernel on the CPU: from this size on a compile, with the 9 s
+#: Inductor takes to start in a new process, repays itself within ``AUTO_PAYBACK_CALLS`` calls (measured on
+#: 2 cores: a ResNet-18 median at 10 rows in 88 calls, at 3 rows in 525; see the module's docstring). The default
+#: small-cnn (420,802 parameters) stays eager up to 159 hospitals a round, ResNet-18 (11.2M) up to 5.
+AUTO_COMPILE_MIN_ELEMENTS = 1 << 26
+
+_backend = "auto"
 
 _lock = threading.Lock()
 _eager_cache: dict[tuple, Callable] = {}
 _compiled_cache: dict[tuple, Callable] = {}
 _failed: set[tuple] = set()
+#: Calls answered by a compiled kernel, per kernel key (what the tests read to know a compiled kernel ran).
+compiled_calls: dict[tuple, int] = {}
 
 
 def get_backend() -> str:
@@ -59,6 +73,13 @@ def set_backend(backend: str) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
     _backend = backend
+
+
+def auto_compiles(x: torch.Tensor, rows: int) -> bool:
+    """Whether ``auto`` compiles a kernel over ``rows`` rows of ``x``'s columns: on the CPU, from
+    ``AUTO_COMPILE_MIN_ELEMENTS`` elements (below it eager torch is milliseconds, and a compile costs seconds).
+    """
+    return x.device.type == "cpu" and rows * x.shape[-1] >= AUTO_COMPILE_MIN_ELEMENTS
 
 
 def eager_fn(key: tuple, build: Callable[[], tuple[str, str]]) -> Callable:
@@ -95,7 +116,9 @@ def call_compiled(key: tuple, build: Callable[[], tuple[str, str]], args: tuple,
                                options=dict(COMPILE_OPTIONS if options is None else options))
             _compiled_cache[key] = fn
     try:
-        return fn(*args)
+        out = fn(*args)
+        compiled_calls[key] = compiled_calls.get(key, 0) + 1
+        return out
     except Exception as exc:  # noqa: BLE001 - any compiler failure -> the caller's eager path
         _failed.add(fkey)
         _LOG.warning("torch.compile of the aggregation kernel %s (%s, %s) failed; using the eager path: %s",

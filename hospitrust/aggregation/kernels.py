@@ -5,8 +5,8 @@ scores, per-row dot products and distances, weighted sums of rows and median-nor
 Pure torch, no Flower; CPU or GPU. Each kernel is one pass over the stacked ``(n, d)`` updates
 where it can be, so the rules that share it cost what a read costs.
 
-On the CPU, from ``FUSED_MIN_COLUMNS`` coordinates on (and unless the backend is ``eager``,
-:func:`~hospitrust.aggregation.set_backend`), the passes are generated kernels compiled by
+On the CPU, where a compile pays (``auto``: from ``FUSED_MIN_COLUMNS`` coordinates and
+``AUTO_COMPILE_MIN_ELEMENTS`` rows x coordinates on; :func:`~hospitrust.aggregation.set_backend`), the passes are generated kernels compiled by
 ``torch.compile`` (:mod:`._codegen`): the columns are cut into cache-sized chunks and one loop
 over the chunks does all the work on each (the Gram matrix: every pair of rows; FLTrust: the
 dot products with the server update and the norms; centered clipping: the distances to the
@@ -54,14 +54,15 @@ def fused_kernels_apply(x: torch.Tensor, chunk: int) -> bool:
     -------
     bool
         True in ``compile`` mode (float32/float64, at least one chunk), or in ``auto`` mode on the
-        CPU from ``FUSED_MIN_COLUMNS`` columns; False in ``eager`` mode.
+        CPU from ``FUSED_MIN_COLUMNS`` columns where the compile pays (``_codegen.auto_compiles``);
+        False in ``eager`` mode.
     """
     backend = _codegen.get_backend()
     if backend == "eager" or x.dtype not in (torch.float32, torch.float64) or x.shape[1] < chunk:
         return False
     if backend == "compile":
         return True
-    return x.device.type == "cpu" and x.shape[1] >= FUSED_MIN_COLUMNS
+    return x.shape[1] >= FUSED_MIN_COLUMNS and _codegen.auto_compiles(x, x.shape[0])
 
 
 def _chunk(n: int, dtype: torch.dtype, budget: int) -> int:

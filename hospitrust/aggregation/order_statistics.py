@@ -18,7 +18,7 @@ a *comparator network* over the ``n`` rows: every comparator is an element-wise
 
 Two executions of the same generated network:
 
-* **compiled** (CPU, large ``d``): the network is generated as straight-line
+* **compiled** (CPU, large ``rows x d``): the network is generated as straight-line
   Python and given to ``torch.compile`` (Inductor), which fuses the whole
   network and its epilogue into a single vectorised C++ loop over ``d``; each
   value is read once and all comparisons happen in registers, so the cost is
@@ -39,10 +39,10 @@ in :mod:`hospitrust.aggregation.reference` up to floating-point rounding of the
 final sums (the selected order statistics themselves are exact). Inputs are
 assumed finite: with NaNs the result is unspecified.
 
-The backend can be forced with the environment variable
-``HOSPITRUST_AGG_BACKEND`` (``auto`` | ``eager`` | ``compile``) or
-:func:`set_backend`; it also chooses between the compiled and the plain
-one-pass kernels of :mod:`hospitrust.aggregation.kernels`.
+The backend is chosen with :func:`set_backend` (a run's ``aggregation-backend``
+key, applied when the server sets the run up); it also chooses between the
+compiled and the plain one-pass kernels of :mod:`hospitrust.aggregation.kernels`.
+``auto`` compiles only where the compile pays for itself (``_codegen.auto_compiles``).
 """
 
 from __future__ import annotations
@@ -66,9 +66,6 @@ __all__ = [
 
 _LOG = logging.getLogger(__name__)
 
-#: Minimum number of coordinates for which the compiled kernel is used in
-#: ``auto`` mode (below it the one-off compile time would dominate).
-COMPILE_MIN_COLUMNS = 1 << 18
 #: Largest number of rows for which the compiled kernel is used in ``auto``
 #: mode (compile time grows with the network: about 15-30 s at 50 rows, once).
 COMPILE_MAX_ROWS = 64
@@ -87,9 +84,9 @@ def set_backend(backend: str) -> None:
     Parameters
     ----------
     backend : {"auto", "eager", "compile"}
-        ``auto``: compiled (``torch.compile``) on CPU when ``d >= 2**18``
-        (``2**21`` for the Gram and row-statistic passes of
-        :mod:`hospitrust.aggregation.kernels`), eager otherwise. ``eager``:
+        ``auto``: compiled (``torch.compile``) on CPU where the compile repays
+        itself within ``AUTO_PAYBACK_CALLS`` calls (rows x columns from
+        ``AUTO_COMPILE_MIN_ELEMENTS``, measured), eager otherwise. ``eager``:
         always eager column blocks and the plain torch passes.
         ``compile``: always try ``torch.compile`` (falls back to eager, with a
         warning, if compilation fails).
@@ -332,11 +329,7 @@ def _want_compiled(x: torch.Tensor, rows: int) -> bool:
         return False
     if backend == "compile":
         return True
-    return (
-        x.device.type == "cpu"
-        and x.shape[1] >= COMPILE_MIN_COLUMNS
-        and rows <= COMPILE_MAX_ROWS
-    )
+    return rows <= COMPILE_MAX_ROWS and _codegen.auto_compiles(x, rows)
 
 
 def _run_eager(fn: Callable, x: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@
     name = "smoke"
     backend = "inprocess"          # inprocess (default) | simulation
     workers = 2                    # cells in flight
-    aggregation-backend = "auto"   # eager: no torch.compile of median/trimmed-mean kernels (short cells)
+    aggregation-backend = "auto"   # each cell's aggregation.backend: auto compiles where it pays, eager never
     hospitals = 4                  # simulated hospitals per cell (or an axis, below)
     metric = "balanced_accuracy"   # the report's headline metric
     baseline = "fedavg"            # paired differences are taken against this strategy
@@ -160,7 +160,7 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
         raise GridError(f"[grid] backend = {backend!r}; allowed: {', '.join(BACKENDS)}")
     if meta.get("aggregation-backend", "auto") not in ("auto", "eager", "compile"):
         raise GridError(f"[grid] aggregation-backend = {meta['aggregation-backend']!r}; allowed: auto, eager, compile "
-                        "(HOSPITRUST_AGG_BACKEND of the workers: eager skips torch.compile of the order statistics)")
+                        "(each cell's run config aggregation.backend: eager never compiles the aggregation kernels, auto where it pays)")
     metric = meta.get("metric", "balanced_accuracy")
     if metric not in METRICS:
         raise GridError(f"[grid] metric = {metric!r}; allowed: {', '.join(METRICS)}")

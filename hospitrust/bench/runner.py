@@ -49,11 +49,9 @@ def cell_state(out: Path, cell: Cell | str) -> str:
     return "pending"
 
 
-def _worker_init(threads: int, backend: str, started: float, aggregation_backend: str = "auto") -> None:
+def _worker_init(threads: int, backend: str, started: float) -> None:
     import logging
 
-    if aggregation_backend != "auto":
-        os.environ["HOSPITRUST_AGG_BACKEND"] = aggregation_backend  # read when the aggregation package is imported
     if backend == "inprocess":
         import torch
 
@@ -209,14 +207,15 @@ def _run_locked(grid: Grid, out: Path, *, workers, retry_failed, ray_address, li
         from hospitrust.bench.backends import SharedSuperLink
 
         t0 = time.time()
-        extra_env = {} if grid.aggregation_backend == "auto" else {"HOSPITRUST_AGG_BACKEND": grid.aggregation_backend}
-        info, superlink_proc = SharedSuperLink.start(ray_address, extra_env)
+        info, superlink_proc = SharedSuperLink.start(ray_address)
         superlink = {"address": info.address, "flwr_home": info.flwr_home}
         append_event(out, {"event": "superlink", "seconds": time.time() - t0, "address": info.address})
         say(f"[bench {grid.name}] one SuperLink for the grid on {info.address} (started in {time.time() - t0:.1f} s)")
 
     def task(cell: Cell) -> dict[str, Any]:
         cfg = {**cell.run_config, "output-dir": str(out / "cells"), "run-name": cell.name}
+        if grid.aggregation_backend != "auto":  # the run applies it when it sets up (a worker runs many cells)
+            cfg["aggregation.backend"] = grid.aggregation_backend
         return {"name": cell.name, "run_config": cfg, "hospitals": cell.hospitals, "backend": grid.backend,
                 "run_dir": str(out / "cells" / cell.name), "log": str(out / "logs" / f"{cell.name}.log"),
                 "timeout": grid.timeout, "keep_models": grid.keep_models, "superlink": superlink,
@@ -228,7 +227,7 @@ def _run_locked(grid: Grid, out: Path, *, workers, retry_failed, ray_address, li
     inflight: dict[str, tuple[Any, float]] = {}  # cell name -> (its AsyncResult, start time)
     failed_now, done_now = 0, 0
     ctx = mp.get_context("spawn")
-    pool = ctx.Pool(workers, initializer=_worker_init, initargs=(threads, grid.backend, time.time(), grid.aggregation_backend),
+    pool = ctx.Pool(workers, initializer=_worker_init, initargs=(threads, grid.backend, time.time()),
                     maxtasksperchild=None if grid.reuse_workers else 1)
     import threading
 

@@ -41,6 +41,7 @@ from hospitrust.models.training import TrainOptions
 from hospitrust.options import Options, OptionsError, memo_key
 from hospitrust.privacy.options import check_privacy_settings
 from hospitrust.features.pre_aggregators import check_pre_aggregation
+from hospitrust.aggregation.options import AggregationOptions
 from hospitrust.aggregation.pre_aggregation import parse_chain
 from hospitrust.features.secagg_options import secagg_options
 from hospitrust.datasets.server import ServerDataOptions
@@ -247,6 +248,10 @@ class RunConfig(CoreOptions):
     @property
     def task(self) -> TaskOptions:
         return cast(TaskOptions, self.options("task"))
+
+    @property
+    def aggregation(self) -> AggregationOptions:
+        return cast(AggregationOptions, self.options("aggregation"))
 
     @property
     def server_data(self) -> ServerDataOptions:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 
+from hospitrust.aggregation.options import AggregationOptions
 from hospitrust.attacks.registry import ATTACKS, SCHEDULE_SECTION
 from hospitrust.attacks.schedule import ScheduleOptions
 from hospitrust.config.legacy import new_names
@@ -49,6 +50,7 @@ RUN_SECTIONS: dict[str, tuple[type[Options], str]] = {
     "task": (TaskOptions, "tasks.md"),
     "server-data": (ServerDataOptions, "operators.md"),
     "train": (TrainOptions, "getting-started.md"),
+    "aggregation": (AggregationOptions, "benchmark.md"),
     SCHEDULE_SECTION: (ScheduleOptions, "attacks.md"),
 }
 

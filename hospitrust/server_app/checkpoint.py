@@ -30,7 +30,7 @@ _NDARRAY = "__ndarray__"  # how a numpy array is stored: a tensor of its bytes, 
 # changes what the rounds compute, so a resume with a different value is refused
 MAY_DIFFER = frozenset({
     "num-server-rounds", "resume-from", "output-dir", "run-name", "reply-timeout", "min-hospitals", "data-dir", "app-signature",
-    "checkpoint",
+    "checkpoint", "aggregation.backend",  # eager and compiled kernels compute the same values
 })
 
 

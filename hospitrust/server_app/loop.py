@@ -20,6 +20,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from hospitrust import metrics
+from hospitrust.aggregation import set_backend as set_aggregation_backend
 from hospitrust.config import RunConfig, parse_run_config
 from hospitrust.features import Round
 from hospitrust.models.training import pick_device, seed_everything
@@ -63,6 +64,7 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
     """The whole run; returns its directory. Raises on bad config or missing data before any round."""
     started = time.time()
     cfg = parse_run_config(context.run_config)
+    set_aggregation_backend(cfg.aggregation.backend)  # per run, not per process: a bench worker runs many
     task = resolve_task(cfg)
     log(INFO, "hospitrust: %s", task.describe())
     sets = server_sets(cfg.server_data, task, cfg.federation, cfg.task.custom)  # a missing file fails here, before any hospital is contacted
