@@ -99,8 +99,9 @@ def test_a_rule_with_one_option_is_picked_up_everywhere(extension, tmp_path):
 
     assert PRESETS["nearest-to-median-strict"].rule is STRATEGIES["nearest-to-median"]
     assert parse_run_config({"strategy": "nearest-to-median-strict"}).strategy_options.keep_fraction == 0.25
-    assert parse_run_config({"strategy": "nearest-to-median-strict",
-                             "nearest-to-median.keep-fraction": 0.4}).strategy_options.keep_fraction == 0.4
+    with pytest.warns(UserWarning, match="nearest-to-median.keep-fraction = 0.4 overrides the preset's 0.25"):
+        assert parse_run_config({"strategy": "nearest-to-median-strict",
+                                 "nearest-to-median.keep-fraction": 0.4}).strategy_options.keep_fraction == 0.4
     assert "nearest-to-median-strict" not in (root / "pyproject.toml").read_text()
     assert ("| `nearest-to-median.keep-fraction` | `0.25` | `0.5` | A quarter kept"
             in (root / "docs" / "rules" / "nearest-to-median.md").read_text())

@@ -187,7 +187,8 @@ def test_a_value_set_in_the_rules_section_overrides_the_preset_and_is_recorded()
     assert (opts.direction_exponent, opts.exclusion_fraction, opts.magnitude_tolerance) == (2.0, 0.4, 1.0)
     assert cfg.preset_overrides == {"direction-exponent": (1.0, 2.0)}  # exclusion-fraction is not the preset's
     # earn-threshold's cells: the published EARN with another holder threshold
-    cfg = parse_run_config({"strategy": "earn-published", "earn.holder-min-count": 10})
+    with pytest.warns(UserWarning, match="earn.holder-min-count = 10 overrides the preset's 20"):
+        cfg = parse_run_config({"strategy": "earn-published", "earn.holder-min-count": 10})
     assert (cfg.strategy_options.evidence, cfg.strategy_options.holder_min_count) == ("reported", 10)
     # a bad override names the rule's key
     with pytest.raises(Exception, match="earn.holder-min-count = -1"):
@@ -219,7 +220,10 @@ def test_a_bench_grid_refuses_a_cell_that_sets_the_rules_default_over_a_preset(t
     with pytest.raises(GridError, match=r"(?s)1 problem.*cell rule=zero: earn.holder-min-count = 0: earn's default"):
         parse_grid(grid, validate=False)
     grid.write_text(grid.read_text().replace('"earn-published.holder-min-count" = 0', '"earn.holder-min-count" = 40'))
-    cells = parse_grid(grid, validate=True).cells
+    with pytest.warns(UserWarning, match="overrides the preset's 20") as said:
+        cells = parse_grid(grid, validate=True).cells
+    assert sorted(str(w.message).split(": ", 1)[1] for w in said) == [
+        "earn.holder-min-count = 10 overrides the preset's 20", "earn.holder-min-count = 40 overrides the preset's 20"]
     assert [c.run_config["earn.holder-min-count"] for c in cells] == [10, 40]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ._validation import check_updates
@@ -85,8 +87,10 @@ def largest_sign_cluster(features: torch.Tensor, quantile: float = 0.5) -> tuple
     bandwidth = float(estimate_bandwidth(feats, quantile=quantile)) if n > 1 else 0.0
     if not bandwidth > 0:
         return torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.long)
-    labels = torch.as_tensor(MeanShift(bandwidth=bandwidth, bin_seeding=True, cluster_all=False).fit(feats).labels_,
-                             dtype=torch.long)
+    with warnings.catch_warnings():  # too few rows per bin: MeanShift seeds from every row instead, and says so
+        warnings.filterwarnings("ignore", message="Binning data failed", category=UserWarning)
+        labels = torch.as_tensor(MeanShift(bandwidth=bandwidth, bin_seeding=True, cluster_all=False).fit(feats).labels_,
+                                 dtype=torch.long)
     clustered = labels[labels >= 0]
     if clustered.numel() == 0:
         return torch.ones(n, dtype=torch.bool), labels

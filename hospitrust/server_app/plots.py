@@ -177,7 +177,8 @@ def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
     _whole_rounds(ax)
     ax.set_title(f"{_title(run_dir)}: metrics per round (test split)", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    if ax.get_legend_handles_labels()[0]:  # a run with no central metric and no evaluation has nothing to name
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     target = Path(out) if out is not None else run_dir / "metrics.png"
     fig.savefig(target, bbox_inches="tight")
