@@ -189,12 +189,13 @@ class Federation:
 
     def wait(self, run_id: int, timeout: float = RUN_TIMEOUT) -> tuple[str, str]:
         """Until the run has finished: its status as `flwr ls` gives it (what the tests assert). `flwr ls` (a Python
-        start, a CPU second on a loaded machine) is asked 3 s after the last answer while the run's ServerApp
-        runs, as before, and 1 s after it while none does (the run not started yet, or its ServerApp gone)."""
+        start, a CPU second on a loaded machine, which the other worker's tests wait for) is asked 1 s after the
+        last answer while no ServerApp runs (the run not started yet, or its ServerApp gone: the run is ending),
+        and only every 15 s while one does (a run ends with its ServerApp; the 15 s catch one that outlives it)."""
         env, deadline = flwr_env(self.cli_home), time.monotonic() + timeout
         status, details, answered_at = "unknown", "", -1e9
         while time.monotonic() < deadline:
-            if time.monotonic() - answered_at >= (3.0 if self.serverapp_running() else 1.0):
+            if time.monotonic() - answered_at >= (15.0 if self.serverapp_running() else 1.0):
                 status, details = deploy.run_status(run_id, "tls", env=env)
                 answered_at = time.monotonic()
                 if status.startswith("finished"):
