@@ -14,7 +14,7 @@ import pytest
 from hospitrust.ops.deploy import approval
 from hospitrust.errors import DeployError
 from hospitrust.ops.deploy.gate import REVOKED_BUNDLE, REVOKED_KEY, GateConfig, Refused, decide
-from hospitrust.ops.deploy.policy import SitePolicy, load_policy, refusal
+from hospitrust.ops.deploy.policy import SitePolicy, load_policy, refusal, resolve
 
 APP_TOML = """[build-system]
 requires = ["hatchling"]
@@ -122,6 +122,16 @@ def test_the_site_policy_rule_by_rule():
     assert refusal(policy, TRAIN, ok, {**run, "train-subsample": 0.5}, hospital_images=600) == \
         "max-images-per-round: 2 epochs x 600 images = 1200 > 1000"
     assert "unknown" in refusal(policy, TRAIN, ok, run)
+    # NaN, infinite or zero counts are refused with the key named, before any rule compares them (NaN made the gate
+    # raise before it decided: no reply, and no decision on the record)
+    assert refusal(policy, TRAIN, {**ok, "local-epochs": float("nan")}, run, hospital_images=400) == \
+        "local-epochs: nan is not a count of at least 1"
+    assert refusal(policy, TRAIN, {**ok, "batch-size": float("inf")}, run, hospital_images=400) == \
+        "batch-size: inf is not a count of at least 1"
+    assert refusal(policy, TRAIN, {**ok, "local-epochs": 0}, run, hospital_images=400) == \
+        "local-epochs: 0 is not a count of at least 1"
+    assert refusal(SitePolicy(), TRAIN, {"local-epochs": float("nan")}, run) == "local-epochs: nan is not a count of at least 1"
+    assert resolve(TRAIN, {"local-epochs": float("nan")}, run).local_epochs is None  # resolving no longer raises
     assert refusal(policy, "query", {"task": task}, {**run, "attack": "sign-flip"}) == \
         "allow-attacks: the run configures attack 'sign-flip'"
     other = json.dumps({"name": "derma", "class_names": ["a"]})
@@ -437,6 +447,35 @@ def test_the_gate_refuses_a_run_that_names_another_install_folder(tmp_path, monk
                                       rf"bundle sent is consortium/tinyapp 1.0.0 \({approval.short(approval.fab_sha256(content))}\)"):
         lying(content)
     assert not (tmp_path / "flwr-home" / "apps").exists()  # nothing installed
+
+
+def test_refused_bundles_are_kept_private_and_only_the_newest_ten(tmp_path, monkeypatch):
+    """Hygiene: every refused bundle was copied to pending/ (2 MB each, no limit: a server sending new bundles fills the
+    hospital's disk), and approved bundles' kept copies were 0644."""
+    import os
+
+    from hospitrust.ops.deploy import gate
+
+    content, _, _, cfg = _gate_files(tmp_path)
+    deliver = _wired_gate(tmp_path, monkeypatch, cfg)
+    pending = cfg.approvals.with_name(cfg.approvals.stem + ".d") / "pending"
+    shas = []
+    for i in range(gate.PENDING_KEPT + 2):
+        bundle = approval.build_fab(make_app(tmp_path / f"app-{i}", line=f"VALUE = {i}"))
+        shas.append(approval.fab_sha256(bundle))
+        with pytest.raises(Refused, match="app not approved"):
+            deliver(bundle)
+        os.utime(pending / f"{shas[-1]}.fab", (1_000_000 + i, 1_000_000 + i))  # distinct ages, whatever the clock
+    kept = {p.stem for p in pending.glob("*.fab")}
+    assert kept == set(shas[2:]), "the newest ten are kept, the two oldest removed"
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in pending.glob("*.fab"))
+    with pytest.raises(Refused):  # the same bundle again: kept once
+        deliver(approval.build_fab(make_app(tmp_path / "app-11", line="VALUE = 11")))
+    assert len(list(pending.glob("*.fab"))) == gate.PENDING_KEPT
+    # the approved bundle's copy is the hospital's service user's only
+    store = approval.Approvals(cfg.approvals)
+    store.approve(content)
+    assert (store.bundles / f"{approval.fab_sha256(content)}.fab").stat().st_mode & 0o777 == 0o600
 
 
 def test_the_gate_removes_a_revoked_bundles_install(tmp_path, monkeypatch):

@@ -120,6 +120,7 @@ def test_both_units_score_ok_in_systemd_analyze_security(tmp_path):
     assert "--clientapp-user hospitrust-app" in _exec_start("hospitrust-supernode.service")[0]
     assert s["ExecStartPre"] == ["+/usr/bin/install -d -o hospitrust-app -g hospitrust-app -m 0700 /var/lib/hospitrust/app "
                                  "/var/cache/hospitrust/app"], s["ExecStartPre"]
+    assert s["LogsDirectoryMode"] == ["0700"], "its log is the hospital's: systemd's default for LogsDirectory is 0755"
     # the check checks something: the units as they shipped before scored 8.5 EXPOSED
     bare = tmp_path / "bare.service"
     bare.write_text("[Service]\nExecStart=/bin/true\nUser=nobody\nNoNewPrivileges=true\nPrivateTmp=true\n"

@@ -233,11 +233,13 @@ class Approvals:
 
     def approve(self, content: bytes, *, by: str | None = None, comment: str = "") -> Approval:
         """Approve a bundle (an explicit approval lifts an earlier revocation of the same hash)."""
+        from hospitrust.pki.certificates import write_private
+
         sha = fab_sha256(content)
         approvals = [a for a in self.load() if a.sha256 != sha]
         approval = Approval(sha, by or getpass.getuser(), _now(), comment)
         self.bundles.mkdir(mode=0o700, parents=True, exist_ok=True)
-        (self.bundles / f"{sha}.fab").write_bytes(content)
+        write_private(self.bundles / f"{sha}.fab", content, force=True)  # the hospital's copy: its service user's only
         self._write([*approvals, approval], [r for r in self.load_revoked() if r.sha256 != sha])
         return approval
 

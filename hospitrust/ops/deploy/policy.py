@@ -29,6 +29,7 @@ nothing else, so what was checked is what runs.
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -187,6 +188,10 @@ def refusal(policy: SitePolicy, message_type: str, config: Mapping[str, object],
             if entries < policy.min_hospitals:
                 return f"min-hospitals: SecAgg+ shares keys among {entries} key entries < {policy.min_hospitals}"
     if kind == "train":
+        for key in ("local-epochs", "batch-size"):  # NaN or 0 epochs: no rule below could compare it
+            stated = _number(config, key, run_config.get(key))
+            if stated is not None and not (math.isfinite(stated) and stated >= 1):
+                return f"{key}: {stated:g} is not a count of at least 1"
         epochs, batch = agreed.local_epochs, agreed.batch_size
         if policy.max_local_epochs is not None and (epochs is None or epochs > policy.max_local_epochs):
             return f"max-local-epochs: {epochs} > {policy.max_local_epochs}" if epochs else "max-local-epochs: not stated"
@@ -239,7 +244,9 @@ GATE_VALUES_VERSION = 1  # what a bundle declares in its pyproject.toml: [tool.h
 
 
 def _int(value: float | None) -> int | None:
-    return None if value is None else int(value)  # the ClientApp's own int(): 2.9 epochs train 2
+    if value is None or not math.isfinite(value):  # NaN or inf epochs: no count (refusal() refuses the message)
+        return None
+    return int(value)  # the ClientApp's own int(): 2.9 epochs train 2
 
 
 def resolve(message_type: str, config: Mapping[str, object], run_config: Mapping[str, object], *,
