@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from hospitrust import aggregation as agg
+from hospitrust.aggregation import _codegen
 from hospitrust.aggregation import pre_aggregation as pre
 from hospitrust.aggregation.subset_rules import MAX_SUBSETS
 
@@ -478,8 +479,6 @@ def backends(size: str, n: int, repeats: int, seed: int, rules: set[str] | None)
     """
     import torch._inductor.config as inductor_config
 
-    from hospitrust.aggregation import _codegen
-
     inductor_config.force_disable_caches = True  # a new process pays the compile: so does every row here
     _inductor_start()
     d = sum(math.prod(s) for s in SIZES[size]())
@@ -523,8 +522,6 @@ def _inductor_start() -> float:
     """Seconds of the first compile in this process less a later one of the same kind: what a new process pays
     once, before any kernel of its own (Inductor's start), printed once and left out of every row."""
     if not _INDUCTOR_START:
-        from hospitrust.aggregation import _codegen
-
         x = torch.randn(3, 1024)
         agg.set_backend("compile")
         try:
@@ -589,11 +586,11 @@ def main(argv=None) -> None:
         for r in records:  # what a new process (a ServerApp) pays for its first kernel: Inductor's start too
             saved = (r["eager_ms"] - r["compiled_ms"]) / 1e3
             r["break_even_calls_new_process"] = (r["compile_s"] + start) / saved if saved > 0 and r["compiled"] else math.inf
-        paying = [r for r in records if r["break_even_calls_new_process"] <= _codegen_payback()]
-        print(f"rows where a compile pays within {_codegen_payback()} calls in a new process (Inductor's {start:.1f} s start "
+        paying = [r for r in records if r["break_even_calls_new_process"] <= _codegen.AUTO_PAYBACK_CALLS]
+        print(f"rows where a compile pays within {_codegen.AUTO_PAYBACK_CALLS} calls in a new process (Inductor's {start:.1f} s start "
               "counted): " + (", ".join(f"{r['size']} {r['rule']} n={r['n']} ({r['elements']:,}: "
                                         f"{r['break_even_calls_new_process']:.0f})" for r in paying) or "none"))
-        print(f"auto compiles from {_codegen_threshold():,} elements (hospitrust.aggregation._codegen.AUTO_COMPILE_MIN_ELEMENTS)")
+        print(f"auto compiles from {_codegen.AUTO_COMPILE_MIN_ELEMENTS:,} elements (hospitrust.aggregation._codegen.AUTO_COMPILE_MIN_ELEMENTS)")
     for size in ([] if a.backends else a.sizes.split(",")):
         for n_str in a.clients.split(","):
             n = int(n_str)
@@ -602,18 +599,6 @@ def main(argv=None) -> None:
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"command": sys.argv, "torch": torch.__version__, "records": records}, fh, indent=1)
-
-
-def _codegen_payback() -> int:
-    from hospitrust.aggregation import _codegen
-
-    return _codegen.AUTO_PAYBACK_CALLS
-
-
-def _codegen_threshold() -> int:
-    from hospitrust.aggregation import _codegen
-
-    return _codegen.AUTO_COMPILE_MIN_ELEMENTS
 
 
 if __name__ == "__main__":

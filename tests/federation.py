@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -188,35 +187,15 @@ class Federation:
                 continue
         return running
 
-    def finished_in_store(self, run_id: int) -> bool | None:
-        """Whether the SuperLink's own database marks the run finished; None when it cannot tell (unreadable, or no
-        such run). A read of one row, where `flwr ls` is a Python start (about 2 s, a CPU second): the tests wait on
-        this and ask `flwr ls` for the status they assert once it says yes. Read-only, one short transaction (the
-        database is in WAL mode: a reader does not block the SuperLink's writes)."""
-        db = self.work / "superlink" / "state.db"
-        sint64 = run_id - (1 << 64) if run_id >= (1 << 63) else run_id  # Flower stores its uint64 ids as sint64
-        try:
-            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0.5)
-            try:
-                row = con.execute("SELECT t.finished_at FROM run r JOIN task t ON t.task_id = r.primary_task_id "
-                                  "WHERE r.run_id = ?", (sint64,)).fetchone()
-            finally:
-                con.close()
-        except sqlite3.Error:
-            return None
-        return None if row is None else row[0] is not None
-
     def wait(self, run_id: int, timeout: float = RUN_TIMEOUT) -> tuple[str, str]:
         """Until the run has finished: its status as `flwr ls` gives it (what the tests assert). `flwr ls` (a Python
-        start, a CPU second on a loaded machine, which the other worker's tests wait for) is asked once the
-        SuperLink's database marks the run finished (then every second until `flwr ls` agrees), else every 15 s
-        while the database says it is not finished or a ServerApp runs, and every second where neither tells."""
+        start, a CPU second on a loaded machine, which the other worker's tests wait for) is asked 1 s after the
+        last answer while no ServerApp runs (the run not started yet, or its ServerApp gone: the run is ending),
+        and only every 15 s while one does (a run ends with its ServerApp; the 15 s catch one that outlives it)."""
         env, deadline = flwr_env(self.cli_home), time.monotonic() + timeout
         status, details, answered_at = "unknown", "", -1e9
         while time.monotonic() < deadline:
-            finished = self.finished_in_store(run_id)
-            every = 1.0 if finished or (finished is None and not self.serverapp_running()) else 15.0
-            if time.monotonic() - answered_at >= every:
+            if time.monotonic() - answered_at >= (15.0 if self.serverapp_running() else 1.0):
                 status, details = deploy.run_status(run_id, "tls", env=env)
                 answered_at = time.monotonic()
                 if status.startswith("finished"):
@@ -227,13 +206,11 @@ class Federation:
 
     def wait_for(self, done, run_id: int, what: str, timeout: float = RUN_TIMEOUT) -> None:
         """Until ``done()`` (checked every 0.2 s); fails if the run finishes first (its status asked only while no
-        ServerApp runs and the SuperLink's database does not say it is still running, at most every 2 s) or after
-        ``timeout`` seconds."""
+        ServerApp runs, at most every 2 s) or after ``timeout`` seconds."""
         env, deadline, asked_at = flwr_env(self.cli_home), time.monotonic() + timeout, -1e9
         while not done():
             assert time.monotonic() < deadline, f"{what} not reached in {timeout:.0f} s\n" + self.run_log(run_id)
-            if (time.monotonic() - asked_at >= 2 and self.finished_in_store(run_id) is not False
-                    and not self.serverapp_running()):
+            if time.monotonic() - asked_at >= 2 and not self.serverapp_running():
                 asked_at = time.monotonic()
                 status, details = deploy.run_status(run_id, "tls", env=env)
                 if status.startswith("finished") and not done():

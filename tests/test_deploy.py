@@ -29,8 +29,6 @@ def test_own_task_in_three_formats_matches_the_inprocess_run_and_a_nan_hospital_
     run_id = fed.submit(run_config(fed, "nan", extra, rounds=HTA_ROUNDS))
     status, details = fed.wait(run_id)
     assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}\n{fed.tail('st-mary')}"
-    # the harness's cheap read of the SuperLink's database agrees (else every wait falls back to polling `flwr ls`)
-    assert fed.finished_in_store(run_id) is True
     run_dir = fed.work / "runs" / "nan"
     for name in ("summary.json", "rounds.jsonl", "config.json", "model.pt", "class_counts.csv"):
         assert (run_dir / name).is_file(), name

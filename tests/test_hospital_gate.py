@@ -454,13 +454,11 @@ def test_refused_bundles_are_kept_private_and_only_the_newest_ten(tmp_path, monk
     hospital's disk), and approved bundles' kept copies were 0644."""
     import os
 
-    from hospitrust.ops.deploy import gate
-
     content, _, _, cfg = _gate_files(tmp_path)
     deliver = _wired_gate(tmp_path, monkeypatch, cfg)
     pending = cfg.approvals.with_name(cfg.approvals.stem + ".d") / "pending"
     shas = []
-    for i in range(gate.PENDING_KEPT + 2):
+    for i in range(approval.PENDING_KEPT + 2):
         bundle = approval.build_fab(make_app(tmp_path / f"app-{i}", line=f"VALUE = {i}"))
         shas.append(approval.fab_sha256(bundle))
         with pytest.raises(Refused, match="app not approved"):
@@ -471,7 +469,7 @@ def test_refused_bundles_are_kept_private_and_only_the_newest_ten(tmp_path, monk
     assert all(p.stat().st_mode & 0o777 == 0o600 for p in pending.glob("*.fab"))
     with pytest.raises(Refused):  # the same bundle again: kept once
         deliver(approval.build_fab(make_app(tmp_path / "app-11", line="VALUE = 11")))
-    assert len(list(pending.glob("*.fab"))) == gate.PENDING_KEPT
+    assert len(list(pending.glob("*.fab"))) == approval.PENDING_KEPT
     # the approved bundle's copy is the hospital's service user's only
     store = approval.Approvals(cfg.approvals)
     store.approve(content)

@@ -6,9 +6,10 @@ Pure torch, no Flower; CPU or GPU. Each kernel is one pass over the stacked ``(n
 where it can be, so the rules that share it cost what a read costs.
 
 On the CPU, where a compile pays (``auto``: from ``FUSED_MIN_COLUMNS`` coordinates and
-``AUTO_COMPILE_MIN_ELEMENTS`` rows x coordinates on; :func:`~hospitrust.aggregation.set_backend`), the passes are generated kernels compiled by
-``torch.compile`` (:mod:`._codegen`): the columns are cut into cache-sized chunks and one loop
-over the chunks does all the work on each (the Gram matrix: every pair of rows; FLTrust: the
+``AUTO_COMPILE_MIN_ELEMENTS`` rows x coordinates on; :func:`~hospitrust.aggregation.set_backend`),
+the passes are generated kernels compiled by ``torch.compile`` (:mod:`._codegen`): the columns
+are cut into cache-sized chunks and one loop over the chunks does all the work on each (the Gram
+matrix: every pair of rows; FLTrust: the
 dot products with the server update and the norms; centered clipping: the distances to the
 centre), keeping float32 partial sums per chunk that are added up in float64. Below that size,
 on other devices, for other dtypes or when compiling fails, the plain torch versions run.

@@ -39,7 +39,7 @@ in :mod:`hospitrust.aggregation.reference` up to floating-point rounding of the
 final sums (the selected order statistics themselves are exact). Inputs are
 assumed finite: with NaNs the result is unspecified.
 
-The backend is chosen with :func:`set_backend` (a run's ``aggregation-backend``
+The backend is chosen with :func:`set_backend` (a run's ``aggregation.backend``
 key, applied when the server sets the run up); it also chooses between the
 compiled and the plain one-pass kernels of :mod:`hospitrust.aggregation.kernels`.
 ``auto`` compiles only where the compile pays for itself (``_codegen.auto_compiles``).

@@ -173,6 +173,10 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
+#: Refused bundles kept for review: the newest ones, so that a server sending new bundles cannot fill the disk.
+PENDING_KEPT = 10
+
+
 class Approvals:
     """A hospital's approvals file and the folder of approved bundles beside it (``<file stem>.d/<sha>.fab``).
 
@@ -242,6 +246,23 @@ class Approvals:
         write_private(self.bundles / f"{sha}.fab", content, force=True)  # the hospital's copy: its service user's only
         self._write([*approvals, approval], [r for r in self.load_revoked() if r.sha256 != sha])
         return approval
+
+    def keep_pending(self, sha: str, content: bytes) -> Path:
+        """Keep a refused bundle for the security officer's review (``<file stem>.d/pending/<sha>.fab``, mode 0600),
+        at most ``PENDING_KEPT`` of them: the oldest beyond go. Returns its path.
+        """
+        from hospitrust.pki.certificates import write_private
+
+        folder = self.bundles / "pending"
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        pending = folder / f"{sha}.fab"
+        if not pending.is_file():
+            write_private(pending, content, force=True)
+        kept = sorted(folder.glob("*.fab"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in kept[PENDING_KEPT:]:
+            if old != pending:
+                old.unlink(missing_ok=True)
+        return pending
 
     def revoke(self, sha: str, *, by: str | None = None, comment: str = "") -> tuple[Revocation, Approval | None]:
         """Put a bundle on the revocation list and remove its approval, if any.

@@ -139,28 +139,6 @@ def declared_gate_values(content: bytes) -> int:
         return 0
 
 
-#: Refused bundles kept for review: the newest ones, so that a server sending new bundles cannot fill the disk.
-PENDING_KEPT = 10
-
-
-def keep_pending(approvals: Path, sha: str, content: bytes) -> Path:
-    """Keep a refused bundle for the security officer's review (``<approvals>.d/pending/<sha>.fab``, mode 0600), at
-    most ``PENDING_KEPT`` of them: the oldest beyond go. Returns its path.
-    """
-    from hospitrust.pki.certificates import write_private
-
-    folder = approvals.with_name(approvals.stem + ".d") / "pending"
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    pending = folder / f"{sha}.fab"
-    if not pending.is_file():
-        write_private(pending, content, force=True)
-    kept = sorted(folder.glob("*.fab"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for old in kept[PENDING_KEPT:]:
-        if old != pending:
-            old.unlink(missing_ok=True)
-    return pending
-
-
 def decide(config: GateConfig, content: bytes, message_type: str, msg_config: dict[str, Any],
            run_config: dict[str, Any], secagg: dict[str, Any] | None = None, agreed: Agreed | None = None) -> str | None:
     """None when this hospital runs the message, else the reason (a str starting ``refused``).
@@ -360,7 +338,7 @@ def install(config: GateConfig, decision_fd: int | None = None, claim_fd: int | 
                 remove_installs(apps, sha)
             hint = ""
             if reason.startswith("refused: app not approved") and config.approvals is not None:
-                pending = keep_pending(config.approvals, sha, content)
+                pending = Approvals(config.approvals).keep_pending(sha, content)
                 hint = (f"; review it: hospitrust app review {pending} --approvals {config.approvals}, then "
                         f"hospitrust app approve {pending} --approvals {config.approvals}")
             print(f"hospitrust gate: {reason} (run {seen.get('run_id')}, {seen.get('message_type')} message, bundle "
