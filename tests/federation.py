@@ -188,14 +188,17 @@ class Federation:
         return running
 
     def wait(self, run_id: int, timeout: float = RUN_TIMEOUT) -> tuple[str, str]:
-        """Until the run has finished: its status as `flwr ls` gives it (what the tests assert). `flwr ls` (a Python
-        start, a CPU second on a loaded machine, which the other worker's tests wait for) is asked 1 s after the
-        last answer while no ServerApp runs (the run not started yet, or its ServerApp gone: the run is ending),
-        and only every 15 s while one does (a run ends with its ServerApp; the 15 s catch one that outlives it)."""
+        """Until the run has finished: its status as `flwr ls` gives it (what the tests assert). `flwr ls` is a Python
+        start (a CPU second on a loaded machine, which the other worker's tests wait for), so it is asked by what the
+        SuperLink's process tree shows: every 5 s before the run's ServerApp has started (a run that never starts still
+        ends), every 15 s while it runs (a run ends with its ServerApp; the 15 s catch one that outlives it), and 1 s
+        after the last answer once the ServerApp has gone (the run is ending)."""
         env, deadline = flwr_env(self.cli_home), time.monotonic() + timeout
-        status, details, answered_at = "unknown", "", -1e9
+        status, details, answered_at, started = "unknown", "", -1e9, False
         while time.monotonic() < deadline:
-            if time.monotonic() - answered_at >= (15.0 if self.serverapp_running() else 1.0):
+            running = self.serverapp_running()
+            started |= running
+            if time.monotonic() - answered_at >= (15.0 if running else 1.0 if started else 5.0):
                 status, details = deploy.run_status(run_id, "tls", env=env)
                 answered_at = time.monotonic()
                 if status.startswith("finished"):
@@ -206,11 +209,14 @@ class Federation:
 
     def wait_for(self, done, run_id: int, what: str, timeout: float = RUN_TIMEOUT) -> None:
         """Until ``done()`` (checked every 0.2 s); fails if the run finishes first (its status asked only while no
-        ServerApp runs, at most every 2 s) or after ``timeout`` seconds."""
-        env, deadline, asked_at = flwr_env(self.cli_home), time.monotonic() + timeout, -1e9
+        ServerApp runs: every 2 s once its ServerApp has gone, every 5 s before it has started) or after ``timeout``
+        seconds."""
+        env, deadline, asked_at, started = flwr_env(self.cli_home), time.monotonic() + timeout, -1e9, False
         while not done():
             assert time.monotonic() < deadline, f"{what} not reached in {timeout:.0f} s\n" + self.run_log(run_id)
-            if time.monotonic() - asked_at >= 2 and not self.serverapp_running():
+            running = self.serverapp_running()
+            started |= running
+            if not running and time.monotonic() - asked_at >= (2.0 if started else 5.0):
                 asked_at = time.monotonic()
                 status, details = deploy.run_status(run_id, "tls", env=env)
                 if status.startswith("finished") and not done():
