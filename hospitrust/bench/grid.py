@@ -22,6 +22,10 @@
         { label = "dir0.1", partitioner = "dirichlet", "dirichlet.alpha" = 0.1 },
     ]
 
+    # a control, a row trained without federating (hospitrust.bench.controls), is an axis table with
+    # `control` (and, trained to convergence, control-epochs and control-learning-rate), e.g. in a
+    # strategy axis of tables: { label = "pooled", control = "pooled", control-epochs = 60, control-learning-rate = 0.01 }
+
     [[when]]                       # applied to every cell in order, after the axes
     if = { attack = "none" }       # a list value means any of
     set = { malicious-fraction = 0.0 }
@@ -61,6 +65,8 @@ BACKENDS = ("inprocess", "simulation")
 GRID_KEYS = {"name", "description", "backend", "workers", "hospitals", "metric", "baseline", "keep-models", "timeout",
              "threads-per-worker", "reuse-workers", "shared-superlink", "aggregation-backend"}
 AXIS_ONLY_KEYS = {"hospitals"}  # axes that are not run config keys
+# a control (hospitrust.bench.controls): a cell trained without federating, a row beside the rules
+from hospitrust.bench.controls import CONTROL_KEYS, Control, ControlError  # noqa: E402
 from hospitrust.bench.names import METRICS  # noqa: E402 - defined where the CLI reads it without the run config
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+\-]")
 
@@ -77,6 +83,7 @@ class Cell:
     axes: dict[str, Any]
     run_config: dict[str, Any]
     hospitals: int
+    control: dict[str, Any] = field(default_factory=dict)  # a control's keys (control, control-epochs, ...); {} for a rule
 
     def columns(self) -> dict[str, Any]:
         return {"cell": self.name, **self.axes, "hospitals": self.hospitals}
@@ -185,8 +192,9 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
                 raise GridError(f"[axes] {key}: every table needs a `label` (a short name for the cell names)")
             if len(set(table_labels)) != len(table_labels):
                 raise GridError(f"[axes] {key}: labels repeat: {table_labels}")
-        elif key not in defaults and key not in AXIS_ONLY_KEYS and not legacy.new_names(key):
+        elif key not in defaults and key not in AXIS_ONLY_KEYS and key not in CONTROL_KEYS and not legacy.new_names(key):
             raise GridError(_unknown_key_message(f"[axes] {key}", key, defaults))
+    base_control = {k: base.pop(k) for k in list(base) if k in CONTROL_KEYS}
     for key in base:
         if key not in defaults:
             raise GridError(_unknown_key_message(f"[base] {key}", key, defaults))
@@ -215,6 +223,7 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
     for combo in itertools.product(*(axes_raw[k] for k in keys)):
         config = {**defaults, **base}
         hospitals = default_hospitals
+        control = dict(base_control)
         labels: dict[str, Any] = {}
         cell_keys = set(base)  # the keys this cell sets (a preset's value is overridden only by a set key)
         for key, value in zip(keys, combo):
@@ -225,6 +234,8 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
                         continue
                     if k == "hospitals":
                         hospitals = v
+                    elif k in CONTROL_KEYS:
+                        control[k] = v
                     elif k not in defaults and not legacy.new_names(k):
                         errors.append(_unknown_key_message(f"[axes] {key} ({value['label']})", k, defaults))
                     else:
@@ -232,12 +243,14 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
                         cell_keys.add(k)
             elif key == "hospitals":
                 hospitals = value
+            elif key in CONTROL_KEYS:
+                control[key] = value
             else:
                 config[key] = value
                 cell_keys.add(key)
         skip = False
         for rule in rules:
-            view = {**legacy.translate(config)[0], **config, **labels, "hospitals": hospitals}
+            view = {**legacy.translate(config)[0], **config, **control, **labels, "hospitals": hospitals}
             if _matches(rule["if"], view):
                 if rule.get("skip"):
                     skip = True
@@ -245,6 +258,8 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
                 for k, v in rule.get("set", {}).items():
                     if k == "hospitals":
                         hospitals = v
+                    elif k in CONTROL_KEYS:
+                        control[k] = v
                     elif k not in defaults and not legacy.new_names(k):
                         errors.append(_unknown_key_message("[[when]] set", k, defaults))
                     else:
@@ -266,9 +281,13 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
         errors += [f"cell {name}: {p}" for p in preset_key_problems(translated, legacy.translate_keys(cell_keys, translated))]
         config = restrict_to_active(translated)
         config["run-name"] = name
-        cell = Cell(name=name, axes=axis_values, run_config=config, hospitals=hospitals)
+        try:
+            Control.from_keys(control)
+        except ControlError as exc:
+            errors.append(f"cell {name}: {exc}")
+        cell = Cell(name=name, axes=axis_values, run_config=config, hospitals=hospitals, control=control)
         if name in seen:
-            if seen[name].run_config != config or seen[name].hospitals != hospitals:
+            if seen[name].run_config != config or seen[name].hospitals != hospitals or seen[name].control != control:
                 errors.append(f"cell {name}: two axis combinations give this name with different run configs")
             grid.duplicates += 1
             continue
@@ -309,10 +328,11 @@ def validate_cells(cells: list[Cell]) -> list[str]:
 
 
 def _unknown_key_message(where: str, key: str, defaults: Mapping[str, Any]) -> str:
-    return f"{where}: unknown run config key {key!r}{did_you_mean(key, [*defaults, 'hospitals'])}"
+    return f"{where}: unknown run config key {key!r}{did_you_mean(key, [*defaults, 'hospitals', *CONTROL_KEYS])}"
 
 
 def grid_fingerprint(grid: Grid) -> str:
     """A short hash of all cells' configs, stored beside the results to notice an edited grid."""
-    blob = json.dumps([[c.name, c.hospitals, c.run_config] for c in grid.cells], sort_keys=True, default=str)
+    blob = json.dumps([[c.name, c.hospitals, c.run_config, *([c.control] if c.control else [])] for c in grid.cells],
+                      sort_keys=True, default=str)  # a rule's cell hashes as before controls existed
     return hashlib.sha1(blob.encode()).hexdigest()[:12]

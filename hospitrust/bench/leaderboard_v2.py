@@ -190,6 +190,58 @@ def ranking_lines(worst: pd.DataFrame, clean: pd.DataFrame, baseline: str, what:
     return lines
 
 
+def controls_per_seed(cells: pd.DataFrame, column: str, controls: Collection[str] | None = None) -> pd.DataFrame:
+    """Seeds x controls: each control's ``column`` (a control runs no attack: its one cell per seed).
+    ``controls``: the rule labels that are controls (default: :data:`hospitrust.bench.controls.CONTROLS`)."""
+    from hospitrust.bench.controls import CONTROLS
+
+    wanted = set(CONTROLS if controls is None else controls)
+    clean = clean_per_seed(cells[cells["rule"].isin(wanted)], column) if "rule" in cells else pd.DataFrame()
+    return clean[[c for c in clean.columns if c in wanted]] if len(clean) else clean
+
+
+def best_control(controls: pd.DataFrame) -> str | None:
+    """The control with the highest mean over the seeds every control has (name on ties); None without one.
+    One control for the whole table, not the best per seed: a maximum over noisy values would favour the
+    controls by construction."""
+    complete = controls.dropna()
+    if complete.empty:
+        return None
+    return order_by(complete)[0]
+
+
+def versus_control(worst: pd.DataFrame, controls: pd.DataFrame) -> tuple[str | None, pd.DataFrame]:
+    """Each rule's worst case minus the best control, paired by seed: (the best control, one row per rule
+    with ``seeds``, ``mean``, ``low``, ``high`` (Student's t 95 %), ``p`` (the exact sign-flip test, two-sided)
+    and ``above`` (seeds where the rule's worst case beats the control)). Rules best first."""
+    best = best_control(controls)
+    cols = ["rule", "seeds", "mean", "low", "high", "p", "above"]
+    if best is None or worst.empty:
+        return best, pd.DataFrame(columns=cols)
+    rows = []
+    for rule in order_by(worst):
+        both = pd.concat([worst[rule], controls[best]], axis=1, keys=["rule", "control"]).dropna()
+        d = (both["rule"] - both["control"]).to_list()
+        iv = stats.t_interval(d)
+        rows.append([rule, len(d), iv.mean, iv.low, iv.high, stats.sign_flip_pvalue(d), int(sum(x > 0 for x in d))])
+    return best, pd.DataFrame(rows, columns=cols)
+
+
+def versus_control_lines(worst: pd.DataFrame, controls: pd.DataFrame, what: str = "worst case") -> list[str]:
+    """Does joining pay: the controls' values, then each rule's ``what`` minus the best control, paired by seed."""
+    if controls.empty:
+        return ["No control has run for this table: whether federating pays is not shown.", ""]
+    lines = md_table(["control", "value [95 % t CI]", "seeds"],
+                     [[c, _iv(controls[c].dropna()), int(controls[c].notna().sum())] for c in order_by(controls)])
+    best, table = versus_control(worst, controls)
+    if best is None or table.empty:
+        return lines + ["No seed has every control and a rule's value: nothing to pair.", ""]
+    rows = [[r.rule, r.seeds, stats.Interval(r.mean, r.low, r.high, r.seeds).text(3), f"{r.p:.3g}", f"{r.above} of {r.seeds}"]
+            for r in table.itertuples()]
+    return lines + [f"Each rule's {what} minus the best control ({best}), paired by seed:", ""] + md_table(
+        ["rule", "seeds", f"{what} minus {best} [95 % t CI]", "sign-flip p (two-sided)", "seeds above"], rows)
+
+
 def cd_png(worst: pd.DataFrame, title: str) -> bytes | None:
     """The critical-difference diagram of ``worst`` (seeds x rules) over its complete seeds: mean ranks, and
     bars joining the rules no Holm-corrected paired t-test separates. None with fewer than 2 rules or seeds.

@@ -84,7 +84,13 @@ def _run_cell(task: dict[str, Any]) -> dict[str, Any]:
         shutil.rmtree(run_dir)  # left by a killed or failed attempt: start the cell afresh
     try:
         with open(log_path, "w") as log:
-            if task["backend"] == "inprocess":
+            if task.get("control"):  # no federation: trained in this worker, whatever the grid's backend
+                from hospitrust.bench.controls import Control, run_control
+
+                control = Control.from_keys(task["control"])
+                assert control is not None  # a cell with control keys names its control (checked by parse_grid)
+                run_control(task["run_config"], task["hospitals"], control, say=lambda line: print(line, file=log, flush=True))
+            elif task["backend"] == "inprocess":
                 from hospitrust.bench.backends import run_inprocess_cell
 
                 run_inprocess_cell(task["run_config"], task["hospitals"], log)
@@ -219,7 +225,7 @@ def _run_locked(grid: Grid, out: Path, *, workers, retry_failed, ray_address, li
         return {"name": cell.name, "run_config": cfg, "hospitals": cell.hospitals, "backend": grid.backend,
                 "run_dir": str(out / "cells" / cell.name), "log": str(out / "logs" / f"{cell.name}.log"),
                 "timeout": grid.timeout, "keep_models": grid.keep_models, "superlink": superlink,
-                "ray_address": ray_address}
+                "ray_address": ray_address, "control": cell.control}
 
     # earlier sessions' cell times seed the estimate of time left
     durations = _earlier_durations(out)

@@ -1,0 +1,165 @@
+"""The controls (hospitrust.bench.controls): what the server or the hospitals get without federating, as rows
+of a grid beside the rules, and each rule's worst case set against the best of them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from hospitrust.attacks.selection import malicious_set
+from hospitrust.bench import leaderboard_v2 as v2
+from hospitrust.bench.controls import CONTROLS, Control, ControlError, EpochTrainer, honest_partitions
+from hospitrust.bench.grid import GridError, grid_fingerprint, parse_grid
+from hospitrust.config import parse_run_config
+from hospitrust.models import build_model
+from hospitrust.models.training import balanced_class_weights, seed_everything, train
+from hospitrust.ops.simulate import app_config_defaults
+
+from conftest import REPO
+
+
+def test_a_controls_keys_are_checked_with_what_is_allowed():
+    assert Control.from_keys({}) is None
+    assert Control.from_keys({"control": "cohort-only-rounds"}) == Control("cohort-only-rounds")
+    assert Control.from_keys({"control": "pooled", "control-epochs": 5, "control-learning-rate": 0.01}) == Control(
+        "pooled", 5, 0.01)
+    bad = [({"control": "alone"}, "control = 'alone'; allowed: " + ", ".join(CONTROLS)),
+           ({"control": "pooled"}, "control-epochs must be an integer in [1, 100000]"),
+           ({"control": "local-only-best", "control-epochs": 2.5}, "got 2.5"),
+           ({"control": "cohort-only-rounds", "control-epochs": 3}, "control-epochs does not apply"),
+           ({"control": "pooled", "control-epochs": 3, "control-learning-rate": -1}, "control-learning-rate must be"),
+           ({"control-epochs": 3}, "control-epochs without control = one of"),
+           ({"control": "pooled", "control-epoch": 3}, "unknown control key(s) ['control-epoch']")]
+    for keys, message in bad:
+        with pytest.raises(ControlError, match=None) as err:
+            Control.from_keys(keys)
+        assert message in str(err.value), (keys, str(err.value))
+
+
+def test_the_honest_hospitals_are_those_the_attacked_cells_leave_honest():
+    defaults = app_config_defaults()
+    for fraction, named, seed in ((0.3, "", 11), (0.3, "", 12), (0.0, "", 11), (0.0, "0,3", 5)):
+        cfg = parse_run_config({**defaults, "malicious-fraction": fraction, "malicious-hospitals": named, "seed": seed})
+        bad = malicious_set(10, malicious_fraction=fraction, malicious_hospitals=named, seed=seed)
+        assert honest_partitions(cfg, 10) == [i for i in range(10) if i not in bad]
+    cfg = parse_run_config({**defaults, "malicious-hospitals": "0,3"})
+    assert honest_partitions(cfg, 5) == [1, 2, 4]
+    assert len(honest_partitions(parse_run_config({**defaults, "malicious-fraction": 0.3, "seed": 11}), 10)) == 7
+
+
+def test_training_one_epoch_at_a_time_is_training_for_every_epoch_at_once():
+    # the converged controls evaluate after each epoch; the model must be the one train(epochs=E) gives
+    cfg = parse_run_config({**app_config_defaults(), "batch-size": 8, "train.class-weighted-loss": True})
+    rng = np.random.default_rng(3)
+    images = rng.integers(0, 256, size=(21, 28, 28, 1), dtype=np.uint8)  # 3 batches, the last one short
+    labels = rng.integers(0, 2, size=21).astype(np.int64)
+
+    def fresh():
+        seed_everything(5)
+        return build_model("tiny-cnn", 1, 2, 28)
+
+    a = fresh()
+    seed_everything(9)
+    trainer = EpochTrainer(a, images, labels, cfg=cfg, learning_rate=0.05, num_classes=2, augment=None,
+                           device=torch.device("cpu"))
+    for _ in range(3):
+        trainer.epoch()
+    b = fresh()
+    seed_everything(9)
+    train(b, images, labels, epochs=3, batch_size=8, learning_rate=0.05, optimizer=cfg.train.optimizer,
+          momentum=cfg.train.momentum, weight_decay=cfg.train.weight_decay, device=torch.device("cpu"),
+          class_weights=balanced_class_weights(labels, 2))
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name
+    assert any(not torch.equal(x, y) for x, y in zip(a.state_dict().values(), fresh().state_dict().values()))  # it trained
+
+
+def _frame(values: dict[str, list[float]], attack: str) -> list[dict]:
+    return [{"rule": rule, "seed": 11 + i, "attack_label": attack, "final_balanced_accuracy": v}
+            for rule, vs in values.items() for i, v in enumerate(vs)]
+
+
+def test_each_rules_worst_case_is_paired_with_the_control_best_on_average():
+    cells = pd.DataFrame(_frame({"fltrust": [0.80, 0.70, 0.90]}, "alie") + _frame({"fltrust": [0.85, 0.80, 0.95]}, "ipm")
+                         + _frame({"fltrust": [0.9, 0.9, 0.9], "cohort-only-rounds": [0.75, 0.75, 0.75],
+                                   "pooled": [0.5, 0.6, 0.7]}, "none"))
+    worst = v2.worst_per_seed(cells, "final_balanced_accuracy", attacks=["alie", "ipm"])
+    controls = v2.controls_per_seed(cells, "final_balanced_accuracy")
+    assert list(controls.columns) == ["cohort-only-rounds", "pooled"]  # the rule's clean run is not a control
+    best, table = v2.versus_control(worst, controls)
+    assert best == "cohort-only-rounds"  # mean 0.75 against 0.60: one control for the table, not a per-seed max
+    (row,) = table.itertuples()
+    # differences 0.05, -0.05, 0.15: mean 0.05, sd 0.1, t(0.975, 2) = 4.3027 -> half width 0.24842
+    assert row.seeds == 3 and row.above == 2
+    assert math.isclose(row.mean, 0.05, abs_tol=1e-12)
+    assert math.isclose(row.low, 0.05 - 0.248414, abs_tol=1e-5) and math.isclose(row.high, 0.05 + 0.248414, abs_tol=1e-5)
+    # |sum| of the 8 sign patterns: 0.15, 0.15, 0.25, 0.05, 0.05, 0.25, 0.15, 0.15: 6 of 8 at least 0.15
+    assert math.isclose(row.p, 0.75)
+    lines = "\n".join(v2.versus_control_lines(worst, controls))
+    assert "minus the best control (cohort-only-rounds)" in lines and "| fltrust | 3 | 0.050 [-0.198, 0.298] | 0.75 | 2 of 3 |" in lines
+    assert "whether federating pays is not shown" in v2.versus_control_lines(worst, pd.DataFrame())[0]
+
+
+def test_a_grid_takes_controls_beside_its_rules_and_a_rules_cell_hashes_as_before():
+    grid = REPO / "benchmarks" / "leaderboard" / "v2" / "ranked-pneumonia-s11-a.toml"
+    parsed = parse_grid(grid, validate=False)
+    old = hashlib.sha1(json.dumps([[c.name, c.hospitals, c.run_config] for c in parsed.cells], sort_keys=True,
+                                  default=str).encode()).hexdigest()[:12]
+    assert grid_fingerprint(parsed) == old and all(c.control == {} for c in parsed.cells)
+
+    base = {"grid": {"name": "g", "hospitals": 4}, "base": {"num-server-rounds": 2, "malicious-fraction": 0.25},
+            "axes": {"seed": [1], "strategy": [{"label": "fedavg", "strategy": "fedavg"},
+                                               {"label": "pooled", "control": "pooled", "control-epochs": 3},
+                                               {"label": "cohort", "control": "cohort-only-rounds"}]}}
+    cells = {c.axes["strategy"]: c for c in parse_grid(base, validate=False).cells}
+    assert cells["fedavg"].control == {} and cells["cohort"].control == {"control": "cohort-only-rounds"}
+    assert cells["pooled"].control == {"control": "pooled", "control-epochs": 3}
+    assert cells["pooled"].run_config["malicious-fraction"] == 0.25  # the condition's honest hospitals
+    wrong = json.loads(json.dumps(base))
+    wrong["axes"]["strategy"][1] = {"label": "pooled", "control": "pooled"}
+    with pytest.raises(GridError, match=r"cell seed=1__strategy=pooled: control = 'pooled' trains to convergence"):
+        parse_grid(wrong, validate=False)
+
+
+@pytest.mark.data
+def test_every_control_runs_in_a_grid_and_is_read_back_as_a_row(tmp_path, data_dir):
+    from hospitrust.bench.runner import run_grid
+    from hospitrust.datasets.federation import simulated_hospital
+
+    grid = parse_grid({
+        "grid": {"name": "controls", "hospitals": 4, "workers": 1},
+        "base": {"dataset": "pneumoniamnist", "model": "tiny-cnn", "num-server-rounds": 3, "train-subsample": 0.05,
+                 "malicious-fraction": 0.25, "reference-cohort-per-class": 10, "train.class-weighted-loss": True,
+                 "seed": 1},
+        "axes": {"strategy": [
+            {"label": "cohort-only-rounds", "control": "cohort-only-rounds"},
+            {"label": "cohort-only-converged", "control": "cohort-only-converged", "control-epochs": 2,
+             "control-learning-rate": 0.003},
+            {"label": "local-only-mean", "control": "local-only-mean", "control-epochs": 2},
+            {"label": "local-only-best", "control": "local-only-best", "control-epochs": 2},
+            {"label": "pooled", "control": "pooled", "control-epochs": 2}]}})
+    outcome = run_grid(grid, tmp_path / "out", progress=lambda line: None)
+    assert outcome.ok, outcome
+    table = pd.read_csv(tmp_path / "out" / "cells.csv").set_index("strategy")
+    assert set(table.index) == set(CONTROLS) and (table["status"] == "done").all()
+    assert table.loc["cohort-only-rounds", "rounds"] == 3 and table.loc["pooled", "rounds"] == 2
+    assert table["final_balanced_accuracy"].between(0, 1).all() and table["final_auc"].between(0, 1).all()
+
+    cfg = parse_run_config(grid.cells[0].run_config)
+    honest = honest_partitions(cfg, 4)
+    assert len(honest) == 3
+    summary = {k: json.loads((tmp_path / "out" / "cells" / f"strategy={k}" / "summary.json").read_text())["control"]
+               for k in CONTROLS}
+    sizes = {p: len(simulated_hospital(cfg.federation, p, 4).train) for p in honest}
+    assert summary["pooled"]["pooled_images"] == sum(sizes.values())
+    assert summary["cohort-only-rounds"]["cohort_images"] == 20 == summary["cohort-only-converged"]["cohort_images"]
+    best = summary["local-only-best"]
+    scores = best["validation_balanced_accuracy"]
+    assert set(scores) == {f"hospital-{p}" for p in honest} == set(best["honest_hospitals"])
+    assert best["best_hospital"] == max(sorted(scores), key=lambda h: scores[h])
