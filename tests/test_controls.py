@@ -163,3 +163,24 @@ def test_every_control_runs_in_a_grid_and_is_read_back_as_a_row(tmp_path, data_d
     scores = best["validation_balanced_accuracy"]
     assert set(scores) == {f"hospital-{p}" for p in honest} == set(best["honest_hospitals"])
     assert best["best_hospital"] == max(sorted(scores), key=lambda h: scores[h])
+
+
+def test_a_cohort_of_zero_images_per_class_is_a_run_without_a_cohort(data_dir):
+    """The cohort-size sweep's 0: valid; a rule that needs a cohort names its cohort-free setting or says it has none."""
+    from hospitrust.bench.controls import run_control
+    from hospitrust.config.run import ConfigError
+    from hospitrust.datasets.federation import load_arrays, reference_set, validation_set
+
+    defaults = app_config_defaults()
+    cfg = parse_run_config({**defaults, "dataset": "pneumoniamnist", "reference-cohort-per-class": 0})
+    assert len(reference_set(cfg.federation)) == 0
+    assert len(validation_set(cfg.federation)) == len(load_arrays(cfg.federation).labels["val"])  # nothing held back
+    for rule, said in (("fltrust", "fltrust has no cohort-free setting"),
+                       ("hta", "or hta.validation-exponent = 0 (trust from direction and magnitude only) to run it without one")):
+        with pytest.raises(ConfigError) as err:
+            parse_run_config({**defaults, "strategy": rule, "reference-cohort-per-class": 0})
+        assert "or reference-cohort-per-class >= 1" in str(err.value) and said in str(err.value), str(err.value)
+    parse_run_config({**defaults, "strategy": "hta", "reference-cohort-per-class": 0, "hta.validation-exponent": 0})
+    with pytest.raises(ValueError, match="trains on the server's reference cohort: this run has none"):
+        run_control({**defaults, "dataset": "pneumoniamnist", "reference-cohort-per-class": 0, "num-server-rounds": 1},
+                    2, Control("cohort-only-rounds"), say=lambda line: None)

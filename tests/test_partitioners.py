@@ -366,5 +366,6 @@ def test_reference_cohort_balanced():
     small = np.array([0, 0, 0, 0, 1, 2, 2])
     ref = reference_cohort(small, 3, seed=0)
     assert np.bincount(small[ref]).tolist() == [3, 1, 2]
+    assert reference_cohort(small, 0, seed=0).size == 0  # no cohort (the cohort-size sweep's 0)
     with pytest.raises(ValueError, match="per_class"):
-        reference_cohort(small, 0, seed=0)
+        reference_cohort(small, -1, seed=0)

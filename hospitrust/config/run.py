@@ -104,8 +104,9 @@ class CoreOptions(Options):
     train_subsample: float = Field(1.0, gt=0.0, le=1.0, description=(
         "Share of the training split used (stratified; for quick runs)."
     ))
-    reference_cohort_per_class: int = Field(20, ge=1, description=(
-        "The server's reference cohort: images per class, from the val split."
+    reference_cohort_per_class: int = Field(20, ge=0, description=(
+        "The server's reference cohort: images per class, from the val split. 0: no cohort (a rule that judges "
+        "updates on data then refuses to start, naming its cohort-free setting)."
     ))
     # model and local training (the rest in the train section)
     model: str = Field("small-cnn", description="The model architecture, by registry name.")
@@ -546,10 +547,11 @@ def check_server_data(cfg: RunConfig) -> list[str]:
     options = cfg.strategy_options
     composed = {name: cfg.options(name) for name in cls.composes(options)}
     needs = cls.needs(options, composed)
-    if needs and not cfg.server_data.has_cohort(cfg.task.custom):
+    if needs and not cfg.server_data.has_cohort(cfg.task.custom, cfg.reference_cohort_per_class):
         free = cls.cohort_free_setting(options, composed)
         out.append(f"strategy {cfg.strategy} needs the server's reference cohort ({', '.join(sorted(needs))}), and this "
                    "run has none: set server-data.cohort-path (the operator's cohort on the SuperLink machine)"
+                   + (" or reference-cohort-per-class >= 1" if not cfg.task.custom else "")
                    + (f", or {free} to run it without one" if free else f"; {cfg.strategy} has no cohort-free setting"))
     return out
 

@@ -809,7 +809,7 @@ def reference_cohort(labels: np.ndarray, per_class: int, *, seed: int) -> np.nda
         E.g. the labels of the validation split, from which the server's
         reference cohort is drawn.
     per_class : int
-        ``>= 1``.
+        ``>= 0`` (0: no cohort, the empty sample).
     seed : int
 
     Returns
@@ -818,7 +818,7 @@ def reference_cohort(labels: np.ndarray, per_class: int, *, seed: int) -> np.nda
         Sorted indices into ``labels``.
     """
     y = _check_labels(labels)
-    k = _check_int(per_class, "per_class", 1)
+    k = _check_int(per_class, "per_class", 0)
     seed = _check_int(seed, "seed", 0)
     rng = np.random.default_rng(seed)
     picks = []

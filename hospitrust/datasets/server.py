@@ -64,9 +64,10 @@ class ServerDataOptions(Options):
         """Whether the run has a server-side test set (a path, or a built-in task's dataset file)."""
         return bool(self.test_path.strip()) or not custom_task
 
-    def has_cohort(self, custom_task: bool) -> bool:
-        """Whether the run has a reference cohort (a path, or a built-in task's dataset file)."""
-        return bool(self.cohort_path.strip()) or not custom_task
+    def has_cohort(self, custom_task: bool, per_class: int = 1) -> bool:
+        """Whether the run has a reference cohort (a path, or a built-in task's dataset file with
+        ``reference-cohort-per-class`` = ``per_class`` >= 1)."""
+        return bool(self.cohort_path.strip()) or (not custom_task and per_class > 0)
 
     def evaluation_mode(self, custom_task: bool) -> str:
         """``central`` or ``federated`` for this run."""
@@ -130,7 +131,7 @@ def server_sets(options: ServerDataOptions, task: Any, federation: SimulatedFede
             test, test_source = test_set(federation), f"dataset {federation.dataset} test split"
     if options.cohort_path.strip():
         cohort, cohort_source = _load(options.cohort_path, options, task)
-    elif not custom_task:
+    elif not custom_task and federation.reference_cohort_per_class > 0:
         cohort = reference_set(federation)
         cohort_source = f"dataset {federation.dataset} val split, {federation.reference_cohort_per_class} per class"
     if options.evaluation_mode(custom_task) == "federated":

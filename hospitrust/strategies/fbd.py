@@ -254,7 +254,7 @@ class FBD(HospitrustStrategy):
     def check_run_config(cls, cfg: Any) -> None:
         blocks_for(cfg.model)  # ValueError naming the models that have a block cut
         lacking = [key for key, ok in (("server-data.test-path", cfg.server_data.has_test_set(cfg.task.custom)),
-                                       ("server-data.cohort-path", cfg.server_data.has_cohort(cfg.task.custom)))
+                                       ("server-data.cohort-path", cfg.server_data.has_cohort(cfg.task.custom, cfg.reference_cohort_per_class)))
                    if not ok]
         if lacking or cfg.server_data.evaluation == "federated":
             raise ValueError(f"strategy fbd evaluates, routes and screens its colors on the server's test set and "
