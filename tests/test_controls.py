@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import subprocess
+import tomllib
 
 import numpy as np
 import pandas as pd
@@ -88,12 +90,13 @@ def _frame(values: dict[str, list[float]], attack: str) -> list[dict]:
 def test_each_rules_worst_case_is_paired_with_the_control_best_on_average():
     cells = pd.DataFrame(_frame({"fltrust": [0.80, 0.70, 0.90]}, "alie") + _frame({"fltrust": [0.85, 0.80, 0.95]}, "ipm")
                          + _frame({"fltrust": [0.9, 0.9, 0.9], "cohort-only-rounds": [0.75, 0.75, 0.75],
-                                   "pooled": [0.5, 0.6, 0.7]}, "none"))
+                                   "local-only-mean": [0.5, 0.6, 0.7], "pooled": [0.95, 0.95, 0.95]}, "none"))
     worst = v2.worst_per_seed(cells, "final_balanced_accuracy", attacks=["alie", "ipm"])
     controls = v2.controls_per_seed(cells, "final_balanced_accuracy")
-    assert list(controls.columns) == ["cohort-only-rounds", "pooled"]  # the rule's clean run is not a control
+    assert list(controls.columns) == ["cohort-only-rounds", "local-only-mean", "pooled"]  # the rule's clean run is not one
     best, table = v2.versus_control(worst, controls)
-    assert best == "cohort-only-rounds"  # mean 0.75 against 0.60: one control for the table, not a per-seed max
+    # mean 0.75 against 0.60: one control for the table, not a per-seed max; pooled (0.95) is the ceiling, not a candidate
+    assert best == "cohort-only-rounds"
     (row,) = table.itertuples()
     # differences 0.05, -0.05, 0.15: mean 0.05, sd 0.1, t(0.975, 2) = 4.3027 -> half width 0.24842
     assert row.seeds == 3 and row.above == 2
@@ -146,6 +149,10 @@ def test_every_control_runs_in_a_grid_and_is_read_back_as_a_row(tmp_path, data_d
             {"label": "pooled", "control": "pooled", "control-epochs": 2}]}})
     outcome = run_grid(grid, tmp_path / "out", progress=lambda line: None)
     assert outcome.ok, outcome
+    # the part records the code it ran: this checkout's commit
+    (start,) = [e for e in map(json.loads, (tmp_path / "out" / "bench.jsonl").read_text().splitlines()) if e["event"] == "start"]
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert start["code"]["commit"] == head and isinstance(start["code"]["dirty"], bool), start
     table = pd.read_csv(tmp_path / "out" / "cells.csv").set_index("strategy")
     assert set(table.index) == set(CONTROLS) and (table["status"] == "done").all()
     assert table.loc["cohort-only-rounds", "rounds"] == 3 and table.loc["pooled", "rounds"] == 2
@@ -184,3 +191,39 @@ def test_a_cohort_of_zero_images_per_class_is_a_run_without_a_cohort(data_dir):
     with pytest.raises(ValueError, match="trains on the server's reference cohort: this run has none"):
         run_control({**defaults, "dataset": "pneumoniamnist", "reference-cohort-per-class": 0, "num-server-rounds": 1},
                     2, Control("cohort-only-rounds"), say=lambda line: None)
+
+
+def _v3_controls():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("v3_controls", REPO / "benchmarks" / "leaderboard" / "v3" / "controls.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_controls_are_tuned_by_the_protocols_rule_and_the_committed_grids_are_the_scripts_output():
+    v3 = _v3_controls()
+    assert v3.main(["tune", "--check"]) == 0
+    curves = {}
+    for kind, (most, step) in v3.EPOCHS.items():
+        for rate in v3.RATES:
+            curves[(kind, rate)] = {e: [0.6, 0.6, 0.6] for e in range(1, most + 1)}
+    # cohort: a spike at an epoch no choice may stop at (15) is not chosen; 0.9 at 30 and 40 ties: fewer epochs
+    curves[("cohort-only-converged", 0.003)][15] = [1.0, 1.0, 1.0]
+    curves[("cohort-only-converged", 0.003)][30] = [0.9, 0.8, 1.0]
+    curves[("cohort-only-converged", 0.003)][40] = [0.9, 0.9, 0.9]
+    # local: the same mean at two rates and one epoch: the smaller rate
+    curves[("local-only-mean", 0.01)][20] = [0.8, 0.8, 0.8]
+    curves[("local-only-mean", 0.03)][20] = [0.7, 0.8, 0.9]
+    chosen = v3.choose(curves)
+    assert chosen["cohort-only-converged"][:2] == (0.003, 30) and math.isclose(chosen["cohort-only-converged"][2], 0.9)
+    assert chosen["local-only-mean"][:2] == (0.01, 20)
+    assert chosen["pooled"][:2] == (0.001, 5)  # everything equal: the fewest epochs, the smallest rate
+    grid = parse_grid(tomllib.loads(v3.evaluation_grid(chosen)))
+    by = {c.axes["strategy"]: c.control for c in grid.cells if c.axes["seed"] == 11}
+    assert by["local-only-best"] == {"control": "local-only-best", "control-epochs": 20, "control-learning-rate": 0.01}
+    assert by["cohort-only-rounds"] == {"control": "cohort-only-rounds"} and len(grid.cells) == 50
+    del curves[("pooled", 0.03)][120]
+    with pytest.raises(SystemExit, match="pooled at rate 0.03, epoch 120: 0 of 3 tuning seeds finished"):
+        v3.choose(curves)

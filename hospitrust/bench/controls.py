@@ -41,6 +41,8 @@ from hospitrust.aggregation import flatten_state, unflatten_state
 
 #: the control kinds, in the order tables show them
 CONTROLS = ("cohort-only-rounds", "cohort-only-converged", "local-only-mean", "local-only-best", "pooled")
+#: the ceiling of what federating can reach: reported, never the "best control" a rule is set against
+CEILING = "pooled"
 #: the cell keys that describe a control (grid files: in an axis table, [base] or a [[when]] set)
 CONTROL_KEYS = ("control", "control-epochs", "control-learning-rate")
 #: the kinds trained to convergence: they need control-epochs (chosen on tuning seeds)

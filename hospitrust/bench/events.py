@@ -24,3 +24,22 @@ def read_events(out: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return events
+
+
+def code_version() -> dict[str, Any]:
+    """The code a grid session runs: the git commit of hospitrust's checkout and whether tracked files differ from
+    it (``dirty``), else the installed package's version: every part of a grid records what it ran."""
+    import subprocess
+
+    import hospitrust
+
+    root = Path(hospitrust.__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    if commit is not None and commit.returncode == 0 and status.returncode == 0:
+        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+    return {"version": getattr(hospitrust, "__version__", "unknown")}

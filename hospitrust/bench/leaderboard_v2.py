@@ -203,8 +203,10 @@ def controls_per_seed(cells: pd.DataFrame, column: str, controls: Collection[str
 def best_control(controls: pd.DataFrame) -> str | None:
     """The control with the highest mean over the seeds every control has (name on ties); None without one.
     One control for the whole table, not the best per seed: a maximum over noisy values would favour the
-    controls by construction."""
-    complete = controls.dropna()
+    controls by construction. ``pooled`` is the ceiling, not a candidate: no hospital holds the pooled data."""
+    from hospitrust.bench.controls import CEILING
+
+    complete = controls.drop(columns=[CEILING], errors="ignore").dropna()
     if complete.empty:
         return None
     return order_by(complete)[0]

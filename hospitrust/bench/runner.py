@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from hospitrust.bench.events import append_event, read_events
+from hospitrust.bench.events import append_event, code_version, read_events
 from hospitrust.bench.grid import Cell, Grid, grid_fingerprint
 
 _WORKER: dict[str, Any] = {}
@@ -193,7 +193,7 @@ def _run_locked(grid: Grid, out: Path, *, workers, retry_failed, ray_address, li
 
     started = time.time()
     append_event(out, {"event": "start", "cells": len(grid.cells), "todo": len(todo), "workers": workers,
-                        "backend": grid.backend, "ray_address": ray_address, "pid": os.getpid()})
+                        "backend": grid.backend, "ray_address": ray_address, "pid": os.getpid(), "code": code_version()})
     # a cell can finish in the moment a bench is killed, before its event is written: log it now
     recorded = _recorded_done(out)
     for name in [n for n, state in states.items() if state == "done" and n not in recorded]:
