@@ -370,3 +370,21 @@ def test_round_states_by_hand():
                           offline=[], evaluated={"a", "b", "c"},
                           previous={"missing": ["b", "c"], "node_unavailable": ["c"], "offline": [], "rejoined": ["d"]})
     assert states == {"node_unavailable": [], "unresponsive": [], "offline": [], "rejoined": ["b", "c"]}
+
+
+def test_a_class_the_final_model_never_recognises_is_named_in_the_summary_and_the_log(tmp_path, data_dir, caplog):
+    # every hospital's reply pushes the last layer's bias far towards "normal": the model never says "pneumonia"
+    def towards_normal(index, incoming, reply):
+        if incoming.metadata.message_type.startswith("train") and "arrays" in reply.content:
+            state = reply.content["arrays"].to_torch_state_dict()
+            state["classifier.4.bias"] = torch.tensor([50.0, -50.0])
+            reply.content["arrays"] = ArrayRecord(state)
+        return reply
+
+    with caplog.at_level("INFO", logger="flwr"):
+        run_dir, _ = _run(tmp_path, reply_filter=towards_normal, **{"num-server-rounds": 1})
+    summary = read_summary(run_dir)
+    assert summary["per_class_recall"] == dict(zip(["normal", "pneumonia"], summary["final"]["per_class_recall"]))
+    assert summary["per_class_recall"]["normal"] == 1.0 and summary["classes_never_recognised"] == ["pneumonia"]
+    assert "the final model never recognises pneumonia (recall 0 on the evaluation set)" in caplog.text
+    assert "per-class recall: normal 1.000, pneumonia 0.000" in caplog.text

@@ -254,6 +254,10 @@ def _finish(run: RunSetup, rounds: RoundLoop, run_dir: RunDirectory, started: fl
         **run.features.summary(),
         **run.strategy.run_summary(history, run.truth),
     }
+    # a class the final model never recognises (recall 0 on the evaluation set): the first thing an imbalanced task hides
+    recall = dict(zip(run.task.class_names, summary["final"].get("per_class_recall") or []))
+    summary["per_class_recall"] = recall
+    summary["classes_never_recognised"] = [name for name, r in recall.items() if r == 0.0]
     run.features.finish(run_dir.path)
     run_dir.write_summary(summary)
     if run.strategy.weighs_hospitals:  # draw whose update counted
@@ -262,6 +266,12 @@ def _finish(run: RunSetup, rounds: RoundLoop, run_dir: RunDirectory, started: fl
         except Exception as exc:  # a picture never fails a finished run
             log(WARNING, "hospitrust: trust plot not drawn: %s", exc)
     final = summary["final"]
+    if recall:
+        log(INFO, "hospitrust: per-class recall: %s", ", ".join(f"{name} {r:.3f}" for name, r in recall.items()))
+    if summary["classes_never_recognised"]:
+        log(WARNING, "hospitrust: the final model never recognises %s (recall 0 on the evaluation set): its balanced "
+            "accuracy hides a class it does not learn (try train.class-weighted-loss = true)",
+            ", ".join(summary["classes_never_recognised"]))
     if missed := absences(summary["participation"], len(history)):
         log(WARNING, "hospitrust: hospitals without a valid update in every round:\n%s", missed)
     if copies := summary.get("near_duplicates"):
