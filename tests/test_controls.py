@@ -227,3 +227,39 @@ def test_the_controls_are_tuned_by_the_protocols_rule_and_the_committed_grids_ar
     del curves[("pooled", 0.03)][120]
     with pytest.raises(SystemExit, match="pooled at rate 0.03, epoch 120: 0 of 3 tuning seeds finished"):
         v3.choose(curves)
+
+
+def test_the_v3_page_sets_each_rules_worst_case_and_clean_run_against_the_best_control(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("v3_render", REPO / "benchmarks" / "leaderboard" / "v3" / "render.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    rows = []
+    for i, seed in enumerate((11, 12, 13)):
+        for rule, clean, floor in (("fltrust", 0.85, 0.80 + 0.01 * i), ("fedavg", 0.86, 0.50)):
+            rows.append({"condition": "main", "rule": rule, "seed": seed, "attack_label": "none", "chance": 0.5,
+                         "final_balanced_accuracy": clean, "last_k": clean, "final_auc": 0.9})
+            for j, attack in enumerate(render.COMMON):  # the worst of the nine is `floor`, at the last attack
+                rows.append({"condition": "main", "rule": rule, "seed": seed, "attack_label": attack, "chance": 0.5,
+                             "final_balanced_accuracy": floor + 0.01 * (len(render.COMMON) - 1 - j), "last_k": floor,
+                             "final_auc": 0.8})
+        rows.append({"condition": "main", "rule": "fltrust", "seed": seed, "attack_label": "fltrust-aware", "chance": 0.5,
+                     "final_balanced_accuracy": 0.1, "last_k": 0.1, "final_auc": 0.5})  # beside, not in the worst case
+    rules = tmp_path / "rules.csv"
+    pd.DataFrame(rows).to_csv(rules, index=False)
+    controls = [{"rule": c, "seed": s, "attack_label": "none", "final_balanced_accuracy": v, "last_k": v,
+                 "final_auc": 0.85, "chance": 0.5}
+                for s in (11, 12, 13) for c, v in (("cohort-only-rounds", 0.78), ("local-only-mean", 0.6), ("pooled", 0.9))]
+    out = tmp_path / "v3"
+    out.mkdir()
+    pd.DataFrame(controls).to_csv(out / "controls_pneumonia_main.csv", index=False)
+    assert render.main(["--rules", str(rules), "--out", str(out)]) == 0
+    page = (out / "pneumonia-main.md").read_text()
+    assert "Best control (highest mean; `pooled` is the ceiling, not a candidate): **cohort-only-rounds**" in page
+    # fltrust's worst cases 0.80, 0.81, 0.82 minus 0.78: +0.02, +0.03, +0.04 (mean 0.03, sd 0.01, half 4.3027 x 0.01/sqrt 3)
+    assert "| fltrust | 3 | 0.810 [0.785, 0.835] | 0.030 [0.005, 0.055] | 0.25 / 1 | 3 of 3 | not separated " in page
+    # fedavg's worst case 0.50 on every seed: -0.28 each, the interval is the value itself; 3 seeds cannot separate
+    assert "| fedavg | 3 | 0.500 [0.500, 0.500] | -0.280 [-0.280, -0.280] | 0.25 / " in page and "not separated" in page
+    assert "| fltrust | fltrust-aware, anchored-trust-aware" not in page and "| fltrust | fltrust-aware | 0.100" in page
+    assert "Every rule trained on every seed" in page

@@ -44,3 +44,34 @@ def test_a_grid_of_another_kind_gets_the_safe_choice_and_a_declared_one_is_taken
     assert not pipelines(OtherGrid())
     OtherGrid.traits = GridTraits(pipelines=True, answers_in_one_pull=False, pull_interval=0.5)
     assert grid_traits(OtherGrid()).pull_interval == 0.5
+
+
+def test_the_pulls_back_off_while_nothing_arrives_and_speed_up_after_a_reply(monkeypatch):
+    """0.1 s after the push and after a reply; each empty pull stretches the wait by 1.5, up to 0.5 s."""
+    from types import SimpleNamespace
+
+    from hospitrust.server_app import transport
+
+    class Scripted(Grid):
+        traits = GridTraits(pipelines=True, answers_in_one_pull=False, pull_interval=POLL_SECONDS)
+
+        def __init__(self, arrivals):
+            self.arrivals, self.pulls = arrivals, 0  # pull index -> the message ids answered then
+
+        def push_messages(self, messages):
+            return [f"m{i}" for i, _ in enumerate(messages)]
+
+        def pull_messages(self, ids):
+            self.pulls += 1
+            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=m), has_error=lambda: False)
+                    for m in self.arrivals.get(self.pulls, [])]
+
+    Scripted.__abstractmethods__ = frozenset()
+    waits = []
+    monkeypatch.setattr(transport.time, "sleep", waits.append)
+    grid = Scripted({8: ["m0"], 10: ["m1"]})
+    replies = transport.Sent(grid, ["a", "b"], timeout=None).replies()
+    assert len(replies) == 2 and grid.pulls == 10
+    expected = [0.1, 0.15, 0.225, 0.3375, 0.5, 0.5, 0.5, 0.1, 0.15]  # pull 8 brought a reply: back to 0.1
+    assert [round(w, 6) for w in waits] == expected
+    assert transport.POLL_BACKOFF == 1.5 and transport.POLL_MAX_SECONDS == 0.5

@@ -21,8 +21,13 @@ from flwr.app import Message
 from flwr.common import log
 from flwr.serverapp import Grid
 
-#: Seconds between pulls while replies are outstanding (Flower's deployed Grid: 3).
+#: Seconds between pulls while replies are outstanding (Flower's deployed Grid: 3), right after the push
+#: and after each reply; every pull that brings nothing stretches the next wait by POLL_BACKOFF, up to
+#: POLL_MAX_SECONDS: a round whose hospitals train for minutes does not keep the SuperLink answering ten
+#: pulls a second (each one a database query), and a reply waits at most POLL_MAX_SECONDS to be seen.
 POLL_SECONDS = 0.1
+POLL_BACKOFF = 1.5
+POLL_MAX_SECONDS = 0.5
 #: A wait longer than this logs "k/n hospitals replied" lines, one per this many seconds (a long
 #: first round, or a slow hospital, is not silence); ``hospitrust simulate`` redraws them in place
 #: on a terminal.
@@ -136,7 +141,10 @@ class Sent:
             if now >= next_progress:
                 log(INFO, "%s", progress_line(len(self.ids) - len(pending), len(self.ids), now - started))
                 next_progress = now + PROGRESS_SECONDS
+            if got:  # a reply came: the others may be close behind
+                poll = self.traits.pull_interval
             time.sleep(poll)
+            poll = min(max(self.traits.pull_interval, POLL_MAX_SECONDS), poll * POLL_BACKOFF)  # nothing yet: back off
         return replies
 
     def _seen(self, replies: list[Message]) -> list[Message]:
