@@ -205,6 +205,7 @@ def _v3_controls():
 def test_the_controls_are_tuned_by_the_protocols_rule_and_the_committed_grids_are_the_scripts_output():
     v3 = _v3_controls()
     assert v3.main(["tune", "--check"]) == 0
+    assert v3.main(["choose", "--check"]) == 0  # the evaluation grid is what the committed tuning curves choose
     curves = {}
     for kind, (most, step) in v3.EPOCHS.items():
         for rate in v3.RATES:

@@ -4,6 +4,7 @@ their learning rate and epochs from it, and the evaluation grids that rule write
     python benchmarks/leaderboard/v3/controls.py tune                  # (re)write the tuning grid beside this script
     hospitrust bench benchmarks/leaderboard/v3/controls-tune-pneumonia.toml --out runs/leaderboard-v3/controls-tune-pneumonia
     python benchmarks/leaderboard/v3/controls.py choose --tuned runs/leaderboard-v3/controls-tune-pneumonia
+    python benchmarks/leaderboard/v3/controls.py choose --check     # from the committed curves (docs/results/leaderboard/v3)
     hospitrust bench benchmarks/leaderboard/v3/controls-pneumonia-main.toml --out runs/leaderboard-v3/controls-pneumonia-main
 
 ``choose`` prints, per converged control, the mean over the tuning seeds of the validation balanced accuracy
@@ -68,9 +69,35 @@ def tune_grid() -> str:
     ]) + "\n"
 
 
+TUNING_CSV = HERE.parents[2] / "docs" / "results" / "leaderboard" / "v3" / "controls_tuning_pneumonia.csv"
+
+
+def write_curves(tuned: Path, path: Path = TUNING_CSV) -> None:
+    """The tuning cells' curves as one committed CSV (control, learning_rate, seed, epoch, val_balanced_accuracy)."""
+    rows = ["control,learning_rate,seed,epoch,val_balanced_accuracy"]
+    for cell in sorted(p for p in (tuned / "cells").iterdir() if (p / "summary.json").is_file()):
+        control = json.loads((cell / "summary.json").read_text())["control"]
+        seed = json.loads((cell / "config.json").read_text())["seed"]
+        for line in (cell / "rounds.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            rows.append(f"{control['control']},{control['control-learning-rate']},{seed},{rec['round']},"
+                        f"{rec['central']['balanced_accuracy']:.6f}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(rows) + "\n")
+
+
 def read_curves(tuned: Path) -> dict[tuple[str, float], dict[int, list[float]]]:
-    """(control, rate) -> epoch -> the tuning seeds' validation balanced accuracies at that epoch."""
+    """(control, rate) -> epoch -> the tuning seeds' validation balanced accuracies at that epoch, from the tuning
+    grid's folder or from its committed CSV (:func:`write_curves`)."""
     curves: dict[tuple[str, float], dict[int, list[float]]] = {}
+    if tuned.is_file():
+        import csv
+
+        with open(tuned) as fh:
+            for row in csv.DictReader(fh):
+                key = (row["control"], float(row["learning_rate"]))
+                curves.setdefault(key, {}).setdefault(int(row["epoch"]), []).append(float(row["val_balanced_accuracy"]))
+        return curves
     cells = sorted(p for p in (tuned / "cells").iterdir() if (p / "summary.json").is_file())
     for cell in cells:
         control = json.loads((cell / "summary.json").read_text())["control"]
@@ -127,12 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     tune = sub.add_parser("tune", help="write the tuning grid")
     tune.add_argument("--check", action="store_true", help="exit 1 if the committed tuning grid differs")
     pick = sub.add_parser("choose", help="choose from the tuning cells and write the evaluation grid")
-    pick.add_argument("--tuned", type=Path, required=True, help="the tuning grid's output folder")
+    pick.add_argument("--tuned", type=Path, default=TUNING_CSV,
+                      help="the tuning grid's output folder (its curves are then written to the committed CSV), or that CSV")
     pick.add_argument("--check", action="store_true", help="exit 1 if the committed evaluation grid differs")
     args = parser.parse_args(argv)
     if args.command == "tune":
         path, text = HERE / "controls-tune-pneumonia.toml", tune_grid()
     else:
+        if args.tuned.is_dir() and not args.check:
+            write_curves(args.tuned)
         chosen = choose(read_curves(args.tuned))
         print("| control | learning rate | epochs | mean validation balanced accuracy (seeds 1-3) |\n|---|---|---|---|")
         for kind, (rate, epochs, mean) in chosen.items():

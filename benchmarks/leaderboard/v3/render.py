@@ -1,0 +1,168 @@
+"""The leaderboard v3's page for a condition: the rules beside the controls (docs/leaderboard.md, "v3 protocol").
+
+    python benchmarks/leaderboard/v3/render.py --controls runs/leaderboard-v3/controls-pneumonia-main \\
+        --out docs/results/leaderboard/v3
+
+The PneumoniaMNIST main condition's rules are v2's committed cells (``--rules``: v2's
+``leaderboard_cells.csv``, condition ``main``, seeds 11-20); its controls are read from the controls grid's
+folder, or, without one, from the controls' committed cells (``--out``/controls_pneumonia_main.csv), so the
+page re-renders from the repository alone. The page holds: the controls; each rule's worst case over the nine
+attacks every rule meets, and its clean run, minus the best control, paired by seed (Student's t intervals, the
+exact sign-flip test, Holm over the declared family); the same on the last-3-round mean and on AUC; each rule's
+own aware attack beside; and the (rule, seed) pairs that did not train.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+sys.path.insert(0, str(HERE.parent / "v2"))
+import parts as v2parts  # noqa: E402  (the suite: one source)
+
+from hospitrust.bench import leaderboard_v2 as v2  # noqa: E402
+from hospitrust.bench import stats  # noqa: E402
+from hospitrust.bench.controls import CEILING, CONTROLS  # noqa: E402
+from hospitrust.bench.leaderboard import last_k_mean, md_table  # noqa: E402
+
+# the nine attacks every rule meets (v3 protocol: the decisive worst case), and each rule's own beside it
+COMMON = [label for label, _ in v2parts.RULE_AGNOSTIC if label not in ("none", "backdoor")]
+OWN = {rule: [label for label, _, who in v2parts.RULE_SPECIFIC if rule in who] for rule in v2parts.RULE_PARAMETERS}
+DID_NOT_TRAIN = 0.03  # a clean run within this of chance
+OUTCOMES = {"final_balanced_accuracy": "final-round balanced accuracy (decides)",
+            "last_k": "mean balanced accuracy of the last 3 rounds (epochs)", "final_auc": "final-round AUC"}
+KEEP = ["rule", "seed", "attack_label", "final_balanced_accuracy", "last_k", "final_auc", "chance"]
+
+
+def read_controls(folder: Path) -> pd.DataFrame:
+    """The controls grid's finished cells: one row per (control, seed), with the last-3 mean."""
+    from hospitrust.bench.store import collect
+
+    rounds, cells, _ = collect(folder)
+    done = cells[cells["status"] == "done"].copy()
+    done["rule"] = done["strategy"].astype(str)
+    done["attack_label"] = "none"
+    done["last_k"] = done["cell"].map(last_k_mean(rounds, "balanced_accuracy", 3))
+    done["chance"] = 0.5
+    unknown = sorted(set(done["rule"]) - set(CONTROLS))
+    if unknown:
+        raise SystemExit(f"render.py: {folder}: cells that are not controls: {unknown}")
+    return done[KEEP].sort_values(["rule", "seed"]).reset_index(drop=True)
+
+
+def _family(worst: pd.DataFrame, clean: pd.DataFrame, controls: pd.DataFrame) -> tuple[str | None, pd.DataFrame]:
+    """Both comparisons of every rule against the best control, with Holm over all of them (the family)."""
+    best, w = v2.versus_control(worst, controls)
+    _, c = v2.versus_control(clean, controls)
+    both = pd.concat([w.assign(what="worst case"), c.assign(what="no attack")], ignore_index=True)
+    if len(both):
+        both["p_holm"] = stats.holm(both["p"].fillna(1.0).to_list())
+    return best, both
+
+
+def joining_pays_lines(cells: pd.DataFrame, column: str) -> list[str]:
+    rules = cells[~cells["rule"].isin(CONTROLS)]
+    worst = v2.worst_per_seed(rules, column, attacks=COMMON)
+    clean = v2.clean_per_seed(rules, column)
+    controls = v2.controls_per_seed(cells, column)
+    best, family = _family(worst, clean, controls)
+    if best is None or family.empty:
+        return ["No seed has a control and a rule: nothing to compare.", ""]
+    lines = [f"Best control (highest mean; `{CEILING}` is the ceiling, not a candidate): **{best}**. "
+             f"The family: {len(family)} comparisons (each rule's worst case and its clean run against it), "
+             "Holm-corrected sign-flip p.", ""]
+    rows = []
+    for rule in v2.order_by(worst.dropna(axis=1, how="all")):
+        r = family[(family["rule"] == rule) & (family["what"] == "worst case")].iloc[0]
+        cl = family[(family["rule"] == rule) & (family["what"] == "no attack")]
+        cl_text = "-" if cl.empty else (f"{stats.Interval(cl.iloc[0]['mean'], cl.iloc[0]['low'], cl.iloc[0]['high'], int(cl.iloc[0]['seeds'])).text(3)}"
+                                         f" (p Holm {cl.iloc[0]['p_holm']:.3g})")
+        verdict = ("pays" if r["mean"] > 0 and r["p_holm"] < stats.ALPHA else
+                   "costs" if r["mean"] < 0 and r["p_holm"] < stats.ALPHA else "not separated")
+        rows.append([rule, int(r["seeds"]), v2._iv(worst[rule].dropna()),
+                     stats.Interval(r["mean"], r["low"], r["high"], int(r["seeds"])).text(3),
+                     f"{r['p']:.3g} / {r['p_holm']:.3g}", f"{int(r['above'])} of {int(r['seeds'])}", verdict, cl_text])
+    return lines + md_table(["rule", "seeds", "worst case over the nine", f"worst case minus {best} [95 % t CI]",
+                             "sign-flip p / Holm", "seeds above", "joining", f"no attack minus {best}"], rows)
+
+
+def controls_lines(cells: pd.DataFrame) -> list[str]:
+    rows = []
+    for control in CONTROLS:
+        sub = cells[cells["rule"] == control]
+        if sub.empty:
+            continue
+        rows.append([control, len(sub)] + [v2._iv(sub[c].dropna()) for c in OUTCOMES])
+    return md_table(["control", "seeds", *OUTCOMES.values()], rows)
+
+
+def own_attack_lines(cells: pd.DataFrame, column: str) -> list[str]:
+    rows = []
+    for rule, labels in OWN.items():
+        if not labels:
+            continue
+        worst = v2.worst_per_seed(cells[cells["rule"] == rule], column, attacks=labels)
+        if rule in worst:
+            rows.append([rule, ", ".join(labels), v2._iv(worst[rule].dropna())])
+    return md_table(["rule", "its own attacks", "worst case over them [95 % t CI]"], rows)
+
+
+def did_not_train_lines(cells: pd.DataFrame) -> list[str]:
+    clean = cells[(cells["attack_label"] == "none") & ~cells["rule"].isin(CONTROLS)]
+    flat = clean[clean["final_balanced_accuracy"] <= clean["chance"] + DID_NOT_TRAIN]
+    if flat.empty:
+        return [f"Every rule trained on every seed (no clean run within {DID_NOT_TRAIN} of chance).", ""]
+    pairs = ", ".join(f"{r.rule} (seed {int(r.seed)}: {r.final_balanced_accuracy:.3f})" for r in flat.itertuples())
+    return [f"Did not train ({len(flat)} of {len(clean)} clean runs within {DID_NOT_TRAIN} of chance; their attacked "
+            f"cells are not robustness failures): {pairs}.", ""]
+
+
+def render(rules: pd.DataFrame, controls: pd.DataFrame) -> str:
+    cells = pd.concat([rules[KEEP], controls[KEEP]], ignore_index=True)
+    seeds = sorted(cells["seed"].unique())
+    md = ["# Leaderboard v3: does joining pay? PneumoniaMNIST main condition", "",
+          "Rendered by `python benchmarks/leaderboard/v3/render.py` (docs/leaderboard.md, \"v3 protocol\"). Descriptive: "
+          "these seeds were seen in v2; the decisive conditions are RetinaMNIST's and Dirichlet 0.1's. The rules' cells "
+          "are v2's (10 hospitals, Dirichlet 0.5, 3 colluding, 40 rounds); the controls are trained by "
+          "`hospitrust/bench/controls.py` with the same data, model, training loop and evaluation.", "",
+          f"Seeds: {', '.join(map(str, seeds))}. The worst case is over the nine attacks every rule meets: "
+          f"{', '.join(COMMON)}.", "",
+          "## The controls", ""] + controls_lines(cells)
+    for column, what in OUTCOMES.items():
+        md += [f"## Joining against going alone: {what}", ""] + joining_pays_lines(cells, column)
+    md += ["## Each rule's own attack, beside (final-round balanced accuracy)", ""]
+    md += own_attack_lines(cells, "final_balanced_accuracy")
+    md += ["## Did not train", ""] + did_not_train_lines(cells)
+    return "\n".join(md) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--controls", type=Path, help="the controls grid's folder (default: the committed cells)")
+    parser.add_argument("--rules", type=Path, default=REPO / "docs/results/leaderboard/v2/board/leaderboard_cells.csv")
+    parser.add_argument("--out", type=Path, default=REPO / "docs/results/leaderboard/v3")
+    args = parser.parse_args(argv)
+    committed = args.out / "controls_pneumonia_main.csv"
+    if args.controls is not None:
+        controls = read_controls(args.controls)
+        args.out.mkdir(parents=True, exist_ok=True)
+        controls.to_csv(committed, index=False)
+    elif committed.is_file():
+        controls = pd.read_csv(committed)
+    else:
+        raise SystemExit(f"render.py: no controls: give --controls (the controls grid's folder) or commit {committed}")
+    rules = pd.read_csv(args.rules)
+    rules = rules[rules["condition"] == "main"]
+    page = args.out / "pneumonia-main.md"
+    page.write_text(render(rules, controls))
+    print(f"wrote {page}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
