@@ -1,7 +1,8 @@
 """A run survives its SuperLink: `hospitrust deploy run` submits a 2-round run; after round 1 flower-superlink is
 killed with SIGKILL and nothing restarts it but its `hospitrust deploy superlink` wrapper (on its database); once it
 is back, the wrapper itself is killed with SIGKILL (taking flower-superlink and nginx with it) and started again with
-the same command, as its unit's `Restart=on-failure` does. The supervisor resumes the run by itself, the SuperNodes
+the same command, as its unit's `Restart=on-failure` does; then flower-superexec, the ServerApp launcher, is killed
+with SIGKILL and the wrapper restarts flower-superlink, which starts a new one. The supervisor resumes the run by itself, the SuperNodes
 reconnect and heal by themselves (the test restarts none), and the run ends with the model of the same run unbroken
 (the session's federation, tests/federation.py)."""
 
@@ -34,6 +35,18 @@ def _model_hash(path) -> str:
 
 
 
+def _superexecs(wrapper: psutil.Process) -> list[psutil.Process]:
+    """The live flower-superexec under the `deploy superlink` wrapper (flower-superlink's child)."""
+    out = []
+    for p in wrapper.children(recursive=True):
+        try:
+            if any("flower-superexec" in a for a in p.cmdline()[:2]) and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
 def test_a_run_resumes_by_itself_after_the_superlink_and_then_its_wrapper_are_killed(federation):
     fed = federation
     extra = f"{HTA_RUN} {task_keys(fed)}"  # test_deploy's first run: its model is the unbroken one
@@ -46,7 +59,7 @@ def test_a_run_resumes_by_itself_after_the_superlink_and_then_its_wrapper_are_ki
     restarted = list(fed.restarted)
     fed.start("run-supervisor", [sys.executable, "-m", "hospitrust.cli.main", "deploy", "run", str(fed.app), "--connection",
                                  "tls", "--run-config", run_config(fed, "crash", extra, rounds=HTA_ROUNDS), "--record", str(record), "--poll", "2",
-                                 "--attempts", "3"], fed.cli_home)
+                                 "--attempts", "4"], fed.cli_home)
     supervisor = fed.procs["run-supervisor"]
     deadline = time.monotonic() + RUN_TIMEOUT
     while not (run_dir / "checkpoint.pt").is_file():  # round 1 done
@@ -75,15 +88,34 @@ def test_a_run_resumes_by_itself_after_the_superlink_and_then_its_wrapper_are_ki
     fed.start("superlink", *fed.commands["superlink"])
     deploy.wait_healthy(fed.address, ca=fed.certs / "ca.crt", timeout=120, proc=fed.procs["superlink"])
 
+    # and its ServerApp launcher (issue 63: a SQLite lock's HTTP 500 killed it under load, and every later run stayed
+    # pending): flower-superexec with SIGKILL; the wrapper sees flower-superlink without it and restarts flower-superlink,
+    # which starts a new one, within 20 s
+    wrapper = psutil.Process(fed.procs["superlink"].pid)
+    deadline_up = time.monotonic() + 60
+    while not _superexecs(wrapper):
+        assert time.monotonic() < deadline_up, fed.tail("superlink")
+        time.sleep(0.5)
+    (superexec,) = _superexecs(wrapper)
+    os.kill(superexec.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    while [p.pid for p in _superexecs(wrapper)] in ([], [superexec.pid]):
+        assert time.monotonic() - killed < 20, "no ServerApp launcher 20 s after its death\n" + fed.tail("superlink")
+        time.sleep(0.5)
+    back_after = time.monotonic() - killed
+    assert "flower-superlink: its ServerApp launcher (flower-superexec) is gone" in fed.tail("superlink", 100000)
+    deploy.wait_healthy(fed.address, ca=fed.certs / "ca.crt", timeout=120, proc=fed.procs["superlink"])
+    print(f"ServerApp launcher back {back_after:.1f} s after its SIGKILL")
+
     # the SuperNodes reconnect by themselves; one hung on the message in flight at a crash is healed by its own
     # watchdog (issue 47): the fixture restarts no SuperNode
     rc = supervisor.popen.wait(timeout=RUN_TIMEOUT)
     attempts = [json.loads(line) for line in record.read_text().splitlines()]
     assert rc == 0, fed.tail("run-supervisor") + "\n" + json.dumps(attempts, indent=1) + "\n" + fed.diagnostics(run_dir)
-    # the crashed attempt, then its resumption (a second failed attempt where the wrapper was killed after the
-    # supervisor had learnt of the first failure and resubmitted: the resubmitted run can die with it)
+    # the crashed attempt, then its resumption (failed attempts in between where the wrapper or the launcher was killed
+    # after the supervisor had learnt of the first failure and resubmitted: the resubmitted run can die with them)
     statuses = [a["status"] for a in attempts]
-    assert statuses[0] == "finished:failed" and statuses[-1] == deploy.COMPLETED and len(statuses) <= 3, attempts
+    assert statuses[0] == "finished:failed" and statuses[-1] == deploy.COMPLETED and len(statuses) <= 4, attempts
     assert attempts[0]["resume_from"] == "" and {a["resume_from"] for a in attempts[1:]} == {str(run_dir)}
     assert attempts[0]["rounds_reached"] == 1 and attempts[-1]["rounds_reached"] == HTA_ROUNDS, attempts
     assert fed.restarted == restarted, fed.restarted

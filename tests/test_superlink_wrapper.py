@@ -155,3 +155,23 @@ def test_a_stale_copy_holding_the_port_is_stopped_and_a_foreign_one_is_named():
         assert foreign.poll() is None  # not ours: left alone
     finally:
         foreign.kill()
+
+
+def test_flower_superlink_without_its_serverapp_launcher_is_unwell():
+    """The check the wrapper runs every 2 s (issue 63): a process whose child is a live flower-superexec is well; once
+    that child is dead (a zombie, or reaped), it is not, and the reason says why runs would stay pending."""
+    parent = subprocess.Popen(["bash", "-c", "(exec -a flower-superexec sleep 60) & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while not [p for p in psutil.Process(parent.pid).children(recursive=True) if "flower-superexec" in p.cmdline()[:1]]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert gateway.superexec_gone(parent) is None
+        (child,) = psutil.Process(parent.pid).children(recursive=True)
+        child.kill()
+        child.wait(timeout=10)
+        assert gateway.superexec_gone(parent) == "its ServerApp launcher (flower-superexec) is gone: no run would start"
+    finally:
+        parent.kill()
+        parent.wait()
+    assert gateway.superexec_gone(parent) is None  # flower-superlink itself gone: its exit is what restarts it

@@ -126,11 +126,12 @@ def cmd_superlink(args) -> int:
             gateway.rotate_log(state / "access.log", max_bytes=int(args.access_log_max_mb * 1024 * 1024),
                                keep=args.access_log_keep, reopen=lambda: os.kill(nginx.pid, signal.SIGUSR1))
 
-    # the wrapper restarts either one when it dies (with backoff; a stale copy holding its port is stopped first);
+    # the wrapper restarts either one when it dies (with backoff; a stale copy holding its port is stopped first),
+    # and flower-superlink when its ServerApp launcher (flower-superexec) has died;
     # what restarts the wrapper itself is the service manager (deploy/systemd/hospitrust-superlink.service)
     return gateway.run_together([
         gateway.Child("flower-superlink", superlink, ready=healthy, ports=(("127.0.0.1", args.superlink_port),),
-                      mine=str(database)),
+                      mine=str(database), unwell=gateway.superexec_gone),
         gateway.Child("nginx", gateway.nginx_command(conf), ports=((args.host, args.port), (args.operator_host, args.operator_port)),
                       mine=str(conf)),
     ], restart=True, tick=rotate)

@@ -259,6 +259,30 @@ class Child:
     ready: Callable[[subprocess.Popen], None] | None = None
     ports: tuple[tuple[str, int], ...] = ()
     mine: str = ""
+    #: asked every HEALTH_SECONDS while the child runs (from HEALTH_GRACE_SECONDS after its start): a reason to
+    #: restart it, or None while it is well (flower-superlink whose ServerApp launcher has died)
+    unwell: Callable[[subprocess.Popen], str | None] | None = None
+
+
+#: how often a running child's ``unwell`` check runs, and how long after its start it is first asked
+HEALTH_SECONDS = 2.0
+HEALTH_GRACE_SECONDS = 10.0
+
+
+def superexec_gone(proc: subprocess.Popen) -> str | None:
+    """flower-superlink without its live ``flower-superexec`` (the process that launches every run's ServerApp):
+    Flower does not restart it, and every run submitted after its death stays pending (issue 63: a SQLite
+    "database is locked" HTTP 500 under load killed it). The reason to restart flower-superlink, or None."""
+    try:
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                if any("flower-superexec" in a for a in p.cmdline()[:2]) and p.status() != psutil.STATUS_ZOMBIE:
+                    return None
+            except psutil.Error:  # exited meanwhile, or a zombie's command line
+                continue
+    except psutil.Error:  # flower-superlink itself is gone: the exit path restarts it
+        return None
+    return "its ServerApp launcher (flower-superexec) is gone: no run would start"
 
 
 #: seconds before restarting a child that exited: doubling from the first, up to the last
@@ -429,11 +453,21 @@ def run_together(commands: Sequence[Child | tuple[str, list[str]]], *, restart: 
             if child.ready is not None:
                 child.ready(proc)
             started[child.name] = time.monotonic()
+        checked = time.monotonic()
         while not stopping:
+            check = time.monotonic() - checked >= HEALTH_SECONDS
+            if check:
+                checked = time.monotonic()
             for child in children:
                 proc = procs[child.name]
                 if proc.poll() is None:
-                    continue
+                    reason = (child.unwell(proc) if check and restart and child.unwell is not None
+                              and time.monotonic() - started[child.name] >= HEALTH_GRACE_SECONDS else None)
+                    if reason is None:
+                        continue
+                    print(f"hospitrust deploy: {child.name}: {reason}; restarting it", file=sys.stderr, flush=True)
+                    stop_tree(proc.pid, sig=signal.SIGTERM, timeout=15)
+                    proc.wait()
                 if not restart:
                     print(f"hospitrust deploy: {child.name} exited with code {proc.returncode}; stopping the others",
                           file=sys.stderr, flush=True)
