@@ -34,6 +34,9 @@ from hospitrust.bench.leaderboard import last_k_mean, md_table  # noqa: E402
 COMMON = [label for label, _ in v2parts.RULE_AGNOSTIC if label not in ("none", "backdoor")]
 OWN = {rule: [label for label, _, who in v2parts.RULE_SPECIFIC if rule in who] for rule in v2parts.RULE_PARAMETERS}
 DID_NOT_TRAIN = 0.03  # a clean run within this of chance
+# the v3 set: the rules whose comparisons form the declared family (2 each: worst case and clean run, Holm over 14);
+# the other rules' comparisons are shown beside, uncorrected and outside the family
+FAMILY = ("fedavg", "fltrust", "earn", "anchored-trust", "hta", "geometric-median", "median")
 OUTCOMES = {"final_balanced_accuracy": "final-round balanced accuracy (decides)",
             "last_k": "mean balanced accuracy of the last 3 rounds (epochs)", "final_auc": "final-round AUC"}
 KEEP = ["rule", "seed", "attack_label", "final_balanced_accuracy", "last_k", "final_auc", "chance"]
@@ -60,8 +63,10 @@ def _family(worst: pd.DataFrame, clean: pd.DataFrame, controls: pd.DataFrame) ->
     best, w = v2.versus_control(worst, controls)
     _, c = v2.versus_control(clean, controls)
     both = pd.concat([w.assign(what="worst case"), c.assign(what="no attack")], ignore_index=True)
-    if len(both):
-        both["p_holm"] = stats.holm(both["p"].fillna(1.0).to_list())
+    both["p_holm"] = float("nan")
+    declared = both["rule"].isin(FAMILY)
+    if declared.any():
+        both.loc[declared, "p_holm"] = stats.holm(both.loc[declared, "p"].fillna(1.0).to_list())
     return best, both
 
 
@@ -73,22 +78,47 @@ def joining_pays_lines(cells: pd.DataFrame, column: str) -> list[str]:
     best, family = _family(worst, clean, controls)
     if best is None or family.empty:
         return ["No seed has a control and a rule: nothing to compare.", ""]
+    declared = int(family["rule"].isin(FAMILY).sum())
     lines = [f"Best control (highest mean; `{CEILING}` is the ceiling, not a candidate): **{best}**. "
-             f"The family: {len(family)} comparisons (each rule's worst case and its clean run against it), "
-             "Holm-corrected sign-flip p.", ""]
+             f"The declared family: {declared} comparisons (the worst case and the clean run of each rule of the v3 set, "
+             f"{', '.join(FAMILY)}, against it), Holm-corrected sign-flip p; the other rules' p beside, uncorrected "
+             "(\"outside\").", ""]
     rows = []
     for rule in v2.order_by(worst.dropna(axis=1, how="all")):
         r = family[(family["rule"] == rule) & (family["what"] == "worst case")].iloc[0]
         cl = family[(family["rule"] == rule) & (family["what"] == "no attack")]
+        def holm_text(p_holm: float) -> str:
+            return "outside" if p_holm != p_holm else f"{p_holm:.3g}"
+
         cl_text = "-" if cl.empty else (f"{stats.Interval(cl.iloc[0]['mean'], cl.iloc[0]['low'], cl.iloc[0]['high'], int(cl.iloc[0]['seeds'])).text(3)}"
-                                         f" (p Holm {cl.iloc[0]['p_holm']:.3g})")
-        verdict = ("pays" if r["mean"] > 0 and r["p_holm"] < stats.ALPHA else
-                   "costs" if r["mean"] < 0 and r["p_holm"] < stats.ALPHA else "not separated")
+                                         f" (p {cl.iloc[0]['p']:.3g} / Holm {holm_text(cl.iloc[0]['p_holm'])})")
+        if r["p_holm"] != r["p_holm"]:
+            verdict = "descriptive"
+        else:
+            verdict = ("pays" if r["mean"] > 0 and r["p_holm"] < stats.ALPHA else
+                       "costs" if r["mean"] < 0 and r["p_holm"] < stats.ALPHA else "not separated")
         rows.append([rule, int(r["seeds"]), v2._iv(worst[rule].dropna()),
                      stats.Interval(r["mean"], r["low"], r["high"], int(r["seeds"])).text(3),
-                     f"{r['p']:.3g} / {r['p_holm']:.3g}", f"{int(r['above'])} of {int(r['seeds'])}", verdict, cl_text])
+                     f"{r['p']:.3g} / {holm_text(r['p_holm'])}", f"{int(r['above'])} of {int(r['seeds'])}", verdict, cl_text])
     return lines + md_table(["rule", "seeds", "worst case over the nine", f"worst case minus {best} [95 % t CI]",
                              "sign-flip p / Holm", "seeds above", "joining", f"no attack minus {best}"], rows)
+
+
+def each_control_lines(cells: pd.DataFrame, column: str) -> list[str]:
+    """Descriptive: each rule's worst case minus every control, paired by seed (mean [95 % t CI], seeds above)."""
+    rules = cells[~cells["rule"].isin(CONTROLS)]
+    worst = v2.worst_per_seed(rules, column, attacks=COMMON)
+    controls = v2.controls_per_seed(cells, column)
+    names = [c for c in CONTROLS if c in controls]
+    rows = []
+    for rule in v2.order_by(worst.dropna(axis=1, how="all")):
+        row = [rule]
+        for control in names:
+            both = pd.concat([worst[rule], controls[control]], axis=1, keys=["r", "c"]).dropna()
+            d = (both["r"] - both["c"]).to_list()
+            row.append(f"{stats.t_interval(d).text(3)}, {sum(x > 0 for x in d)}/{len(d)}")
+        rows.append(row)
+    return md_table(["rule", *[f"minus {c}" for c in names]], rows)
 
 
 def controls_lines(cells: pd.DataFrame) -> list[str]:
@@ -113,13 +143,13 @@ def own_attack_lines(cells: pd.DataFrame, column: str) -> list[str]:
 
 
 def did_not_train_lines(cells: pd.DataFrame) -> list[str]:
-    clean = cells[(cells["attack_label"] == "none") & ~cells["rule"].isin(CONTROLS)]
+    clean = cells[cells["attack_label"] == "none"]  # the controls too: a control that did not train is no control
     flat = clean[clean["final_balanced_accuracy"] <= clean["chance"] + DID_NOT_TRAIN]
     if flat.empty:
         return [f"Every rule trained on every seed (no clean run within {DID_NOT_TRAIN} of chance).", ""]
     pairs = ", ".join(f"{r.rule} (seed {int(r.seed)}: {r.final_balanced_accuracy:.3f})" for r in flat.itertuples())
-    return [f"Did not train ({len(flat)} of {len(clean)} clean runs within {DID_NOT_TRAIN} of chance; their attacked "
-            f"cells are not robustness failures): {pairs}.", ""]
+    return [f"Did not train ({len(flat)} of {len(clean)} clean runs and controls within {DID_NOT_TRAIN} of chance; a "
+            f"rule's attacked cells on such a seed are not robustness failures): {pairs}.", ""]
 
 
 def render(rules: pd.DataFrame, controls: pd.DataFrame) -> str:
@@ -135,6 +165,9 @@ def render(rules: pd.DataFrame, controls: pd.DataFrame) -> str:
           "## The controls", ""] + controls_lines(cells)
     for column, what in OUTCOMES.items():
         md += [f"## Joining against going alone: {what}", ""] + joining_pays_lines(cells, column)
+    md += ["## Against each control (descriptive, final-round balanced accuracy)", "",
+           "Each rule's worst case over the nine minus each control, paired by seed: mean [95 % t CI], seeds above.", ""]
+    md += each_control_lines(cells, "final_balanced_accuracy")
     md += ["## Each rule's own attack, beside (final-round balanced accuracy)", ""]
     md += own_attack_lines(cells, "final_balanced_accuracy")
     md += ["## Did not train", ""] + did_not_train_lines(cells)
