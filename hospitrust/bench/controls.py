@@ -56,7 +56,8 @@ class ControlError(ValueError):
 @dataclass(frozen=True)
 class Control:
     """One control: its kind and, for the converged kinds, its epochs and learning rate
-    (None: the cell's ``learning-rate``)."""
+    (None: the cell's ``learning-rate``).
+    """
 
     kind: str
     epochs: int | None = None
@@ -103,7 +104,8 @@ def honest_partitions(cfg, num_hospitals: int) -> list[int]:
 class EpochTrainer:
     """The hospitals' training loop (:func:`hospitrust.models.loop.run_loop`) one epoch at a time, with
     one optimizer and one stream of shuffled batches throughout, so a model can be evaluated after each
-    epoch and still be trained exactly as ``train(..., epochs=E)`` trains it."""
+    epoch and still be trained exactly as ``train(..., epochs=E)`` trains it.
+    """
 
     def __init__(self, model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, *, cfg, learning_rate: float,
                  num_classes: int, augment, device: torch.device) -> None:
@@ -211,11 +213,11 @@ def _mean_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
     """The numeric metrics averaged over hospitals (per-class lists element-wise)."""
     out: dict[str, Any] = {}
     for key, value in reports[0].items():
-        values = [r.get(key) for r in reports]
+        values: list[Any] = [r.get(key) for r in reports]
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            out[key] = float(np.mean(values))
-        elif all(isinstance(v, list) and len(v) == len(value) for v in values) and all(
-                isinstance(x, (int, float)) for v in values for x in v):
+            out[key] = float(np.mean(np.asarray(values, dtype=np.float64)))
+        elif all(isinstance(v, list) and len(v) == len(value) and all(isinstance(x, (int, float)) for x in v)
+                 for v in values):
             out[key] = [float(x) for x in np.mean(np.asarray(values, dtype=np.float64), axis=0)]
     return out
 
@@ -269,7 +271,8 @@ def _pooled(s: _Setup, control: Control, hospitals: int) -> tuple[list[dict[str,
 
 def run_control(run_config: Mapping[str, Any], hospitals: int, control: Control, say: Callable[[str], None] = print):
     """Train and evaluate ``control`` for the cell ``run_config`` (``hospitals`` simulated hospitals) and
-    write its run directory under ``output-dir``/``run-name``; returns the directory's path."""
+    write its run directory under ``output-dir``/``run-name``; returns the directory's path.
+    """
     from hospitrust.records import RoundRecord
     from hospitrust.server_app.results import RunDirectory
 

@@ -28,7 +28,8 @@ def read_events(out: Path) -> list[dict[str, Any]]:
 
 def code_version() -> dict[str, Any]:
     """The code a grid session runs: the git commit of hospitrust's checkout and whether tracked files differ from
-    it (``dirty``), else the installed package's version: every part of a grid records what it ran."""
+    it (``dirty``), else the installed package's version: every part of a grid records what it ran.
+    """
     import subprocess
 
     import hospitrust

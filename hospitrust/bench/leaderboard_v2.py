@@ -192,7 +192,8 @@ def ranking_lines(worst: pd.DataFrame, clean: pd.DataFrame, baseline: str, what:
 
 def controls_per_seed(cells: pd.DataFrame, column: str, controls: Collection[str] | None = None) -> pd.DataFrame:
     """Seeds x controls: each control's ``column`` (a control runs no attack: its one cell per seed).
-    ``controls``: the rule labels that are controls (default: :data:`hospitrust.bench.controls.CONTROLS`)."""
+    ``controls``: the rule labels that are controls (default: :data:`hospitrust.bench.controls.CONTROLS`).
+    """
     from hospitrust.bench.controls import CONTROLS
 
     wanted = set(CONTROLS if controls is None else controls)
@@ -203,7 +204,8 @@ def controls_per_seed(cells: pd.DataFrame, column: str, controls: Collection[str
 def best_control(controls: pd.DataFrame) -> str | None:
     """The control with the highest mean over the seeds every control has (name on ties); None without one.
     One control for the whole table, not the best per seed: a maximum over noisy values would favour the
-    controls by construction. ``pooled`` is the ceiling, not a candidate: no hospital holds the pooled data."""
+    controls by construction. ``pooled`` is the ceiling, not a candidate: no hospital holds the pooled data.
+    """
     from hospitrust.bench.controls import CEILING
 
     complete = controls.drop(columns=[CEILING], errors="ignore").dropna()
@@ -215,7 +217,8 @@ def best_control(controls: pd.DataFrame) -> str | None:
 def versus_control(worst: pd.DataFrame, controls: pd.DataFrame) -> tuple[str | None, pd.DataFrame]:
     """Each rule's worst case minus the best control, paired by seed: (the best control, one row per rule
     with ``seeds``, ``mean``, ``low``, ``high`` (Student's t 95 %), ``p`` (the exact sign-flip test, two-sided)
-    and ``above`` (seeds where the rule's worst case beats the control)). Rules best first."""
+    and ``above`` (seeds where the rule's worst case beats the control)). Rules best first.
+    """
     best = best_control(controls)
     cols = ["rule", "seeds", "mean", "low", "high", "p", "above"]
     if best is None or worst.empty:
@@ -234,7 +237,7 @@ def versus_control_lines(worst: pd.DataFrame, controls: pd.DataFrame, what: str 
     if controls.empty:
         return ["No control has run for this table: whether federating pays is not shown.", ""]
     lines = md_table(["control", "value [95 % t CI]", "seeds"],
-                     [[c, _iv(controls[c].dropna()), int(controls[c].notna().sum())] for c in order_by(controls)])
+                     [[c, _iv(controls[c].dropna()), str(int(controls[c].notna().sum()))] for c in order_by(controls)])
     best, table = versus_control(worst, controls)
     if best is None or table.empty:
         return lines + ["No seed has every control and a rule's value: nothing to pair.", ""]

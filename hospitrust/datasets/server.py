@@ -66,7 +66,8 @@ class ServerDataOptions(Options):
 
     def has_cohort(self, custom_task: bool, per_class: int = 1) -> bool:
         """Whether the run has a reference cohort (a path, or a built-in task's dataset file with
-        ``reference-cohort-per-class`` = ``per_class`` >= 1)."""
+        ``reference-cohort-per-class`` = ``per_class`` >= 1).
+        """
         return bool(self.cohort_path.strip()) or (not custom_task and per_class > 0)
 
     def evaluation_mode(self, custom_task: bool) -> str:

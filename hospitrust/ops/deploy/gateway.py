@@ -272,7 +272,8 @@ HEALTH_GRACE_SECONDS = 10.0
 def superexec_gone(proc: subprocess.Popen) -> str | None:
     """flower-superlink without its live ``flower-superexec`` (the process that launches every run's ServerApp):
     Flower does not restart it, and every run submitted after its death stays pending (issue 63: a SQLite
-    "database is locked" HTTP 500 under load killed it). The reason to restart flower-superlink, or None."""
+    "database is locked" HTTP 500 under load killed it). The reason to restart flower-superlink, or None.
+    """
     try:
         for p in psutil.Process(proc.pid).children(recursive=True):
             try:
