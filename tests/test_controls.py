@@ -264,3 +264,18 @@ def test_the_v3_page_sets_each_rules_worst_case_and_clean_run_against_the_best_c
     assert "| fedavg | 3 | 0.500 [0.500, 0.500] | -0.280 [-0.280, -0.280] | 0.25 / " in page and "not separated" in page
     assert "| fltrust | fltrust-aware, anchored-trust-aware" not in page and "| fltrust | fltrust-aware | 0.100" in page
     assert "Every rule trained on every seed" in page
+
+
+def test_the_v3_decisive_parts_are_the_generators_output_and_their_cost_fits_the_budget():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("v3_parts", REPO / "benchmarks" / "leaderboard" / "v3" / "parts.py")
+    parts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(parts)
+    assert parts.main(["--check"]) == 0
+    grid = parse_grid(REPO / "benchmarks" / "leaderboard" / "v3" / "tune-retina.toml")
+    assert len(grid.cells) == 63 and {c.axes["seed"] for c in grid.cells} == {1, 2, 3}
+    cfg = parse_run_config(grid.cells[0].run_config)
+    assert cfg.dataset == "retinamnist" and cfg.reference_cohort_per_class == 3 and cfg.server_data.test_split == "val"
+    total = parts.cost_table().splitlines()[-1]
+    assert total.startswith("| all | ") and float(total.split("|")[3]) <= 12.0  # the 12 h of grid time
