@@ -313,6 +313,7 @@ RUNS = [  # attack, strategy, hospitals, extra keys
     ("earn-aware", "earn", 4, {}),
     ("fltrust-aware", "fltrust", 4, {}),
     ("anchored-trust-aware", "anchored-trust", 4, {}),
+    ("sentinel-aware", "sentinel", 4, {}),
 ]
 
 

@@ -10,7 +10,7 @@ real one would estimate it). What each one reads is listed in its docstring and 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import Field, field_validator
@@ -374,4 +374,124 @@ class AnchoredTrustAware(RoundAwareColludingAttack):
             trusts.append(found["trust"])
         return torch.stack(rows).to(view.updates.dtype), {"angle": angles, "trust": trusts}
 
-__all__ = ["AnchoredTrustAware", "EARNAware", "FLTrustAware", "HTAAware"]
+class SentinelAwareOptions(Options):
+    """The sentinel-aware attack's options."""
+
+    push: Literal["against-mean", "class-bias"] = Field("against-mean", description=(
+        "Where the attackers pull: against-mean (minus the honest updates' mean, a fresh direction each round), or "
+        "class-bias (the classifier's bias towards the class the honest hospitals hold most, the same direction "
+        "every round: a slow drift that each round's check must catch)."
+    ))
+    spread: float = Field(0.5, ge=0.0, description=(
+        "Each attacker pulls along its own copy of the direction plus random noise of this relative norm (decorrelated "
+        "copies)."
+    ))
+    steps: int = Field(8, ge=1, le=60, description="Bisection steps of the search for the largest push the rule keeps.")
+    _finite = field_validator("spread")(_finite)
+
+
+class SentinelAware(RoundAwareColludingAttack):
+    """Against sentinel: each attacker sends the honest updates' examples-weighted mean (the update
+    the rule ranks best) plus the largest push the rule still keeps, found by bisection with the
+    rule itself in the loop: the private copy of the rule, with its exact server update and the exact
+    loss on the server's reference cohort, evaluated on the round with the crafted rows in place
+    (stronger than an attacker who knows the rule and its thresholds but not the server's images).
+    With ``push = "against-mean"`` two pushes are searched, minus the honest mean and its part
+    orthogonal to the server's update (where the check's loss changes least, to first order), and the
+    one that moves the round's step furthest from the honest mean is sent; with ``"class-bias"`` the
+    classifier's bias towards the majority class, the same every round (a slow drift). Every row stays
+    within the rule's bound (kappa x the server update's norm) and ``max-update-norm``; the pushes are
+    decorrelated per attacker by ``spread``.
+
+    Reads: the honest updates and their examples, the rule's bound and its exact server update, the
+    rule's decision on candidate rows (its copy).
+    """
+
+    name = "sentinel-aware"
+    Options = SentinelAwareOptions
+    rules = ("sentinel",)
+
+    def __init__(self, push: str = "against-mean", spread: float = 0.5, steps: int = 8) -> None:
+        if push not in ("against-mean", "class-bias"):
+            raise ValueError(f"push must be 'against-mean' or 'class-bias', got {push!r}")
+        self.push = push
+        self.spread = U.check_finite_number(spread, "spread", nonneg=True)
+        if int(steps) != steps or int(steps) < 1:
+            raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+        self.steps = int(steps)
+        self._bias: dict[str, torch.Tensor] = {}  # class-bias: each attacker's fixed direction (a slow drift)
+
+    def _bias_direction(self, view: RoundView, rule: Any, name: str, mean: torch.Tensor) -> torch.Tensor:
+        if name not in self._bias:
+            _, C, _, b_off = _classifier_head(rule.global_state)
+            # the class whose bias the honest mean raises most: the majority class, pushed further
+            c = int(torch.argmax(mean[b_off:b_off + C]))
+            d = torch.zeros_like(mean)
+            d[b_off + c] = 1.0
+            d[b_off:b_off + C] -= 1.0 / C  # a pure shift of one logit against the others
+            self._bias[name] = _spread(d, self.spread, view.generator)
+        return self._bias[name].to(mean.device, mean.dtype)
+
+    def craft_round(self, view: RoundView):
+        rule = _rule_copy(view, self.rules, self.name)
+        if rule.global_state is None or view.aggregate is None:
+            raise ValueError("attack 'sentinel-aware' needs the rule's global model and RoundView.aggregate (it runs "
+                             "in a run)")
+        honest = view.honest.double().cpu()
+        counts = (view.num_examples.double().cpu() if view.num_examples is not None
+                  else torch.ones(view.updates.shape[0], dtype=torch.float64))
+        hc = counts[view.honest_rows]
+        mean = (hc.unsqueeze(1) * honest).sum(0) / hc.sum().clamp_min(1e-300)
+        bound = float(view.aggregate(view.updates).extra["bound"][0])
+        if view.max_norm is not None:
+            bound = min(bound, float(view.max_norm))
+        bound *= 1 - 1e-6
+
+        def unit(v: torch.Tensor) -> torch.Tensor:
+            return v / torch.linalg.vector_norm(v).clamp_min(1e-300)
+
+        if self.push == "class-bias":
+            families = {"class-bias": [unit(self._bias_direction(view, rule, view.hospitals[r], mean))
+                                       for r in view.malicious_rows]}
+        else:
+            g = unit(rule._anchor.get(rule.server_update, rule.global_state, view.server_round).double().cpu())
+            blind = -mean + float(mean @ g) * g  # minus the mean, without its part along the server's update
+            families = {"against-mean": [unit(_spread(-mean, self.spread, view.generator))
+                                         for _ in view.malicious_rows],
+                        "orthogonal-to-server": [unit(_spread(blind, self.spread, view.generator))
+                                                 for _ in view.malicious_rows]}
+
+        def rows_at(dirs: list[torch.Tensor], lam: float) -> torch.Tensor:
+            out = []
+            for d in dirs:
+                row = mean + lam * bound * d
+                norm = float(torch.linalg.vector_norm(row))
+                out.append(row * min(1.0, bound / norm) if norm > 0 else row)
+            return torch.stack(out)
+
+        aggregate = view.aggregate
+
+        def decide(rows: torch.Tensor) -> tuple[bool, float]:
+            agg = aggregate(view.with_rows(rows.to(view.updates.dtype)))
+            kept = all(bool(agg.selected[r]) for r in view.malicious_rows)
+            return kept, float(torch.linalg.vector_norm(agg.update.double().cpu() - mean))
+
+        best: tuple[float, str, float, torch.Tensor, bool] | None = None
+        for family, dirs in families.items():
+            lo, hi = 0.0, 4.0  # lam = 4: the push four times the bound, the row all but the push itself
+            if decide(rows_at(dirs, hi))[0]:
+                lo = hi
+            else:
+                for _ in range(self.steps):
+                    mid = (lo + hi) / 2
+                    lo, hi = (mid, hi) if decide(rows_at(dirs, mid))[0] else (lo, mid)
+            rows = rows_at(dirs, lo)
+            kept, distance = decide(rows)
+            if best is None or (kept, distance) > (best[4], best[0]):
+                best = (distance, family, lo, rows, kept)
+        assert best is not None
+        distance, family, lam, rows, kept = best
+        return rows.to(view.updates.dtype), {"push": lam, "direction": family, "distance": distance, "kept": kept}
+
+
+__all__ = ["AnchoredTrustAware", "EARNAware", "FLTrustAware", "HTAAware", "SentinelAware"]

@@ -98,6 +98,8 @@ def private_copy(strategy: Any) -> Any:
         for value in vars(obj).values():
             if isinstance(value, types.MethodType):
                 memo[id(value.__self__)] = value.__self__
+            elif getattr(value, "shared_between_copies", False):  # a cache of what the server computes per round
+                memo[id(value)] = value
             elif depth < 2 and hasattr(value, "aggregate_updates") and hasattr(value, "__dict__"):
                 share(value, depth + 1)  # a composed rule (EARN's HTA base)
         if isinstance(getattr(obj, "global_state", None), dict):

@@ -17,6 +17,7 @@ from flwr.common import log
 
 from hospitrust import metrics
 from hospitrust.aggregation import flatten_state, unflatten_state
+from hospitrust.aggregation.sentinel import balanced_cross_entropy
 from hospitrust.attacks.data_attacks import Backdoor, LabelFlip
 from hospitrust.attacks.metrics import backdoor_success_rate, targeted_flip_success
 from hospitrust.config import RunConfig
@@ -109,6 +110,11 @@ class ReferenceCohortJudge:
 
     __call__ = score_candidates
 
+    def candidate_losses(self, global_state: dict[str, torch.Tensor], steps: torch.Tensor) -> torch.Tensor:
+        """(k,) class-balanced cross-entropy on the cohort of each candidate global + steps[i]."""
+        _, cands, labels = self.candidate_logits(global_state, steps)
+        return torch.tensor([balanced_cross_entropy(c, labels) for c in cands], dtype=torch.float64)
+
     @torch.no_grad()
     def candidate_logits(self, global_state: dict[str, torch.Tensor], updates: torch.Tensor
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -141,6 +147,31 @@ class ReferenceCohortJudge:
         return torch.cat(seen), torch.as_tensor(np.asarray(self.cohort.labels).reshape(-1), dtype=torch.long)
 
 
+def cohort_parts(cohort: LabelledImages, check_fraction: float, seed: int) -> tuple[LabelledImages, LabelledImages]:
+    """The cohort split per class into a part to train on and a part to check on (disjoint, seeded):
+    round(fraction x the class's images) of each class to the check part, and at least one image of a
+    class to each part where the class has two or more. ``check_fraction = 0``: both parts are the whole
+    cohort (the check sees the images the server trains on).
+    """
+    if not 0.0 <= check_fraction < 1.0:
+        raise ValueError(f"check fraction must be in [0, 1), got {check_fraction}")
+    if check_fraction == 0.0:
+        return cohort, cohort
+    labels = np.asarray(cohort.labels).reshape(-1)
+    rng = np.random.default_rng([seed, 60_060])
+    check: list[int] = []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        k = int(round(check_fraction * len(idx)))
+        if len(idx) >= 2:
+            k = min(max(k, 1), len(idx) - 1)
+        check += idx[:k].tolist()
+    held = np.zeros(len(labels), dtype=bool)
+    held[check] = True
+    return (LabelledImages(cohort.images[~held], cohort.labels[~held]),
+            LabelledImages(cohort.images[held], cohort.labels[held]))
+
+
 class ServerServices(Mapping[str, Callable[..., Any]]):
     """What this server offers the rules (``hospitrust.strategies.base.SERVICES``), each built
     on first use: the reference cohort is loaded once, and only for a rule that needs it.
@@ -150,6 +181,7 @@ class ServerServices(Mapping[str, Callable[..., Any]]):
         self.cfg, self.info, self.device, self.sets = cfg, info, device, sets
         self._judge: ReferenceCohortJudge | None = None
         self._trainer: ReferenceCohortTrainer | None = None
+        self._splits: dict[float, tuple[ReferenceCohortTrainer, Callable[..., torch.Tensor]]] = {}
 
     def _cohort_judge(self) -> ReferenceCohortJudge:
         if self._judge is None:
@@ -166,11 +198,28 @@ class ServerServices(Mapping[str, Callable[..., Any]]):
             return self._cohort_judge().head_features
         if name == "candidate_logits":
             return self._cohort_judge().candidate_logits
+        if name == "candidate_losses":
+            return self._cohort_judge().candidate_losses
+        if name == "cohort_split":
+            return self._cohort_split
         if name == "server_update":
             if self._trainer is None:
                 self._trainer = ReferenceCohortTrainer(self.cfg, self.info, self.device, self.sets.cohort)
             return self._trainer
         raise KeyError(name)
+
+    def _cohort_split(self, check_fraction: float) -> tuple[ReferenceCohortTrainer, Callable[..., torch.Tensor]]:
+        """(the root update on the cohort's training part, the candidate losses on its check part)."""
+        if check_fraction not in self._splits:
+            assert self.sets.cohort is not None
+            train_part, check_part = cohort_parts(self.sets.cohort, check_fraction, self.cfg.seed)
+            log(INFO, "reference cohort split for the rule: %d images to train on, %d held out to check on%s",
+                len(train_part.labels), len(check_part.labels),
+                " (the same images: check fraction 0)" if check_fraction == 0 else "")
+            self._splits[check_fraction] = (
+                ReferenceCohortTrainer(self.cfg, self.info, self.device, train_part),
+                ReferenceCohortJudge(self.cfg, self.info, self.device, check_part).candidate_losses)
+        return self._splits[check_fraction]
 
     def __iter__(self) -> Iterator[str]:
         return iter(SERVICES if self.sets.cohort is not None else ())

@@ -33,12 +33,15 @@ from hospitrust.records import HospitalRecord
 from hospitrust.strategies.validation import CheckedReply, RejectedReply, ReplyLimits, check_train_reply, check_update_row
 
 #: What a rule can ask the server for (``HospitrustStrategy.needs``): the keyword argument the
-#: registry passes, and what the server builds it from. All four need the reference cohort.
+#: registry passes, and what the server builds it from. All of them need the reference cohort.
 SERVICES = {
     "candidate_scores": "the reference cohort's balanced accuracy of each candidate model global + u_h",
     "head_features": "the global model's inputs to its last linear layer on the reference cohort",
     "candidate_logits": "the logits of the global model and of each candidate model on the reference cohort",
     "server_update": "the global model trained one local epoch on the reference cohort (a root update)",
+    "candidate_losses": "the reference cohort's class-balanced cross-entropy of each candidate model global + step",
+    "cohort_split": ("the reference cohort split per class into a part the server trains on and a part it only checks "
+                     "on: (check fraction) -> (the root update on the first, the candidate losses on the second)"),
 }
 
 

@@ -1,0 +1,136 @@
+"""Sentinel: a step is kept only where it does at least as well on the server's own images as the
+server's own update (docs/rules/sentinel.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+from logging import INFO
+
+import torch
+from flwr.common import log
+from pydantic import Field
+
+from hospitrust.aggregation.sentinel import sentinel
+from hospitrust.options import Options
+from hospitrust.strategies.base import Aggregate, HospitrustStrategy
+
+
+class SentinelOptions(Options):
+    """Sentinel's options: the cohort's held-out part, the step bound."""
+
+    check_fraction: float = Field(0.5, ge=0.0, lt=1.0, description=(
+        "The share of the reference cohort (per class) held out to check steps on: the server trains its own "
+        "update on the rest and never on these images, so the check measures what a step does on images nobody "
+        "trained on. 0: train and check on the whole cohort (the check then favours the server's own update, "
+        "which has fitted those images: measured worse, docs/experiments/2026-12-06-sentinel-design.md)."
+    ))
+
+    step_bound: float = Field(4.0, gt=0.0, description=(
+        "kappa: every hospital's update is clipped to kappa x the norm of the server's own update this round "
+        "(the global model trained on the reference cohort), a bound no hospital can move. 0 < kappa; inf: none "
+        "beyond max-update-norm."
+    ))
+
+
+class _RoundAnchor:
+    """The server's own update of the round, computed once and shared with the rule's private copies
+    (an aware attacker evaluates the rule many times a round; the update depends only on the round's
+    global model and the round).
+    """
+
+    shared_between_copies = True
+
+    def __init__(self) -> None:
+        self.key: tuple[int, int] | None = None
+        self.global_vector: torch.Tensor | None = None
+        self.update: torch.Tensor | None = None
+
+    def get(self, server_update: Callable[[dict, int], torch.Tensor], state: dict, server_round: int) -> torch.Tensor:
+        vector = torch.cat([v.detach().reshape(-1).double().cpu() for v in state.values() if v.is_floating_point()])
+        if (self.key != (server_round, id(state)) or self.global_vector is None or self.update is None
+                or not torch.equal(self.global_vector, vector)):
+            self.update = server_update(state, server_round).detach().clone()
+            self.key, self.global_vector = (server_round, id(state)), vector
+        return self.update.clone()
+
+
+class Sentinel(HospitrustStrategy):
+    """The server's reference cohort is split per class into a part it trains on and a part it only
+    checks on (``check-fraction``). Each round the server trains the global model on the first (its
+    own update g, FLTrust's root update). Every update is clipped to ``step-bound`` x ||g|| and
+    ranked by the class-balanced loss on the check part of the model it alone gives; the candidates
+    are the examples-weighted means of the k best, and the round's step is the one with the lowest
+    check loss, unless g does better: then g. Math: :func:`hospitrust.aggregation.sentinel.sentinel`.
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options; its defaults when None.
+    server_update : Callable[[dict, int], torch.Tensor]
+        (global state, server round) -> the ``(d,)`` server update.
+    candidate_losses : Callable[[dict, torch.Tensor], torch.Tensor]
+        (global state, ``(k, d)`` steps) -> ``(k,)`` the check part's loss of global + each step.
+    cohort_split : Callable[[float], tuple]
+        The server's service: check fraction -> (server_update, candidate_losses) on the cohort's two
+        parts (what a run passes; the two callables directly are for tests).
+    **kwargs
+        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`).
+    """
+
+    name = "sentinel"
+    Options = SentinelOptions
+    options: SentinelOptions
+
+    @classmethod
+    def needs(cls, options, composed) -> frozenset[str]:
+        return frozenset({"cohort_split"})
+
+    def __init__(self, hospitals, options=None, *, cohort_split: Callable[[float], tuple[Any, Any]] | None = None,
+                 server_update: Callable[[dict, int], torch.Tensor] | None = None,
+                 candidate_losses: Callable[[dict, torch.Tensor], torch.Tensor] | None = None, **kwargs) -> None:
+        super().__init__(hospitals, options, **kwargs)
+        if cohort_split is not None:  # the server's cohort: trained on one part, checked on the other
+            server_update, candidate_losses = cohort_split(self.options.check_fraction)
+        if server_update is None or candidate_losses is None:
+            raise ValueError("sentinel needs the server's own update (server_update) and the cohort's loss of a "
+                             "candidate model (candidate_losses): both come from the reference cohort")
+        self.server_update = server_update
+        self.candidate_losses = candidate_losses
+        self._anchor = _RoundAnchor()
+
+    def summary(self) -> None:
+        super().summary()
+        kappa = self.options.step_bound
+        log(INFO, "\t└── sentinel: updates clipped to %s x the server's own update norm; a step is kept only where "
+            "its loss on the cohort's held-out part (%g of it) is at most the server's own update's",
+            "no bound" if math.isinf(kappa) else f"{kappa:g}", self.options.check_fraction)
+
+    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+        assert self.global_state is not None
+        state = self.global_state
+        anchor = self._anchor.get(self.server_update, state, server_round).to(updates.device, updates.dtype)
+        out = sentinel(updates, anchor, num_examples, lambda steps: self.candidate_losses(state, steps),
+                       step_bound=self.options.step_bound)
+        n = updates.shape[0]
+        if out["fell_back"]:
+            log(INFO, "sentinel round %d: no hospitals' step did as well on the reference cohort as the server's own "
+                "update (loss %.4f against %.4f): the server's update is the step", server_round,
+                out["anchor_loss"], float(out["prefix_loss"].min()))  # type: ignore[union-attr]
+        weights = out["weights"]
+        assert isinstance(weights, torch.Tensor)
+        return Aggregate(out["update"], weights, weights > 0, extra={  # type: ignore[arg-type]
+            "clipped_loss": [float(v) for v in out["clipped_loss"]],  # type: ignore[union-attr]
+            "rank": [int(v) for v in out["rank"]],  # type: ignore[union-attr]
+            "clip_factor": [float(v) for v in out["clip_factor"]],  # type: ignore[union-attr]
+            "bound": [float(out["bound"])] * n,  # type: ignore[arg-type]
+            "anchor_loss": [float(out["anchor_loss"])] * n,  # type: ignore[arg-type]
+            "step_loss": [float(out["anchor_loss"]) if out["fell_back"]
+                          else float(out["prefix_loss"][int(out["chosen"]) - 1])] * n,  # type: ignore[index, arg-type]
+            "fell_back": [bool(out["fell_back"])] * n,
+            "flagged": [not bool(w > 0) for w in weights],
+        })

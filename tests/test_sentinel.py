@@ -1,0 +1,212 @@
+"""Sentinel (issue 60): its math on hand-computed cases with a quadratic stand-in for the cohort's loss,
+the strategy's records, its refusal without a cohort, and its aware attack finding the largest push the
+rule keeps (and a harmful one where the rule lets one through)."""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from hospitrust.aggregation.sentinel import balanced_cross_entropy, sentinel
+from hospitrust.attacks.interfaces import RoundView
+from hospitrust.attacks.registry import ATTACKS, build_attack
+from hospitrust.strategies.base import Aggregate
+from hospitrust.strategies.sentinel import Sentinel
+from hospitrust.strategies.validation import CheckedReply
+
+T = functools.partial(torch.tensor, dtype=torch.float64)
+TARGET = T([1.0, 1.0])
+
+
+def _quadratic(steps: torch.Tensor) -> torch.Tensor:
+    """The cohort's loss of the model w + s with w = 0: ||s - (1, 1)||^2."""
+    return ((steps.double() - TARGET) ** 2).sum(1)
+
+
+def test_balanced_cross_entropy_by_hand():
+    assert balanced_cross_entropy(torch.zeros(3, 2), torch.tensor([0, 1, 1])) == pytest.approx(math.log(2))
+    logits = T([[2.0, 0.0], [0.0, 0.0], [0.0, 3.0]])
+    class0 = (math.log(1 + math.exp(-2)) + math.log(2)) / 2  # the rare class counts as much as the common
+    class1 = math.log(1 + math.exp(-3))
+    assert balanced_cross_entropy(logits, torch.tensor([0, 0, 1])) == pytest.approx((class0 + class1) / 2, rel=1e-12)
+    with pytest.raises(ValueError, match=r"logits must be \(m, C\)"):
+        balanced_cross_entropy(torch.zeros(2, 2), torch.tensor([0]))
+
+
+def test_one_round_by_hand_the_best_prefix_is_kept():
+    x = T([[1.0, 0.0], [0.0, 1.0], [-5.0, 0.0]])
+    out = sentinel(x, T([0.5, 0.0]), T([1.0, 1.0, 1.0]), _quadratic, step_bound=math.inf)
+    # alone: 1, 1, 37; prefixes: (1, 0) -> 1, (0.5, 0.5) -> 0.5, (-4/3, 1/3) -> 53/9; the anchor: 1.25
+    assert out["clipped_loss"].tolist() == [1.0, 1.0, 37.0] and out["rank"].tolist() == [1, 2, 3]
+    torch.testing.assert_close(out["prefix_loss"], T([1.0, 0.5, 53 / 9]))
+    assert out["anchor_loss"] == pytest.approx(1.25) and out["chosen"] == 2 and out["fell_back"] is False
+    torch.testing.assert_close(out["update"], T([0.5, 0.5]))
+    assert out["weights"].tolist() == [0.5, 0.5, 0.0]
+
+
+def test_the_weights_are_the_kept_hospitals_examples():
+    x = T([[1.0, 0.0], [0.0, 1.0], [-5.0, 0.0]])
+    out = sentinel(x, T([0.5, 0.0]), T([3.0, 1.0, 1.0]), _quadratic, step_bound=math.inf)
+    # (3 (1, 0) + (0, 1)) / 4 = (0.75, 0.25): loss 0.625, the best prefix
+    torch.testing.assert_close(out["update"], T([0.75, 0.25]))
+    assert out["weights"].tolist() == [0.75, 0.25, 0.0]
+
+
+def test_the_servers_own_update_is_the_step_when_it_does_better():
+    x = T([[1.0, 0.0], [-5.0, 0.0]])
+    out = sentinel(x, T([1.0, 1.0]), T([1.0, 1.0]), _quadratic, step_bound=math.inf)
+    assert out["fell_back"] is True and out["chosen"] == 0 and out["anchor_loss"] == 0.0
+    torch.testing.assert_close(out["update"], T([1.0, 1.0]))
+    assert out["weights"].tolist() == [0.0, 0.0]
+
+
+def test_every_update_is_clipped_to_kappa_times_the_servers_norm():
+    x = T([[1.0, 0.0], [0.0, 1.0], [-5.0, 0.0]])
+    out = sentinel(x, T([0.5, 0.0]), T([1.0, 1.0, 1.0]), _quadratic, step_bound=2.0)
+    assert out["bound"] == pytest.approx(1.0)
+    torch.testing.assert_close(out["clip_factor"], T([1.0, 1.0, 0.2]))
+    assert out["clipped_loss"].tolist()[2] == pytest.approx(5.0)  # (-1, 0): 4 + 1
+    # however large the hospitals' updates, the step is within the bound
+    big = sentinel(100 * x, T([0.5, 0.0]), T([1.0, 1.0, 1.0]), _quadratic, step_bound=2.0)
+    assert float(torch.linalg.vector_norm(big["update"])) <= 1.0 + 1e-12
+
+
+def test_equal_losses_keep_the_most_hospitals_and_prefer_them_to_the_server():
+    flat = lambda steps: torch.zeros(steps.shape[0], dtype=torch.float64)  # noqa: E731
+    out = sentinel(T([[1.0, 0.0], [0.0, 1.0]]), T([1.0, 1.0]), T([1.0, 1.0]), flat, step_bound=math.inf)
+    assert out["chosen"] == 2 and out["fell_back"] is False and out["weights"].tolist() == [0.5, 0.5]
+
+
+def test_a_candidate_whose_loss_is_not_a_number_is_never_kept():
+    def losses(steps):
+        out = _quadratic(steps)
+        out[(steps[:, 0] < -1).nonzero().flatten()] = float("nan")
+        return out
+    out = sentinel(T([[-5.0, 0.0], [1.0, 1.0]]), T([0.1, 0.0]), T([1.0, 1.0]), losses, step_bound=math.inf)
+    assert out["clipped_loss"].tolist()[0] == math.inf and out["rank"].tolist() == [2, 1]
+    assert out["weights"].tolist() == [0.0, 1.0]
+
+
+def test_bad_input_names_what_was_wrong():
+    x = T([[1.0, 0.0]])
+    with pytest.raises(ValueError, match="step_bound must be > 0"):
+        sentinel(x, T([1.0, 0.0]), T([1.0]), _quadratic, step_bound=0.0)
+    with pytest.raises(ValueError, match="num_examples must be"):
+        sentinel(x, T([1.0, 0.0]), T([0.0]), _quadratic, step_bound=1.0)
+    with pytest.raises(ValueError, match="length d=2"):
+        sentinel(x, T([1.0]), T([1.0]), _quadratic, step_bound=1.0)
+    with pytest.raises(ValueError, match="losses returned 1 values for 2 candidates"):
+        sentinel(T([[1.0, 0.0], [0.0, 1.0]]), T([1.0, 0.0]), T([1.0, 1.0]), lambda s: torch.zeros(1), step_bound=1.0)
+
+
+def _rule(anchor=T([0.5, 0.0]), kappa=math.inf):
+    return Sentinel({1: "a", 2: "b", 3: "c"}, {"step_bound": kappa}, server_update=lambda state, rnd: anchor.clone(),
+                    candidate_losses=lambda state, steps: _quadratic(steps))
+
+
+def test_the_strategy_records_each_hospitals_check():
+    rule = _rule()
+    rule.global_state = {"w": torch.zeros(2)}
+    replies = [CheckedReply(i, {}, None, 10, {}) for i in (1, 2, 3)]
+    agg = rule.aggregate_updates(1, T([[1.0, 0.0], [0.0, 1.0], [-5.0, 0.0]]), T([10.0, 10.0, 10.0]), replies)
+    torch.testing.assert_close(agg.update, T([0.5, 0.5]))
+    assert agg.selected.tolist() == [True, True, False] and agg.extra["flagged"] == [False, False, True]
+    assert agg.extra["rank"] == [1, 2, 3] and agg.extra["step_loss"] == [0.5] * 3
+    assert agg.extra["anchor_loss"] == [1.25] * 3 and agg.extra["fell_back"] == [False] * 3
+
+
+def test_the_strategy_needs_the_servers_update_and_the_cohorts_loss():
+    with pytest.raises(ValueError, match="server's own update"):
+        Sentinel({1: "a"})
+    assert Sentinel.needs(Sentinel.Options(), {}) == {"cohort_split"}
+
+
+def test_without_a_cohort_it_refuses_to_start_naming_the_missing_server_data():
+    from conftest import small_run_config
+    from hospitrust.config import parse_run_config
+    from hospitrust.config.run import check_server_data
+
+    cfg = parse_run_config({**small_run_config(Path("/tmp")), "strategy": "sentinel", "reference-cohort-per-class": 1})
+    found = " ".join(check_server_data(cfg.model_copy(update={"reference_cohort_per_class": 0})))
+    assert "strategy sentinel needs the server's reference cohort" in found and "no cohort-free setting" in found
+
+
+def _aware_view(rule, honest, malicious_rows, max_norm=None):
+    n = honest.shape[0] + len(malicious_rows)
+    updates = torch.zeros(n, honest.shape[1], dtype=torch.float64)
+    updates[[i for i in range(n) if i not in malicious_rows]] = honest
+    names = {i + 1: h for i, h in enumerate("abcdefgh"[:n])}
+    replies = [CheckedReply(i + 1, {}, None, 10, {}) for i in range(n)]
+
+    def aggregate(stack):
+        return rule.aggregate_updates(1, stack, torch.full((n,), 10.0, dtype=torch.float64), replies)
+
+    return RoundView(1, updates, [names[i + 1] for i in range(n)], list(malicious_rows), rule=lambda s: aggregate(s).update,
+                     aggregate=aggregate, strategy=lambda: rule, generator=torch.Generator().manual_seed(0),
+                     max_norm=max_norm, num_examples=torch.full((n,), 10.0, dtype=torch.float64))
+
+
+def test_the_aware_attack_finds_the_largest_push_the_rule_keeps():
+    # the cohort's loss is flat along (1, -1): a push there is invisible to the check, so the rule keeps it
+    flat_along = lambda steps: ((steps.double() @ T([1.0, 1.0]) - 2.0) ** 2)  # noqa: E731
+    rule = Sentinel({i + 1: h for i, h in enumerate("abcd")}, {"step_bound": 4.0},
+                    server_update=lambda state, rnd: T([0.5, 0.5]), candidate_losses=lambda state, s: flat_along(s))
+    rule.global_state = {"w": torch.zeros(2)}
+    honest = T([[1.5, 0.3], [1.4, 0.4], [1.6, 0.5]])
+    attack = build_attack("sentinel-aware", {"sentinel-aware": ATTACKS["sentinel-aware"].Options(spread=0.0)})
+    view = _aware_view(rule, honest, [3])
+    rows, info = attack.craft_round(view)
+    assert info["kept"] is True and info["push"] > 0
+    assert float(torch.linalg.vector_norm(rows[0])) <= 4.0 * math.sqrt(0.5) + 1e-9  # inside kappa x ||g||
+    agg = view.aggregate(view.with_rows(rows))
+    assert bool(agg.selected[3])
+    # harmful where the check cannot see: along (1, -1) the step moves from the honest mean towards -mean
+    blind = T([1.0, -1.0]) / math.sqrt(2)
+    mean = honest.mean(0)
+    assert float((agg.update - mean) @ blind) < -0.1 and float(-mean @ blind) < 0
+
+
+def test_the_aware_attack_is_kept_at_no_push_when_the_check_sees_every_direction():
+    rule = _rule(anchor=T([0.5, 0.5]), kappa=4.0)
+    rule.hospitals = {i + 1: h for i, h in enumerate("abcd")}
+    rule.global_state = {"w": torch.zeros(2)}
+    honest = T([[1.0, 0.8], [0.8, 1.0], [1.2, 0.9]])
+    attack = build_attack("sentinel-aware", {"sentinel-aware": ATTACKS["sentinel-aware"].Options(spread=0.0, steps=20)})
+    rows, info = attack.craft_round(_aware_view(rule, honest, [3]))
+    # against the quadratic the honest mean (1, 0.9) is near the optimum: only a small push is kept
+    assert 0 <= info["push"] < 0.2
+
+
+def test_the_aware_attack_is_refused_against_another_rule():
+    from hospitrust.strategies.fedavg import FedAvg
+
+    rule = FedAvg({1: "a", 2: "b"})
+    rule.global_state = {"w": torch.zeros(2)}
+    view = RoundView(1, T([[1.0, 0.0], [0.0, 1.0]]), ["a", "b"], [1], strategy=lambda: rule,
+                     aggregate=lambda s: Aggregate(s.mean(0), torch.ones(2), torch.ones(2, dtype=torch.bool)))
+    with pytest.raises(ValueError, match="written against the rule sentinel"):
+        build_attack("sentinel-aware", {"sentinel-aware": ATTACKS["sentinel-aware"].Options()}).craft_round(view)
+
+
+def test_the_cohort_is_split_per_class_into_disjoint_parts():
+    import numpy as np
+
+    from hospitrust.datasets.federation import LabelledImages
+    from hospitrust.server_app.services import cohort_parts
+
+    labels = np.array([0] * 10 + [1] * 10 + [2] * 3)
+    images = np.arange(len(labels), dtype=np.float32).reshape(-1, 1, 1, 1)
+    train_part, check_part = cohort_parts(LabelledImages(images, labels), 0.5, seed=7)
+    assert sorted(np.bincount(check_part.labels).tolist()) == [2, 5, 5]  # round(1.5) = 2 of the 3
+    assert sorted(np.bincount(train_part.labels).tolist()) == [1, 5, 5]
+    assert not set(train_part.images.ravel().tolist()) & set(check_part.images.ravel().tolist())
+    again = cohort_parts(LabelledImages(images, labels), 0.5, seed=7)[1]
+    assert np.array_equal(again.images, check_part.images)  # seeded: the same split every round and restart
+    whole = cohort_parts(LabelledImages(images, labels), 0.0, seed=7)
+    assert whole[0].labels is labels and whole[1].labels is labels
+    with pytest.raises(ValueError, match=r"check fraction must be in \[0, 1\)"):
+        cohort_parts(LabelledImages(images, labels), 1.0, seed=7)
