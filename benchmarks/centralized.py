@@ -7,6 +7,11 @@ the union's rare classes, as the server computes it for federated runs.
     python benchmarks/centralized.py --hospitals 10 -c 'dataset=pneumoniamnist'
 
 Prints one line per epoch and a final line in the same format as ``hospitrust simulate``.
+
+For a run of your own, ``hospitrust reference pooled RUN_DIR`` (docs/getting-started.md) is the supported
+way: the leaderboard's ``pooled`` control (the honest hospitals' partitions, the task's augmentation) for
+the run's config, written into the run directory, with the gap shown by ``hospitrust report RUN_DIR``.
+This script stays for the measurements that cite it.
 """
 
 from __future__ import annotations

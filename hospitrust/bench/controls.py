@@ -269,6 +269,48 @@ def _pooled(s: _Setup, control: Control, hospitals: int) -> tuple[list[dict[str,
     return history, {"honest_hospitals": [f"hospital-{p}" for p in honest], "pooled_images": int(labels.size)}
 
 
+def train_pooled(run_config: Mapping[str, Any], hospitals: int, control: Control,
+                 on_epoch: Callable[[int, dict[str, Any]], None] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The ``pooled`` control for ``run_config`` without a run directory of its own (``hospitrust reference
+    pooled`` writes its result into the federated run's folder): the central report after each epoch, and the
+    control's facts (honest hospitals, pooled images) with the task's class names and the device.
+
+    Parameters
+    ----------
+    run_config : Mapping[str, Any]
+        A complete flat run config (kebab-case keys), as a run's ``config.json`` holds it.
+    hospitals : int
+        The simulated hospitals the training split was divided among.
+    control : Control
+        A ``pooled`` control (its epochs and learning rate).
+    on_epoch : callable or None
+        Called with (epoch, central report) after each epoch, e.g. to show progress.
+
+    Returns
+    -------
+    tuple[list[dict[str, Any]], dict[str, Any]]
+        The per-epoch central reports and the facts.
+    """
+    if control.kind != CEILING or control.epochs is None:
+        raise ControlError(f"train_pooled trains control = {CEILING!r} with control-epochs, got {control.to_json()}")
+    s = _setup(run_config)
+    if s.cfg.task.custom:
+        raise ControlError(f"control = {CEILING!r} trains on the simulated hospitals' images: a task of the "
+                           "consortium's own has none on the server")
+    if on_epoch is not None:
+        central, done = s.evaluate, [0]
+
+        def evaluate(model: torch.nn.Module) -> dict[str, Any]:
+            report = central(model)
+            done[0] += 1
+            on_epoch(done[0], report)
+            return report
+
+        s.evaluate = evaluate
+    history, extra = _pooled(s, control, hospitals)
+    return history, {**extra, "class_names": list(s.task.class_names), "device": str(s.device)}
+
+
 def run_control(run_config: Mapping[str, Any], hospitals: int, control: Control, say: Callable[[str], None] = print):
     """Train and evaluate ``control`` for the cell ``run_config`` (``hospitals`` simulated hospitals) and
     write its run directory under ``output-dir``/``run-name``; returns the directory's path.

@@ -128,6 +128,9 @@ def _report(args: argparse.Namespace) -> int:
             print(f"hospitrust report: {exc}", file=sys.stderr)
             return 2
         print("report: " + "\n        ".join(str(p) for p in written))
+        from hospitrust.bench.reference import gap_line
+
+        print(gap_line(grid_dir))  # the gap to the pooled reference, or how to make it
         return 0
     from hospitrust.bench.report import make_report
 

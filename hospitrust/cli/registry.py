@@ -25,6 +25,7 @@ class Command:
 
 COMMANDS: tuple[Command, ...] = (
     Command(("simulate",), "hospitrust.cli.simulate"),
+    Command(("reference",), "hospitrust.cli.reference", "add_reference_parser"),
     Command(("doctor",), "hospitrust.cli.doctor"),
     Command(("console",), "hospitrust.cli.console"),
     Command(("config",), "hospitrust.cli.config"),

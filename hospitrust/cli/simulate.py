@@ -24,7 +24,7 @@ def _simulate(args: argparse.Namespace) -> int:
         return 2
     flwr.stop_on_signals()  # a stopped `hospitrust simulate` stops its SuperLink and what that started
     try:
-        status, _ = simulate(
+        status, run_dir = simulate(
             hospitals=args.hospitals,
             overrides=args.run_config,
             app_dir=Path(args.app) if args.app else None,
@@ -36,7 +36,23 @@ def _simulate(args: argparse.Namespace) -> int:
     except (ConfigError, SimulationError, DataMissingError) as exc:
         print(f"hospitrust simulate: {exc}", file=sys.stderr)
         return 2
-    return 0 if status == COMPLETED else 1
+    if status != COMPLETED:
+        return 1
+    if run_dir is not None:
+        return _after_the_run(Path(run_dir), args.pooled_reference)
+    return 0
+
+
+def _after_the_run(run_dir: Path, pooled: bool) -> int:
+    """The pooled reference (with --pooled-reference) and the line with the gap to it, or how to make it."""
+    from hospitrust.bench.reference import gap_line
+
+    if pooled:
+        from hospitrust.cli.reference import pooled_reference
+
+        return pooled_reference(run_dir, who="hospitrust simulate --pooled-reference")  # prints the gap
+    print(gap_line(run_dir), flush=True)
+    return 0
 
 
 def _environment_problem() -> str | None:
@@ -68,4 +84,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--keep", action="store_true",
                      help="a run that fails keeps its scratch folder (/tmp/hospitrust-sim-*: the SuperLink's log) "
                           "and prints where it is; without it the folder is removed")
+    sim.add_argument("--pooled-reference", action="store_true",
+                     help="after a completed run, train its pooled reference (`hospitrust reference pooled RUN_DIR`: "
+                          "the same model and recipe on the hospitals' training images in one place, for the run's "
+                          "budget) and print the gap to it")
     sim.set_defaults(func=_simulate)
