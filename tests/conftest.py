@@ -23,6 +23,7 @@ waiting on process starts and Flower's polling, so two pages share two cores wel
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,9 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 os.environ.setdefault("HOSPITRUST_DATA_DIR_GIVEN", "1" if os.environ.get("HOSPITRUST_DATA_DIR") else "0")
 DATA_DIR = _data_folder()
 os.environ["HOSPITRUST_DATA_DIR"] = str(DATA_DIR)  # what the product (and every process a test starts) reads
+# the audit log's state files (hospitrust.ops.deploy.audit) go to a folder of this session, not the user's
+# ~/.local/state, for the tests and every launcher they start; a worker's own folder keeps workers apart
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="hospitrust-test-state-")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,5 +1,6 @@
 """The hospital's audit log on real files, played as an attacker would: cut its last lines, empty it, rewrite
-its refusals as acceptances with a recomputed chain, edit or delete its head; and the launcher's side: the
+its refusals as acceptances with a recomputed chain, edit or delete its head, wipe it (with its key) to start
+afresh, name a key twice in an entry; and the launcher's side: the
 entry is written by the launcher from the child's decision pipe, which the child closes before the bundle's
 code runs, and the bundle's code sees no path of the gate's files (tests/test_hospital_control.py runs it in
 the real federation).
@@ -29,6 +30,14 @@ def _append_many(path: str, tag: int) -> None:
     for i in range(10):
         audit.append(Path(path), {"run": tag, "round": i, "message": "train",
                                   "decision": "refused" if i % 3 == 0 else "accepted"})
+
+
+@pytest.fixture(autouse=True)
+def _state_home(tmp_path, monkeypatch) -> Path:
+    """The logs' state files (audit.state_dir) in this test's own folder, outside every log's folder."""
+    home = tmp_path / "state-home"
+    monkeypatch.setenv("XDG_STATE_HOME", str(home))
+    return home
 
 
 @pytest.fixture
@@ -197,6 +206,104 @@ def test_a_format_1_log_is_read_and_reported_unverifiable_and_the_key_is_checked
     given.write_text(os.urandom(32).hex())
     audit.append(new, {"decision": "accepted"}, given)
     assert audit.verify(new, given)[1] is None and audit.verify(new)[1].startswith("entry 1: cannot be checked")
+
+
+# -- issue 61, item 6: a wiped log (and key) is not begun again silently; an entry names each key once ------------------
+
+def _wipe(log: Path, *, key: bool = False) -> None:
+    """What an attacker with the log's folder does: remove the log and its head (and the default key beside them)."""
+    log.unlink()
+    audit.head_path(log).unlink()
+    if key:
+        audit.key_path(log).unlink()
+
+
+def test_a_wiped_log_is_refused_at_the_start_and_reported_as_wiped_not_as_a_mistyped_path(log, _state_home):
+    state = audit.state_path(log)
+    assert state.is_file() and log.parent not in state.parents and state.parent.is_relative_to(_state_home)
+    assert state.stat().st_mode & 0o777 == 0o600 and state.parent.stat().st_mode & 0o777 == 0o700
+    assert audit.read_state(log)["entries"] is True
+    _wipe(log)
+    # the finding: the next start began a new log, and `deploy audit` said "not found" as for a mistyped path
+    with pytest.raises(DeployError, match=r"audit log .*audit\.jsonl and its head are missing, but .*\.state records "
+                                          r"that this log was started \(.*\) and has entries: it was wiped; not starting"):
+        audit.check(log)
+    with pytest.raises(DeployError, match="it was wiped: not appending"):  # nor while the launcher runs
+        audit.append(log, {"decision": "accepted"})
+    assert not log.exists()  # no empty log left in its place
+    res = _cli(str(log))
+    assert res.returncode == 1 and res.stdout == "", res.stdout + res.stderr
+    assert res.stderr.startswith("hospitrust deploy audit: does not verify: entry 1: missing: audit log ")
+    assert "has entries: it was wiped" in res.stderr and "not found" not in res.stderr
+    typo = _cli(str(log.with_name("audti.jsonl")))  # a mistyped path: no state records it
+    assert typo.returncode == 2 and "not found" in typo.stderr and "it was wiped" not in typo.stderr, typo.stderr
+    # emptied rather than removed, its head gone too: the state says it had entries
+    log.write_text("")
+    assert audit.verify(log)[1].startswith(f"entry 1: missing: the head {audit.head_path(log)} is gone and {state} "
+                                           f"records that this log has entries (the log was wiped")
+
+
+def test_a_wiped_log_and_key_are_not_replaced_by_a_new_key(log):
+    _wipe(log, key=True)
+    key = audit.key_path(log)
+    # the finding: with the key deleted too, a new key was made silently and a new log began
+    with pytest.raises(DeployError, match=r"audit key .* is missing, but .* records that log .* was started .* the key "
+                                          r"was deleted; put it back"):
+        audit.check(log)
+    with pytest.raises(DeployError, match="the key was deleted"):
+        audit.append(log, {"decision": "accepted"})
+    assert not key.exists() and not log.exists()
+    # a key the attacker makes instead is not the one the state records
+    key.write_text(os.urandom(32).hex() + "\n")
+    key.chmod(0o600)
+    with pytest.raises(DeployError, match=r"is not the key log .* was started under .* the key was replaced"):
+        audit.check(log)
+    with pytest.raises(DeployError, match="the key was replaced"):
+        audit.append(log, {"decision": "accepted"})
+
+
+def test_an_upgraded_hospital_starts_normally_and_gets_a_state_and_a_lone_key_is_refused(tmp_path, log):
+    state = audit.state_path(log)
+    state.unlink()  # a log and key written by the version before the state file
+    audit.check(log)
+    assert audit.read_state(log)["entries"] is True and audit.verify(log)[1] is None
+    _wipe(log)
+    with pytest.raises(DeployError, match="it was wiped"):  # from now on a wipe is seen
+        audit.check(log)
+    # a new hospital: the first start makes key and state (no entries yet); a restart before any message is fine
+    new = tmp_path / "new" / "audit.jsonl"
+    audit.check(new)
+    audit.check(new)
+    assert audit.read_state(new)["entries"] is False and not new.exists()
+    record = audit.append(new, {"decision": "accepted"})
+    assert record["n"] == 1 and audit.read_state(new)["entries"] is True
+    # a default key with neither log nor state: wiped together with the state (or an older version's unused key)
+    lone = tmp_path / "lone" / "audit.jsonl"
+    audit.check(lone)
+    audit.state_path(lone).unlink()
+    with pytest.raises(DeployError, match=r"is missing but its key .* exists and no state .* records the log"):
+        audit.check(lone)
+    # a state file that is not one: named, not read as "never started"
+    audit.state_path(new).write_text('{"v": 1, "entries": true, "entries": false}')
+    with pytest.raises(DeployError, match=r"\.state: not a state file this module wrote"):
+        audit.check(new)
+
+
+def test_an_entry_with_a_duplicated_key_does_not_verify(log):
+    lines = log.read_text().splitlines()
+    n = next(i for i, line in enumerate(lines, 1) if json.loads(line)["decision"] == "refused")
+    # the attack: a second "decision" ahead of the real one; a reader that keeps the first sees "accepted", Python's
+    # json keeps the last, whose canonical form is the one the MAC covers, so the entry verified
+    forged = '{"decision": "accepted", ' + lines[n - 1][1:]
+    assert json.loads(forged) == json.loads(lines[n - 1])
+    log.write_text("\n".join([*lines[: n - 1], forged, *lines[n:]]) + "\n")
+    entries, problem = audit.verify(log)
+    assert len(entries) == n - 1
+    assert problem.startswith(f"entry {n} (line {n}): the key 'decision' appears twice in it"), problem
+    res = _cli(str(log), "--quiet")
+    assert res.returncode == 1 and f"entry {n} (line {n}): the key 'decision' appears twice" in res.stderr, res.stderr
+    with pytest.raises(audit.DuplicateKey, match="the key 'n' appears twice"):
+        audit.loads('{"n": 1, "reply_claimed_by_app": {}, "n": 2}')
 
 
 def test_the_child_environment_loses_the_gates_paths():

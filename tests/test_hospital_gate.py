@@ -125,12 +125,13 @@ def test_the_site_policy_rule_by_rule():
     # NaN, infinite or zero counts are refused with the key named, before any rule compares them (NaN made the gate
     # raise before it decided: no reply, and no decision on the record)
     assert refusal(policy, TRAIN, {**ok, "local-epochs": float("nan")}, run, hospital_images=400) == \
-        "local-epochs: nan is not a count of at least 1"
+        "local-epochs: nan is not a finite positive integer (expected a count of at least 1)"
     assert refusal(policy, TRAIN, {**ok, "batch-size": float("inf")}, run, hospital_images=400) == \
-        "batch-size: inf is not a count of at least 1"
+        "batch-size: inf is not a finite positive integer (expected a count of at least 1)"
     assert refusal(policy, TRAIN, {**ok, "local-epochs": 0}, run, hospital_images=400) == \
-        "local-epochs: 0 is not a count of at least 1"
-    assert refusal(SitePolicy(), TRAIN, {"local-epochs": float("nan")}, run) == "local-epochs: nan is not a count of at least 1"
+        "local-epochs: 0 is not a finite positive integer (expected a count of at least 1)"
+    assert refusal(SitePolicy(), TRAIN, {"local-epochs": float("nan")}, run) == \
+        "local-epochs: nan is not a finite positive integer (expected a count of at least 1)"
     assert resolve(TRAIN, {"local-epochs": float("nan")}, run).local_epochs is None  # resolving no longer raises
     assert refusal(policy, "query", {"task": task}, {**run, "attack": "sign-flip"}) == \
         "allow-attacks: the run configures attack 'sign-flip'"
@@ -359,11 +360,12 @@ def test_app_review_says_when_a_bundle_differs_only_outside_its_files(tmp_path):
     assert "its zip structure" in approval.review(_rezip(content, reverse=True), store)  # re-packed: same files
 
 
-def _wired_gate(tmp_path, monkeypatch, cfg, run_config=None, *, run_fab=None):
+def _wired_gate(tmp_path, monkeypatch, cfg, run_config=None, *, run_fab=None, message_config=None, decision_fd=None):
     """The gate's wrappers on Flower's own ``run_clientapp`` module, as in a gated ClientApp: ``deliver(content)``
-    pulls a train message for that bundle (``run_fab``: what the run names instead: id, version, hash) and calls
-    the wrapped ``install_from_fab``; it returns the folder Flower would import from, or raises ``Refused``.
-    Once per test: the wrappers stay on the module until the test ends.
+    pulls a train message for that bundle (``run_fab``: what the run names instead: id, version, hash; its config
+    record: ``server-round`` 1 and ``message_config``) and calls the wrapped ``install_from_fab``; it returns the folder
+    Flower would import from, or raises ``Refused``. ``decision_fd``: the decision pipe's write end, as the launcher
+    gives its child. Once per test: the wrappers stay on the module until the test ends.
     """
     from flwr.app import ConfigRecord, Context, Message, RecordDict
     from flwr.cli.config_utils import get_fab_metadata
@@ -386,7 +388,8 @@ def _wired_gate(tmp_path, monkeypatch, cfg, run_config=None, *, run_fab=None):
         fab_id, fab_version, fab_hash = run_fab or (fab_id, fab_version, approval.fab_sha256(content))
         run = Run.create_empty(7)
         run.fab_id, run.fab_version, run.fab_hash = fab_id, fab_version, fab_hash
-        message = Message(RecordDict({"config": ConfigRecord({"server-round": 1})}), dst_node_id=1, message_type="train")
+        config = ConfigRecord({"server-round": 1, **(message_config or {})})
+        message = Message(RecordDict({"config": config}), dst_node_id=1, message_type="train")
         context = Context(run_id=7, node_id=1, node_config={}, state=RecordDict(), run_config=dict(run_config or {}))
         return message, context, run, Fab(fab_hash, content, {})
 
@@ -394,7 +397,7 @@ def _wired_gate(tmp_path, monkeypatch, cfg, run_config=None, *, run_fab=None):
     monkeypatch.setattr(rc, "pull_task_input", pull)
     monkeypatch.setattr(rc, "install_from_fab", rc.install_from_fab)
     monkeypatch.setattr(rc, "push_message", rc.push_message)
-    gate.install(cfg)
+    gate.install(cfg, decision_fd=decision_fd)
     assert sys.dont_write_bytecode  # gated children write no bytecode beside the checked sources
 
     def deliver(content: bytes) -> Path:
@@ -493,3 +496,47 @@ def test_the_gate_removes_a_revoked_bundles_install(tmp_path, monkeypatch):
     folder.mkdir(parents=True)  # put back by hand, or left by an old launcher: removed at the next message of any bundle
     (folder / "pyproject.toml").write_text(APP_TOML)
     assert deliver(other) == other_folder and not folder.exists()
+
+
+@pytest.mark.parametrize(("bad", "shown"), [(float("nan"), "nan"), (float("inf"), "inf"), (0, "0"), ("many", "'many'")],
+                         ids=["nan", "inf", "zero", "text"])
+@pytest.mark.parametrize("with_policy", [False, True], ids=["approvals-only", "site-policy"])
+def test_a_train_message_whose_local_epochs_is_not_a_count_is_refused_with_a_recorded_decision(
+        tmp_path, monkeypatch, bad, shown, with_policy):
+    """Issue 61, item 7: ``local-epochs = NaN`` in a train message made the gate raise before it decided (no reply,
+    and the audit entry said decision "none"). Now it is refused, with or without a site policy, and the decision the
+    launcher records names the key and what was expected.
+    """
+    import os
+
+    from hospitrust.ops.deploy import audit
+    from hospitrust.supervision import launcher
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state-home"))
+    app = make_app(tmp_path / "app")
+    if with_policy:
+        (app / "pyproject.toml").write_text(APP_TOML + "\n[tool.hospitrust]\ngate-values = 1\n")
+    content = approval.build_fab(app)
+    approval.Approvals(tmp_path / "approved.toml").approve(content)
+    policy = tmp_path / "policy.toml"
+    policy.write_text("max-local-epochs = 5\n")
+    cfg = GateConfig(approvals=tmp_path / "approved.toml", policy=policy if with_policy else None)
+    pipes = launcher.AuditPipes(task_id=3, run_id=7)  # the launcher's end of the child's decision pipe
+    deliver = _wired_gate(tmp_path, monkeypatch, cfg, message_config={"local-epochs": bad, "server-round": bad},
+                          decision_fd=pipes.child_fds[0])
+    reason = f"refused: local-epochs: {shown} is not a finite positive integer (expected a count of at least 1)"
+    with pytest.raises(Refused) as refused:
+        deliver(content)
+    assert str(refused.value) == reason  # what the server records: Flower's error reply carries it
+    os.close(pipes.child_fds[1])  # no reply's claim: the bundle never ran
+    for fd in pipes.open:
+        os.set_blocking(fd, False)
+    pipes.close()  # read what the child sent, as the launcher does when it reaps it
+    log = tmp_path / "audit.jsonl"
+    audit.append(log, pipes.entry(1))
+    (entry,), problem = audit.verify(log)
+    assert problem is None and entry["decision"] == "refused" and entry["reason"] == reason
+    assert entry["round"] == (0 if bad == 0 else None)  # a server round that is no number: none, not raised on
+    assert entry["agreed"]["local-epochs"] == (0 if bad == 0 else None)  # what resolve() made of it
+    assert decide(cfg, content, TRAIN, {"local-epochs": 2}, {}) is None  # a count is accepted
+    assert decide(cfg, content, "evaluate", {"local-epochs": float("nan")}, {}) is None  # only train counts epochs

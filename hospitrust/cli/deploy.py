@@ -575,6 +575,10 @@ def cmd_audit(args) -> int:
 
     path = Path(args.path).expanduser()
     if not path.is_file():
+        wiped = audit.wiped(path)  # its state, outside its folder, records entries: not a mistyped path
+        if wiped is not None:
+            print(f"hospitrust deploy audit: does not verify: {wiped}", file=sys.stderr)
+            return 1
         raise DeployError(f"audit log {path} not found")
     entries, problem = audit.verify(path, Path(args.key).expanduser() if args.key else None)
     if not args.quiet:

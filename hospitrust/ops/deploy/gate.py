@@ -52,8 +52,8 @@ from hospitrust.ops.deploy import audit
 from hospitrust.ops.deploy.approval import (SIGNATURE_KEY, Approvals, check_installed, installed_files, load_trusted, short,
                                            verify)
 from hospitrust.errors import DeployError
-from hospitrust.ops.deploy.policy import (GATE_KEY, GATE_VALUES_VERSION, SECAGG_CONFIGS, Agreed, load_policy, message_kind,
-                                          refusal, resolve)
+from hospitrust.ops.deploy.policy import (GATE_KEY, GATE_VALUES_VERSION, SECAGG_CONFIGS, Agreed, count_refusal, load_policy,
+                                          message_kind, refusal, resolve)
 
 APPROVALS_ENV = "HOSPITRUST_APPROVED_APPS"
 TRUSTED_ENV = "HOSPITRUST_TRUSTED_SIGNERS"
@@ -101,11 +101,12 @@ class GateConfig:
 
     def private_files(self) -> list[Path]:
         """The files a ClientApp must neither read nor write: approvals (with the revocation list), signers, site
-        policy, audit log, its key and head.
+        policy, audit log, its key, head and state (which records, outside the log's folder, that it was started).
         """
         files = [p for p in (self.approvals, self.trusted, self.policy) if p is not None]
         if self.audit_log is not None:
-            files += [self.audit_log, audit.key_path(self.audit_log, self.audit_key), audit.head_path(self.audit_log)]
+            files += [self.audit_log, audit.key_path(self.audit_log, self.audit_key), audit.head_path(self.audit_log),
+                      audit.state_path(self.audit_log)]
         return files
 
     def check_files(self) -> None:
@@ -117,7 +118,7 @@ class GateConfig:
         if self.approvals is not None:
             Approvals(self.approvals).load()
         if self.audit_log is not None:
-            audit.check(self.audit_log, self.audit_key)  # the key (created 0600 if it is the default), format, head
+            audit.check(self.audit_log, self.audit_key)  # key (made 0600 if default), format, head, not wiped (state)
 
 
 def scrub_environment(environ: Any = None) -> list[str]:
@@ -169,6 +170,9 @@ def decide(config: GateConfig, content: bytes, message_type: str, msg_config: di
                              revoked_keys=revoked_keys)
                 if why is not None:
                     return f"refused: {why}"
+        # a count that is none (NaN, inf, 0): refused with or without a policy, so the refusal is on the record
+        if (bad := count_refusal(message_type, msg_config, run_config)) is not None:
+            return f"refused: {bad}"
         if policy is not None:
             if declared_gate_values(content) < GATE_VALUES_VERSION:
                 return ("refused: the bundle does not declare that it uses this hospital's gate values "
@@ -229,6 +233,17 @@ def remove_installs(apps: Path, sha: str) -> list[Path]:
     return gone
 
 
+def _round(msg_config: dict[str, Any]) -> int | None:
+    """The message's server round for the audit entry; None when it is no number (``int()`` of a NaN or text round
+    raised in ``pull_task_input``, before the gate decided: no reply, and no decision on the record).
+    """
+    value = msg_config.get("server-round", 0)
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 def _report(fds: dict[str, int | None], which: str, record: dict) -> None:
     """One JSON line to the launcher on the pipe ``fds[which]``, which is then closed and forgotten (a second
     report on it goes nowhere, never to a file that reused the number).
@@ -283,7 +298,7 @@ def install(config: GateConfig, decision_fd: int | None = None, claim_fd: int | 
         context.node_config[GATE_KEY] = agreed.to_json()
         seen.update(message_type=message_type, run_id=int(run.run_id), fab=fab.content,
                     msg_config=msg_config, run_config=run_config, agreed=agreed, context=context,
-                    round=int(msg_config.get("server-round", 0) or 0),
+                    round=_round(msg_config),
                     hospital=str(dict(context.node_config).get("hospital", "") or ""),
                     secagg=dict(secagg) if secagg is not None else None,
                     fab_id=str(run.fab_id), fab_version=str(run.fab_version), fab_hash=str(fab.hash_str))

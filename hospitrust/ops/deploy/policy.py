@@ -136,6 +136,27 @@ def _number(values: Mapping[str, object], key: str, default: object = None) -> f
         return None
 
 
+COUNT_KEYS = ("local-epochs", "batch-size")  # what a train message states as counts (the message's, else the run's)
+
+
+def count_refusal(message_type: str, config: Mapping[str, object], run_config: Mapping[str, object]) -> str | None:
+    """None unless a train message states a count that is not one: local epochs or batch size NaN, infinite, below 1
+    or not a number. Then the key, the value and what was expected. The gate checks it with or without a site policy:
+    NaN made the gate raise before it decided (no reply, no decision on the record), and no rule can compare it.
+    """
+    if message_kind(message_type, config) != "train":
+        return None
+    for key in COUNT_KEYS:
+        value = config.get(key, run_config.get(key))
+        if value is None or value == "":
+            continue  # not stated: the ClientApp's default
+        stated = _number(config, key, run_config.get(key))
+        if isinstance(value, bool) or stated is None or not (math.isfinite(stated) and stated >= 1):
+            shown = f"{stated:g}" if stated is not None and not isinstance(value, bool) else repr(value)
+            return f"{key}: {shown} is not a finite positive integer (expected a count of at least 1)"
+    return None
+
+
 SECAGG_CONFIGS, SECAGG_STAGE, SHARE_KEYS = "secaggplus_configs", "stage", "share_keys"  # flwr's SecAgg+ constants
 
 
@@ -188,10 +209,8 @@ def refusal(policy: SitePolicy, message_type: str, config: Mapping[str, object],
             if entries < policy.min_hospitals:
                 return f"min-hospitals: SecAgg+ shares keys among {entries} key entries < {policy.min_hospitals}"
     if kind == "train":
-        for key in ("local-epochs", "batch-size"):  # NaN or 0 epochs: no rule below could compare it
-            stated = _number(config, key, run_config.get(key))
-            if stated is not None and not (math.isfinite(stated) and stated >= 1):
-                return f"{key}: {stated:g} is not a count of at least 1"
+        if (bad := count_refusal(message_type, config, run_config)) is not None:
+            return bad
         epochs, batch = agreed.local_epochs, agreed.batch_size
         if policy.max_local_epochs is not None and (epochs is None or epochs > policy.max_local_epochs):
             return f"max-local-epochs: {epochs} > {policy.max_local_epochs}" if epochs else "max-local-epochs: not stated"
@@ -244,7 +263,7 @@ GATE_VALUES_VERSION = 1  # what a bundle declares in its pyproject.toml: [tool.h
 
 
 def _int(value: float | None) -> int | None:
-    if value is None or not math.isfinite(value):  # NaN or inf epochs: no count (refusal() refuses the message)
+    if value is None or not math.isfinite(value):  # NaN or inf epochs: no count (count_refusal() refuses the message)
         return None
     return int(value)  # the ClientApp's own int(): 2.9 epochs train 2
 
