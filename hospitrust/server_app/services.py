@@ -70,18 +70,19 @@ class ReferenceCohortTrainer:
     reference cohort, with the hospitals' optimizer settings.
     """
 
-    def __init__(self, cfg: RunConfig, info: Task, device: torch.device, cohort: LabelledImages) -> None:
+    def __init__(self, cfg: RunConfig, info: Task, device: torch.device, cohort: LabelledImages, epochs: int = 1) -> None:
         self.cfg, self.info, self.device = cfg, info, device
         self.cohort = cohort
         self.model = task_model(info)
-        #: the root update's optimizer steps (one epoch of minibatches; anchored trust bounds a step by it)
-        self.local_steps = -(-len(cohort.labels) // cfg.batch_size)
+        self.epochs = epochs
+        #: the root update's optimizer steps (epochs of minibatches; anchored trust bounds a step by it)
+        self.local_steps = epochs * -(-len(cohort.labels) // cfg.batch_size)
 
     def __call__(self, global_state: dict[str, torch.Tensor], server_round: int) -> torch.Tensor:
         seed_everything(self.cfg.seed, 10_000_019, server_round)
         self.model.load_state_dict(global_state, strict=True)
         local = self.cfg.train
-        train(self.model, self.cohort.images, self.cohort.labels, epochs=1, batch_size=self.cfg.batch_size,
+        train(self.model, self.cohort.images, self.cohort.labels, epochs=self.epochs, batch_size=self.cfg.batch_size,
               learning_rate=self.cfg.learning_rate, optimizer=local.optimizer, momentum=local.momentum,
               weight_decay=local.weight_decay, device=self.device,
               class_weights=(balanced_class_weights(self.cohort.labels, self.info.num_classes)
@@ -181,7 +182,7 @@ class ServerServices(Mapping[str, Callable[..., Any]]):
         self.cfg, self.info, self.device, self.sets = cfg, info, device, sets
         self._judge: ReferenceCohortJudge | None = None
         self._trainer: ReferenceCohortTrainer | None = None
-        self._splits: dict[float, tuple[ReferenceCohortTrainer, Callable[..., torch.Tensor]]] = {}
+        self._splits: dict[tuple[float, int], tuple[ReferenceCohortTrainer, Callable[..., torch.Tensor]]] = {}
 
     def _cohort_judge(self) -> ReferenceCohortJudge:
         if self._judge is None:
@@ -208,18 +209,20 @@ class ServerServices(Mapping[str, Callable[..., Any]]):
             return self._trainer
         raise KeyError(name)
 
-    def _cohort_split(self, check_fraction: float) -> tuple[ReferenceCohortTrainer, Callable[..., torch.Tensor]]:
-        """(the root update on the cohort's training part, the candidate losses on its check part)."""
-        if check_fraction not in self._splits:
+    def _cohort_split(self, check_fraction: float, epochs: int = 1) -> tuple[ReferenceCohortTrainer, Callable[..., torch.Tensor]]:
+        """(the root update on the cohort's training part, trained ``epochs`` epochs; the candidate losses on its
+        check part).
+        """
+        if (check_fraction, epochs) not in self._splits:
             assert self.sets.cohort is not None
             train_part, check_part = cohort_parts(self.sets.cohort, check_fraction, self.cfg.seed)
             log(INFO, "reference cohort split for the rule: %d images to train on, %d held out to check on%s",
                 len(train_part.labels), len(check_part.labels),
                 " (the same images: check fraction 0)" if check_fraction == 0 else "")
-            self._splits[check_fraction] = (
-                ReferenceCohortTrainer(self.cfg, self.info, self.device, train_part),
+            self._splits[(check_fraction, epochs)] = (
+                ReferenceCohortTrainer(self.cfg, self.info, self.device, train_part, epochs=epochs),
                 ReferenceCohortJudge(self.cfg, self.info, self.device, check_part).candidate_losses)
-        return self._splits[check_fraction]
+        return self._splits[(check_fraction, epochs)]
 
     def __iter__(self) -> Iterator[str]:
         return iter(SERVICES if self.sets.cohort is not None else ())

@@ -28,6 +28,10 @@ class SentinelOptions(Options):
         "which has fitted those images: measured worse, docs/experiments/2026-12-06-sentinel-design.md)."
     ))
 
+    server_epochs: int = Field(1, ge=1, le=100, description=(
+        "Epochs the server trains its own update for on its part of the cohort each round (the fall-back step, "
+        "and with step-bound the bound on every hospital's update); 1 is FLTrust's root update."
+    ))
     step_bound: float = Field(4.0, gt=0.0, description=(
         "kappa: every hospital's update is clipped to kappa x the norm of the server's own update this round "
         "(the global model trained on the reference cohort), a bound no hospital can move. 0 < kappa; inf: none "
@@ -75,8 +79,8 @@ class Sentinel(HospitrustStrategy):
         (global state, server round) -> the ``(d,)`` server update.
     candidate_losses : Callable[[dict, torch.Tensor], torch.Tensor]
         (global state, ``(k, d)`` steps) -> ``(k,)`` the check part's loss of global + each step.
-    cohort_split : Callable[[float], tuple]
-        The server's service: check fraction -> (server_update, candidate_losses) on the cohort's two
+    cohort_split : Callable[[float, int], tuple]
+        The server's service: (check fraction, server epochs) -> (server_update, candidate_losses) on the cohort's two
         parts (what a run passes; the two callables directly are for tests).
     **kwargs
         The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`).
@@ -90,12 +94,12 @@ class Sentinel(HospitrustStrategy):
     def needs(cls, options, composed) -> frozenset[str]:
         return frozenset({"cohort_split"})
 
-    def __init__(self, hospitals, options=None, *, cohort_split: Callable[[float], tuple[Any, Any]] | None = None,
+    def __init__(self, hospitals, options=None, *, cohort_split: Callable[[float, int], tuple[Any, Any]] | None = None,
                  server_update: Callable[[dict, int], torch.Tensor] | None = None,
                  candidate_losses: Callable[[dict, torch.Tensor], torch.Tensor] | None = None, **kwargs) -> None:
         super().__init__(hospitals, options, **kwargs)
         if cohort_split is not None:  # the server's cohort: trained on one part, checked on the other
-            server_update, candidate_losses = cohort_split(self.options.check_fraction)
+            server_update, candidate_losses = cohort_split(self.options.check_fraction, self.options.server_epochs)
         if server_update is None or candidate_losses is None:
             raise ValueError("sentinel needs the server's own update (server_update) and the cohort's loss of a "
                              "candidate model (candidate_losses): both come from the reference cohort")
