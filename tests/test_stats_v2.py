@@ -53,6 +53,13 @@ def test_sign_flip_pvalue_by_hand():
     assert stats.sign_flip_pvalue([0.0, 0.0]) == 1.0 and math.isnan(stats.sign_flip_pvalue([]))
     # ten seeds all one way: the smallest p there is, 2 / 1024
     assert stats.sign_flip_pvalue(np.linspace(0.01, 0.1, 10)) == pytest.approx(2 / 1024)
+    # one-sided (issue 60's family): sums >= 6 in 1 of 8; (2, -1): sums 3 and 1 reach the observed 1, -1 and -3 do not
+    assert stats.sign_flip_pvalue([1.0, 2.0, 3.0], alternative="greater") == pytest.approx(0.125)
+    assert stats.sign_flip_pvalue([2.0, -1.0], alternative="greater") == pytest.approx(0.5)
+    assert stats.sign_flip_pvalue([-1.0, -2.0, -3.0], alternative="greater") == pytest.approx(1.0)
+    assert stats.sign_flip_pvalue(np.linspace(0.01, 0.1, 10), alternative="greater") == pytest.approx(1 / 1024)
+    with pytest.raises(ValueError, match="alternative must be"):
+        stats.sign_flip_pvalue([1.0], alternative="less")
 
 
 def test_sign_flip_matches_scipys_permutation_test_and_draws_beyond_sixteen_seeds():

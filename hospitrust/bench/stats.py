@@ -276,9 +276,11 @@ SIGN_FLIP_EXACT_MAX = 16
 SIGN_FLIP_RESAMPLES = 100_000
 
 
-def sign_flip_pvalue(differences: Sequence[float] | np.ndarray) -> float:
+def sign_flip_pvalue(differences: Sequence[float] | np.ndarray, alternative: str = "two-sided") -> float:
     """The two-sided paired permutation test of a mean difference of 0: the share of the 2^n sign
-    patterns of the paired differences whose mean is at least as far from 0 as the observed one.
+    patterns of the paired differences whose mean is at least as far from 0 as the observed one
+    (``alternative = "greater"``: one-sided, the share whose mean is at least the observed one; its
+    smallest value is 1 / 2^n).
 
     Under the null hypothesis (the two rules are exchangeable within a seed) each difference's sign
     is a fair coin. Up to ``SIGN_FLIP_EXACT_MAX`` differences every pattern is enumerated and the
@@ -298,23 +300,26 @@ def sign_flip_pvalue(differences: Sequence[float] | np.ndarray) -> float:
     float
         The p-value; NaN without a difference.
     """
+    if alternative not in ("two-sided", "greater"):
+        raise ValueError(f"alternative must be 'two-sided' or 'greater', got {alternative!r}")
     d = np.asarray([v for v in differences if v == v], dtype=float)
     if not len(d):
         return math.nan
     if np.all(d == 0):
         return 1.0
     n = len(d)
-    observed = abs(float(d.sum()))
+    side = np.abs if alternative == "two-sided" else (lambda v: v)
+    observed = float(side(np.asarray(d.sum())))
     tolerance = 1e-9 * float(np.abs(d).sum())
     if n <= SIGN_FLIP_EXACT_MAX:
         bits = (np.arange(1 << n)[:, None] >> np.arange(n)[None, :]) & 1
-        sums = np.abs((1 - 2 * bits) @ d)
+        sums = side((1 - 2 * bits) @ d)
         return float(np.mean(sums >= observed - tolerance))
     rng = np.random.default_rng(RNG_SEED)
     hits = 0
     for start in range(0, SIGN_FLIP_RESAMPLES, 10_000):
         signs = rng.integers(0, 2, size=(min(10_000, SIGN_FLIP_RESAMPLES - start), n)) * 2 - 1
-        hits += int(np.sum(np.abs(signs @ d) >= observed - tolerance))
+        hits += int(np.sum(side(signs @ d) >= observed - tolerance))
     return (hits + 1) / (SIGN_FLIP_RESAMPLES + 1)
 
 
