@@ -210,3 +210,50 @@ def test_the_cohort_is_split_per_class_into_disjoint_parts():
     assert whole[0].labels is labels and whole[1].labels is labels
     with pytest.raises(ValueError, match=r"check fraction must be in \[0, 1\)"):
         cohort_parts(LabelledImages(images, labels), 1.0, seed=7)
+
+
+def _verdict_module():
+    import importlib.util
+    import sys
+
+    here = Path(__file__).resolve().parents[1] / "benchmarks" / "leaderboard" / "v3"
+    sys.path.insert(0, str(here))
+    spec = importlib.util.spec_from_file_location("sentinel_verdict", here / "sentinel_verdict.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _synthetic(worst_gap=0.02, clean_gap=0.0, auc_gap=0.0, seeds=range(21, 31)):
+    import pandas as pd
+
+    verdict = _verdict_module()
+    rows = []
+    for i, s in enumerate(seeds):
+        control, fedavg = 0.80 + 0.005 * i, 0.85 + 0.004 * i
+        rows.append(("cohort-only-converged", s, "none", control, 0.90))
+        rows.append(("fedavg", s, "none", fedavg, 0.93))
+        rows.append(("sentinel", s, "none", fedavg + clean_gap + 0.001 * (i % 3), 0.93 + auc_gap))
+        for j, a in enumerate(verdict.WORST_OVER):  # the worst attack differs by seed
+            rows.append(("sentinel", s, a, control + worst_gap + (0.0 if j == i % len(verdict.WORST_OVER) else 0.05), 0.9))
+    return verdict, pd.DataFrame(rows, columns=["rule", "seed", "attack_label", "final_balanced_accuracy", "final_auc"])
+
+
+def test_the_declared_decision_test_by_hand():
+    verdict, cells = _synthetic()
+    holds, table = verdict.verdict(cells)
+    # every seed above on all three: one-sided p = 1/1024 each, Holm 3/1024
+    assert holds and table["p"].tolist() == pytest.approx([1 / 1024] * 3)
+    assert table["p_holm"].tolist() == pytest.approx([3 / 1024] * 3)
+    assert table.loc[0, "mean"] == pytest.approx(0.02)  # the worst over the eleven attacks, minus the control
+    # clean 0.02 below FedAvg on every seed: past the 0.01 margin, so comparison 2 fails and sentinel does not hold
+    verdict, cells = _synthetic(clean_gap=-0.02)
+    holds, table = verdict.verdict(cells)
+    assert not holds and table.loc[1, "seeds_above"] == 0 and table.loc[1, "p"] == pytest.approx(1.0)
+    # 0.005 below FedAvg is inside the margin: non-inferior
+    holds, table = verdict.verdict(_synthetic(clean_gap=-0.005)[1])
+    assert holds and table.loc[1, "mean"] == pytest.approx(-0.005 + 0.001, abs=1e-3)
+    # a missing aware cell is named, not silently dropped from the worst case
+    cells = cells[~((cells["seed"] == 23) & (cells["attack_label"] == "sentinel-aware"))]
+    with pytest.raises(verdict.IncompleteGrid, match="seed 23: sentinel x sentinel-aware"):
+        verdict.verdict(cells)
