@@ -257,3 +257,24 @@ def test_the_declared_decision_test_by_hand():
     cells = cells[~((cells["seed"] == 23) & (cells["attack_label"] == "sentinel-aware"))]
     with pytest.raises(verdict.IncompleteGrid, match="seed 23: sentinel x sentinel-aware"):
         verdict.verdict(cells)
+
+
+def test_the_robust_candidates_by_hand():
+    x = T([[1.0, 1.0], [1.0, 0.8], [-5.0, -5.0]])
+    # trimmed (1 each end): (1, 0.8), loss 0.04; the mean (-1, -1.067), loss 8.27; the server (0.5, 0.5): 0.5
+    out = sentinel(x, T([0.5, 0.5]), T([1.0, 1.0, 1.0]), _quadratic, step_bound=math.inf,
+                   candidates="trimmed-and-mean", trim=1)
+    assert out["candidate"] == "trimmed-mean" and out["fell_back"] is False
+    torch.testing.assert_close(out["update"], T([1.0, 0.8]))
+    torch.testing.assert_close(out["prefix_loss"], T([0.04, 4.0 + (3.2 / 3 + 1) ** 2]))
+    assert out["weights"].tolist() == pytest.approx([1 / 3] * 3)
+    # where the server's own update does better, it is the step
+    out = sentinel(x, T([1.0, 1.0]), T([1.0, 1.0, 1.0]), _quadratic, step_bound=math.inf, candidates="trimmed-mean", trim=1)
+    assert out["candidate"] == "server" and out["weights"].tolist() == [0.0, 0.0, 0.0]
+    # the mean wins where it does best; trim is capped at (n - 1) // 2
+    honest = T([[1.0, 1.0], [1.2, 1.0], [0.8, 1.0]])
+    out = sentinel(honest, T([0.1, 0.1]), T([1.0, 1.0, 2.0]), _quadratic, step_bound=math.inf,
+                   candidates="trimmed-and-mean", trim=5)
+    assert out["candidate"] in ("trimmed-mean", "mean") and out["fell_back"] is False
+    with pytest.raises(ValueError, match="candidates must be"):
+        sentinel(x, T([0.5, 0.5]), T([1.0, 1.0, 1.0]), _quadratic, step_bound=1.0, candidates="median")

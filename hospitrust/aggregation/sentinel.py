@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 
 from ._validation import check_updates, check_vector
+from .reference import reference_trimmed_mean
 
 __all__ = ["balanced_cross_entropy", "sentinel"]
 
@@ -53,7 +54,9 @@ def sentinel(
     losses: Callable[[torch.Tensor], torch.Tensor],
     *,
     step_bound: float,
-) -> dict[str, torch.Tensor | float | int | bool]:
+    candidates: str = "prefixes",
+    trim: int = 0,
+) -> dict[str, torch.Tensor | float | int | bool | str]:
     r"""One round of sentinel.
 
     .. code-block:: text
@@ -77,6 +80,12 @@ def sentinel(
         ``(k, d)`` candidate steps -> ``(k,)`` the cohort loss of the global model plus each step.
     step_bound : float
         kappa > 0 (``math.inf``: no bound beyond the server's).
+    candidates : str
+        The hospitals' candidate steps: ``"prefixes"`` (a_k above), ``"trimmed-mean"`` (the coordinate-wise
+        mean of the clipped updates without the ``trim`` largest and smallest values of each coordinate), or
+        ``"trimmed-and-mean"`` (that, and the examples-weighted mean of every clipped update).
+    trim : int
+        The values dropped at each end by the trimmed mean (at most (n - 1) // 2 are).
 
     Returns
     -------
@@ -110,6 +119,12 @@ def sentinel(
         # a candidate whose loss is not a number is no candidate (it diverged)
         return torch.where(torch.isfinite(out), out, torch.full_like(out, math.inf))
 
+    if candidates not in ("prefixes", "trimmed-mean", "trimmed-and-mean"):
+        raise ValueError(f"candidates must be 'prefixes', 'trimmed-mean' or 'trimmed-and-mean', got {candidates!r}")
+    if trim < 0:
+        raise ValueError(f"trim must be >= 0, got {trim}")
+    if candidates != "prefixes":
+        return _robust(clipped, g, counts, check, factor, bound, candidates, min(trim, (n - 1) // 2), x.dtype)
     alone = check(clipped)
     order = sorted(range(n), key=lambda i: (float(alone[i]), i))
     rank = torch.empty(n, dtype=torch.long)
@@ -140,4 +155,41 @@ def sentinel(
         "anchor_loss": anchor_loss,
         "chosen": 0 if fell_back else best + 1,
         "fell_back": fell_back,
+        "candidate": "server" if fell_back else f"best-{best + 1}",
+    }
+
+
+def _robust(clipped: torch.Tensor, g: torch.Tensor, counts: torch.Tensor, check: Callable[[torch.Tensor], torch.Tensor],
+            factor: torch.Tensor, bound: float, candidates: str, trim: int, dtype: torch.dtype
+            ) -> dict[str, torch.Tensor | float | int | bool | str]:
+    """The robust candidates: the trimmed mean of the clipped updates (and their mean), against g."""
+    n = clipped.shape[0]
+    trimmed = reference_trimmed_mean(clipped, trim)
+    steps = [trimmed]
+    names = ["trimmed-mean"]
+    if candidates == "trimmed-and-mean":
+        steps.append((clipped * counts.to(clipped.device).unsqueeze(1)).sum(0) / counts.sum())
+        names.append("mean")
+    loss = check(torch.stack(steps))
+    best = min(range(len(steps)), key=lambda k: (float(loss[k]), k))  # ties: the trimmed mean
+    anchor_loss = float(check(g.double().unsqueeze(0))[0])
+    fell_back = not (float(loss[best]) <= anchor_loss)
+    if fell_back:
+        update, weights = g.double().clone(), torch.zeros(n, dtype=torch.float64)
+    elif names[best] == "mean":
+        update, weights = steps[best], counts / counts.sum()
+    else:  # every row takes part in the trimmed mean, coordinate by coordinate
+        update, weights = steps[best], torch.full((n,), 1.0 / n, dtype=torch.float64)
+    return {
+        "update": update.to(dtype),
+        "weights": weights,
+        "clipped_loss": torch.full((n,), math.nan, dtype=torch.float64),  # no row is checked alone
+        "rank": torch.zeros(n, dtype=torch.long),
+        "clip_factor": factor,
+        "bound": bound,
+        "prefix_loss": loss,
+        "anchor_loss": anchor_loss,
+        "chosen": 0 if fell_back else best + 1,
+        "fell_back": fell_back,
+        "candidate": "server" if fell_back else names[best],
     }

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 from logging import INFO
 
 import torch
@@ -31,6 +31,11 @@ class SentinelOptions(Options):
     server_epochs: int = Field(1, ge=1, le=100, description=(
         "Epochs the server trains its own update for on its part of the cohort each round (the fall-back step, "
         "and with step-bound the bound on every hospital's update); 1 is FLTrust's root update."
+    ))
+    candidates: Literal["prefixes", "trimmed-mean", "trimmed-and-mean"] = Field("prefixes", description=(
+        "The hospitals' candidate steps checked against the server's own update: prefixes (the examples-weighted "
+        "means of the k updates that do best alone, k = 1..n), trimmed-mean (the coordinate-wise mean without the "
+        "assumed-malicious largest and smallest values), or trimmed-and-mean (that and the mean of every update)."
     ))
     step_bound: float = Field(4.0, gt=0.0, description=(
         "kappa: every hospital's update is clipped to kappa x the norm of the server's own update this round "
@@ -87,6 +92,7 @@ class Sentinel(HospitrustStrategy):
     """
 
     name = "sentinel"
+    sized_for_attackers = True  # the trimmed mean drops assumed-malicious values at each end
     Options = SentinelOptions
     options: SentinelOptions
 
@@ -96,8 +102,12 @@ class Sentinel(HospitrustStrategy):
 
     def __init__(self, hospitals, options=None, *, cohort_split: Callable[[float, int], tuple[Any, Any]] | None = None,
                  server_update: Callable[[dict, int], torch.Tensor] | None = None,
-                 candidate_losses: Callable[[dict, torch.Tensor], torch.Tensor] | None = None, **kwargs) -> None:
+                 candidate_losses: Callable[[dict, torch.Tensor], torch.Tensor] | None = None,
+                 assumed_malicious: int = 0, **kwargs) -> None:
         super().__init__(hospitals, options, **kwargs)
+        if assumed_malicious < 0:
+            raise ValueError(f"sentinel: assumed_malicious must be >= 0, got {assumed_malicious}")
+        self.f = assumed_malicious
         if cohort_split is not None:  # the server's cohort: trained on one part, checked on the other
             server_update, candidate_losses = cohort_split(self.options.check_fraction, self.options.server_epochs)
         if server_update is None or candidate_losses is None:
@@ -119,7 +129,7 @@ class Sentinel(HospitrustStrategy):
         state = self.global_state
         anchor = self._anchor.get(self.server_update, state, server_round).to(updates.device, updates.dtype)
         out = sentinel(updates, anchor, num_examples, lambda steps: self.candidate_losses(state, steps),
-                       step_bound=self.options.step_bound)
+                       step_bound=self.options.step_bound, candidates=self.options.candidates, trim=self.f)
         n = updates.shape[0]
         if out["fell_back"]:
             log(INFO, "sentinel round %d: no hospitals' step did as well on the reference cohort as the server's own "
@@ -136,5 +146,6 @@ class Sentinel(HospitrustStrategy):
             "step_loss": [float(out["anchor_loss"]) if out["fell_back"]
                           else float(out["prefix_loss"][int(out["chosen"]) - 1])] * n,  # type: ignore[index, arg-type]
             "fell_back": [bool(out["fell_back"])] * n,
+            "candidate": [str(out["candidate"])] * n,
             "flagged": [not bool(w > 0) for w in weights],
         })
