@@ -10,7 +10,13 @@
   root or the service user, and fails each time (PermissionError), while it imports its installed bundle, decodes
   its hospital's images into its cache, records its privacy ledger, and its reply still goes out;
 - a service user (not root) holding CAP_SETUID/CAP_SETGID/CAP_KILL, as the shipped unit runs, keeps them across a
-  plain setuid (the control), and the launcher's switch leaves none: it cannot switch back.
+  plain setuid (the control), and the launcher's switch leaves none: it cannot switch back;
+- everything a ClientApp starts dies with it (issue 61, finding 3): a grandchild detached by a double fork and
+  ``setsid``, ignoring SIGHUP and SIGTERM, is killed at ``max-wall-seconds`` and when the ClientApp exits normally
+  (the control: under a plain parent it outlives it), ``max-cpu-seconds`` counts the CPU time of every process the
+  ClientApp started, and what comes back to the launcher (a subreaper) is killed;
+- ``max-images-per-round`` counts the train messages of a round (issue 61, finding 4): three of one round, 79 images
+  each, under a 100-image policy: the first accepted, the second and third refused; the next round's accepted.
 
 Switching user needs root here (CI runs as root, like the development machine): when not root, those tests are
 skipped with a reason that says NOT ROOT, NOT TESTED.
@@ -21,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import stat
@@ -35,7 +42,7 @@ from PIL import Image
 
 from hospitrust.errors import DeployError
 from hospitrust.ops.deploy import approval, audit, gate
-from hospitrust.supervision import confine, launcher
+from hospitrust.supervision import confine, launcher, tree
 
 from test_hospital_gate import make_app
 
@@ -55,10 +62,12 @@ def _needs_root() -> None:
                     "CAP_SETGID) in the test process; run this test as root, as CI does")
 
 
-def _stand_in(behaviour, result: Path):
-    """Flower's ``run_clientapp`` without a SuperNode: pull, install (the gate's wrappers), run ``behaviour`` where
-    Flower imports and runs the bundle, push the reply or, as Flower does, an error reply with the exception.
+def _stand_in(behaviour, result: Path, message: tuple[str, dict] = ("query", {"server-round": 1})):
+    """Flower's ``run_clientapp`` without a SuperNode: pull (``message``: its type and config record), install (the
+    gate's wrappers), run ``behaviour`` where Flower imports and runs the bundle, push the reply or, as Flower does, an
+    error reply with the exception.
     """
+    kind = message
     from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
     from flwr.cli.config_utils import get_fab_metadata
     from flwr.supercore.fab import Fab
@@ -67,8 +76,8 @@ def _stand_in(behaviour, result: Path):
     from flwr.supernode.runtime import run_clientapp as rc
 
     def pull(client):
-        message = Message(RecordDict({"config": ConfigRecord({"server-round": 1})}), dst_node_id=5,
-                          message_type="query")
+        message_type, config = kind
+        message = Message(RecordDict({"config": ConfigRecord(dict(config))}), dst_node_id=5, message_type=message_type)
         context = Context(run_id=42, node_id=5, node_config={"hospital": "h"}, state=RecordDict(), run_config={})
         content = result.with_suffix(".fab").read_bytes()
         run = Run.create_empty(42)
@@ -94,7 +103,7 @@ def _stand_in(behaviour, result: Path):
     return run_clientapp, pull
 
 
-def _gate(root: Path, policy: str) -> tuple[gate.GateConfig, bytes]:
+def _gate(root: Path, policy: str, hospital_images: int | None = None) -> tuple[gate.GateConfig, bytes]:
     """An approved bundle, this hospital's approvals, site policy and audit log under ``root/gate``."""
     app = make_app(root / "app")
     (app / "pyproject.toml").write_text((app / "pyproject.toml").read_text() + GATE_VALUES)
@@ -104,14 +113,15 @@ def _gate(root: Path, policy: str) -> tuple[gate.GateConfig, bytes]:
     (root / "gate" / "policy.toml").write_text(policy)
     os.chmod(root / "gate" / "policy.toml", 0o600)
     config = gate.GateConfig(approvals=store.path, policy=root / "gate" / "policy.toml",
-                             audit_log=root / "gate" / "audit.jsonl")
+                             audit_log=root / "gate" / "audit.jsonl", hospital_images=hospital_images)
     return config, content
 
 
 def _launch(monkeypatch, root: Path, config: gate.GateConfig, content: bytes, behaviour, user=None,
-            timeout: float = 30.0) -> tuple[dict, dict, int, float]:
-    """Fork one child the launcher's way, reap it the launcher's way; returns (audit entry, what the stand-in saw,
-    exit code, seconds).
+            timeout: float = 30.0, message: tuple[str, dict] = ("query", {"server-round": 1}),
+            meanwhile=None) -> tuple[dict, dict, int, float]:
+    """Fork one child the launcher's way (its keeper, which forks the ClientApp), reap it the launcher's way; returns
+    (audit entry, what the stand-in saw, exit code, seconds). ``meanwhile(seconds)``: called at each turn of the loop.
     """
     from flwr.supernode.runtime import run_clientapp as rc
 
@@ -119,7 +129,7 @@ def _launch(monkeypatch, root: Path, config: gate.GateConfig, content: bytes, be
     result.parent.mkdir(exist_ok=True)
     result.with_suffix(".fab").write_bytes(content)
     result.unlink(missing_ok=True)
-    run_clientapp, pull = _stand_in(behaviour, result)
+    run_clientapp, pull = _stand_in(behaviour, result, message)
     monkeypatch.setattr(rc, "run_clientapp", run_clientapp)
     monkeypatch.setattr(rc, "pull_task_input", pull)
     monkeypatch.setattr(rc, "install_from_fab", rc.install_from_fab)
@@ -142,6 +152,8 @@ def _launch(monkeypatch, root: Path, config: gate.GateConfig, content: bytes, be
             p.drain()
         launcher.enforce_wall_time(children)
         done = launcher.reap(children, pending, config)
+        if meanwhile is not None and not done:
+            meanwhile(time.monotonic() - start)
         time.sleep(0.02)
     seconds = time.monotonic() - start
     if not done:
@@ -432,3 +444,219 @@ def test_a_clientapp_that_cannot_be_confined_is_refused_before_its_bundle_runs(t
         "refused: the ClientApp could not be confined (OSError: the ClientApp's user uid 65534 could switch back to "
         "uid 0)"), entry
     assert seen["raised"] == "Refused" and "ended" not in entry  # Flower's error reply; _sleep never ran
+
+
+# ---- everything a ClientApp starts dies with it (issue 61, finding 3) --------------------------------------------
+
+
+def _detach(record: Path, burn: bool = False) -> tuple[int, int]:
+    """In a ClientApp: start a grandchild that outlives its parent, as the modified bundle of issue 61 did (double fork,
+    ``setsid``, SIGHUP and SIGTERM ignored), sleeping (or burning CPU) for ever; returns its (pid, start time) and
+    appends them to ``record``, with its session's id and the caller's.
+    """
+    session = os.getsid(0)
+    r, w = os.pipe()
+    first = os.fork()
+    if first == 0:
+        try:
+            os.close(r)
+            os.setsid()
+            if os.fork() == 0:
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                me = tree.stat(os.getpid())
+                os.write(w, json.dumps([os.getpid(), me.start if me is not None else -1, os.getsid(0)]).encode())
+                os.close(w)
+                while True:
+                    if not burn:
+                        time.sleep(0.5)
+        finally:
+            os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 1024):
+        data += chunk
+    os.close(r)
+    os.waitpid(first, 0)  # its parent is gone: it is an orphan now
+    pid, start, its_session = json.loads(data)
+    with open(record, "a") as fh:
+        fh.write(json.dumps([pid, start, its_session, session]) + "\n")
+    return pid, start
+
+
+def _detached(record: Path) -> list[tuple[int, int]]:
+    """The (pid, start time) of the grandchildren ``_detach`` recorded."""
+    return [tuple(json.loads(line)[:2]) for line in record.read_text().splitlines()] if record.exists() else []
+
+
+def _alive(pid: int, start: int) -> bool:
+    """Whether that process (that pid with that start time: not another that reused the pid) still runs."""
+    proc = tree.stat(pid)
+    return proc is not None and proc.start == start and proc.alive
+
+
+def test_the_control_a_double_forked_grandchild_outlives_a_plain_parent(tmp_path):
+    """Without the launcher's keeper, the bundle's trick works: the grandchild is reparented away and lives on."""
+    record = tmp_path / "detached.jsonl"
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _detach(record)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    ((grandchild, start),) = _detached(record)
+    try:
+        time.sleep(0.5)
+        proc = tree.stat(grandchild)
+        assert _alive(grandchild, start) and proc is not None and proc.ppid not in (pid, os.getpid()), proc
+        os.kill(grandchild, signal.SIGTERM)  # it ignores SIGTERM
+        time.sleep(0.2)
+        assert _alive(grandchild, start)
+    finally:
+        os.kill(grandchild, signal.SIGKILL)
+
+
+def test_a_detached_grandchild_dies_with_its_clientapp_at_max_wall_seconds(tmp_path, monkeypatch, capsys):
+    config, content = _gate(tmp_path, "max-wall-seconds = 3\n")
+    record = tmp_path / "detached.jsonl"
+    seen_alive = []
+
+    def behaviour(target):
+        _detach(record)
+        time.sleep(60)
+
+    def meanwhile(seconds):  # before the deadline it runs, detached: an orphan, in another session than the ClientApp's
+        for line in record.read_text().splitlines() if record.exists() else []:
+            pid, start, its_session, clientapp_session = json.loads(line)
+            if seconds < 2.8 and _alive(pid, start):
+                seen_alive.append((pid, its_session != clientapp_session))
+
+    entry, seen, rc, seconds = _launch(monkeypatch, tmp_path, config, content, behaviour, meanwhile=meanwhile)
+    ((grandchild, start),) = _detached(record)
+    assert seen_alive and seen_alive[-1] == (grandchild, True), seen_alive
+    assert not _alive(grandchild, start) and tree.stat(grandchild) is None  # killed and reaped: gone
+    assert rc == -signal.SIGKILL and entry["ended"] == "killed: past the site policy's max-wall-seconds (3 s)", entry
+    assert entry["leftovers_killed"] == 1 and "leftovers_not_killed" not in entry, entry
+    assert 3.0 <= seconds < 12, seconds
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [e["launcher"] for e in events if e["launcher"] in ("killed", "exited")] == ["killed", "exited"]
+
+
+def test_a_detached_grandchild_dies_when_its_clientapp_exits(tmp_path, monkeypatch, capsys):
+    config, content = _gate(tmp_path, "max-local-epochs = 5\n")  # no time limit at all
+    record = tmp_path / "detached.jsonl"
+
+    def behaviour(target):
+        pid, _ = _detach(record)
+        return {"grandchild": pid}
+
+    entry, seen, rc, seconds = _launch(monkeypatch, tmp_path, config, content, behaviour)
+    ((grandchild, start),) = _detached(record)
+    assert rc == 0 and seen == {"grandchild": grandchild} and entry["decision"] == "accepted", (entry, seen)
+    assert not _alive(grandchild, start) and tree.stat(grandchild) is None
+    assert entry["leftovers_killed"] == 1 and "ended" not in entry, entry
+    assert entry["reply_claimed_by_app"] == {"metrics": ["metrics/loss"]}  # its reply went out first
+    exited = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"exited"' in line]
+    assert exited[-1]["rc"] == 0 and exited[-1]["leftovers_killed"] == 1 and "reason" not in exited[-1]
+    assert seconds < 10
+
+
+def test_max_cpu_seconds_counts_every_process_the_clientapp_starts(tmp_path, monkeypatch):
+    """Three detached grandchildren burn CPU while the ClientApp sleeps: each has its own RLIMIT_CPU of 1 s, so the
+    per-process limit alone would let them burn 3 s and the ClientApp sleep on until max-wall-seconds (60 s); the keeper
+    sums the tree's CPU time and ends all of it past 1 s.
+    """
+    config, content = _gate(tmp_path, "max-cpu-seconds = 1\nmax-wall-seconds = 60\n")
+    record = tmp_path / "detached.jsonl"
+
+    def behaviour(target):
+        for _ in range(3):
+            _detach(record, burn=True)
+        time.sleep(60)
+
+    entry, seen, rc, seconds = _launch(monkeypatch, tmp_path, config, content, behaviour, timeout=50)
+    burners = _detached(record)
+    assert len(burners) == 3 and not any(_alive(pid, start) for pid, start in burners)
+    assert rc == -signal.SIGKILL and entry["ended"].startswith(
+        "killed: past the site policy's max-cpu-seconds (1 s of CPU; it used "), entry
+    used = float(re.search(r"it used ([0-9.]+) s", entry["ended"]).group(1))
+    assert 1.0 <= used < 3.0, entry  # the tree's time (wait4 of the keeper), checked every 0.5 s on 2 cores
+    assert entry["leftovers_killed"] >= 1 and seconds < 40, (entry, seconds)
+
+
+def test_what_comes_back_to_the_launcher_is_killed(tmp_path):
+    """The launcher is a subreaper too: a ClientApp's process whose keeper is gone (killed) is reparented to it, and
+    ``sweep_strays`` kills and reaps it, leaving the keepers it forked alone.
+    """
+    record = tmp_path / "detached.jsonl"
+
+    def as_launcher() -> dict:  # in a child: the test process itself must not become a subreaper
+        tree.become_subreaper()
+        keeper = os.fork()
+        if keeper == 0:  # a "keeper" that has a live one of its own, then a ClientApp whose keeper goes
+            try:
+                _detach(record)
+            finally:
+                os._exit(0)
+        other = os.fork()
+        if other == 0:  # a keeper still in flight: not a stray
+            time.sleep(30)
+            os._exit(0)
+        os.waitpid(keeper, 0)
+        ((grandchild, start),) = _detached(record)
+        proc = tree.stat(grandchild)
+        before = {"reparented here": proc is not None and proc.ppid == os.getpid(), "alive": _alive(grandchild, start)}
+        killed = launcher.sweep_strays({other: launcher.Child(1)})
+        after = {"killed": killed == [grandchild], "alive": _alive(grandchild, start), "gone": tree.stat(grandchild) is None,
+                 "keeper left alone": _alive(other, tree.stat(other).start)}
+        os.kill(other, signal.SIGKILL)
+        os.waitpid(other, 0)
+        return {"before": before, "after": after}
+
+    assert _in_child(as_launcher) == {"before": {"reparented here": True, "alive": True},
+                                      "after": {"killed": True, "alive": False, "gone": True, "keeper left alone": True}}
+
+
+# ---- max-images-per-round counts a round, not a message (issue 61, finding 4) -----------------------------------
+
+
+def test_max_images_per_round_counts_every_train_message_of_the_round(tmp_path, monkeypatch):
+    """A ServerApp sends three train messages to this hospital in one round, 79 images each (1 local epoch x 79
+    images), under a 100-image policy: each message is a ClientApp forked on its own, and the count is the launcher's
+    state (a file of the service user's), so the first is accepted, the second and third refused; round 2 is accepted.
+    """
+    config, content = _gate(tmp_path, "max-images-per-round = 100\n", hospital_images=79)
+
+    def trained(target):
+        return {"trained": True}
+
+    entries, seen = [], []
+    for server_round in (1, 1, 1, 2):
+        entry, saw, rc, _ = _launch(monkeypatch, tmp_path, config, content, trained,
+                                    message=("train", {"server-round": server_round, "local-epochs": 1}))
+        entries.append(entry)
+        seen.append(saw)
+    assert [(e["round"], e["decision"]) for e in entries] == [(1, "accepted"), (1, "refused"), (1, "refused"),
+                                                              (2, "accepted")], entries
+    refused = ("refused by site policy: max-images-per-round: round 1 of run 42 has trained 79 images here already; "
+               "this message's 79 would make 158 > 100")
+    assert entries[1]["reason"] == entries[2]["reason"] == refused
+    assert [s.get("trained") for s in seen] == [True, None, None, True]  # the refused ones never ran the bundle
+    assert seen[1]["raised"] == "Refused" and refused in entries[1]["reply_claimed_by_app"]["error"]  # the server's
+    assert [e.get("images_this_round") for e in entries] == [79, None, None, 79]
+    assert all(e["agreed"]["images-per-round"] == 79 for e in entries)
+    ledger = config.round_ledger
+    assert ledger is not None and ledger in config.private_files()
+    assert stat.S_IMODE(ledger.stat().st_mode) == 0o600 and stat.S_IMODE(ledger.parent.stat().st_mode) == 0o700
+    assert [(e["run"], e["round"], e["images"]) for e in json.loads(ledger.read_text())["rounds"]] == [(42, 2, 79)]
+    # an earlier round is not opened again (the ledger keeps a run's latest round only)
+    entry, _, _, _ = _launch(monkeypatch, tmp_path, config, content, trained,
+                             message=("train", {"server-round": 1, "local-epochs": 1}))
+    assert entry["decision"] == "refused" and entry["reason"] == (
+        "refused by site policy: max-images-per-round: round 1 of run 42 comes after its round 2 here; an earlier "
+        "round's count is not opened again"), entry
+    # messages that train nothing are not counted
+    entry, _, _, _ = _launch(monkeypatch, tmp_path, config, content, trained,
+                             message=("evaluate", {"server-round": 2}))
+    assert entry["decision"] == "accepted" and "images_this_round" not in entry

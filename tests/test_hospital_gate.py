@@ -540,3 +540,74 @@ def test_a_train_message_whose_local_epochs_is_not_a_count_is_refused_with_a_rec
     assert entry["agreed"]["local-epochs"] == (0 if bad == 0 else None)  # what resolve() made of it
     assert decide(cfg, content, TRAIN, {"local-epochs": 2}, {}) is None  # a count is accepted
     assert decide(cfg, content, "evaluate", {"local-epochs": float("nan")}, {}) is None  # only train counts epochs
+
+
+def test_the_round_ledger_counts_a_round_is_bounded_and_never_reopens_a_round(tmp_path):
+    """max-images-per-round's count (issue 61, finding 4): per (hospital, run), the latest round's images, kept in one
+    file of the service user's; the process-level test is tests/test_clientapp_confinement.py."""
+    import stat
+
+    from hospitrust.ops.deploy.policy import RoundLedger
+
+    ledger = RoundLedger(tmp_path / "state" / "gate" / "rounds.json", keep_runs=3)
+
+    def charge(run, rnd, images=60, hospital="h"):
+        return ledger.charge(hospital=hospital, run_id=run, server_round=rnd, images=images, limit=100)
+
+    assert charge(1, 1) == (None, 60) and charge(1, 1, 40) == (None, 100)
+    assert charge(1, 1, 1) == ("max-images-per-round: round 1 of run 1 has trained 100 images here already; this "
+                               "message's 1 would make 101 > 100", 100)
+    assert charge(1, 2) == (None, 60)  # the next round starts afresh, and replaces the run's previous one
+    assert charge(1, 1) == ("max-images-per-round: round 1 of run 1 comes after its round 2 here; an earlier round's "
+                            "count is not opened again", 0)
+    assert charge(1, 2, 60, hospital="other") == (None, 60)  # another hospital's SuperNode with the same policy
+    ledger.refund(hospital="h", run_id=1, server_round=2, images=60)  # a message that did not run after all
+    assert charge(1, 2, 100) == (None, 100)
+    for run in (2, 3):
+        charge(run, 1)
+    assert [(e["hospital"], e["run"], e["round"], e["images"]) for e in ledger.load()] == [
+        ("h", 1, 2, 100), ("h", 2, 1, 60), ("h", 3, 1, 60)]  # 3 runs kept: the oldest charged dropped
+    assert stat.S_IMODE(ledger.path.stat().st_mode) == 0o600 and stat.S_IMODE(ledger.path.parent.stat().st_mode) == 0o700
+    ledger.path.write_text('{"v": 1, "rounds": [{"hospital": "h", "run": "1", "round": 1, "images": 0}]}')
+    with pytest.raises(DeployError, match="not a file hospitrust wrote"):  # never begun afresh: that reopens rounds
+        charge(4, 1)
+    ledger.path.write_text("{")
+    with pytest.raises(DeployError, match="not readable"):
+        charge(4, 1)
+
+
+def test_only_messages_that_train_are_counted_for_the_round():
+    from hospitrust.ops.deploy.policy import trains
+
+    assert trains("train", {"server-round": 1}) and not trains("evaluate", {}) and not trains("query", {})
+    assert not trains("evaluate", {"contribution-weight": 1.0})
+    for stage in ("setup", "share_keys", "unmask"):  # SecAgg+'s key stages: Flower's mod answers them, nothing trains
+        assert not trains("train", {}, {"stage": stage})
+    assert trains("train", {"server-round": 1}, {"stage": "collect_masked_vectors"})
+
+
+def test_a_damaged_round_count_refuses_train_messages_and_stops_the_launcher(tmp_path, monkeypatch):
+    from hospitrust.ops.deploy.gate import charge_round
+    from hospitrust.ops.deploy.policy import Agreed
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state-home"))
+    policy = tmp_path / "policy.toml"
+    policy.write_text("max-images-per-round = 100\n")
+    cfg = GateConfig(policy=policy)
+    ledger = cfg.round_ledger
+    assert ledger is not None and ledger.parent == tmp_path / "state-home" / "hospitrust" / "gate"
+    assert ledger in cfg.private_files()
+    seen = {"message_type": "train", "msg_config": {"server-round": 1}, "agreed": Agreed(local_epochs=1, images_per_epoch=79),
+            "round": 1, "run_id": 5, "hospital": "h"}
+    reason, refund = charge_round(cfg, seen)
+    assert reason is None and refund is not None and seen["images_this_round"] == 79
+    refund()
+    assert "images_this_round" not in seen and charge_round(cfg, dict(seen))[0] is None
+    assert charge_round(cfg, {**seen, "message_type": "evaluate"}) == (None, None)
+    assert charge_round(cfg, {**seen, "round": None})[0].startswith(
+        "refused by site policy: max-images-per-round: the message's server-round is not a number")
+    ledger.write_text("garbage")
+    reason, _ = charge_round(cfg, dict(seen))
+    assert reason.startswith(f"refused: this hospital's gate configuration is broken (site policy's round count {ledger}")
+    with pytest.raises(DeployError, match="round count"):
+        cfg.check_files()

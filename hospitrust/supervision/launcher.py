@@ -22,11 +22,21 @@ the *claim* pipe (what the reply carries, sent after the bundle's code ran: reco
 The entry is written when the child exits, with its exit status as this process saw it. A child closes
 the read ends of the other children's pipes and removes the gate's paths from its environment first.
 
+Everything a ClientApp starts dies with it: this process forks a *keeper* per task
+(:func:`hospitrust.supervision.tree.keep`), which forks the ClientApp in its own session, is a child subreaper (a
+detached descendant is reparented to it, not to PID 1), and kills (SIGKILL) and reaps every process of the tree when
+the ClientApp exits or when asked; the keeper's exit status is the ClientApp's. This process is a subreaper too, and
+kills what comes back to it that is no keeper of its (:func:`sweep_strays`). The pids of the ``started`` and
+``exited`` lines are the keepers'.
+
 The site policy's limits (``max-cpu-seconds``, ``max-memory-mb``: RLIMIT_CPU and RLIMIT_DATA) are set on the child
-once the gate accepted the bundle, before it is imported; ``max-wall-seconds`` is this process's: it kills
-(SIGKILL) a child past it. The ``exited`` line and the audit entry say which limit ended a child (``reason``,
-``ended``). With ``--clientapp-user`` ($HOSPITRUST_CLIENTAPP_USER) the child then also switches to that user
-for good (:mod:`hospitrust.supervision.confine`), so the bundle's code cannot read or write the gate's files.
+once the gate accepted the bundle, before it is imported (every process it starts inherits them); the keeper also
+sums the CPU time of the whole tree against ``max-cpu-seconds``. ``max-wall-seconds`` is this process's: past it, it
+asks the keeper (SIGTERM) to kill the whole tree, and kills the keeper (SIGKILL) if it has not ended
+``KEEPER_GRACE_SECONDS`` later. The ``exited`` line and the audit entry say which limit ended a child (``reason``,
+``ended``) and how many processes it left behind that its keeper killed (``leftovers_killed``). With
+``--clientapp-user`` ($HOSPITRUST_CLIENTAPP_USER) the child then also switches to that user for good
+(:mod:`hospitrust.supervision.confine`), so the bundle's code cannot read or write the gate's files.
 
 Fault injection for the watchdog's tests: ``HOSPITRUST_LAUNCHER_FAULT=die-before-read@N`` (the
 N-th child exits with 17 before it reads its message), ``exit-0-before-read@N`` (it exits 0 before
@@ -46,6 +56,8 @@ import sys
 import time
 from pathlib import Path
 
+from hospitrust.supervision import tree
+
 #: Imported once by the parent and shared with every forked ClientApp.
 PRELOAD = ("numpy", "torch", "torch.nn", "torch.nn.functional", "torch.utils.data", "PIL.Image", "pydantic",
            "pydicom", "sklearn.metrics", "flwr.app", "flwr.clientapp", "flwr.supernode.runtime.run_clientapp")
@@ -53,6 +65,8 @@ POLL_SECONDS = 0.05  # Flower's SuperExec: FLWR_SUPEREXEC_TASK_POLL_INTERVAL, 1 
 FAULT_ENV = "HOSPITRUST_LAUNCHER_FAULT"
 PROFILE_ENV = "HOSPITRUST_LAUNCHER_PROFILE"  # a folder: profile every ClientApp (cProfile), for diagnostics
 GENERATION_ENV = "HOSPITRUST_LAUNCHER_GENERATION"  # set by the supervisor: 0, then 1 after its first restart
+KEEPER_GRACE_SECONDS = 5.0  # a keeper asked to end its tree (max-wall-seconds) and still there this long after: killed
+SWEEP_SECONDS = 5.0  # how often, besides after each reaped keeper, this process looks for processes reparented to it
 
 
 def emit(event: str, **fields: object) -> None:
@@ -111,13 +125,14 @@ class AuditPipes:
         self.task_id, self.run_id = task_id, run_id
         self.decision_r, decision_w = os.pipe()
         self.claim_r, claim_w = os.pipe()
+        self.keeper_r, self.keeper_w = os.pipe()  # the keeper's report (tree.keep): what it killed when the tree ended
         self.child_fds = (decision_w, claim_w)
-        self.data = {self.decision_r: bytearray(), self.claim_r: bytearray()}
-        self.open = [self.decision_r, self.claim_r]
+        self.data = {self.decision_r: bytearray(), self.claim_r: bytearray(), self.keeper_r: bytearray()}
+        self.open = [self.decision_r, self.claim_r, self.keeper_r]
 
     def forked(self) -> None:
-        """In the launcher, after the fork: only the child writes."""
-        for fd in self.child_fds:
+        """In the launcher, after the fork: only the child (and its keeper) write."""
+        for fd in (*self.child_fds, self.keeper_w):
             os.close(fd)
         for fd in self.open:
             os.set_blocking(fd, False)
@@ -155,15 +170,20 @@ class AuditPipes:
         """What the app says its reply carried (one JSON object), None when it sent nothing readable."""
         return self._one(bytes(self.data[self.claim_r]))
 
+    def keeper(self) -> dict | None:
+        """The keeper's report (:func:`hospitrust.supervision.tree.keep`), None when it sent none."""
+        return self._one(bytes(self.data[self.keeper_r]))
+
     def entry(self, rc: object, ended: str | None = None) -> dict:
         """The audit entry: the run and task as the SuperNode gave them, the gate's decision, the exit status
-        seen here, what ended the child when a limit of the site policy did (``ended``), and what the app says its
+        seen here, what ended the child when a limit of the site policy did (``ended``), the processes it left
+        running that its keeper killed (``leftovers_killed``; ``leftovers_not_killed``), and what the app says its
         reply carried.
         """
         out: dict[str, object] = {"run": self.run_id, "task": self.task_id}
         decision = self._one(bytes(self.data[self.decision_r]))
         if decision is not None and decision.get("decision") in ("accepted", "refused"):
-            for key in ("app_sha256", "message", "round", "decision", "reason", "agreed"):
+            for key in ("app_sha256", "message", "round", "decision", "reason", "agreed", "images_this_round"):
                 if key in decision:
                     value = decision[key]
                     out[key] = value[:2000] if isinstance(value, str) else value
@@ -179,6 +199,10 @@ class AuditPipes:
         out["exit"] = rc
         if ended:
             out["ended"] = ended
+        keeper = self.keeper() or {}
+        for key, name in (("leftovers_killed", "leftovers_killed"), ("not_killed", "leftovers_not_killed")):
+            if isinstance(keeper.get(key), int) and keeper[key] > 0:
+                out[name] = keeper[key]
         return out
 
 
@@ -240,6 +264,8 @@ class Child:
     def __init__(self, task_id: int, limits=None) -> None:
         self.started, self.clock = time.time(), time.monotonic()
         self.task_id, self.limits, self.killed = task_id, limits, ""
+        self.asked: float | None = None  # when this process asked its keeper to end the tree (SIGTERM)
+        self.forced = False  # the keeper did not end in time: killed (SIGKILL)
 
     @property
     def wall_seconds(self) -> float | None:
@@ -251,8 +277,10 @@ ALLOCATION_FAILED = ("MemoryError", "Cannot allocate memory", "can't allocate me
 
 def ending(rc: int, cpu_seconds: float, child: Child, claim: dict | None = None) -> str | None:
     """Which limit of the site policy ended a child (None: none did), from what this process saw: its own kill at
-    max-wall-seconds, the kernel's SIGXCPU (or SIGKILL past the CPU time) at max-cpu-seconds, and, under
-    max-memory-mb, an error reply that says an allocation failed (the app's own claim, said as such).
+    max-wall-seconds (or the keeper's, a little later, should this process not have asked), the kernel's SIGXCPU at
+    max-cpu-seconds (or SIGKILL past the CPU time: the kernel's hard limit, or the keeper's for the whole tree;
+    ``cpu_seconds`` is the keeper's ``wait4``: the tree's), and, under max-memory-mb, an error reply that says an
+    allocation failed (the app's own claim, said as such).
     """
     if child.killed:
         return child.killed
@@ -260,6 +288,9 @@ def ending(rc: int, cpu_seconds: float, child: Child, claim: dict | None = None)
     cpu = getattr(limits, "cpu_seconds", None)
     if cpu is not None and (rc == -signal.SIGXCPU or (rc == -signal.SIGKILL and cpu_seconds >= cpu)):
         return f"killed: past the site policy's max-cpu-seconds ({cpu} s of CPU; it used {cpu_seconds:.1f} s)"
+    wall = child.wall_seconds
+    if wall is not None and rc == -signal.SIGKILL and time.monotonic() - child.clock >= wall:
+        return f"killed: past the site policy's max-wall-seconds ({wall:g} s)"
     memory = getattr(limits, "memory_mb", None)
     error = str(claim.get("error", "")) if isinstance(claim, dict) else ""
     if memory is not None and any(marker in error for marker in ALLOCATION_FAILED):
@@ -269,41 +300,92 @@ def ending(rc: int, cpu_seconds: float, child: Child, claim: dict | None = None)
 
 
 def enforce_wall_time(children: dict[int, Child]) -> None:
-    """Kill (SIGKILL) every child past its max-wall-seconds; its ``exited`` line and audit entry say why."""
+    """End every child past its max-wall-seconds with every process it started: its keeper is asked (SIGTERM) to kill
+    (SIGKILL) the whole tree, and is killed itself ``KEEPER_GRACE_SECONDS`` later if it is still there (what it
+    leaves then comes back to this process: :func:`sweep_strays`); its ``exited`` line and audit entry say why.
+    """
     now = time.monotonic()
     for pid, child in children.items():
         wall = child.wall_seconds
-        if wall is None or child.killed or now - child.clock < wall:
+        if wall is None or now - child.clock < wall:
+            continue
+        if child.killed:
+            if child.asked is not None and not child.forced and now - child.asked >= KEEPER_GRACE_SECONDS:
+                child.forced = True
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                emit("killed", pid=pid, task_id=child.task_id, reason=child.killed + "; its keeper did not end in "
+                     f"{KEEPER_GRACE_SECONDS:g} s: killed")
             continue
         child.killed = f"killed: past the site policy's max-wall-seconds ({wall:g} s)"
+        child.asked = now
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGTERM)  # the keeper: SIGKILL to the ClientApp and everything it started
         except ProcessLookupError:
             pass  # it ended meanwhile: reaped next
-        except PermissionError:  # another user's process, and no CAP_KILL (checked at the start: should not happen)
+        except PermissionError:  # not this user's keeper (should not happen: this process forked it)
             child.killed = f"past the site policy's max-wall-seconds ({wall:g} s), but not killed: no permission"
         emit("killed", pid=pid, task_id=child.task_id, reason=child.killed)
 
 
 def reap(children: dict[int, Child], pending: dict[int, AuditPipes], gate_config) -> list[tuple[int, int, str | None]]:
-    """Collect the children that ended: their audit entries, their ``exited`` lines; returns (pid, rc, reason)."""
+    """Collect the children (keepers) that ended: their audit entries, their ``exited`` lines; returns (pid, rc,
+    reason). A process reparented to this one that ended is reaped without a line (:func:`sweep_strays` said it).
+    """
     done = []
     while children:
-        pid, status, usage = os.wait4(-1, os.WNOHANG)
+        try:
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
         if pid == 0:
             break
-        child = children.pop(pid, None) or Child(-1)
+        child = children.pop(pid, None)
+        if child is None:
+            continue
         rc = os.waitstatus_to_exitcode(status)
         pipes = pending.pop(pid, None)
         if pipes is not None:
             pipes.drain()
         reason = ending(rc, usage.ru_utime + usage.ru_stime, child, pipes.claim() if pipes is not None else None)
+        left = (pipes.keeper() or {}).get("leftovers_killed") if pipes is not None else None
         if pipes is not None:
             _write_audit(gate_config, pipes, rc, reason)
         emit("exited", pid=pid, task_id=child.task_id, seconds=round(time.time() - child.started, 3), rc=rc,
-             **({"reason": reason} if reason else {}))
+             **({"reason": reason} if reason else {}), **({"leftovers_killed": left} if left else {}))
         done.append((pid, rc, reason))
     return done
+
+
+def sweep_strays(children: dict[int, Child]) -> list[int]:
+    """Kill (SIGKILL) and reap every child of this process (a child subreaper) that is not a keeper it forked, with
+    its descendants: a ClientApp's process whose keeper is gone (killed by the ClientApp itself, which can when it
+    runs as the service's user; or past ``KEEPER_GRACE_SECONDS``) is reparented here. Returns the pids killed.
+    """
+    me, killed = os.getpid(), set()
+    for _ in range(200):
+        procs = tree.processes()
+        strays = [p.pid for p in procs.values() if p.ppid == me and p.pid not in children]
+        if not strays:
+            break
+        for pid in strays:
+            for target in (pid, *tree.descendants(pid, procs)):
+                if target in procs and procs[target].alive:
+                    try:
+                        os.kill(target, signal.SIGKILL)
+                        killed.add(target)
+                    except OSError:
+                        pass
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        time.sleep(0.005)
+    if killed:
+        emit("strays-killed", pids=sorted(killed))
+    return sorted(killed)
 
 
 def child_limits(gate_config):
@@ -357,7 +439,7 @@ def _child(runtime_api_address: str, token: str, fault: str, gate_config=None,
         confine_child = _confiner(limits, user)
         from hospitrust.supervision.supervisor import die_with_parent
 
-        die_with_parent()  # the launcher killed with SIGKILL: its ClientApps go too
+        die_with_parent()  # its keeper gone (killed with SIGKILL): the ClientApp goes too
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         if fault == "die-before-read":
@@ -416,20 +498,31 @@ def _child(runtime_api_address: str, token: str, fault: str, gate_config=None,
 
 
 def _fork(runtime_api_address: str, token: str, fault: str, gate_config, pipes: AuditPipes | None,
-          pending: dict[int, AuditPipes], limits=None, user=None) -> int:
-    """Fork the child of one task (see :func:`_child`); returns its pid. ``pending``: the audit pipes of the
-    messages still in flight, whose ends the child closes.
+          pending: dict[int, AuditPipes], limits=None, user=None, task_id: int | None = None) -> int:
+    """Fork the keeper of one task (:func:`hospitrust.supervision.tree.keep`), which forks its ClientApp (see
+    :func:`_child`) and ends every process the ClientApp started; returns the keeper's pid, whose exit status is the
+    ClientApp's. ``pending``: the audit pipes of the messages still in flight, whose ends the keeper closes.
     """
-    pid = os.fork()
-    if pid == 0:
-        for other in pending.values():  # another message's decision is not this child's to read
-            for fd in other.open:
-                os.close(fd)
-        if pipes is not None:
-            os.close(pipes.decision_r)
-            os.close(pipes.claim_r)
-        _child(runtime_api_address, token, fault, gate_config, pipes.child_fds if pipes is not None else None, limits,
-               user)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, tree.STOP_SIGNALS)  # until the keeper has its own handlers
+    try:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for other in pending.values():  # another message's decision is not this child's to read
+                    for fd in other.open:
+                        os.close(fd)
+                if pipes is not None:
+                    for fd in pipes.open:
+                        os.close(fd)
+                fds = pipes.child_fds if pipes is not None else None
+                tree.keep(lambda: _child(runtime_api_address, token, fault, gate_config, fds, limits, user),
+                          wall_seconds=getattr(limits, "wall_seconds", None), cpu_seconds=getattr(limits, "cpu_seconds", None),
+                          task_id=task_id if task_id is not None else (pipes.task_id if pipes is not None else None),
+                          report_fd=pipes.keeper_w if pipes is not None else None, clientapp_fds=fds or (), mask=mask)
+            finally:
+                os._exit(70)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     if pipes is not None:
         pipes.forked()
     return pid
@@ -477,6 +570,12 @@ def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int
     except DeployError as exc:
         print(f"hospitrust launcher: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
+    try:  # what a ClientApp's keeper could not end comes back here, not to PID 1
+        tree.become_subreaper()
+    except OSError as exc:
+        print(f"hospitrust launcher: cannot become a child subreaper ({exc}): a ClientApp's detached processes could "
+              "outlive it; Linux 3.4 or later is needed", file=sys.stderr, flush=True)
+        sys.exit(2)
     seconds = preload()
     _memory_warning(child_limits(gate_config))
     from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
@@ -498,8 +597,9 @@ def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int
     children: dict[int, Child] = {}
     pending: dict[int, AuditPipes] = {}  # pid -> its audit pipes (with an audit log)
     launched = 0
+    swept = time.monotonic()
 
-    def stop(signum, frame):  # the children are the ClientApps of messages in flight: they go too
+    def stop(signum, frame):  # the children are the keepers of messages in flight: their trees go too
         for pid in children:
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -516,7 +616,9 @@ def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int
         for inflight in pending.values():  # a reply's description may not fit a pipe's buffer: read as it comes
             inflight.drain()
         enforce_wall_time(children)
-        reap(children, pending, gate_config)
+        if reap(children, pending, gate_config) or time.monotonic() - swept >= SWEEP_SECONDS:
+            sweep_strays(children)
+            swept = time.monotonic()
         if gate is not None and not gate.wait(poll):
             continue
         res = client.AcquireTask(AcquireTaskRequest(supported_task_types={TaskType.CLIENT_APP}))
@@ -526,7 +628,8 @@ def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int
             sys.stdout.flush()
             pipes = AuditPipes(int(res.task.task_id), int(res.task.run_id)) if gate_config.audit_log else None
             limits = child_limits(gate_config)
-            pid = _fork(runtime_api_address, res.token, fault, gate_config, pipes, pending, limits, user)
+            pid = _fork(runtime_api_address, res.token, fault, gate_config, pipes, pending, limits, user,
+                        task_id=int(res.task.task_id))
             if pipes is not None:
                 pending[pid] = pipes
             children[pid] = Child(int(res.task.task_id), limits)

@@ -10,12 +10,15 @@ launcher's child wraps those three module-level functions before it calls ``run_
   values the ClientApp will use (:func:`hospitrust.ops.deploy.policy.resolve`: task, classes, local epochs, batch
   size, images per epoch) into ``context.node_config["hospitrust-gate"]``; the policy is checked against those,
   and a bundle that declares ``[tool.hospitrust] gate-values = 1`` in its pyproject.toml uses them and nothing
-  else (with a site policy, a bundle that does not declare it is refused);
+  else (with a site policy, a bundle that does not declare it is refused); it also remembers the run id (Flower's
+  ``Run``) and the message's ``server-round`` (its config), which ``max-images-per-round``'s count is kept by;
 - ``install_from_fab``: recomputes the bundle's SHA-256 from its bytes (never from the message) and checks it
   against the hospital's revocation list, approvals, a trusted signature, and the site policy; then installs
   the accepted bundle (into a temporary folder, renamed into place) and checks that the folder Flower will
   import from holds exactly the bundle's files with their hashes (Flower skips the install when the folder
-  exists, and imports whatever is in it). A refusal is raised *here*, so nothing of the bundle is imported,
+  exists, and imports whatever is in it). Then it counts a train message's images with the others of its run's round
+  (:func:`charge_round`: ``max-images-per-round`` holds for a round, not per message). A refusal is raised *here*,
+  so nothing of the bundle is imported,
   and Flower's own error path sends the server an error reply with the reason (raised earlier, no reply would
   go and the server would wait out ``reply-timeout``). A revoked bundle's install folders are removed;
 - ``push_message``: reports what the reply carries (names, shapes, bytes; no values) on the claim pipe.
@@ -46,14 +49,14 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hospitrust.ops.deploy import audit
 from hospitrust.ops.deploy.approval import (SIGNATURE_KEY, Approvals, check_installed, installed_files, load_trusted, short,
                                            verify)
 from hospitrust.errors import DeployError
-from hospitrust.ops.deploy.policy import (GATE_KEY, GATE_VALUES_VERSION, SECAGG_CONFIGS, Agreed, count_refusal, load_policy,
-                                          message_kind, refusal, resolve)
+from hospitrust.ops.deploy.policy import (GATE_KEY, GATE_VALUES_VERSION, SECAGG_CONFIGS, Agreed, RoundLedger, count_refusal,
+                                          load_policy, message_kind, refusal, resolve, trains)
 
 APPROVALS_ENV = "HOSPITRUST_APPROVED_APPS"
 TRUSTED_ENV = "HOSPITRUST_TRUSTED_SIGNERS"
@@ -99,11 +102,24 @@ class GateConfig:
     def active(self) -> bool:
         return any((self.approvals, self.trusted, self.policy, self.audit_log))
 
+    @property
+    def round_ledger(self) -> Path | None:
+        """The site policy's round count (:class:`RoundLedger`), one per policy file: in the service user's state
+        (``$XDG_STATE_HOME/hospitrust/gate/``, beside the audit log's state), named for the policy's full path.
+        """
+        if self.policy is None:
+            return None
+        full = str(Path(self.policy).expanduser().resolve())
+        return audit.state_dir().parent / "gate" / f"images-per-round.{hashlib.sha256(full.encode()).hexdigest()[:16]}.json"
+
     def private_files(self) -> list[Path]:
         """The files a ClientApp must neither read nor write: approvals (with the revocation list), signers, site
-        policy, audit log, its key, head and state (which records, outside the log's folder, that it was started).
+        policy and its round count, audit log, its key, head and state (which records, outside the log's folder, that
+        it was started).
         """
         files = [p for p in (self.approvals, self.trusted, self.policy) if p is not None]
+        if self.round_ledger is not None:
+            files += [self.round_ledger, RoundLedger(self.round_ledger).lock_path]
         if self.audit_log is not None:
             files += [self.audit_log, audit.key_path(self.audit_log, self.audit_key), audit.head_path(self.audit_log),
                       audit.state_path(self.audit_log)]
@@ -113,6 +129,7 @@ class GateConfig:
         """At the launcher's start: a broken policy or signers file stops the SuperNode, not the first message."""
         if self.policy is not None:
             load_policy(self.policy)
+            RoundLedger(cast(Path, self.round_ledger)).load()  # a damaged count stops it too (never begun afresh)
         if self.trusted is not None:
             load_trusted(self.trusted)
         if self.approvals is not None:
@@ -233,6 +250,45 @@ def remove_installs(apps: Path, sha: str) -> list[Path]:
     return gone
 
 
+def charge_round(config: GateConfig, seen: dict[str, Any]) -> tuple[str | None, Callable[[], None] | None]:
+    """Count an accepted train message's images with those of its run's round (``max-images-per-round``, from the
+    message as ``pull_task_input`` saw it: ``seen``): (None, a refund to call should the message not run after
+    all), or (the refusal, None). Nothing to count (no such rule, no training): (None, None).
+    """
+    if config.policy is None:
+        return None, None
+    try:
+        policy = load_policy(config.policy)
+        limit = policy.max_images_per_round
+        if limit is None or not trains(seen.get("message_type", ""), seen.get("msg_config", {}), seen.get("secagg")):
+            return None, None
+        agreed = seen.get("agreed")
+        images = agreed.images_per_round if isinstance(agreed, Agreed) else None
+        if images is None:  # refusal() has refused it already
+            return "refused by site policy: max-images-per-round: the message's images are unknown", None
+        server_round = seen.get("round")
+        if server_round is None:
+            return ("refused by site policy: max-images-per-round: the message's server-round is not a number, so its "
+                    "images cannot be counted with its round's"), None
+        ledger = RoundLedger(cast(Path, config.round_ledger))
+        who = {"hospital": str(seen.get("hospital", "")), "run_id": int(seen.get("run_id", 0)), "server_round": server_round}
+        why, total = ledger.charge(**who, images=images, limit=limit)
+    except DeployError as exc:
+        return f"refused: this hospital's gate configuration is broken ({exc})", None
+    if why is not None:
+        return f"refused by site policy: {why}", None
+    seen["images_this_round"] = total
+
+    def refund() -> None:
+        seen.pop("images_this_round", None)
+        try:
+            ledger.refund(**who, images=images)
+        except (DeployError, OSError):  # no longer the service user: the count stays (it refuses more, never less)
+            pass
+
+    return None, refund
+
+
 def _round(msg_config: dict[str, Any]) -> int | None:
     """The message's server round for the audit entry; None when it is no number (``int()`` of a NaN or text round
     raised in ``pull_task_input``, before the gate decided: no reply, and no decision on the record).
@@ -337,16 +393,22 @@ def install(config: GateConfig, decision_fd: int | None = None, claim_fd: int | 
             problem = install_verified(content, target, install_fab)
             if problem is not None:
                 reason, detail = f"refused: {problem[0]}", problem[1]
+        refund = None
+        if reason is None and target is not None:  # the last check: a message counted is one that runs
+            reason, refund = charge_round(config, seen)
         if reason is None and target is not None and accepted is not None:
             try:
                 accepted(target)
             except Exception as exc:  # noqa: BLE001 - a ClientApp that cannot be confined does not run
                 reason = f"refused: the ClientApp could not be confined ({type(exc).__name__}: {exc})"
+                if refund is not None:
+                    refund()
         # the decision leaves this process, and its pipe is closed, before any of the bundle is imported
         _report(fds, "decision", {"app_sha256": sha, "message": message_kind(seen.get("message_type", ""), seen.get("msg_config", {})),
                               "round": seen.get("round"), "decision": "refused" if reason is not None else "accepted",
                               **({"reason": reason[:2000]} if reason is not None else {}),
-                              **({"agreed": seen["agreed"].summary()} if "agreed" in seen else {})})
+                              **({"agreed": seen["agreed"].summary()} if "agreed" in seen else {}),
+                              **({"images_this_round": seen["images_this_round"]} if "images_this_round" in seen else {})})
         if reason is not None:
             seen["refused"] = reason
             if reason.startswith((REVOKED_BUNDLE, REVOKED_KEY)):

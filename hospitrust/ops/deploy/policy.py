@@ -7,7 +7,8 @@ warm launcher before any code of the run's app bundle is imported: from the mess
 ```toml
 max-local-epochs = 5
 max-batch-size = 64
-max-images-per-round = 20000   # local epochs x this hospital's images (its data check; train-subsample does not apply)
+max-images-per-round = 20000   # local epochs x this hospital's images (its data check; train-subsample does not apply),
+                               # summed over the train messages of a run's round (RoundLedger)
 require-local-dp = true
 max-epsilon = 8.0
 min-hospitals = 3              # SecAgg+ key entries: the server makes that list (see docs/security.md)
@@ -24,14 +25,25 @@ max-wall-seconds = 7200
 :func:`resolve` turns a message into the values the ClientApp will use (:class:`Agreed`): the gate checks the
 policy against those and hands them to the ClientApp (``context.node_config[GATE_KEY]``), which uses them and
 nothing else, so what was checked is what runs.
+
+``max-images-per-round`` holds for a round, not for one message: :class:`RoundLedger` (a file of the service user's,
+0600, updated under a lock and replaced atomically) keeps the images each accepted train message of a run's round
+trains on, and the gate refuses a message that would take the round past the limit (issue 61, finding 4: a ServerApp
+sending three train messages in one round got three accepted). The round is the server's number: a ServerApp that
+numbers each message as a new round gets the limit once per message; only a run's number of rounds bounds that, and
+the policy has no per-run image limit.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+import os
+import time
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, cast
@@ -54,7 +66,7 @@ class SitePolicy(Options):
     max_batch_size: int | None = Field(None, ge=1, description="The largest batch size.")
     max_images_per_round: int | None = Field(None, ge=1, description=(
         "The most images a round may train on: local epochs x this hospital's images (its data check's count; "
-        "train-subsample does not apply to a hospital's own data)."))
+        "train-subsample does not apply to a hospital's own data), summed over the round's train messages."))
     require_local_dp: bool = Field(False, description="Train only with local differential privacy (privacy.mode local or both).")
     max_epsilon: float | None = Field(None, gt=0, description="The largest local-DP target epsilon a run may set.")
     min_hospitals: int | None = Field(None, ge=2, description=(
@@ -68,14 +80,16 @@ class SitePolicy(Options):
     classes: list[str] = Field(default_factory=list, description="The classes it agrees to train on (empty: any).")
     max_signature_age_days: float | None = Field(None, gt=0, description="A consortium signature older than this is refused.")
     max_cpu_seconds: int | None = Field(None, ge=1, description=(
-        "CPU seconds one ClientApp process may use (RLIMIT_CPU, set by the launcher on its child before the bundle "
-        "is imported; all its threads count): past it the kernel ends the process and the message fails."))
+        "CPU seconds one ClientApp may use (RLIMIT_CPU, set by the launcher on its child before the bundle "
+        "is imported, on every process it starts too; all threads count), and all its processes together (its "
+        "keeper sums them): past it the process, or the whole tree, is ended and the message fails."))
     max_memory_mb: int | None = Field(None, ge=64, description=(
         "Memory one ClientApp process may allocate, in MiB (RLIMIT_DATA: its heap and private writable mappings, "
         "the ~1.1 GiB it inherits from the warm launcher included; not its resident size; set like max-cpu-seconds); "
         "past it an allocation fails."))
     max_wall_seconds: float | None = Field(None, gt=0, description=(
-        "Seconds one ClientApp process may run: the launcher ends it (SIGKILL) past this, and the audit entry says so."))
+        "Seconds one ClientApp may run: the launcher ends it and every process it started (SIGKILL) past this, and "
+        "the audit entry says so."))
 
     def child_limits(self) -> ChildLimits:
         return ChildLimits(self.max_cpu_seconds, self.max_memory_mb, self.max_wall_seconds)
@@ -158,6 +172,17 @@ def count_refusal(message_type: str, config: Mapping[str, object], run_config: M
 
 
 SECAGG_CONFIGS, SECAGG_STAGE, SHARE_KEYS = "secaggplus_configs", "stage", "share_keys"  # flwr's SecAgg+ constants
+#: SecAgg+'s stages whose train message trains nothing (Flower's secaggplus_mod answers them without the train handler)
+KEY_STAGES = ("setup", SHARE_KEYS, "unmask")
+
+
+def trains(message_type: str, config: Mapping[str, object], secagg: Mapping[str, object] | None = None) -> bool:
+    """Whether the ClientApp trains on this hospital's images for this message: a train message, but for SecAgg+'s key
+    stages (``secagg``: the message's SecAgg+ config record; its collect-masked-vectors stage trains).
+    """
+    if message_kind(message_type, config) != "train":
+        return False
+    return not (secagg is not None and secagg.get(SECAGG_STAGE) in KEY_STAGES)
 
 
 def refusal(policy: SitePolicy, message_type: str, config: Mapping[str, object], run_config: Mapping[str, object], *,
@@ -306,3 +331,106 @@ def describe(policy: SitePolicy) -> str:
             shown = ", ".join(value) if isinstance(value, list) else str(value).lower() if isinstance(value, bool) else f"{value:g}"
         lines.append(f"  {key:<24} {shown:<20} {field.description}")
     return "\n".join(lines)
+
+
+LEDGER_VERSION = 1
+LEDGER_RUNS = 64  # the runs a ledger keeps (the latest charged): an older run's count is dropped
+
+
+class RoundLedger:
+    """What this hospital trained in the latest round of each run, across that round's train messages: the count
+    behind ``max-images-per-round`` (each message runs in its own forked ClientApp, so it is a file, not a variable).
+
+    One JSON file, the service user's (0600 in a 0700 folder, like the audit log's state): for each (hospital, run)
+    its latest round and the images the accepted train messages of that round train on. It is read and replaced
+    (written, fsync'd, renamed) under an exclusive lock (``flock`` of ``PATH.lock``), so two messages in flight
+    cannot both take the last of a round's images. It does not grow without bound: a run keeps only its latest round
+    (a train message of an earlier round than the latest is refused: a round is not opened again), and only the
+    ``LEDGER_RUNS`` runs charged last are kept.
+    """
+
+    def __init__(self, path: Path, keep_runs: int = LEDGER_RUNS) -> None:
+        self.path, self.keep_runs = Path(path), keep_runs
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".lock")
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise DeployError(f"site policy's round count {self.path}: cannot open it ({exc.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def load(self) -> list[dict]:
+        """The entries (oldest charged first); a file this class did not write is a DeployError, never a fresh start
+        (that would open every round's count again).
+        """
+        try:
+            raw = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            raise DeployError(f"site policy's round count {self.path}: not readable ({exc}); it holds the images each "
+                              "run's round has trained: move it aside only once no run is under way") from None
+        entries = raw.get("rounds") if isinstance(raw, dict) and raw.get("v") == LEDGER_VERSION else None
+        fields = {"hospital": str, "run": int, "round": int, "images": int}
+        if not isinstance(entries, list) or not all(
+                isinstance(e, dict) and all(isinstance(e.get(k), t) and not isinstance(e.get(k), bool) for k, t in fields.items())
+                for e in entries):
+            raise DeployError(f"site policy's round count {self.path}: not a file hospitrust wrote (edited or damaged); "
+                              "it holds the images each run's round has trained: move it aside only once no run is "
+                              "under way")
+        return entries
+
+    def _save(self, entries: list[dict]) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(json.dumps({"v": LEDGER_VERSION, "rounds": entries[-self.keep_runs:]}, sort_keys=True) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise DeployError(f"site policy's round count {self.path}: cannot write it ({exc.strerror})") from None
+
+    def charge(self, *, hospital: str, run_id: int, server_round: int, images: int, limit: int) -> tuple[str | None, int]:
+        """Add ``images`` to round ``server_round`` of ``run_id`` unless that takes it past ``limit``: (None, the
+        round's images now), or (the rule it breaks, naming the key, the count so far and the limit; the round's
+        images so far), nothing added.
+        """
+        with self._locked():
+            entries = self.load()
+            mine = next((e for e in entries if e["hospital"] == hospital and e["run"] == run_id), None)
+            if mine is not None and server_round < mine["round"]:
+                return (f"max-images-per-round: round {server_round} of run {run_id} comes after its round "
+                        f"{mine['round']} here; an earlier round's count is not opened again"), 0
+            so_far = mine["images"] if mine is not None and mine["round"] == server_round else 0
+            if so_far + images > limit:
+                return (f"max-images-per-round: round {server_round} of run {run_id} has trained {so_far} images here "
+                        f"already; this message's {images} would make {so_far + images} > {limit}"), so_far
+            if mine is not None:
+                entries.remove(mine)
+            entries.append({"hospital": hospital, "run": run_id, "round": server_round, "images": so_far + images,
+                            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            self._save(entries)
+            return None, so_far + images
+
+    def refund(self, *, hospital: str, run_id: int, server_round: int, images: int) -> None:
+        """Take back a charge whose message did not run after all (its ClientApp could not be confined)."""
+        with self._locked():
+            entries = self.load()
+            for entry in entries:
+                if entry["hospital"] == hospital and entry["run"] == run_id and entry["round"] == server_round:
+                    entry["images"] = max(0, entry["images"] - images)
+                    self._save(entries)
+                    return
