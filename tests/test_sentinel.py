@@ -278,3 +278,16 @@ def test_the_robust_candidates_by_hand():
     assert out["candidate"] in ("trimmed-mean", "mean") and out["fell_back"] is False
     with pytest.raises(ValueError, match="candidates must be"):
         sentinel(x, T([0.5, 0.5]), T([1.0, 1.0, 1.0]), _quadratic, step_bound=1.0, candidates="median")
+
+
+def test_the_fall_back_may_keep_the_model_when_the_servers_step_is_worse_too():
+    x = T([[-5.0, 0.0], [0.0, -5.0]])  # every hospitals' candidate makes the loss worse
+    out = sentinel(x, T([-1.0, -1.0]), T([1.0, 1.0]), _quadratic, step_bound=math.inf, may_keep=True)
+    # L(w) = 2, the server's (-1, -1): 8, so the model is kept
+    assert out["fell_back"] is True and out["candidate"] == "keep" and out["anchor_loss"] == pytest.approx(2.0)
+    torch.testing.assert_close(out["update"], T([0.0, 0.0]))
+    out = sentinel(x, T([0.5, 0.5]), T([1.0, 1.0]), _quadratic, step_bound=math.inf, may_keep=True)
+    assert out["candidate"] == "server"  # the server's step does better than keeping: 0.5 < 2
+    robust = sentinel(x, T([-1.0, -1.0]), T([1.0, 1.0]), _quadratic, step_bound=math.inf, candidates="trimmed-mean",
+                      may_keep=True)
+    assert robust["candidate"] == "keep"

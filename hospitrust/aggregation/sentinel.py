@@ -56,6 +56,7 @@ def sentinel(
     step_bound: float,
     candidates: str = "prefixes",
     trim: int = 0,
+    may_keep: bool = False,
 ) -> dict[str, torch.Tensor | float | int | bool | str]:
     r"""One round of sentinel.
 
@@ -86,6 +87,9 @@ def sentinel(
         ``"trimmed-and-mean"`` (that, and the examples-weighted mean of every clipped update).
     trim : int
         The values dropped at each end by the trimmed mean (at most (n - 1) // 2 are).
+    may_keep : bool
+        The fall-back is the better of g and keeping the model (a zero step, loss L(w)) on the check: a
+        round in which every step, the server's too, makes the held-out loss worse takes none.
 
     Returns
     -------
@@ -124,7 +128,7 @@ def sentinel(
     if trim < 0:
         raise ValueError(f"trim must be >= 0, got {trim}")
     if candidates != "prefixes":
-        return _robust(clipped, g, counts, check, factor, bound, candidates, min(trim, (n - 1) // 2), x.dtype)
+        return _robust(clipped, g, counts, check, factor, bound, candidates, min(trim, (n - 1) // 2), x.dtype, may_keep)
     alone = check(clipped)
     order = sorted(range(n), key=lambda i: (float(alone[i]), i))
     rank = torch.empty(n, dtype=torch.long)
@@ -135,11 +139,11 @@ def sentinel(
     prefix_loss = check(prefixes)
     # the lowest loss, and among equal losses the most hospitals
     best = min(range(n), key=lambda k: (float(prefix_loss[k]), -k))
-    anchor_loss = float(check(g.double().unsqueeze(0))[0])
+    fallback, anchor_loss, fallback_name = _fall_back(g, check, may_keep)
     weights = torch.zeros(n, dtype=torch.float64)
     fell_back = not (float(prefix_loss[best]) <= anchor_loss)
     if fell_back:
-        update = g.double().clone()
+        update = fallback
     else:
         update = prefixes[best]
         kept = torch.tensor(order[: best + 1])
@@ -155,12 +159,26 @@ def sentinel(
         "anchor_loss": anchor_loss,
         "chosen": 0 if fell_back else best + 1,
         "fell_back": fell_back,
-        "candidate": "server" if fell_back else f"best-{best + 1}",
+        "candidate": fallback_name if fell_back else f"best-{best + 1}",
     }
 
 
+def _fall_back(g: torch.Tensor, check: Callable[[torch.Tensor], torch.Tensor], may_keep: bool
+               ) -> tuple[torch.Tensor, float, str]:
+    """The step no hospital moves, its check loss and its name: g, or with ``may_keep`` the better of g and
+    the zero step (ties: g).
+    """
+    gd = g.double()
+    if not may_keep:
+        return gd.clone(), float(check(gd.unsqueeze(0))[0]), "server"
+    both = check(torch.stack([gd, torch.zeros_like(gd)]))
+    if float(both[0]) <= float(both[1]):
+        return gd.clone(), float(both[0]), "server"
+    return torch.zeros_like(gd), float(both[1]), "keep"
+
+
 def _robust(clipped: torch.Tensor, g: torch.Tensor, counts: torch.Tensor, check: Callable[[torch.Tensor], torch.Tensor],
-            factor: torch.Tensor, bound: float, candidates: str, trim: int, dtype: torch.dtype
+            factor: torch.Tensor, bound: float, candidates: str, trim: int, dtype: torch.dtype, may_keep: bool
             ) -> dict[str, torch.Tensor | float | int | bool | str]:
     """The robust candidates: the trimmed mean of the clipped updates (and their mean), against g."""
     n = clipped.shape[0]
@@ -172,10 +190,10 @@ def _robust(clipped: torch.Tensor, g: torch.Tensor, counts: torch.Tensor, check:
         names.append("mean")
     loss = check(torch.stack(steps))
     best = min(range(len(steps)), key=lambda k: (float(loss[k]), k))  # ties: the trimmed mean
-    anchor_loss = float(check(g.double().unsqueeze(0))[0])
+    fallback, anchor_loss, fallback_name = _fall_back(g, check, may_keep)
     fell_back = not (float(loss[best]) <= anchor_loss)
     if fell_back:
-        update, weights = g.double().clone(), torch.zeros(n, dtype=torch.float64)
+        update, weights = fallback, torch.zeros(n, dtype=torch.float64)
     elif names[best] == "mean":
         update, weights = steps[best], counts / counts.sum()
     else:  # every row takes part in the trimmed mean, coordinate by coordinate
@@ -191,5 +209,5 @@ def _robust(clipped: torch.Tensor, g: torch.Tensor, counts: torch.Tensor, check:
         "anchor_loss": anchor_loss,
         "chosen": 0 if fell_back else best + 1,
         "fell_back": fell_back,
-        "candidate": "server" if fell_back else names[best],
+        "candidate": fallback_name if fell_back else names[best],
     }

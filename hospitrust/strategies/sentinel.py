@@ -37,6 +37,11 @@ class SentinelOptions(Options):
         "means of the k updates that do best alone, k = 1..n), trimmed-mean (the coordinate-wise mean without the "
         "assumed-malicious largest and smallest values), or trimmed-and-mean (that and the mean of every update)."
     ))
+    fall_back: Literal["server", "server-or-keep"] = Field("server", description=(
+        "Where no hospitals' candidate does as well on the held-out images: the server's own update, or the better "
+        "of it and keeping the model (the server's step, trained from the current model on a few images, can itself "
+        "make the held-out loss worse)."
+    ))
     step_bound: float = Field(4.0, gt=0.0, description=(
         "kappa: every hospital's update is clipped to kappa x the norm of the server's own update this round "
         "(the global model trained on the reference cohort), a bound no hospital can move. 0 < kappa; inf: none "
@@ -129,7 +134,8 @@ class Sentinel(HospitrustStrategy):
         state = self.global_state
         anchor = self._anchor.get(self.server_update, state, server_round).to(updates.device, updates.dtype)
         out = sentinel(updates, anchor, num_examples, lambda steps: self.candidate_losses(state, steps),
-                       step_bound=self.options.step_bound, candidates=self.options.candidates, trim=self.f)
+                       step_bound=self.options.step_bound, candidates=self.options.candidates, trim=self.f,
+                       may_keep=self.options.fall_back == "server-or-keep")
         n = updates.shape[0]
         if out["fell_back"]:
             log(INFO, "sentinel round %d: no hospitals' step did as well on the reference cohort as the server's own "
