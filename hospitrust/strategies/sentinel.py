@@ -28,9 +28,10 @@ class SentinelOptions(Options):
         "which has fitted those images: measured worse, docs/experiments/2026-12-06-sentinel-design.md)."
     ))
 
-    server_epochs: int = Field(1, ge=1, le=100, description=(
+    server_epochs: int = Field(4, ge=1, le=100, description=(
         "Epochs the server trains its own update for on its part of the cohort each round (the fall-back step, "
-        "and with step-bound the bound on every hospital's update); 1 is FLTrust's root update."
+        "and with step-bound the bound on every hospital's update); 1 is FLTrust's root update, 4 did best on the "
+        "tuning seeds (docs/experiments/2026-12-06-sentinel-design.md)."
     ))
     candidates: Literal["prefixes", "trimmed-mean", "trimmed-and-mean"] = Field("prefixes", description=(
         "The hospitals' candidate steps checked against the server's own update: prefixes (the examples-weighted "
