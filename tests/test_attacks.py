@@ -339,7 +339,7 @@ def test_registry_builds_every_attack_with_kind():
         "label-flip", "backdoor", "corruption", "label-noise", "sign-flip", "scaling", "gaussian-noise",
         "free-rider", "nan-update", "alie", "ipm", "min-max", "min-sum", "fang-trimmed-mean", "fang-median", "mimic", "sybil",
         "tailored-alie", "tailored-ipm", "agr-tailored", "neurotoxin", "dba", "hta-aware", "earn-aware", "fltrust-aware",
-        "anchored-trust-aware",
+        "anchored-trust-aware", "sentinel-aware",
     }  # fmt: skip
     assert set(A.ATTACKS) == names
     kinds = {"label-flip": "data", "backdoor": "data", "corruption": "data", "label-noise": "data", "sign-flip": "update",

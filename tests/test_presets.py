@@ -107,10 +107,10 @@ def test_a_change_of_1e_4_in_a_rules_output_fails_the_comparison(name, monkeypat
 # ---- the registry: rules and presets ------------------------------------------------------------
 RULES = ["anchored-trust", "bulyan", "caf", "centered-clipping", "clipped-clustering", "contribution", "dnc", "earn", "fbd", "fedagain",
          "fedavg", "fedprox", "flame", "fltrust", "foolsgold", "geometric-median", "hta", "krum", "mda", "median", "monna",
-         "multi-krum", "signguard", "smea", "trimmed-mean"]
+         "multi-krum", "sentinel", "signguard", "smea", "trimmed-mean"]
 
 
-def test_the_registry_holds_twenty_five_rules_and_the_seven_variants_as_presets():
+def test_the_registry_holds_twenty_six_rules_and_the_seven_variants_as_presets():
     from hospitrust.strategies import PRESETS, STRATEGIES, strategy_class, strategy_names
 
     assert list(STRATEGIES) == RULES

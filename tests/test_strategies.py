@@ -54,10 +54,21 @@ class _RootUpdate:
         return self.vector.clone()
 
 
+def _cohort_split(target):
+    """A stand-in for the server's cohort split: (its update: ones; the held-out loss: ||s - target||^2)."""
+    goal = torch.as_tensor(target, dtype=torch.float64)
+
+    def split(check_fraction, epochs):
+        return _RootUpdate(torch.ones(D)), lambda state, steps: ((steps.double() - goal) ** 2).sum(1)
+    return split
+
+
 def _strategy(name, n, **kwargs):
     hospitals = {100 + i: f"h{i}" for i in range(n)}
     if name in ("fltrust", "monna", "anchored-trust"):
         kwargs.setdefault("server_update", _RootUpdate(torch.ones(D)))
+    if name == "sentinel":  # the held-out loss is lowest at the hospitals' mean: their step is kept
+        kwargs.setdefault("cohort_split", _cohort_split(torch.tensor(HONEST).mean(0)))
     return build_strategy(name, hospitals, **kwargs)
 
 
@@ -78,6 +89,8 @@ def test_identical_updates_give_that_update(name):
         kwargs = {"options": {"noise_lambda": 0.0}}
     if name in ("fltrust", "monna", "anchored-trust"):  # FLTrust rescales to the root update's norm: the same update
         kwargs["server_update"] = _RootUpdate([2.0, -1, 0, 3, 1, 1])
+    if name == "sentinel":  # the identical update is the held-out optimum; the step bound lets it through
+        kwargs.update(cohort_split=_cohort_split([2.0, -1, 0, 3, 1, 1]), options={"step_bound": 10.0})
     s = _strategy(name, 7, **kwargs)
     arrays, record = _replies(s, [[2.0, -1, 0, 3, 1, 1]] * 7)
     # FoolsGold takes identical histories for Sybils: every learning rate 0, the model does not move

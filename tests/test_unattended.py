@@ -227,9 +227,10 @@ TOKEN_LAPSE = 65  # Flower 1.42's SuperNode drops a task's token 60 s (2 x 30 s)
 
 
 def _in_flight(fed, name: str, since: float) -> list[psutil.Process]:
-    """Hospital ``name``'s ClientApps started after ``since`` and still running."""
+    """Hospital ``name``'s ClientApps started after ``since`` and still running, with the keeper each one runs under
+    (hospitrust.supervision.tree): pausing both pauses the ClientApp and what watches it."""
     out = []
-    for p in _launcher_of(fed, name).children():
+    for p in _launcher_of(fed, name).children(recursive=True):  # keepers and their ClientApps
         with contextlib.suppress(psutil.Error):
             if p.create_time() > since and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(p)

@@ -405,6 +405,15 @@ class SentinelAware(RoundAwareColludingAttack):
 
     Reads: the honest updates and their examples, the rule's bound and its exact server update, the
     rule's decision on candidate rows (its copy).
+
+    Parameters
+    ----------
+    push : str
+        ``"against-mean"`` (two pushes searched) or ``"class-bias"`` (a fixed drift).
+    spread : float
+        Relative noise on each attacker's push (>= 0).
+    steps : int
+        Bisection steps (>= 1).
     """
 
     name = "sentinel-aware"
