@@ -56,6 +56,15 @@ import torch  # noqa: E402,F401
 GATE_VALUES = "\n[tool.hospitrust]\ngate-values = 1\n"  # a site policy refuses a bundle that does not declare it
 
 
+def _read_to_end(fd: int) -> bytes:
+    """Everything a child writes to the pipe ``fd`` until it closes its end; ``fd`` is closed after."""
+    data = b""
+    while chunk := os.read(fd, 65536):
+        data += chunk
+    os.close(fd)
+    return data
+
+
 def _needs_root() -> None:
     if os.geteuid() != 0:
         pytest.skip("NOT ROOT, NOT TESTED: switching a ClientApp to another user needs root (or CAP_SETUID/"
@@ -378,10 +387,7 @@ def _in_child(fn) -> dict:
         os.write(w, json.dumps(out).encode())
         os._exit(0)
     os.close(w)
-    data = b""
-    while chunk := os.read(r, 65536):
-        data += chunk
-    os.close(r)
+    data = _read_to_end(r)
     os.waitpid(pid, 0)
     return json.loads(data)
 
@@ -473,10 +479,7 @@ def _detach(record: Path, burn: bool = False) -> tuple[int, int]:
         finally:
             os._exit(0)
     os.close(w)
-    data = b""
-    while chunk := os.read(r, 1024):
-        data += chunk
-    os.close(r)
+    data = _read_to_end(r)
     os.waitpid(first, 0)  # its parent is gone: it is an orphan now
     pid, start, its_session = json.loads(data)
     with open(record, "a") as fh:

@@ -374,6 +374,7 @@ class AnchoredTrustAware(RoundAwareColludingAttack):
             trusts.append(found["trust"])
         return torch.stack(rows).to(view.updates.dtype), {"angle": angles, "trust": trusts}
 
+
 class SentinelAwareOptions(Options):
     """The sentinel-aware attack's options."""
 

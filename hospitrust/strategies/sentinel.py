@@ -14,6 +14,7 @@ from flwr.common import log
 from pydantic import Field
 
 from hospitrust.aggregation.sentinel import sentinel
+from hospitrust.aggregation.vectorize import flatten_state
 from hospitrust.options import Options
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 
@@ -64,7 +65,7 @@ class _RoundAnchor:
         self.update: torch.Tensor | None = None
 
     def get(self, server_update: Callable[[dict, int], torch.Tensor], state: dict, server_round: int) -> torch.Tensor:
-        vector = torch.cat([v.detach().reshape(-1).double().cpu() for v in state.values() if v.is_floating_point()])
+        vector = flatten_state(state, torch.float64)[0]
         if (self.key != (server_round, id(state)) or self.global_vector is None or self.update is None
                 or not torch.equal(self.global_vector, vector)):
             self.update = server_update(state, server_round).detach().clone()
