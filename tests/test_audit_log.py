@@ -486,3 +486,69 @@ def test_the_superlinks_state_and_the_gateways_access_log_are_0600(tmp_path, pki
         assert (state / "access.log").stat().st_mode & 0o777 == 0o600
     finally:
         os.umask(old)
+
+
+def _reply(node_id: int, head=None, **record):
+    """A train reply as the server's features see it: its content (a real RecordDict) and the node it came from."""
+    from types import SimpleNamespace
+
+    from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+    content = RecordDict({"arrays": ArrayRecord(), "metrics": MetricRecord({"num-examples": 3})})
+    if head is not None or record:
+        content[audit.ANCHOR_RECORD] = ConfigRecord(record or {"entries": head[0], "mac": head[1]})
+    return SimpleNamespace(content=content, has_content=lambda: True, metadata=SimpleNamespace(src_node_id=node_id))
+
+
+def test_a_rolled_back_log_verifies_alone_and_fails_against_the_heads_the_federation_recorded(tmp_path):
+    """Issue 61: restoring an older copy of log and head together verifies (nothing on the machine shows it); the
+    heads the train replies carried, recorded by the server per hospital and round, show it: the rolled-back log
+    lacks the entries the federation saw, and one rolled back and written on has other MACs at their places."""
+    from hospitrust.features import audit_anchor
+
+    path = tmp_path / "audit" / "audit.jsonl"
+    heads = []
+    for n in range(6):
+        heads.append(audit.current_head(path) if path.exists() else (0, audit.GENESIS))  # what message n carries
+        audit.append(path, {"decision": "accepted", "run": 7, "message": "train", "round": n + 1}, None)
+        if n == 2:  # an older copy of log and head (and key), kept aside
+            old = tmp_path / "old"
+            old.mkdir()
+            for src in (path, audit.head_path(path), audit.key_path(path)):
+                shutil.copy2(src, old / src.name)
+    assert heads[0] == (0, audit.GENESIS) and [h[0] for h in heads] == list(range(6))
+    # the server side: the feature records each hospital's head per round, as rounds.jsonl gets it
+    feature = audit_anchor.AuditAnchors({11: "hospital-2", 12: "st-mary"})
+    lines = []
+    for rnd, head in enumerate(heads, 1):
+        replies = [_reply(11, head), _reply(12)]  # st-mary runs without an audit log: nothing recorded for it
+        round_ = type("R", (), {"number": rnd})()
+        assert feature.on_replies(round_, replies) == replies
+        lines.append({"round": rnd, **feature.record(round_)})
+    assert lines[2]["audit_heads"] == {"hospital-2": {"entries": 2, "mac": heads[2][1]}}
+    malformed = type("R", (), {"number": 9})()
+    feature.on_replies(malformed, [_reply(11, entries="12", mac="x")])
+    assert feature.record(malformed) == {"audit_heads": {"hospital-2": {"malformed": True}}}
+    run = tmp_path / "runs" / "gate"
+    run.mkdir(parents=True)
+    (run / "rounds.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    entries, problem = audit.verify(path)
+    assert problem is None and audit.against(entries, [{"round": r["round"], **r["audit_heads"]["hospital-2"]}
+                                                       for r in lines]) == []
+    res = _cli(str(path), "--against", str(run))
+    assert res.returncode == 0 and "6 heads the federation recorded for hospital-2 in gate (up to entry 5): every one " \
+                                   "is in this log" in res.stdout, res.stdout + res.stderr
+    res = _cli(str(old / path.name), "--quiet")  # the rolled-back copy, alone: verifies
+    assert res.returncode == 0 and "3 entries; every entry's MAC and the head verify" in res.stdout, res.stdout + res.stderr
+    res = _cli(str(old / path.name), "--quiet", "--against", str(run / "rounds.jsonl"), "--hospital", "hospital-2")
+    assert res.returncode == 1 and ("entry 4: missing: the federation saw 4 entries at run gate round 5, the log has 3 "
+                                    "(the log was rolled back or cut)") in res.stderr, res.stdout + res.stderr
+    # rolled back and written on: as many entries as the federation saw, other MACs
+    audit.append(old / path.name, {"decision": "accepted", "run": 7, "message": "train", "round": 99}, None)
+    audit.append(old / path.name, {"decision": "accepted", "run": 7, "message": "train", "round": 99}, None)
+    res = _cli(str(old / path.name), "--quiet", "--against", str(run))
+    assert res.returncode == 1 and "entry 4: is not the entry the federation saw at run gate round 5" in res.stderr, \
+        res.stdout + res.stderr
+    res = _cli(str(path), "--quiet", "--against", str(tmp_path))
+    assert res.returncode == 2 and "no rounds.jsonl there" in res.stderr, res.stderr

@@ -87,6 +87,31 @@ def test_commands_have_the_required_flags(tmp_path):
     assert parse_config_args([deploy.node_config_string({"data-path": 'C:\\x "y"'})]) == {"data-path": 'C:\\x "y"'}
 
 
+def test_the_runtime_secret_is_private_fresh_and_given_to_the_supernode_and_its_launcher_alone(tmp_path):
+    """Issue 61, finding 1: the SuperNode hands tasks only to the holder of a secret made at each start (the
+    real-process test: tests/test_hospital_control.py, another account is refused)."""
+    import stat as _stat
+
+    from hospitrust.supervision import runtime_secret
+    from hospitrust.supervision import supervisor as sv
+
+    first, second = runtime_secret.create(str(tmp_path)), runtime_secret.create(str(tmp_path))
+    assert first.read_bytes() != second.read_bytes() and len(first.read_bytes()) == runtime_secret.SECRET_BYTES
+    assert _stat.S_IMODE(first.stat().st_mode) == 0o600 and _stat.S_IMODE(first.parent.stat().st_mode) == 0o700
+    cmd = deploy.supernode_command(superlink="h:9093", ca=tmp_path / "ca.crt", key=tmp_path / "k", node_config={},
+                                   isolation="process", superexec_secret=first)
+    assert cmd[cmd.index("--superexec-auth-secret-file") + 1] == str(first)
+    s = sv.Supervisor(cmd, "127.0.0.1:9094", message_timeout=30.0, env={}, out=lambda line: None)
+    assert s.launcher_cmd[s.launcher_cmd.index("--superexec-auth-secret-file") + 1] == str(first)
+    plain = deploy.supernode_command(superlink="h:9093", ca=tmp_path / "ca.crt", key=tmp_path / "k", node_config={})
+    assert "--superexec-auth-secret-file" not in plain  # Flower's own launcher (subprocess isolation) ignores one
+    assert "--superexec-auth-secret-file" not in sv.Supervisor(plain, "127.0.0.1:9094", message_timeout=30.0, env={},
+                                                                out=lambda line: None).launcher_cmd
+    runtime_secret.remove(first)
+    assert not first.parent.exists() and second.exists()
+    assert runtime_secret.interceptor(second) is not None
+
+
 def test_supernode_refuses_to_start_on_bad_data(tmp_path):
     ca, _ = deploy.create_ca(tmp_path / "ca")
     key, _ = deploy.create_supernode_keys(tmp_path, "h")

@@ -10,60 +10,128 @@ holds every value of the ClientApp's environment that names one of the gate's fi
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
-from federation import run_config, supernode_cli, task_keys
+from federation import REPO, run_config, supernode_cli, task_keys
 from hospitrust.ops import deploy
 from hospitrust.ops.deploy import approval, audit, gate
+from hospitrust.supervision import confine
 
 pytestmark = [pytest.mark.slow, pytest.mark.data]
 NAME = "hospital-2"
 MARK = "imported-by-bundle"
-SIDE_EFFECT = ('import os as _os; open(_os.path.join(_os.environ.get("FLWR_HOME", "."), "{mark}"), "a").write("".join('
-               'f"{{_k}}={{_v}}\\n" for _k, _v in _os.environ.items() if "gate" in _v or _k.startswith("HOSPITRUST_")))'
-               '  # {tag}\n')
+MARKS_ENV = "HOSPITRUST_TEST_MARKS"  # where the confined hospital's bundle writes its mark (its user's own folder)
+# The bundle's added lines: its mark holds the values of its environment that name a gate file (none should), and
+# whether it could open each of the gate's files for writing (opened without O_CREAT and closed, never written).
+SIDE_EFFECT = """import os as _os; _m = open(_os.path.join(_os.environ.get({marks!r}) or _os.environ.get("FLWR_HOME", "."), {mark!r}), "a")  # {tag}
+_m.write("".join(f"{{_k}}={{_v}}\\n" for _k, _v in _os.environ.items() if "gate" in _v or _k.startswith("HOSPITRUST_")))
+for _p in {probes!r}:
+    try:
+        _os.close(_os.open(_p, _os.O_WRONLY | _os.O_APPEND)); _m.write(f"writable {{_p}}\\n")
+    except PermissionError:
+        _m.write(f"denied {{_p}}\\n")
+    except OSError:
+        _m.write(f"missing {{_p}}\\n")
+_m.close()
+"""
+
+
+def _gate_files(fed) -> list[Path]:
+    """What the ClientApp must not write: the approvals, the policy, the signers' key, the audit log, its key, its head."""
+    gate = fed.work / "gate"
+    log = gate / "audit.jsonl"
+    return [gate / "approved-apps.toml", gate / "policy.toml", *sorted(gate.glob("*.pub")), log, audit.key_path(log),
+            audit.head_path(log)]
 
 
 def _variant(fed, tag: str) -> Path:
-    """The federation's app with one line added to the ClientApp package: an import side effect."""
+    """The federation's app with a few lines added to the ClientApp package: an import side effect."""
     dst = fed.work / f"app-{tag}"
     if dst.exists():
         shutil.rmtree(dst)
     shutil.copytree(fed.app, dst)
     init = dst / "hospitrust" / "client_app" / "__init__.py"
-    init.write_text(init.read_text() + SIDE_EFFECT.format(mark=MARK, tag=tag))
+    probes = [str(p) for p in _gate_files(fed)]
+    init.write_text(init.read_text() + SIDE_EFFECT.format(marks=MARKS_ENV, mark=MARK, tag=tag, probes=probes))
     return dst
+
+
+def _traversable(paths, user: confine.AppUser) -> list[tuple[Path, int]]:
+    """Let ``user`` reach ``paths``: o+x on every folder above each that lacks it (this machine's Python and pytest's
+    folders live under 0700 folders; a hospital's venv and Python must be readable by the ClientApp's user:
+    docs/deployment.md). Returns the folders changed, with their old modes, for :func:`_restore`."""
+    changed = []
+    for path in paths:
+        for folder in reversed(Path(path).resolve().parents):
+            mode = stat.S_IMODE(folder.stat().st_mode)
+            if not mode & 0o001 and not any(f == folder for f, _ in changed):
+                os.chmod(folder, mode | 0o001)
+                changed.append((folder, mode))
+    return changed
+
+
+def _restore(changed: list[tuple[Path, int]]) -> None:
+    for folder, mode in reversed(changed):
+        os.chmod(folder, mode)
 
 
 @pytest.fixture(scope="module")
 def guarded(federation):
-    """hospital-2 restarted with its gate; restored to the plain SuperNode afterwards."""
+    """hospital-2 restarted with its gate, its ClientApps confined to ``nobody`` (``--clientapp-user``, Flower's own
+    ClientApp runner); restored to the plain SuperNode afterwards."""
     fed = federation
+    if os.geteuid() != 0:
+        pytest.fail("the confined ClientApp needs root to switch to nobody (the suite runs as root here and in CI)",
+                    pytrace=False)
+    user = confine.AppUser.parse("nobody")
     gate = fed.work / "gate"
     gate.mkdir(exist_ok=True)
     store = approval.Approvals(gate / "approved-apps.toml")
     store.approve(approval.build_fab(fed.app), by="security-officer", comment="the consortium's release")
     key, pub, key_id = approval.create_signing_key(gate, "release")
     (gate / "policy.toml").write_text("max-local-epochs = 2\nallow-attacks = false\n")
+    for path in (gate / "policy.toml", pub):  # the launcher refuses a gate file the ClientApp's user could read
+        os.chmod(path, 0o600)
+    # what the ClientApp's user reaches lives outside pytest's folders (pytest makes its root 0700 again at the start of
+    # any session, a nested one too): this hospital's images, its FLWR_HOME (the installed bundles), and what the
+    # unit's ExecStartPre makes for that user: its own cache, ledger and (here) the bundle's mark
+    world = Path(tempfile.mkdtemp(prefix="hospitrust-confined-"))
+    os.chmod(world, 0o755)
+    data, flwr_home, app_home = world / "data", world / f"sn-{NAME}", world / "app-home"
+    shutil.copytree(fed.export[NAME], data)
+    subprocess.run(["chmod", "-R", "o+rX", str(data)], check=True)
+    for folder in (app_home, app_home / "cache", app_home / "marks"):
+        folder.mkdir(mode=0o700, exist_ok=True)
+        os.chown(folder, user.uid, user.gid)
+    changed = _traversable([sys.prefix, sys.base_prefix, REPO], user)
     extra = ["--approved-apps", str(store.path), "--trusted-signers", str(pub), "--policy", str(gate / "policy.toml"),
-             "--audit-log", str(gate / "audit.jsonl")]
+             "--audit-log", str(gate / "audit.jsonl"), "--clientapp-user", user.label,
+             "--cache-dir", str(app_home / "cache")]  # after supernode_cli's own --cache-dir: this one counts
     fed.kill(NAME, signal.SIGTERM)
     fed.restarted.append(f"{NAME} (with its gate)")
-    fed.start(NAME, supernode_cli(fed, NAME, fed.export[NAME], *extra), fed.work / f"sn-{NAME}")
+    fed.start(NAME, supernode_cli(fed, NAME, data, *extra), flwr_home,
+              env={MARKS_ENV: str(app_home / "marks"), "HOSPITRUST_PRIVACY_LEDGER": str(app_home / "ledger.json")})
     fed.wait_connected(NAME)
     fed.wait_online(list(fed.node_ids))
-    fed.gate = {"store": store, "key": key, "key_id": key_id, "audit": gate / "audit.jsonl"}
+    fed.gate = {"store": store, "key": key, "key_id": key_id, "audit": gate / "audit.jsonl", "user": user,
+                "home": app_home, "flwr_home": flwr_home, "data": data}
     try:
         yield fed
     finally:
         fed.kill(NAME, signal.SIGTERM)
+        _restore(changed)
+        shutil.rmtree(world, ignore_errors=True)
         fed.restarted.append(f"{NAME} (without its gate)")
         fed.start(NAME, supernode_cli(fed, NAME, fed.export[NAME]), fed.work / f"sn-{NAME}")
         fed.wait_connected(NAME)
@@ -81,13 +149,78 @@ def _run(fed, name: str, app: Path, extra: str = "", keys: bool = True) -> tuple
     return config, [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
 
 
+def _runtime_apis(fed) -> dict[str, tuple[str, str]]:
+    """Each hospital's SuperNode: its local Runtime API (``--port``) and its secret file, from its command line."""
+    found = {}
+    for name, proc in fed.procs.items():
+        if name not in fed.node_ids:
+            continue
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            cmd = child.cmdline()
+            if any(part.endswith("flower-supernode") for part in cmd[:2]) and "--port" in cmd:
+                secret = cmd[cmd.index("--superexec-auth-secret-file") + 1] if "--superexec-auth-secret-file" in cmd else ""
+                found[name] = (cmd[cmd.index("--port") + 1], secret)
+    return found
+
+
+def _neighbour(user: confine.AppUser, apis: dict[str, tuple[str, str]], seconds: float, apps: Path) -> subprocess.Popen:
+    """Another account on the hospitals' machine (the confined ClientApp's user): for ``seconds`` it asks each
+    SuperNode's local Runtime API for a task, as Flower's SuperExec does, and tries to read each secret; then it tries
+    to swap the bundles installed under ``apps`` (to write each file, to add one to each folder). Prints what it got,
+    one JSON line. Python's modules are imported before it becomes ``user`` (this machine's Python is not readable
+    by it).
+    """
+    code = f"""
+import json, os, sys, time
+from flwr.proto.runtime_pb2 import AcquireTaskRequest
+from flwr.supercore.constant import TaskType
+from flwr.supercore.runtime import RuntimeHttpClient
+apis = {apis!r}
+clients = {{n: RuntimeHttpClient.from_server_address(server_address=f"127.0.0.1:{{port}}", insecure=True,
+                                                    root_certificates=None, interceptors=[]) for n, (port, _) in apis.items()}}
+os.setgroups([]); os.setresgid({user.gid}, {user.gid}, {user.gid}); os.setresuid({user.uid}, {user.uid}, {user.uid})
+got = {{"uid": os.getuid(), "asked": 0, "tasks": [], "answers": {{}}, "secrets": {{}}}}
+for name, (_, secret) in apis.items():
+    try:
+        open(secret, "rb").read(); got["secrets"][name] = "READ"
+    except OSError as exc:
+        got["secrets"][name] = type(exc).__name__
+end = time.monotonic() + {seconds}
+while time.monotonic() < end:
+    for name, client in clients.items():
+        got["asked"] += 1
+        try:
+            res = client.AcquireTask(AcquireTaskRequest(supported_task_types={{TaskType.CLIENT_APP}}))
+            if res.HasField("task"):
+                got["tasks"].append(name)
+            answer = "no task"
+        except Exception as exc:
+            response = getattr(exc, "response", None)
+            answer = f"{{response.status_code}} {{response.text[:160]}}" if response is not None else repr(exc)[:160]
+        got["answers"].setdefault(answer, 0)
+        got["answers"][answer] += 1
+    time.sleep(0.2)
+got["swaps"] = {{}}
+for root, dirs, files in os.walk({str(apps)!r}):
+    for path in [os.path.join(root, "swapped.py")] + [os.path.join(root, f) for f in files]:
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | (os.O_CREAT if path.endswith("swapped.py") else 0)))
+            outcome = "WROTE"
+        except OSError as exc:
+            outcome = type(exc).__name__
+        got["swaps"][outcome] = got["swaps"].get(outcome, 0) + 1
+print(json.dumps(got))
+"""
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def _trained(rounds: list[dict]) -> set[str]:
     return {c["hospital"] for c in rounds[0]["clients"] if not c.get("rejected")}
 
 
 def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refused_by_policy(guarded):
     fed = guarded
-    marks = {h: fed.work / f"sn-{h}" / MARK for h in ("st-mary", NAME)}
+    marks = {"st-mary": fed.work / "sn-st-mary" / MARK, NAME: fed.gate["home"] / "marks" / MARK}
     for m in marks.values():
         m.unlink(missing_ok=True)
 
@@ -101,6 +234,10 @@ def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refu
     assert marks["st-mary"].exists() and not marks[NAME].exists()  # the others imported it; hospital-2 did not
     log = fed.logs[NAME].read_text()
     assert f"hospitrust gate: refused: app not approved (sha256 {sha})" in log and "hospitrust app review" in log
+    rollback = fed.work / "audit-rollback"  # an older copy of hospital-2's log, head and key, for (e)
+    rollback.mkdir(exist_ok=True)
+    for path in (fed.gate["audit"], audit.head_path(fed.gate["audit"]), audit.key_path(fed.gate["audit"])):
+        shutil.copy2(path, rollback / path.name)
 
     # (b) the security officer reviews and approves the bundle the gate kept; the same run trains there
     pending = fed.gate["store"].bundles / "pending" / f"{sha}.fab"
@@ -108,12 +245,38 @@ def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refu
                              str(fed.gate["store"].path)], capture_output=True, text=True, timeout=60)
     assert review.returncode == 0 and "+import os as _os" in review.stdout, review.stdout + review.stderr
     fed.gate["store"].approve(pending.read_bytes(), by="security-officer")
+    # meanwhile another account of the hospitals' machine asks each SuperNode's local Runtime API for the messages
+    # (issue 61, finding 1: it used to get them, with the token to answer them without the gate)
+    apis = _runtime_apis(fed)
+    assert set(apis) == set(fed.node_ids) and all(secret for _, secret in apis.values()), apis
+    neighbour = _neighbour(fed.gate["user"], apis, seconds=20, apps=fed.gate["flwr_home"] / "apps")
     config, rounds = _run(fed, "gate-approved", changed)
+    out, err = neighbour.communicate(timeout=60)
     assert config["failed-hospitals"] == [] and NAME in _trained(rounds)
-    assert marks[NAME].exists()
-    # the approved bundle's code ran without the gate's paths: no approvals, signers, policy, audit log or key
+    got = json.loads(out.strip().splitlines()[-1]) if out.strip() else {"stderr": err}
+    (fed.work / "neighbour.json").write_text(json.dumps(got, indent=1))  # for the record (docs/security.md's figures)
+    assert got.get("uid") == fed.gate["user"].uid and got["asked"] >= 3 * len(apis) and got["tasks"] == [], got
+    assert set(got["secrets"].values()) == {"PermissionError"}, got  # the secret: the service user's alone
+    # the bundles installed there (hashed by the gate, then imported): none of their files or folders writable by it
+    # (issue 61, finding 5: a swap after the hash ran the swapped code)
+    assert set(got["swaps"]) == {"PermissionError"} and sum(got["swaps"].values()) > 10, got
+    assert all(answer.startswith(("401", "403")) and "authentication failed" in answer.lower()
+               for answer in got["answers"]), got  # every ask refused for want of the secret, none "no task"
+    # the approved bundle's code ran at hospital-2 as nobody (--clientapp-user, in Flower's own ClientApp runner: it
+    # trained and replied), without the gate's paths, and could open none of the gate's files for writing; the same
+    # code at st-mary, which runs as the service user there, could (the control)
+    assert marks[NAME].exists() and marks[NAME].stat().st_uid == fed.gate["user"].uid
     seen = marks[NAME].read_text()
-    assert str(fed.work / "gate") not in seen and not any(name in seen for name in gate.PRIVATE_ENV), seen
+    environment = [line for line in seen.splitlines() if not line.startswith(("writable ", "denied ", "missing "))]
+    assert not any(str(fed.work / "gate") in line or line.split("=")[0] in gate.PRIVATE_ENV for line in environment), seen
+    probes = {line.split(" ", 1)[1]: line.split(" ", 1)[0] for line in seen.splitlines()
+              if line.startswith(("writable ", "denied ", "missing "))}
+    assert probes and set(probes) == {str(p) for p in _gate_files(fed)}, seen
+    assert set(probes.values()) == {"denied"}, probes
+    control = {line.split(" ", 1)[1] for line in marks["st-mary"].read_text().splitlines() if line.startswith("writable ")}
+    assert control == set(probes), marks["st-mary"].read_text()
+    cache = fed.gate["home"] / "cache"
+    assert any(cache.rglob("*")) and all(p.stat().st_uid == fed.gate["user"].uid for p in cache.rglob("*"))
 
     # (c) a bundle nobody approved, signed by the trusted key, runs: hospital-2 answers its query (the bundle's
     # import side effect happens there) ... (d) ... and, asked for more local epochs than its policy allows, refuses
@@ -143,6 +306,20 @@ def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refu
     res = subprocess.run([sys.executable, "-m", "hospitrust.cli.main", "deploy", "audit", str(audit_log)],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "every entry's MAC and the head verify" in res.stdout, res.stdout + res.stderr
+    # the heads hospital-2's train replies carried, recorded by the server: its log holds every one; the older copy
+    # (after run (a)) verifies on its own but not against them (a rollback, issue 61)
+    approved_run = fed.work / "runs" / "gate-approved"
+    recorded = [json.loads(line).get("audit_heads", {}) for line in (approved_run / "rounds.jsonl").read_text().splitlines()]
+    assert any(NAME in heads for heads in recorded) and not any("st-mary" in heads for heads in recorded), recorded
+    against = [sys.executable, "-m", "hospitrust.cli.main", "deploy", "audit", "--quiet", "--against", str(approved_run),
+               "--hospital", NAME]
+    res = subprocess.run([*against, str(audit_log)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "every one is in this log" in res.stdout, res.stdout + res.stderr
+    old = fed.work / "audit-rollback" / audit_log.name
+    res = subprocess.run([*against[:5], str(old)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "every entry's MAC and the head verify" in res.stdout, res.stdout + res.stderr
+    res = subprocess.run([*against, str(old)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "the log was rolled back or cut" in res.stderr, res.stdout + res.stderr
     superlink = fed.work / "superlink"  # and the operator's side: the SuperLink's state, the gateway's access log
     state = [superlink / "state.db", superlink / "state.db-wal", superlink / "state.db-shm", superlink / "gateway" / "access.log"]
     for path in (audit_log, audit.head_path(audit_log), audit.key_path(audit_log), *state):
@@ -153,7 +330,7 @@ def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refu
     assert any(e["decision"] == "refused" and e["app_sha256"] == sha for e in entries)
     trains = [e for e in entries if e["message"] == "train" and e["decision"] == "accepted"]
     assert trains and all(set(e["reply_claimed_by_app"]) >= {"arrays", "metrics"} and e["exit"] == 0 for e in trains)
-    assert not any(str(fed.export[NAME]) in line for line in lines)  # no path of the hospital's data
+    assert not any(str(fed.gate["data"]) in line for line in lines)  # no path of the hospital's data
     edited = json.loads(lines[2])
     edited["decision"] = "accepted" if edited["decision"] == "refused" else "refused"
     audit_log.write_text("\n".join([*lines[:2], json.dumps(edited, sort_keys=True), *lines[3:]]) + "\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -303,9 +304,23 @@ def _start_supernode(args, node_config: dict[str, object]) -> int:
     if args.log_file and not warm:
         raise DeployError("--log-file needs --launcher warm (with --launcher flower, Flower's SuperNode replaces this "
                           "command: redirect its output instead)")
+    from hospitrust.supervision import runtime_secret
+
+    # with the warm launcher, only the holder of this secret (the launcher) is handed the hospital's messages by the
+    # SuperNode's local Runtime API; another account on this machine is refused (issue 61, finding 1)
+    secret = runtime_secret.create() if warm and not args.dry_run else None
+    try:
+        return _supervise(args, node_config, warm, gate_env, secret)
+    finally:
+        if secret is not None:
+            runtime_secret.remove(secret)
+
+
+def _supervise(args, node_config: dict[str, object], warm: bool, gate_env: dict[str, str], secret: Path | None) -> int:
     cmd = supernode_command(superlink=args.superlink, ca=Path(args.ca), key=Path(args.key), node_config=node_config,
                             port=args.port, host=args.host, max_retries=args.max_retries,
-                            max_wait_time=args.max_wait_time, isolation="process" if warm else "subprocess")
+                            max_wait_time=args.max_wait_time, isolation="process" if warm else "subprocess",
+                            superexec_secret=secret)
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     from hospitrust.supervision.supervisor import port_in_use
 
@@ -470,6 +485,10 @@ def add_deploy_parser(sub) -> None:
     p.add_argument("path", help="the --audit-log file")
     p.add_argument("--key", help="the log's key file, when the SuperNode had --audit-key (default: PATH.key)")
     p.add_argument("--quiet", action="store_true", help="only verify")
+    p.add_argument("--against", metavar="RUN_DIR",
+                   help="also check it against the heads the federation recorded in a run (its folder or rounds.jsonl, "
+                        "from the operator): a log rolled back to an older copy no longer matches")
+    p.add_argument("--hospital", help="with --against: this log's hospital in that run (needed when it holds several)")
     p.set_defaults(func=cmd_audit)
 
     p = dsub.add_parser("register", help="operator: register hospitals' SuperNode public keys")
@@ -594,6 +613,46 @@ def cmd_audit(args) -> int:
         return 1
     last = f" (last MAC {entries[-1]['mac'][:16]}, as the launcher's last 'audited' line says)" if entries else ""
     print(f"{len(entries)} entries; every entry's MAC and the head verify{last}")
+    if args.against:
+        return _audit_against(entries, Path(args.against).expanduser(), args.hospital)
+    return 0
+
+
+def _audit_against(entries: list[dict], run: Path, hospital: str | None) -> int:
+    """The log against the heads a run's records hold for this hospital (issue 61: a rollback shows)."""
+    from hospitrust.ops.deploy import audit
+
+    rounds = run / "rounds.jsonl" if run.is_dir() else run
+    if not rounds.is_file():
+        raise DeployError(f"--against {run}: no rounds.jsonl there; expected a run's folder (or its rounds.jsonl) as "
+                          f"the operator's ServerApp wrote it")
+    heads: dict[str, list[dict]] = {}
+    for n, line in enumerate(rounds.read_text().splitlines(), 1):
+        try:
+            record = json.loads(line) if line.strip() else {}
+        except ValueError:
+            raise DeployError(f"--against {rounds}: line {n} is not JSON") from None
+        for name, head in (record.get("audit_heads") or {}).items():
+            if isinstance(head, dict) and "mac" in head:
+                heads.setdefault(name, []).append({"run": rounds.parent.name, "round": record.get("round"), **head})
+    if not heads:
+        raise DeployError(f"--against {rounds}: it records no audit heads (the hospitals ran without --audit-log, or "
+                          f"with a version that did not send them)")
+    if hospital is None:
+        if len(heads) > 1:
+            raise DeployError(f"--against {rounds} holds heads of {', '.join(sorted(heads))}: say which is this log's "
+                              f"with --hospital NAME")
+        hospital = next(iter(heads))
+    if hospital not in heads:
+        raise DeployError(f"--against {rounds}: no head of {hospital!r}; it holds {', '.join(sorted(heads))}")
+    anchors = heads[hospital]
+    problems = audit.against(entries, anchors)
+    for problem in problems:
+        print(f"hospitrust deploy audit: does not match the federation's records: {problem}", file=sys.stderr)
+    if problems:
+        return 1
+    print(f"{len(anchors)} heads the federation recorded for {hospital} in {rounds.parent.name} (up to entry "
+          f"{max(int(a['entries']) for a in anchors)}): every one is in this log")
     return 0
 
 

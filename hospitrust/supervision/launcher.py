@@ -13,6 +13,10 @@ bundle, as Flower's own launcher would. The parent runs torch only for a single-
 (no thread pool, no CUDA context), so forking it is safe; a GPU child creates its own CUDA
 context.
 
+The SuperNode hands a task out only to a caller holding the secret ``deploy supernode`` makes at its start
+(``--superexec-auth-secret-file``, :mod:`hospitrust.supervision.runtime_secret`): this process signs its asks with it,
+so another account on the machine cannot take the hospital's messages from the SuperNode's local port.
+
 It prints one JSON line per child on stdout (``started``, ``exited`` with exit code or signal
 and seconds), which ``hospitrust deploy supernode``'s watchdog reads.
 
@@ -474,16 +478,20 @@ def _child(runtime_api_address: str, token: str, fault: str, gate_config=None,
 
                 rc.install_from_fab = install_then_confine  # type: ignore[assignment]
 
+        # Flower's runner watches its parent with os.kill(pid, 0), which fails (EPERM) once this process is another
+        # user's (--clientapp-user): it would read that as its parent gone and stop the task (issue 61, finding 2).
+        # The parent-death signal (die_with_parent, set again after the switch) ends it with its keeper instead.
+        parent = None if user is not None else os.getppid()
         profile_dir = os.environ.get(PROFILE_ENV, "")
         if profile_dir:  # diagnostics: where a ClientApp's time goes, one .prof file per task
             import cProfile
 
             cProfile.runctx("run_clientapp(runtime_api_address=runtime_api_address, token=token, insecure=True, "
-                            "certificates=None, parent_pid=os.getppid())", globals(), locals(),
+                            "certificates=None, parent_pid=parent)", globals(), locals(),
                             os.path.join(profile_dir, f"clientapp-{os.getpid()}.prof"))
         else:
             run_clientapp(runtime_api_address=runtime_api_address, token=token, insecure=True, certificates=None,
-                          parent_pid=os.getppid())
+                          parent_pid=parent)
     except SystemExit as exc:  # Flower's exit path
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - report it, then leave without running the parent's handlers
@@ -556,10 +564,11 @@ def _memory_warning(limits) -> None:
 
 
 def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int | None = None,
-        gate: StdinGate | None = None, clientapp_user: str = "") -> None:
+        gate: StdinGate | None = None, clientapp_user: str = "", secret_file: str | None = None) -> None:
     """Ask the SuperNode for ClientApp tasks and fork one child per task, until stopped (with
     ``gate``: when the supervisor signals a received message, see :class:`StdinGate`; with ``clientapp_user``: the
-    ClientApps run as that user).
+    ClientApps run as that user; ``secret_file``: the SuperNode's ``--superexec-auth-secret-file``, without which it
+    hands out no task).
     """
     from hospitrust.errors import DeployError
     from hospitrust.ops.deploy.gate import GateConfig
@@ -567,6 +576,10 @@ def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int
     gate_config = GateConfig.from_env()
     try:
         user = check_start(gate_config, clientapp_user)
+        if user is not None and secret_file:  # the ClientApp's user must not take its neighbours' messages either
+            from hospitrust.supervision import confine
+
+            confine.check_private([Path(secret_file)], user)
     except DeployError as exc:
         print(f"hospitrust launcher: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -587,9 +600,13 @@ def run(runtime_api_address: str, *, poll: float = POLL_SECONDS, parent_pid: int
 
     if parent_pid is not None:
         start_parent_process_monitor(parent_pid)
+    interceptors: list = [RuntimeVersionHttpInterceptor(component_name="SuperExec")]
+    if secret_file:  # the SuperNode hands tasks out only to the holder of this secret (runtime_secret)
+        from hospitrust.supervision import runtime_secret
+
+        interceptors.append(runtime_secret.interceptor(secret_file))
     client = RuntimeHttpClient.from_server_address(
-        server_address=runtime_api_address, insecure=True, root_certificates=None,
-        interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
+        server_address=runtime_api_address, insecure=True, root_certificates=None, interceptors=interceptors,
         retry_invoker=make_simple_http_retry_invoker(),
     )
     emit("ready", preload_seconds=round(seconds, 3), runtime_api=runtime_api_address, pid=os.getpid(),
@@ -687,9 +704,12 @@ def main(argv: list[str] | None = None) -> int:
                         default=os.environ.get("HOSPITRUST_CLIENTAPP_USER", ""),
                         help="run each ClientApp as this user once the gate accepted its bundle (default "
                              "$HOSPITRUST_CLIENTAPP_USER; needs CAP_SETUID, CAP_SETGID and CAP_KILL)")
+    parser.add_argument("--superexec-auth-secret-file", metavar="FILE",
+                        help="the secret the SuperNode asks of whoever acquires a task (its own option of that name)")
     args = parser.parse_args(argv)
     run(args.runtime_api_address, poll=args.poll, parent_pid=args.parent_pid,
-        gate=StdinGate() if args.gate_stdin else None, clientapp_user=args.clientapp_user)
+        gate=StdinGate() if args.gate_stdin else None, clientapp_user=args.clientapp_user,
+        secret_file=args.superexec_auth_secret_file)
     return 0
 
 

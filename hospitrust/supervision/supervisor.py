@@ -335,7 +335,8 @@ class Supervisor:
     out : Callable[[str], None]
         Where log lines go (the hospital's log: stdout by default, see :func:`console_and_file`).
     launcher_cmd : Sequence[str], optional
-        The launcher's command (default: ``hospitrust.supervision.launcher`` on ``runtime_api_address``).
+        The launcher's command (default: ``hospitrust.supervision.launcher`` on ``runtime_api_address``, with the
+        SuperNode's ``--superexec-auth-secret-file`` where it has one).
     """
 
     def __init__(self, supernode_cmd: Sequence[str], runtime_api_address: str, *, message_timeout: float,
@@ -349,6 +350,9 @@ class Supervisor:
         self.launcher_cmd = list(launcher_cmd) if launcher_cmd is not None else [
             sys.executable, "-m", "hospitrust.supervision.launcher", "--runtime-api-address", runtime_api_address,
             "--parent-pid", str(os.getpid()), "--gate-stdin"]
+        secret = _flag(self.supernode_cmd, "--superexec-auth-secret-file")
+        if secret and launcher_cmd is None:  # the SuperNode hands tasks out only with its secret: the launcher holds it
+            self.launcher_cmd += ["--superexec-auth-secret-file", secret]
         self.supernode: subprocess.Popen | None = None
         self.launcher: subprocess.Popen | None = None
         self.exited: list[tuple[float, int, str]] = []  # (when, task id, how) ClientApps that exited, any exit code

@@ -265,6 +265,40 @@ def _read_head(log: Path, key: bytes) -> tuple[int, str] | None:
     return entries, last
 
 
+def current_head(log: Path, key: Path | None = None) -> tuple[int, str]:
+    """(entries, last mac) the head records now ((0, GENESIS) before the first entry); raises a DeployError when it
+    cannot be read or does not verify. What a reply carries to the federation (:data:`ANCHOR_RECORD`).
+    """
+    head = _read_head(Path(log), read_key(key_path(Path(log), key)))
+    return head if head is not None else (0, GENESIS)
+
+
+#: The record a train reply carries (added by the hospital's gate, not the app): the audit log's head at the time of
+#: the message, so that the federation's records of a run can show a later rollback of the log (:func:`against`).
+ANCHOR_RECORD = "audit-head"
+
+
+def against(entries: list[dict], anchors: list[dict]) -> list[str]:
+    """What does not fit between a log's (verified) entries and the heads the federation recorded for its hospital
+    (``anchors``: ``{"run", "round", "entries", "mac"}`` each): one line per anchor the log does not hold, [] when
+    every one is there. A log rolled back to an older copy misses the later anchors' entries; one rolled back and
+    written on has other MACs at their places.
+    """
+    problems = []
+    for anchor in sorted(anchors, key=lambda a: (int(a["entries"]), str(a.get("run")), int(a.get("round") or 0))):
+        n, mac = int(anchor["entries"]), str(anchor["mac"])
+        where = f"run {anchor.get('run')} round {anchor.get('round')}"
+        if n == 0:
+            continue
+        if len(entries) < n:
+            problems.append(f"entry {n}: missing: the federation saw {n} entries at {where}, the log has "
+                            f"{len(entries)} (the log was rolled back or cut)")
+        elif not hmac.compare_digest(str(entries[n - 1]["mac"]), mac):
+            problems.append(f"entry {n}: is not the entry the federation saw at {where} (the log was replaced, or "
+                            f"rolled back and written on)")
+    return problems
+
+
 def _write_head(log: Path, key: bytes, entries: int, last: str) -> None:
     """Replace the head atomically: a reader sees the old head or the new one, never a torn one."""
     path = head_path(log)

@@ -396,6 +396,12 @@ def install(config: GateConfig, decision_fd: int | None = None, claim_fd: int | 
         refund = None
         if reason is None and target is not None:  # the last check: a message counted is one that runs
             reason, refund = charge_round(config, seen)
+        if reason is None and target is not None and config.audit_log is not None and seen.get("secagg") is None and \
+                trains(seen.get("message_type", ""), seen.get("msg_config", {})):  # SecAgg+'s stages: left as Flower makes them
+            try:  # read now, as the service user (the ClientApp's user cannot): the reply carries it (push_message)
+                seen["audit_head"] = audit.current_head(config.audit_log, config.audit_key)
+            except DeployError:
+                pass  # a head that does not verify: the launcher's entry for this message says so; nothing to anchor
         if reason is None and target is not None and accepted is not None:
             try:
                 accepted(target)
@@ -429,6 +435,11 @@ def install(config: GateConfig, decision_fd: int | None = None, claim_fd: int | 
 
     def push_message(client, message, context):
         _report(fds, "claim", audit.describe_reply(message))  # after the bundle's code ran: its claim
+        head = seen.get("audit_head")
+        if head is not None and message.has_content():  # the gate's, not the app's: the log's head at this message
+            from flwr.app import ConfigRecord
+
+            message.content[audit.ANCHOR_RECORD] = ConfigRecord({"entries": int(head[0]), "mac": str(head[1])})
         return push(client, message, context)
 
     rc.pull_task_input, rc.push_message = pull_task_input, push_message

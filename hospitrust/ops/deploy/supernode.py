@@ -31,9 +31,10 @@ def node_config_string(values: dict[str, object]) -> str:
 
 def supernode_command(*, superlink: str, ca: Path, key: Path, node_config: dict[str, object], port: int = 9094,
                       host: str = "127.0.0.1", max_retries: int | None = None, max_wait_time: float | None = None,
-                      isolation: str = "subprocess") -> list[str]:
+                      isolation: str = "subprocess", superexec_secret: Path | None = None) -> list[str]:
     """The ``flower-supernode`` command; ``isolation = "process"``: ClientApps are launched by
-    hospitrust's warm launcher (``hospitrust.supervision.launcher``), not Flower's SuperExec.
+    hospitrust's warm launcher (``hospitrust.supervision.launcher``), not Flower's SuperExec; ``superexec_secret``:
+    the file whose secret the SuperNode asks of whoever acquires a task (``hospitrust.supervision.runtime_secret``).
     """
     cmd = [
         "flower-supernode",
@@ -50,4 +51,6 @@ def supernode_command(*, superlink: str, ca: Path, key: Path, node_config: dict[
         cmd += ["--max-wait-time", f"{max_wait_time:g}"]
     if isolation != "subprocess":
         cmd += ["--isolation", isolation]
+    if superexec_secret is not None:
+        cmd += ["--superexec-auth-secret-file", str(superexec_secret)]
     return cmd
