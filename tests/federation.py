@@ -62,13 +62,14 @@ class Federation:
         self.restarted: list[str] = []  # "name (why)" for every SuperNode restarted between runs
         self.node_ids: dict[str, str] = {}  # hospital -> its SuperNode's node id (fixed by its registered key)
 
-    def start(self, name: str, cmd: list[str], home: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    def start(self, name: str, cmd: list[str], home: Path, env: dict[str, str] | None = None,
+              cwd: Path | None = None) -> subprocess.Popen:
         home.mkdir(parents=True, exist_ok=True)
         self.commands[name] = (cmd, home)
         log = self.work / f"{name}.log"
         if log.exists():  # a restart: keep the earlier process's log beside the new one
             log.rename(self.work / f"{name}.{sum(1 for r in self.restarted if r.startswith(name + ' '))}.log")
-        proc = flwr.start(name, cmd, env=flwr_env(home, env), cwd=self.work, log_file=log)  # stopped with its children
+        proc = flwr.start(name, cmd, env=flwr_env(home, env), cwd=cwd or self.work, log_file=log)  # stopped with its children
         self.procs[name], self.logs[name] = proc, log
         return proc.popen
 

@@ -31,6 +31,7 @@ import re
 import shutil
 import signal
 import stat
+import threading
 import sys
 import tempfile
 import time
@@ -419,6 +420,38 @@ def test_a_service_user_with_capabilities_cannot_come_back_after_the_switch():
 
     assert _in_child(plain_setuid) == {"back to": service}
     assert _in_child(launcher_switch) == {str(service): "denied", "0": "denied", "uid": nobody.uid, "caps": 0}
+
+    def with_a_thread_beside() -> dict:
+        # capabilities are per thread: a thread started before the switch (Flower's heartbeat is one) kept the
+        # service's three through a plain switch, and glibc aborted the next setuid, which failed in one thread and
+        # succeeded in the other (found running the shipped unit's User= and AmbientCapabilities= in the federation)
+        _service_user_with_caps(service)
+        import ctypes
+
+        # the keep-capabilities flag, which the helper set to switch users, is cleared by the execve that starts the
+        # launcher (systemd's too); a thread inherits its creator's, and a thread that kept it would keep its
+        # permitted set through the switch (drop_to then refuses: its per-thread check)
+        assert ctypes.CDLL(None, use_errno=True).prctl(8, 0, 0, 0, 0) == 0  # PR_SET_KEEPCAPS 0
+        stop = threading.Event()
+        beside = threading.Thread(target=stop.wait, daemon=True)
+        beside.start()
+        confine.drop_to(nobody)
+        threads = confine.thread_credentials()
+        stop.set()
+        return {"threads": len(threads), "every thread": sorted({(c["uid"], c["CapEff"], c["CapPrm"], c["CapAmb"])
+                                                                 for c in threads.values()})}
+
+    assert _in_child(with_a_thread_beside) == {"threads": 2, "every thread": [[nobody.uid, 0, 0, 0]]}
+
+    def with_a_thread_keeping_caps() -> dict:  # the flag left on: that thread's permitted set survives, and is found
+        _service_user_with_caps(service)
+        beside = threading.Thread(target=threading.Event().wait, daemon=True)
+        beside.start()
+        confine.drop_to(nobody)
+        return {}
+
+    error = _in_child(with_a_thread_keeping_caps)["error"]
+    assert "kept part of the old identity after switching to nobody" in error and "'CapPrm': 224" in error, error
 
     def without_caps() -> dict:
         os.setgroups([])

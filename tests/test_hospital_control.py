@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shlex
 import shutil
 import signal
 import stat
@@ -23,7 +25,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from federation import REPO, run_config, supernode_cli, task_keys
+from federation import REPO, free_port, run_config, supernode_cli, task_keys
+from test_service_files import _exec_start, _rewrite
 from hospitrust.ops import deploy
 from hospitrust.ops.deploy import approval, audit, gate
 from hospitrust.supervision import confine
@@ -49,10 +52,8 @@ _m.close()
 
 def _gate_files(fed) -> list[Path]:
     """What the ClientApp must not write: the approvals, the policy, the signers' key, the audit log, its key, its head."""
-    gate = fed.work / "gate"
-    log = gate / "audit.jsonl"
-    return [gate / "approved-apps.toml", gate / "policy.toml", *sorted(gate.glob("*.pub")), log, audit.key_path(log),
-            audit.head_path(log)]
+    log = fed.gate["audit"]
+    return [fed.gate["store"].path, fed.gate["policy"], fed.gate["signers"], log, audit.key_path(log), audit.head_path(log)]
 
 
 def _variant(fed, tag: str) -> Path:
@@ -86,46 +87,99 @@ def _restore(changed: list[tuple[Path, int]]) -> None:
         os.chmod(folder, mode)
 
 
+# Becomes the unit's User= with its AmbientCapabilities= and NoNewPrivileges=, then runs the unit's ExecStart: argv is
+# UID GID COMMAND... (run as root; Python's modules come from a venv the service user can read)
+AS_SERVICE = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+uid, gid = int(sys.argv[1]), int(sys.argv[2])
+assert libc.prctl(8, 1, 0, 0, 0) == 0  # PR_SET_KEEPCAPS: the capabilities survive the switch
+os.setgroups([]); os.setresgid(gid, gid, gid); os.setresuid(uid, uid, uid)
+caps = (1 << 5) | (1 << 6) | (1 << 7)  # CAP_KILL, CAP_SETGID, CAP_SETUID: the unit's AmbientCapabilities=
+class Header(ctypes.Structure): _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+class Data(ctypes.Structure): _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+data = (Data * 2)(); data[0].effective = data[0].permitted = data[0].inheritable = caps
+assert libc.capset(ctypes.byref(Header(0x20080522, 0)), data) == 0
+for cap in (5, 6, 7):
+    assert libc.prctl(47, 2, cap, 0, 0) == 0  # PR_CAP_AMBIENT_RAISE: kept across execve, as systemd does
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # NoNewPrivileges=true
+os.execv(sys.argv[3], sys.argv[3:])
+"""
+
+
+def _give(owner: pwd.struct_passwd, *paths: Path, mode: int | None = None) -> None:
+    for path in paths:
+        os.chown(path, owner.pw_uid, owner.pw_gid)
+        if mode is not None:
+            os.chmod(path, mode)
+
+
 @pytest.fixture(scope="module")
 def guarded(federation):
-    """hospital-2 restarted with its gate, its ClientApps confined to ``nobody`` (``--clientapp-user``, Flower's own
-    ClientApp runner); restored to the plain SuperNode afterwards."""
+    """hospital-2 restarted by the shipped unit's ExecStart (tests/test_service_files.py's rewrite: its paths under a
+    folder of its own), run as the unit's service user with the unit's three capabilities, plus the trusted signer the
+    tests use: its gate, and its ClientApps confined to ``nobody`` (the unit's ``--clientapp-user``, Flower's own
+    ClientApp runner). Restored to the plain SuperNode afterwards.
+    """
     fed = federation
     if os.geteuid() != 0:
-        pytest.fail("the confined ClientApp needs root to switch to nobody (the suite runs as root here and in CI)",
-                    pytrace=False)
-    user = confine.AppUser.parse("nobody")
-    gate = fed.work / "gate"
-    gate.mkdir(exist_ok=True)
-    store = approval.Approvals(gate / "approved-apps.toml")
-    store.approve(approval.build_fab(fed.app), by="security-officer", comment="the consortium's release")
-    key, pub, key_id = approval.create_signing_key(gate, "release")
-    (gate / "policy.toml").write_text("max-local-epochs = 2\nallow-attacks = false\n")
-    for path in (gate / "policy.toml", pub):  # the launcher refuses a gate file the ClientApp's user could read
-        os.chmod(path, 0o600)
-    # what the ClientApp's user reaches lives outside pytest's folders (pytest makes its root 0700 again at the start of
-    # any session, a nested one too): this hospital's images, its FLWR_HOME (the installed bundles), and what the
-    # unit's ExecStartPre makes for that user: its own cache, ledger and (here) the bundle's mark
-    world = Path(tempfile.mkdtemp(prefix="hospitrust-confined-"))
+        pytest.fail("the unit's service user and the confined ClientApp need root to set up (the suite runs as root "
+                    "here and in CI)", pytrace=False)
+    service, user = pwd.getpwnam("daemon"), confine.AppUser.parse("nobody")  # the unit's User= and hospitrust-app
+    # what the service user and the ClientApp's user reach lives outside pytest's folders (pytest makes its root 0700
+    # again at the start of any session, a nested one too)
+    world = Path(tempfile.mkdtemp(prefix="hospitrust-unit-"))
     os.chmod(world, 0o755)
-    data, flwr_home, app_home = world / "data", world / f"sn-{NAME}", world / "app-home"
+    etc, lib, cache, logs = (world / name for name in ("etc-hospitrust", "var-lib-hospitrust", "var-cache-hospitrust",
+                                                        "var-log-hospitrust"))
+    etc.mkdir(mode=0o755)  # /etc/hospitrust: root's; the files the service reads in it are given to it
+    for folder, mode in ((lib, 0o755), (cache, 0o755), (logs, 0o700)):  # the unit's *Directory= modes
+        folder.mkdir()
+        _give(service, folder, mode=mode)
+    data = world / "data"
     shutil.copytree(fed.export[NAME], data)
     subprocess.run(["chmod", "-R", "o+rX", str(data)], check=True)
-    for folder in (app_home, app_home / "cache", app_home / "marks"):
-        folder.mkdir(mode=0o700, exist_ok=True)
+    shutil.copy(fed.certs / "ca.crt", etc / "ca.crt")
+    shutil.copy(fed.keys / f"{NAME}.key", etc / f"{NAME}.key")
+    shutil.copy(fed.export["task"], etc / "task.toml")
+    os.chmod(etc / "ca.crt", 0o644)
+    os.chmod(etc / "task.toml", 0o644)
+    gate = fed.work / "gate"  # the consortium's signing key stays with the test (the operator's side)
+    gate.mkdir(exist_ok=True)
+    key, pub, key_id = approval.create_signing_key(gate, "release")
+    shutil.copy(pub, etc / "release.pub")
+    (etc / "policy.toml").write_text(POLICY)
+    _give(service, etc / f"{NAME}.key", etc / "release.pub", etc / "policy.toml", mode=0o600)
+    store = approval.Approvals(lib / "approved-apps.toml")
+    store.approve(approval.build_fab(fed.app), by="security-officer", comment="the consortium's release")
+    subprocess.run(["chown", "-R", f"{service.pw_uid}:{service.pw_gid}", str(store.path), str(store.bundles)], check=True)
+    # the unit's ExecStartPre: the ClientApp's own folders, for hospitrust-app (here nobody)
+    app_home, app_cache = lib / "app", cache / "app"
+    for folder in (app_home, app_cache):
+        folder.mkdir(mode=0o700)
         os.chown(folder, user.uid, user.gid)
     changed = _traversable([sys.prefix, sys.base_prefix, REPO], user)
-    extra = ["--approved-apps", str(store.path), "--trusted-signers", str(pub), "--policy", str(gate / "policy.toml"),
-             "--audit-log", str(gate / "audit.jsonl"), "--clientapp-user", user.label,
-             "--cache-dir", str(app_home / "cache")]  # after supernode_cli's own --cache-dir: this one counts
+    line, unit_env = _exec_start("hospitrust-supernode.service")
+    for name, value in {"SUPERLINK": fed.address, "HOSPITAL": NAME, "DATA_PATH": str(data),
+                        "TASK": str(etc / "task.toml")}.items():
+        line = line.replace("${" + name + "}", value)
+    cmd = shlex.split(_rewrite(line, world))
+    cmd[cmd.index("--port") + 1] = str(free_port())  # one machine, three hospitals
+    cmd += ["--trusted-signers", str(etc / "release.pub")]  # the unit's header: add it where the consortium signs
+    env = {k: _rewrite(v, world) for k, v in unit_env.items()}
+    Path(env["FLWR_HOME"]).mkdir(mode=0o700)
+    _give(service, Path(env["FLWR_HOME"]))
+    env.update({"XDG_STATE_HOME": f"{env['HOME']}/.local/state",  # the unit's HOME's, not the suite's own
+                MARKS_ENV: str(app_home)})
     fed.kill(NAME, signal.SIGTERM)
-    fed.restarted.append(f"{NAME} (with its gate)")
-    fed.start(NAME, supernode_cli(fed, NAME, data, *extra), flwr_home,
-              env={MARKS_ENV: str(app_home / "marks"), "HOSPITRUST_PRIVACY_LEDGER": str(app_home / "ledger.json")})
+    fed.restarted.append(f"{NAME} (the unit's ExecStart)")
+    fed.start(NAME, [sys.executable, "-c", AS_SERVICE, str(service.pw_uid), str(service.pw_gid), *cmd],
+              Path(env["FLWR_HOME"]), env=env, cwd=world)
     fed.wait_connected(NAME)
     fed.wait_online(list(fed.node_ids))
-    fed.gate = {"store": store, "key": key, "key_id": key_id, "audit": gate / "audit.jsonl", "user": user,
-                "home": app_home, "flwr_home": flwr_home, "data": data}
+    fed.gate = {"store": store, "key": key, "key_id": key_id, "audit": logs / "audit.log", "user": user,
+                "service": service, "marks": app_home, "cache": app_cache / "images", "flwr_home": Path(env["FLWR_HOME"]),
+                "data": data, "policy": etc / "policy.toml", "signers": etc / "release.pub", "command": cmd}
     try:
         yield fed
     finally:
@@ -135,6 +189,13 @@ def guarded(federation):
         fed.restarted.append(f"{NAME} (without its gate)")
         fed.start(NAME, supernode_cli(fed, NAME, fed.export[NAME]), fed.work / f"sn-{NAME}")
         fed.wait_connected(NAME)
+
+
+def _approve(fed, content: bytes) -> None:
+    """The security officer approves a bundle (as root here): the files stay the service user's."""
+    fed.gate["store"].approve(content, by="security-officer")
+    subprocess.run(["chown", "-R", f"{fed.gate['service'].pw_uid}:{fed.gate['service'].pw_gid}",
+                    str(fed.gate["store"].path), str(fed.gate["store"].bundles)], check=True)
 
 
 def _run(fed, name: str, app: Path, extra: str = "", keys: bool = True) -> tuple[dict, list[dict]]:
@@ -220,7 +281,7 @@ def _trained(rounds: list[dict]) -> set[str]:
 
 def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refused_by_policy(guarded):
     fed = guarded
-    marks = {"st-mary": fed.work / "sn-st-mary" / MARK, NAME: fed.gate["home"] / "marks" / MARK}
+    marks = {"st-mary": fed.work / "sn-st-mary" / MARK, NAME: fed.gate["marks"] / MARK}
     for m in marks.values():
         m.unlink(missing_ok=True)
 
@@ -244,7 +305,7 @@ def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refu
     review = subprocess.run([sys.executable, "-m", "hospitrust.cli.main", "app", "review", str(pending), "--approvals",
                              str(fed.gate["store"].path)], capture_output=True, text=True, timeout=60)
     assert review.returncode == 0 and "+import os as _os" in review.stdout, review.stdout + review.stderr
-    fed.gate["store"].approve(pending.read_bytes(), by="security-officer")
+    _approve(fed, pending.read_bytes())
     # meanwhile another account of the hospitals' machine asks each SuperNode's local Runtime API for the messages
     # (issue 61, finding 1: it used to get them, with the token to answer them without the gate)
     apis = _runtime_apis(fed)
@@ -268,14 +329,15 @@ def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refu
     assert marks[NAME].exists() and marks[NAME].stat().st_uid == fed.gate["user"].uid
     seen = marks[NAME].read_text()
     environment = [line for line in seen.splitlines() if not line.startswith(("writable ", "denied ", "missing "))]
-    assert not any(str(fed.work / "gate") in line or line.split("=")[0] in gate.PRIVATE_ENV for line in environment), seen
+    assert not any(any(str(p) in line for p in _gate_files(fed)) or line.split("=")[0] in gate.PRIVATE_ENV
+                   for line in environment), seen
     probes = {line.split(" ", 1)[1]: line.split(" ", 1)[0] for line in seen.splitlines()
               if line.startswith(("writable ", "denied ", "missing "))}
     assert probes and set(probes) == {str(p) for p in _gate_files(fed)}, seen
     assert set(probes.values()) == {"denied"}, probes
     control = {line.split(" ", 1)[1] for line in marks["st-mary"].read_text().splitlines() if line.startswith("writable ")}
     assert control == set(probes), marks["st-mary"].read_text()
-    cache = fed.gate["home"] / "cache"
+    cache = fed.gate["cache"]
     assert any(cache.rglob("*")) and all(p.stat().st_uid == fed.gate["user"].uid for p in cache.rglob("*"))
 
     # (c) a bundle nobody approved, signed by the trusted key, runs: hospital-2 answers its query (the bundle's
@@ -352,7 +414,7 @@ def test_the_image_limit_is_checked_against_the_images_the_hospital_trains_on(gu
     count by train-subsample, which its own data ignores) and it trained on every image. Now the gate counts what the
     ClientApp will use: local epochs x its data check's images, whatever train-subsample says."""
     fed = guarded
-    policy = fed.work / "gate" / "policy.toml"
+    policy = fed.gate["policy"]
     images = sum(1 for p in Path(fed.export[NAME]).rglob("*") if p.is_file() and p.suffix.lower() == ".dcm")
     assert images * 2 * 0.02 < 50 < images * 2  # the old rule accepted this run, the new one refuses it
     policy.write_text(POLICY + "max-images-per-round = 50\n")
@@ -389,8 +451,8 @@ def test_a_message_without_a_task_is_refused_where_the_policy_names_tasks(guarde
     sent = 'RecordDict({"config": ConfigRecord({TASK_KEY: task.to_json()})}) if task is not None else RecordDict()'
     assert sent in discovery.read_text()
     discovery.write_text(discovery.read_text().replace(sent, "RecordDict()"))
-    fed.gate["store"].approve(approval.build_fab(variant), by="security-officer")  # approved: the policy must hold
-    policy = fed.work / "gate" / "policy.toml"
+    _approve(fed, approval.build_fab(variant))  # approved: the policy must hold
+    policy = fed.gate["policy"]
     policy.write_text(POLICY + 'tasks = ["pneumoniamnist-export", "pneumoniamnist"]\n')
     try:
         config, rounds = _run(fed, "gate-no-task", variant, 'task.file="tasks/chest-xray.toml"', keys=False)

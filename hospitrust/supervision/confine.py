@@ -36,6 +36,7 @@ from hospitrust.errors import DeployError
 CLIENTAPP_USER_ENV = "HOSPITRUST_CLIENTAPP_USER"  # the launcher's --clientapp-user, set by deploy supernode
 CAP_KILL, CAP_SETGID, CAP_SETUID = 5, 6, 7
 _PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 1, 38, 47, 4
+_PR_SET_KEEPCAPS = 8
 _CAPABILITY_VERSION_3 = 0x20080522
 
 
@@ -187,9 +188,32 @@ def clear_capabilities() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
 
 
+def thread_credentials() -> dict[int, dict[str, int]]:
+    """Every thread of this process: its effective uid and gid and its capability sets (CapEff, CapPrm, CapInh,
+    CapAmb as bit masks), by thread id. Credentials are per thread on Linux.
+    """
+    out: dict[int, dict[str, int]] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines() if ":" in line)
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[int(task.name)] = {"uid": int(fields["Uid"].split()[1]), "gid": int(fields["Gid"].split()[1]),
+                               **{k: int(fields[k].split()[0], 16) for k in ("CapEff", "CapPrm", "CapInh", "CapAmb")}}
+    return out
+
+
 def drop_to(user: AppUser) -> None:
     """Become ``user`` for good (see the module's docstring); raises when anything of the old identity is left."""
     service_uid, parent = os.geteuid(), os.getppid()
+    if service_uid != 0:
+        # Capabilities are per thread, and other threads run beside this one (Flower's task heartbeat). glibc applies
+        # a uid or gid change to every thread, capset only to its caller, and a uid change clears capabilities only
+        # on the way from uid 0 (capabilities(7)): a service user's capabilities would survive the switch in the
+        # other threads (found with the shipped unit's User= and AmbientCapabilities=). Pass through uid 0 (CAP_SETUID
+        # allows it; it grants no capability the service lacks) so that the switch below clears every thread's.
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_KEEPCAPS, 0, 0, 0, 0)
+        os.setresuid(0, 0, 0)
     if user.name:
         os.initgroups(user.name, user.gid)
     else:
@@ -202,6 +226,9 @@ def drop_to(user: AppUser) -> None:
     left = {which: capabilities(which) for which in ("CapEff", "CapPrm", "CapInh", "CapAmb")}
     if any(left.values()):
         raise OSError(f"capabilities left after switching to {user.label}: {left}")
+    for tid, creds in thread_credentials().items():  # every thread, not only this one
+        if (creds["uid"], creds["gid"]) != (user.uid, user.gid) or any(creds[k] for k in ("CapEff", "CapPrm", "CapAmb")):
+            raise OSError(f"thread {tid} kept part of the old identity after switching to {user.label}: {creds}")
     for uid in {0, service_uid} - {user.uid}:
         try:
             os.setuid(uid)
