@@ -461,3 +461,41 @@ def test_a_message_without_a_task_is_refused_where_the_policy_names_tasks(guarde
     refused = {f["hospital"]: f["reason"] for f in config["failed-hospitals"]}
     assert refused.get(NAME, "").startswith("refused by site policy: tasks: the message names no task"), config["failed-hospitals"]
     assert NAME not in _trained(rounds)
+
+
+def test_three_train_messages_in_one_round_are_counted_as_one_round(guarded):
+    """Finding 4: an operator's ServerApp that sends each hospital three train messages in one round got three
+    accepted (3 x 79 images under a 100-image policy). Now the launcher counts the round's images across messages:
+    the first is accepted, the second and third refused, whatever the ServerApp does."""
+    fed = guarded
+    variant = _variant(fed, "three-trains")
+    base = variant / "hospitrust" / "strategies" / "base.py"
+    one = ('''            Message(content, dst_node_id=nid, message_type=MessageType.TRAIN)
+            for nid in self.sample_hospitals(grid, excluded)''')
+    assert one in base.read_text()
+    base.write_text(base.read_text().replace(one, '''            Message(RecordDict({"arrays": arrays, "config": ConfigRecord({**cfg, "copy": copy})}), dst_node_id=nid,
+                    message_type=MessageType.TRAIN)
+            for nid in self.sample_hospitals(grid, excluded) for copy in range(3)'''))
+    _approve(fed, approval.build_fab(variant))  # the operator's change is approved: the site limit must still hold
+    images = sum(1 for p in Path(fed.gate["data"]).rglob("*") if p.is_file() and p.suffix.lower() == ".dcm")
+    limit = images + images // 2  # one message's images fit, two do not
+    fed.gate["policy"].write_text(POLICY + f"max-images-per-round = {limit}\n")
+    try:
+        config = run_config(fed, "gate-three-trains", f"{task_keys(fed)} local-epochs=1", rounds=1)
+        run_id = fed.submit(config.replace("local-epochs=2 ", "", 1), app=variant)
+        fed.wait(run_id)  # its status does not matter here: what hospital-2 ran does
+    finally:
+        fed.gate["policy"].write_text(POLICY)
+
+    def trains():  # the launcher writes an entry when the child has exited, just after the reply
+        return [e for e in map(json.loads, fed.gate["audit"].read_text().splitlines())
+                if e.get("run") == run_id and e.get("message") == "train"]
+
+    deadline = time.monotonic() + 30
+    while len(entries := trains()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert [(e["round"], e["decision"]) for e in entries] == [(1, "accepted"), (1, "refused"), (1, "refused")], entries
+    assert entries[0]["images_this_round"] == images
+    refused = (f"refused by site policy: max-images-per-round: round 1 of run {run_id} has trained {images} images "
+               f"here already; this message's {images} would make {2 * images} > {limit}")
+    assert entries[1]["reason"] == entries[2]["reason"] == refused, entries
