@@ -22,7 +22,9 @@ waiting on process starts and Flower's polling, so two pages share two cores wel
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -77,6 +79,7 @@ os.environ["HOSPITRUST_DATA_DIR"] = str(DATA_DIR)  # what the product (and every
 # the audit log's state files (hospitrust.ops.deploy.audit) go to a folder of this session, not the user's
 # ~/.local/state, for the tests and every launcher they start; a worker's own folder keeps workers apart
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="hospitrust-test-state-")
+atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], True)  # this process made it: gone with it
 
 
 @pytest.hookimpl(tryfirst=True)

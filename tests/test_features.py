@@ -29,11 +29,13 @@ def test_the_registry_finds_every_built_in_feature():
 
 
 def test_a_run_has_only_the_features_its_config_turns_on():
-    assert [f.name for f in run_features(_facts())] == ["detection"]
-    assert [f.name for f in run_features(_facts(**{"contribution-scoring.enabled": True}))] == ["detection", "contribution"]
+    # audit-anchors records the audit heads hospitals' gates add to their replies: every run has it (a no-op without)
+    always = ["audit-anchors", "detection"]
+    assert [f.name for f in run_features(_facts())] == always
+    assert [f.name for f in run_features(_facts(**{"contribution-scoring.enabled": True}))] == [*always, "contribution"]
     on_push_grid = _facts()
     on_push_grid.grid_takes_pushes = True
-    assert [f.name for f in run_features(on_push_grid)] == ["detection", "overlapping-rounds"]
+    assert [f.name for f in run_features(on_push_grid)] == [*always, "overlapping-rounds"]
 
 
 class _Log(RoundFeature):

@@ -576,6 +576,50 @@ def test_the_round_ledger_counts_a_round_is_bounded_and_never_reopens_a_round(tm
         charge(4, 1)
 
 
+def test_max_images_per_run_sums_every_round_of_a_run_however_it_is_numbered(tmp_path, monkeypatch):
+    """The per-round count alone lets a ServerApp that numbers each train message as a new round train without
+    bound; ``max-images-per-run`` sums a run's rounds in the same ledger."""
+    from hospitrust.ops.deploy.gate import charge_round
+    from hospitrust.ops.deploy.policy import Agreed, RoundLedger, refusal
+
+    ledger = RoundLedger(tmp_path / "state" / "gate" / "rounds.json")
+
+    def charge(run, rnd, images=79, limit=None, run_limit=200):
+        return ledger.charge(hospital="h", run_id=run, server_round=rnd, images=images, limit=limit, run_limit=run_limit)
+
+    assert charge(1, 1) == (None, 79) and charge(1, 2) == (None, 79)  # the round's count starts afresh, the run's not
+    assert charge(1, 3) == ("max-images-per-run: run 1 has trained 158 images here already; this message's 79 would "
+                            "make 237 > 200", 0)
+    assert charge(1, 4, 42) == (None, 42)  # what still fits the run
+    assert charge(2, 1) == (None, 79)  # another run has its own
+    assert charge(1, 5, 60, limit=100, run_limit=1000) == (None, 60)
+    assert charge(1, 5, 60, limit=100, run_limit=1000)[0].startswith("max-images-per-round: round 5 of run 1 has "
+                                                                      "trained 60")  # both rules at once
+    ledger.refund(hospital="h", run_id=1, server_round=5, images=60)
+    assert next(e for e in ledger.load() if e["run"] == 1)["run_images"] == 200
+    # a count written before run_images was kept: its latest round's images are all it knows of the run
+    ledger.path.write_text('{"v": 1, "rounds": [{"hospital": "h", "run": 5, "round": 3, "images": 150}]}')
+    assert charge(5, 4)[0] == "max-images-per-run: run 5 has trained 150 images here already; this message's 79 would " \
+                              "make 229 > 200"
+    # through the gate: a policy with the run's rule only
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state-home"))
+    policy = tmp_path / "policy.toml"
+    policy.write_text("max-images-per-run = 100\n")
+    cfg = GateConfig(policy=policy)
+    seen = {"message_type": "train", "msg_config": {"server-round": 1}, "agreed": Agreed(local_epochs=1, images_per_epoch=79),
+            "hospital": "h", "run_id": 42, "round": 1}
+    reason, refund = charge_round(cfg, dict(seen))
+    assert reason is None and refund is not None
+    reason, _ = charge_round(cfg, {**seen, "msg_config": {"server-round": 2}, "round": 2})
+    assert reason == ("refused by site policy: max-images-per-run: run 42 has trained 79 images here already; this "
+                      "message's 79 would make 158 > 100")
+    from hospitrust.ops.deploy.policy import SitePolicy
+
+    only_run = SitePolicy(max_images_per_run=100)
+    assert refusal(only_run, TRAIN, {"local-epochs": 1}, {}, agreed=Agreed(local_epochs=1)) == (
+        "max-images-per-run: this hospital's image count is unknown (start it with its data check)")
+
+
 def test_only_messages_that_train_are_counted_for_the_round():
     from hospitrust.ops.deploy.policy import trains
 

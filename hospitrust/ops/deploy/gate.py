@@ -259,20 +259,22 @@ def charge_round(config: GateConfig, seen: dict[str, Any]) -> tuple[str | None, 
         return None, None
     try:
         policy = load_policy(config.policy)
-        limit = policy.max_images_per_round
-        if limit is None or not trains(seen.get("message_type", ""), seen.get("msg_config", {}), seen.get("secagg")):
+        limit, run_limit = policy.max_images_per_round, policy.max_images_per_run
+        if (limit is None and run_limit is None) or not trains(seen.get("message_type", ""), seen.get("msg_config", {}),
+                                                               seen.get("secagg")):
             return None, None
         agreed = seen.get("agreed")
         images = agreed.images_per_round if isinstance(agreed, Agreed) else None
+        key = "max-images-per-round" if limit is not None else "max-images-per-run"
         if images is None:  # refusal() has refused it already
-            return "refused by site policy: max-images-per-round: the message's images are unknown", None
+            return f"refused by site policy: {key}: the message's images are unknown", None
         server_round = seen.get("round")
         if server_round is None:
-            return ("refused by site policy: max-images-per-round: the message's server-round is not a number, so its "
+            return (f"refused by site policy: {key}: the message's server-round is not a number, so its "
                     "images cannot be counted with its round's"), None
         ledger = RoundLedger(cast(Path, config.round_ledger))
         who = {"hospital": str(seen.get("hospital", "")), "run_id": int(seen.get("run_id", 0)), "server_round": server_round}
-        why, total = ledger.charge(**who, images=images, limit=limit)
+        why, total = ledger.charge(**who, images=images, limit=limit, run_limit=run_limit)
     except DeployError as exc:
         return f"refused: this hospital's gate configuration is broken ({exc})", None
     if why is not None:

@@ -9,6 +9,7 @@ max-local-epochs = 5
 max-batch-size = 64
 max-images-per-round = 20000   # local epochs x this hospital's images (its data check; train-subsample does not apply),
                                # summed over the train messages of a run's round (RoundLedger)
+max-images-per-run = 200000    # the same, summed over every round of a run
 require-local-dp = true
 max-epsilon = 8.0
 min-hospitals = 3              # SecAgg+ key entries: the server makes that list (see docs/security.md)
@@ -30,8 +31,8 @@ nothing else, so what was checked is what runs.
 0600, updated under a lock and replaced atomically) keeps the images each accepted train message of a run's round
 trains on, and the gate refuses a message that would take the round past the limit (issue 61, finding 4: a ServerApp
 sending three train messages in one round got three accepted). The round is the server's number: a ServerApp that
-numbers each message as a new round gets the limit once per message; only a run's number of rounds bounds that, and
-the policy has no per-run image limit.
+numbers each message as a new round gets the round's limit once per message; ``max-images-per-run`` bounds what a
+run trains here, whatever its rounds are numbered (the same ledger sums a run's rounds).
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ class SitePolicy(Options):
     max_images_per_round: int | None = Field(None, ge=1, description=(
         "The most images a round may train on: local epochs x this hospital's images (its data check's count; "
         "train-subsample does not apply to a hospital's own data), summed over the round's train messages."))
+    max_images_per_run: int | None = Field(None, ge=1, description=(
+        "The most images a run may train on here, summed over all its rounds' train messages (however the server "
+        "numbers its rounds)."))
     require_local_dp: bool = Field(False, description="Train only with local differential privacy (privacy.mode local or both).")
     max_epsilon: float | None = Field(None, gt=0, description="The largest local-DP target epsilon a run may set.")
     min_hospitals: int | None = Field(None, ge=2, description=(
@@ -241,12 +245,14 @@ def refusal(policy: SitePolicy, message_type: str, config: Mapping[str, object],
             return f"max-local-epochs: {epochs} > {policy.max_local_epochs}" if epochs else "max-local-epochs: not stated"
         if policy.max_batch_size is not None and (batch is None or batch > policy.max_batch_size):
             return f"max-batch-size: {batch} > {policy.max_batch_size}" if batch else "max-batch-size: not stated"
-        if policy.max_images_per_round is not None:
+        if policy.max_images_per_round is not None or policy.max_images_per_run is not None:
+            key = "max-images-per-round" if policy.max_images_per_round is not None else "max-images-per-run"
             if agreed.images_per_epoch is None:
-                return "max-images-per-round: this hospital's image count is unknown (start it with its data check)"
+                return f"{key}: this hospital's image count is unknown (start it with its data check)"
             if epochs is None:
-                return "max-images-per-round: the local epochs are not stated"
-            if agreed.images_per_round is not None and agreed.images_per_round > policy.max_images_per_round:
+                return f"{key}: the local epochs are not stated"
+            if policy.max_images_per_round is not None and agreed.images_per_round is not None and \
+                    agreed.images_per_round > policy.max_images_per_round:
                 return (f"max-images-per-round: {epochs} epochs x {agreed.images_per_epoch} images = "
                         f"{agreed.images_per_round} > {policy.max_images_per_round}")
     return None
@@ -342,7 +348,8 @@ class RoundLedger:
     behind ``max-images-per-round`` (each message runs in its own forked ClientApp, so it is a file, not a variable).
 
     One JSON file, the service user's (0600 in a 0700 folder, like the audit log's state): for each (hospital, run)
-    its latest round and the images the accepted train messages of that round train on. It is read and replaced
+    its latest round, the images the accepted train messages of that round train on, and those of all its rounds
+    (``run_images``, behind ``max-images-per-run``; a file written before it was kept counts the latest round's). It is read and replaced
     (written, fsync'd, renamed) under an exclusive lock (``flock`` of ``PATH.lock``), so two messages in flight
     cannot both take the last of a round's images. It does not grow without bound: a run keeps only its latest round
     (a train message of an earlier round than the latest is refused: a round is not opened again), and only the
@@ -403,10 +410,11 @@ class RoundLedger:
             tmp.unlink(missing_ok=True)
             raise DeployError(f"site policy's round count {self.path}: cannot write it ({exc.strerror})") from None
 
-    def charge(self, *, hospital: str, run_id: int, server_round: int, images: int, limit: int) -> tuple[str | None, int]:
-        """Add ``images`` to round ``server_round`` of ``run_id`` unless that takes it past ``limit``: (None, the
-        round's images now), or (the rule it breaks, naming the key, the count so far and the limit; the round's
-        images so far), nothing added.
+    def charge(self, *, hospital: str, run_id: int, server_round: int, images: int, limit: int | None,
+               run_limit: int | None = None) -> tuple[str | None, int]:
+        """Add ``images`` to round ``server_round`` of ``run_id`` unless that takes the round past ``limit`` or the
+        run past ``run_limit`` (None: no such limit): (None, the round's images now), or (the rule it breaks, naming
+        the key, the count so far and the limit; the round's images so far), nothing added.
         """
         with self._locked():
             entries = self.load()
@@ -415,13 +423,17 @@ class RoundLedger:
                 return (f"max-images-per-round: round {server_round} of run {run_id} comes after its round "
                         f"{mine['round']} here; an earlier round's count is not opened again"), 0
             so_far = mine["images"] if mine is not None and mine["round"] == server_round else 0
-            if so_far + images > limit:
+            run_so_far = int(mine.get("run_images", mine["images"])) if mine is not None else 0
+            if limit is not None and so_far + images > limit:
                 return (f"max-images-per-round: round {server_round} of run {run_id} has trained {so_far} images here "
                         f"already; this message's {images} would make {so_far + images} > {limit}"), so_far
+            if run_limit is not None and run_so_far + images > run_limit:
+                return (f"max-images-per-run: run {run_id} has trained {run_so_far} images here already; this "
+                        f"message's {images} would make {run_so_far + images} > {run_limit}"), so_far
             if mine is not None:
                 entries.remove(mine)
             entries.append({"hospital": hospital, "run": run_id, "round": server_round, "images": so_far + images,
-                            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                            "run_images": run_so_far + images, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
             self._save(entries)
             return None, so_far + images
 
@@ -432,5 +444,6 @@ class RoundLedger:
             for entry in entries:
                 if entry["hospital"] == hospital and entry["run"] == run_id and entry["round"] == server_round:
                     entry["images"] = max(0, entry["images"] - images)
+                    entry["run_images"] = max(0, int(entry.get("run_images", images)) - images)
                     self._save(entries)
                     return
