@@ -488,10 +488,10 @@ def test_a_clientapp_that_cannot_be_confined_is_refused_before_its_bundle_runs(t
 # ---- everything a ClientApp starts dies with it (issue 61, finding 3) --------------------------------------------
 
 
-def _detach(record: Path, burn: bool = False) -> tuple[int, int]:
+def _detach(record: Path, burn: bool = False, go: Path | None = None) -> tuple[int, int]:
     """In a ClientApp: start a grandchild that outlives its parent, as the modified bundle of issue 61 did (double fork,
-    ``setsid``, SIGHUP and SIGTERM ignored), sleeping (or burning CPU) for ever; returns its (pid, start time) and
-    appends them to ``record``, with its session's id and the caller's.
+    ``setsid``, SIGHUP and SIGTERM ignored), sleeping (or burning CPU, once ``go`` exists) for ever; returns its (pid,
+    start time) and appends them to ``record``, with its session's id and the caller's.
     """
     session = os.getsid(0)
     r, w = os.pipe()
@@ -509,6 +509,8 @@ def _detach(record: Path, burn: bool = False) -> tuple[int, int]:
                 while True:
                     if not burn:
                         time.sleep(0.5)
+                    elif go is not None and not go.exists():  # all of them started before any burns
+                        time.sleep(0.05)
         finally:
             os._exit(0)
     os.close(w)
@@ -604,11 +606,13 @@ def test_max_cpu_seconds_counts_every_process_the_clientapp_starts(tmp_path, mon
     sums the tree's CPU time and ends all of it past 1 s.
     """
     config, content = _gate(tmp_path, "max-cpu-seconds = 1\nmax-wall-seconds = 60\n")
-    record = tmp_path / "detached.jsonl"
+    record, go = tmp_path / "detached.jsonl", tmp_path / "go"
 
     def behaviour(target):
+        # on a loaded machine two burners passed the 1 s before the third was forked, which then never started
         for _ in range(3):
-            _detach(record, burn=True)
+            _detach(record, burn=True, go=go)
+        go.touch()
         time.sleep(60)
 
     entry, seen, rc, seconds = _launch(monkeypatch, tmp_path, config, content, behaviour, timeout=50)
