@@ -552,3 +552,6 @@ def test_a_rolled_back_log_verifies_alone_and_fails_against_the_heads_the_federa
         res.stdout + res.stderr
     res = _cli(str(path), "--quiet", "--against", str(tmp_path))
     assert res.returncode == 2 and "no rounds.jsonl there" in res.stderr, res.stderr
+    (tmp_path / "broken.jsonl").write_text((run / "rounds.jsonl").read_text() + "{not json\n")
+    res = _cli(str(path), "--quiet", "--against", str(tmp_path / "broken.jsonl"))
+    assert res.returncode == 2 and "line 7 is not a round's record" in res.stderr, res.stderr

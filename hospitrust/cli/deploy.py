@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -626,15 +625,19 @@ def _audit_against(entries: list[dict], run: Path, hospital: str | None) -> int:
     if not rounds.is_file():
         raise DeployError(f"--against {run}: no rounds.jsonl there; expected a run's folder (or its rounds.jsonl) as "
                           f"the operator's ServerApp wrote it")
+    from hospitrust.records import RoundRecord
+
     heads: dict[str, list[dict]] = {}
     for n, line in enumerate(rounds.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
         try:
-            record = json.loads(line) if line.strip() else {}
-        except ValueError:
-            raise DeployError(f"--against {rounds}: line {n} is not JSON") from None
-        for name, head in (record.get("audit_heads") or {}).items():
-            if isinstance(head, dict) and "mac" in head:
-                heads.setdefault(name, []).append({"run": rounds.parent.name, "round": record.get("round"), **head})
+            record = RoundRecord.from_json(line)
+        except (ValueError, TypeError, AttributeError):  # not JSON, or JSON that is no round's line
+            raise DeployError(f"--against {rounds}: line {n} is not a round's record") from None
+        for name, head in (record.entries.get("audit_heads") or {}).items():
+            if isinstance(head, dict) and "mac" in head:  # a malformed head the server recorded as such is skipped
+                heads.setdefault(name, []).append({"run": rounds.parent.name, "round": record.number, **head})
     if not heads:
         raise DeployError(f"--against {rounds}: it records no audit heads (the hospitals ran without --audit-log, or "
                           f"with a version that did not send them)")
