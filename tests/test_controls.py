@@ -206,6 +206,9 @@ def test_the_controls_are_tuned_by_the_protocols_rule_and_the_committed_grids_ar
     v3 = _v3_controls()
     assert v3.main(["tune", "--check"]) == 0
     assert v3.main(["choose", "--check"]) == 0  # the evaluation grid is what the committed tuning curves choose
+    assert v3.main(["tune", "--check", "--condition", "alpha0.1"]) == 0
+    alpha = parse_grid(REPO / "benchmarks" / "leaderboard" / "v3" / "controls-tune-alpha0.1.toml")
+    assert len(alpha.cells) == 36 and {c.run_config["dirichlet.alpha"] for c in alpha.cells} == {0.1}
     curves = {}
     for kind, (most, step) in v3.EPOCHS.items():
         for rate in v3.RATES:
@@ -277,5 +280,13 @@ def test_the_v3_decisive_parts_are_the_generators_output_and_their_cost_fits_the
     assert len(grid.cells) == 63 and {c.axes["seed"] for c in grid.cells} == {1, 2, 3}
     cfg = parse_run_config(grid.cells[0].run_config)
     assert cfg.dataset == "retinamnist" and cfg.reference_cohort_per_class == 3 and cfg.server_data.test_split == "val"
+    # the cohort sweep: 4 rules x 3 sizes x (clean, sign-flip) + HTA and EARN cohort-free at 0 (clean, sign-flip)
+    # + 2 cohort controls x 3 sizes, per seed
+    sweep = parse_grid(REPO / "benchmarks" / "leaderboard" / "v3" / "cohort-sweep.toml")
+    assert len(sweep.cells) == 3 * (24 + 4 + 6) == 102
+    at_zero = {c.axes["strategy"]: parse_run_config(c.run_config) for c in sweep.cells
+               if c.axes["reference-cohort-per-class"] == 0}
+    assert set(at_zero) == {"hta", "earn"}
+    assert at_zero["hta"].strategy_options.validation_exponent == 0 and not at_zero["earn"].strategy_options.audit
     total = parts.cost_table().splitlines()[-1]
     assert total.startswith("| all | ") and float(total.split("|")[3]) <= 12.0  # the 12 h of grid time
