@@ -27,6 +27,7 @@ from conftest import DATA_DIR, REPO
 from hospitrust.ops import deploy, flwr
 from hospitrust.cli.export import export
 
+SUPERNODE_HEARTBEAT = Path(__file__).resolve().parent / "supernode_heartbeat"
 RUN_TIMEOUT = float(os.environ.get("HOSPITRUST_TEST_RUN_TIMEOUT", "900"))
 REPLY_TIMEOUT = float(os.environ.get("HOSPITRUST_TEST_REPLY_TIMEOUT", "300"))
 # the task and the server's sets come from the export (task.file, server-data.*): no dataset flag
@@ -44,6 +45,8 @@ def flwr_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
            "HOSPITRUST_DATA_DIR": str(DATA_DIR), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(extra or {})}
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    # flower-supernode's heartbeat at 10 s (the folder's sitecustomize.py says why, and that nothing else changes)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SUPERNODE_HEARTBEAT), env.get("PYTHONPATH", "")) if p)
     return env
 
 
