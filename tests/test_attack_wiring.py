@@ -70,7 +70,7 @@ def test_update_attack_sign_flip_reaches_the_server(tmp_path, data_dir, monkeypa
     for line, r in zip(lines, rounds):
         caught = sum(1 for c in r["clients"] if c["malicious"] and (c.get("rejected") or not c["selected"] or c.get("flagged")))
         assert f"| attackers flagged {caught}/1" in line
-        assert (f"(missed hospital-0)" in line) == (caught == 0)
+        assert ("(missed hospital-0)" in line) == (caught == 0)
     sec = summary["security"]
     final = next(line for line in logged if line.startswith("hospitrust: finished"))
     assert (f"detection over all hospital-rounds: TPR {sec['tpr']:.3f} ({sec['tp']} of {sec['tp'] + sec['fn']} "

@@ -150,3 +150,20 @@ def test_a_bad_node_config_says_which_key_and_leaves_its_value_on_the_hospital()
     assert "did you mean 'cache-dir'" in str(err.value) and "/srv" not in str(err.value)
     assert parse_node_config({"data-path": "/d", "skip-unreadable": 0.05}).skip_unreadable == 0.05
     assert parse_node_config({"data-path": "/d"}).skip_unreadable == 0.0  # default: any unreadable file leaves it out
+
+
+def test_a_section_is_read_by_its_options_class_and_a_class_of_no_section_is_named():
+    from hospitrust.contribution.options import ContributionScoringOptions
+    from hospitrust.features.secagg_options import SecAggOptions
+    from hospitrust.options import Options
+    from hospitrust.privacy.options import PrivacyOptions
+
+    cfg = parse_run_config({"privacy.mode": "local", "secagg.enabled": True, "contribution-scoring.enabled": True})
+    assert cfg.section(PrivacyOptions) is cfg.options("privacy") and cfg.section(PrivacyOptions).mode == "local"
+    assert cfg.section(SecAggOptions).enabled and cfg.section(ContributionScoringOptions).enabled
+
+    class Stray(Options):
+        """No section has these options."""
+
+    with pytest.raises(KeyError, match="Stray is the options of 0 run config sections"):
+        cfg.section(Stray)

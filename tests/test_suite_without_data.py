@@ -13,8 +13,6 @@ import socket
 import subprocess
 import sys
 
-import pytest
-
 from conftest import REPO
 
 SELECTED = ["test_control_plane.py::test_a_stranger_with_only_ca_crt_can_neither_register_nor_run_nor_read",

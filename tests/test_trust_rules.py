@@ -515,7 +515,6 @@ def test_earn_excuses_an_audited_specialists_direction_but_not_a_sign_flipper():
     grade-2 row has passed the audit, EARN floors its s at that trust x the round's median s,
     so it counts as a typical hospital and regains about its data share of the body. The sign flipper (its negated rare row even passes the audit)
     is still held out by v, the reference-cohort check of its whole update."""
-    g = {"body": torch.zeros(3), "head.weight": torch.zeros(3, 4), "head.bias": torch.zeros(3)}
     honest = flatten_state({"body": torch.ones(3), "head.weight": torch.zeros(3, 4), "head.bias": torch.zeros(3)})[0]
 
     def scores(state, updates):  # a hurt reference cohort for updates that point against the body

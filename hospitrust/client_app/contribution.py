@@ -27,7 +27,7 @@ from hospitrust import metrics
 from hospitrust.client_app.context import hospital_context
 from hospitrust.config import memoised_run_config
 from hospitrust.contribution.interface import REPORT_KEYS, WEIGHT_KEY
-from hospitrust.contribution.options import contribution_options
+from hospitrust.contribution.options import ContributionScoringOptions
 from hospitrust.contribution.scores import cosine_to_aggregate
 from hospitrust.models.training import pick_device, predict_proba
 
@@ -149,7 +149,7 @@ def hospital_report(evaluate_state, global_state, sent_state, new_state, weight:
 
 
 def _selfish_inflation(cfg, node) -> float:
-    scoring = contribution_options(cfg)
+    scoring = cfg.section(ContributionScoringOptions)
     ids = [s.strip() for s in scoring.selfish_hospitals.split(",") if s.strip()]
     return scoring.selfish_inflation if node.partition_id is not None and str(node.partition_id) in ids else 0.0
 
@@ -193,7 +193,7 @@ def remember_round_mod(msg: Message, context: Context, call_next) -> Message:
         The reply of ``call_next``, unchanged.
     """
     reply = call_next(msg, context)
-    if not contribution_options(memoised_run_config(context.run_config)).enabled or reply.has_error():
+    if not memoised_run_config(context.run_config).section(ContributionScoringOptions).enabled or reply.has_error():
         return reply
     if "arrays" not in msg.content.array_records or "arrays" not in reply.content.array_records:
         return reply
@@ -243,7 +243,7 @@ def contribution_evaluate_mod(msg: Message, context: Context, call_next) -> Mess
     def evaluate_state(state):
         model.load_state_dict(state, strict=True)
         probs = predict_proba(model, val.images, device=device)
-        return utility(metrics.classification_report(val.labels, probs, info.num_classes), contribution_options(cfg).utility)
+        return utility(metrics.classification_report(val.labels, probs, info.num_classes), cfg.section(ContributionScoringOptions).utility)
 
     report = hospital_report(
         evaluate_state,

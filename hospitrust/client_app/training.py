@@ -11,7 +11,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 
 from hospitrust.attacks.threat_model import data_rng, hospital_attack
 from hospitrust.client_app.context import HospitalContext, local_report
-from hospitrust.privacy.options import privacy_options
+from hospitrust.privacy.options import PrivacyOptions
 from hospitrust.datasets.federation import LabelledImages
 from hospitrust.models.augment import task_augmentation
 from hospitrust.models.loop import apply_data_steps
@@ -55,7 +55,7 @@ def local_training_step(msg: Message, context: Context, hospital: HospitalContex
 
     epochs, batch_size = hospital.local_epochs(server_cfg), hospital.batch_size(server_cfg)  # the gate's, where it runs
     privacy_metrics: dict[str, float | int] = {}
-    privacy = privacy_options(cfg)
+    privacy = cfg.section(PrivacyOptions)
     if privacy.local:  # DP-SGD with Opacus, within the hospital's own budget
         from hospitrust.privacy.client import Refusal, commit_round, plan_round, refusal_reply, round_metrics
         from hospitrust.privacy.local import check_model, train_private

@@ -20,7 +20,7 @@ import os
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
@@ -31,7 +31,7 @@ from hospitrust.attacks.selection import parse_int_list
 from hospitrust.config import legacy
 from hospitrust.errors import ConfigError, did_you_mean
 from hospitrust.config.sections import Section, all_sections, section_of
-from hospitrust.contribution.options import check_contribution_settings, contribution_options
+from hospitrust.contribution.options import check_contribution_settings, ContributionScoringOptions
 from hospitrust.datasets.base import DATA_DIR_ENV
 from hospitrust.datasets.federation import SimulatedFederation
 from hospitrust.datasets.partitioners import PARTITIONERS
@@ -43,12 +43,13 @@ from hospitrust.privacy.options import check_privacy_settings
 from hospitrust.features.pre_aggregators import check_pre_aggregation
 from hospitrust.aggregation.options import AggregationOptions
 from hospitrust.aggregation.pre_aggregation import parse_chain
-from hospitrust.features.secagg_options import secagg_options
+from hospitrust.features.secagg_options import SecAggOptions
 from hospitrust.datasets.server import ServerDataOptions
 from hospitrust.tasks.task import TaskOptions
 from hospitrust.strategies.base import HospitrustStrategy
 from hospitrust.strategies.registry import STRATEGIES, StrategyError, preset_of, rule_name, rules_with, strategy_class
 
+OptionsT = TypeVar("OptionsT", bound=Options)
 
 
 class CoreOptions(Options):
@@ -205,8 +206,8 @@ class CoreOptions(Options):
 class RunConfig(CoreOptions):
     """The validated run config: the top-level keys as attributes, and one Options per section
     (``options(name)``; typed shortcuts for the run's parts: ``train``, ``task``, ``server_data``,
-    ``attack_schedule``; a round feature's section through its own accessor, e.g.
-    ``hospitrust.privacy.options.privacy_options``). Frozen and hashable.
+    ``attack_schedule``; any section by its options class, typed: ``section(PrivacyOptions)``). Frozen and
+    hashable.
     """
 
     _sections: dict[str, Options] = PrivateAttr(default_factory=dict)
@@ -221,6 +222,14 @@ class RunConfig(CoreOptions):
         if section not in known:
             raise KeyError(f"no run config section {section!r}")
         return known[section].options()
+
+    def section(self, options_class: type[OptionsT]) -> OptionsT:
+        """The options of the one section whose options are ``options_class`` (typed, so a caller needs no cast)."""
+        names = [name for name, sec in all_sections().items() if sec.options is options_class]
+        if len(names) != 1:
+            raise KeyError(f"{options_class.__name__} is the options of {len(names)} run config sections, not one: "
+                           f"{names or 'none'}")
+        return cast(OptionsT, self.options(names[0]))
 
     @property
     def strategy_options(self) -> Options:
@@ -582,7 +591,7 @@ def cross_checks(cfg: RunConfig) -> list[str]:
             out.append(str(err))
     kind = getattr(getattr(attack, "attack", attack), "kind", None)
     try:
-        check_contribution_settings(cfg.rule, contribution_options(cfg), secagg_options(cfg).enabled, cfg.fraction_train,
+        check_contribution_settings(cfg.rule, cfg.section(ContributionScoringOptions), cfg.section(SecAggOptions).enabled, cfg.fraction_train,
                                     kind, weighted_mean_rules=rules_with("weighted_mean"))
     except ValueError as err:
         out.append(str(err))
@@ -593,7 +602,7 @@ def cross_checks(cfg: RunConfig) -> list[str]:
         if cfg.server_data.evaluation_mode(cfg.task.custom) == "federated":
             out.append(f"{every}: this run has no server test set, so every round's metrics are the hospitals' "
                        "evaluations (federated evaluation): set it to 1, or give the server a test set")
-        if contribution_options(cfg).enabled:
+        if cfg.section(ContributionScoringOptions).enabled:
             out.append(f"{every}: contribution-scoring.enabled scores every round from the hospitals' evaluations: "
                        "set it to 1")
         if cfg.rule.runs_own_evaluation:

@@ -5,7 +5,7 @@ it to the rest of the run config.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -105,18 +105,3 @@ def check_contribution_settings(rule: Any, scoring: ContributionScoringOptions, 
             raise ValueError("a colluding attack rewrites the stacked updates on the server, which secure aggregation "
                              "never holds: choose a data or update attack")
 
-
-def contribution_options(cfg: Any) -> ContributionScoringOptions:
-    """The ``contribution-scoring`` section of a run config (:data:`SECTION`).
-
-    Parameters
-    ----------
-    cfg : RunConfig
-        The parsed run config (duck-typed: ``options(section)``).
-
-    Returns
-    -------
-    ContributionScoringOptions
-        Its options.
-    """
-    return cast(ContributionScoringOptions, cfg.options(SECTION))

@@ -28,7 +28,7 @@ from hospitrust.attacks.interfaces import ColludingAttack, RoundAware, RoundView
 from hospitrust.attacks.threat_model import ColludingAdversary, unwrapped
 from hospitrust.features.base import Round, RoundFeature, RunFacts
 from hospitrust.features.pre_aggregators import pre_aggregation_chain
-from hospitrust.features.secagg_options import secagg_options
+from hospitrust.features.secagg_options import SecAggOptions
 from hospitrust.strategies.base import Aggregate, AttackerRows, RoundResult, UpdateStep
 from hospitrust.strategies.validation import CheckedReply
 
@@ -139,7 +139,7 @@ class RoundAwareAdversary(RoundFeature):
         from hospitrust.strategies.registry import rule_name
 
         inner = unwrapped(run.attack)
-        if secagg_options(run.cfg).enabled:
+        if run.cfg.section(SecAggOptions).enabled:
             raise ValueError(f"attack {inner.name!r} rewrites the malicious hospitals' rows of the update stack on the "
                              "server, which secure aggregation never holds: disable secagg or choose another attack")
         check = getattr(inner, "check_rule", None)

@@ -11,7 +11,7 @@ from typing import Any
 from flwr.app import Message
 
 from hospitrust.contribution.federation import ContributionTracker
-from hospitrust.contribution.options import SECTION, ContributionScoringOptions, contribution_options
+from hospitrust.contribution.options import SECTION, ContributionScoringOptions
 from hospitrust.features.base import Round, RoundFeature, RunFacts
 
 
@@ -31,7 +31,7 @@ class ContributionScoring(RoundFeature):
 
     @classmethod
     def for_run(cls, run: RunFacts) -> ContributionScoring | None:
-        return cls(run.hospitals) if contribution_options(run.cfg).enabled else None
+        return cls(run.hospitals) if run.cfg.section(ContributionScoringOptions).enabled else None
 
     def __init__(self, hospitals: Mapping[int, str]) -> None:
         self.tracker = ContributionTracker(hospitals)

@@ -15,9 +15,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from hospitrust.aggregation.pre_aggregation import STEPS, PreAggregationChain, parse_chain, rows_before_each_step
-from hospitrust.features.secagg_options import secagg_options
+from hospitrust.features.secagg_options import SecAggOptions
 from hospitrust.options import NoOptions, Options
-from hospitrust.privacy.options import privacy_options
+from hospitrust.privacy.options import PrivacyOptions
 
 
 class BucketingOptions(Options):
@@ -116,10 +116,10 @@ def check_pre_aggregation(cfg: Any) -> list[str]:
     if not rule.stacks_updates:
         why = rule.why_not("stacks_updates", "its replies are no stack of whole-model updates to mix or clip")
         out.append(f"{chain} with strategy {cfg.strategy!r}: {why}; use another rule or pre-aggregation = 'none'")
-    if secagg_options(cfg).enabled:
+    if cfg.section(SecAggOptions).enabled:
         out.append(f"{chain} with secagg.enabled: SecAgg+ hands the server only the sum of the updates, and every "
                    "pre-aggregation step needs each hospital's update; disable one of them")
-    privacy = privacy_options(cfg)
+    privacy = cfg.section(PrivacyOptions)
     if privacy.central:
         out.append(f"{chain} with privacy.mode = {privacy.mode!r}: central DP's noise is calibrated for the mean of the "
                    "hospitals' own clipped updates, which a step that mixes or rescales them changes; use privacy.mode "

@@ -15,7 +15,7 @@ from flwr.common import log
 
 from hospitrust.features.base import Round, RoundFeature, RunFacts
 from hospitrust.privacy.client import BUDGET_SPENT_KEY
-from hospitrust.privacy.options import SECTION, PrivacyOptions, privacy_options
+from hospitrust.privacy.options import SECTION, PrivacyOptions
 from hospitrust.privacy.records import PrivacyRecords, check_before_training, settings
 from hospitrust.records import PRIVACY_METRICS
 
@@ -72,7 +72,7 @@ class DifferentialPrivacy(RoundFeature):
 
     @classmethod
     def for_run(cls, run: RunFacts) -> DifferentialPrivacy | None:
-        options = privacy_options(run.cfg)
+        options = run.cfg.section(PrivacyOptions)
         if options.mode == "off":
             return None
         from hospitrust.tasks.model import task_model

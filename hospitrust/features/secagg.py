@@ -31,7 +31,7 @@ from flwr.common import FitIns, Parameters, log, ndarrays_to_parameters, paramet
 from flwr.serverapp import Grid
 
 from hospitrust.features.base import Round, RoundFeature, RunFacts, Trainer
-from hospitrust.features.secagg_options import SECTION, SecAggOptions, secagg_options
+from hospitrust.features.secagg_options import SECTION, SecAggOptions
 from hospitrust.records import HospitalRecord
 from hospitrust.strategies.base import RoundResult
 
@@ -195,7 +195,7 @@ class SecureAggregation(RoundFeature):
 
     @classmethod
     def for_run(cls, run: RunFacts) -> SecureAggregation | None:
-        options = secagg_options(run.cfg)
+        options = run.cfg.section(SecAggOptions)
         if not options.enabled:
             return None
         return cls(options, run.hospitals, run.grid, reply_timeout=run.cfg.reply_timeout,

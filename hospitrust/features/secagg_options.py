@@ -4,7 +4,6 @@ reading it) imports these options without the server's SecAgg workflow.
 
 from __future__ import annotations
 
-from typing import Any, cast
 
 from pydantic import Field
 
@@ -34,20 +33,5 @@ class SecAggOptions(Options):
     ))
 
 
-def secagg_options(cfg: Any) -> SecAggOptions:
-    """The ``secagg`` section of a run config (:data:`SECTION`).
 
-    Parameters
-    ----------
-    cfg : RunConfig
-        The parsed run config (duck-typed: ``options(section)``).
-
-    Returns
-    -------
-    SecAggOptions
-        Its options.
-    """
-    return cast(SecAggOptions, cfg.options(SECTION))
-
-
-__all__ = ["SECTION", "SecAggOptions", "secagg_options"]
+__all__ = ["SECTION", "SecAggOptions"]

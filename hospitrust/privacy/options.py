@@ -9,11 +9,11 @@ accountant), ``both``, or ``off`` (the default: nothing changes).
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from hospitrust.contribution.options import contribution_options
+from hospitrust.contribution.options import ContributionScoringOptions
 from hospitrust.extras import extra_problem
 from hospitrust.options import Options
 
@@ -95,7 +95,7 @@ def check_privacy_settings(cfg: Any) -> list[str]:
     list[str]
         One message per problem (empty when the settings fit together).
     """
-    privacy = privacy_options(cfg)
+    privacy = cfg.section(PrivacyOptions)
     if privacy.mode == "off":
         return []
     mode = f"privacy.mode = {privacy.mode!r}"
@@ -122,7 +122,7 @@ def check_privacy_settings(cfg: Any) -> list[str]:
             out.append(f"{mode} with secagg.enabled: Flower's server-side clipping must see each hospital's update, "
                        "which SecAgg+ hides from the server; use privacy.mode 'local' with SecAgg+ (each hospital "
                        "noises its own training)")
-        if contribution_options(cfg).enabled:
+        if cfg.section(ContributionScoringOptions).enabled:
             out.append(f"{mode} with contribution-scoring.enabled: the scores assume the aggregate is the weighted "
                        "mean of the updates, which central noise changes; disable one of them")
     # local: per-sample gradients; central: noise on every array (BatchNorm's integer counter cannot take it)
@@ -132,21 +132,6 @@ def check_privacy_settings(cfg: Any) -> list[str]:
     return out
 
 
-def privacy_options(cfg: Any) -> PrivacyOptions:
-    """The ``privacy`` section of a run config (:data:`SECTION`).
-
-    Parameters
-    ----------
-    cfg : RunConfig
-        The parsed run config (duck-typed: ``options(section)``).
-
-    Returns
-    -------
-    PrivacyOptions
-        Its options.
-    """
-    return cast(PrivacyOptions, cfg.options(SECTION))
-
 
 def opacus_model_problem(model: str, image_size: int) -> str:
     """Why Opacus cannot train ``model`` with per-sample gradients ('' when it can)."""
@@ -155,5 +140,4 @@ def opacus_model_problem(model: str, image_size: int) -> str:
     return model_problem(model, image_size)
 
 
-__all__ = ["CENTRAL_MODES", "LOCAL_MODES", "PrivacyOptions", "SECTION", "check_privacy_settings", "opacus_model_problem",
-           "privacy_options"]
+__all__ = ["CENTRAL_MODES", "LOCAL_MODES", "PrivacyOptions", "SECTION", "check_privacy_settings", "opacus_model_problem"]

@@ -1,10 +1,11 @@
 """The ServerApp (``hospitrust.server_app:app``) and the server side of a run.
 
-``serverapp`` the Flower component (``app``); ``loop`` the rounds; ``discovery`` node ids -> hospitals;
-``records`` per-round and per-run records; ``services`` what rules need of the server
-(central evaluation, the reference cohort); ``checkpoint``; ``results`` the run directory;
-``fbd`` FED-FBD's rounds over its warehouse; ``plots`` trust.png. The server's test set and cohort are
-``hospitrust.datasets.server``.
+``serverapp`` the Flower component (``app``); ``setup`` the run before its first round (hospitals, record,
+rule); ``loop`` the rounds (FED-FBD's too); ``transport`` messages out and replies in; ``evaluation`` the new
+global model's evaluation; ``discovery`` node ids -> hospitals; ``records`` per-round and per-run records;
+``services`` what rules need of the server (central evaluation, the reference cohort); ``checkpoint``;
+``progress`` the round in flight; ``results`` the run directory; ``story`` what the terminal says a rule did;
+``plots`` the run's pictures. The server's test set and cohort are ``hospitrust.datasets.server``.
 """
 
 

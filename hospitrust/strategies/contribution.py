@@ -19,7 +19,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from hospitrust.contribution.options import contribution_options
+from hospitrust.contribution.options import ContributionScoringOptions
 from hospitrust.options import Options
 from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 
@@ -58,7 +58,7 @@ class ContributionWeighted(HospitrustStrategy):
 
     @classmethod
     def check_run_config(cls, cfg) -> None:
-        if not contribution_options(cfg).enabled:
+        if not cfg.section(ContributionScoringOptions).enabled:
             raise ValueError("strategy 'contribution' weights hospitals by their scores: set "
                              "contribution-scoring.enabled = true")
 

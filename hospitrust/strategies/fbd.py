@@ -31,7 +31,7 @@ from pydantic import Field, model_validator
 
 from hospitrust import metrics
 from hospitrust.datasets.server import ServerSets
-from hospitrust.contribution.options import contribution_options
+from hospitrust.contribution.options import ContributionScoringOptions
 from hospitrust.fbd.blocks import blocks_for
 from hospitrust.fbd.plan import ShippingPlan, make_plan, parse_plan
 from hospitrust.fbd.routing import (
@@ -264,7 +264,7 @@ class FBD(HospitrustStrategy):
             raise ValueError("strategy fbd trains with the default normalization and no augmentation: leave task.mean, "
                              "task.std and task.augmentation empty")
         on = [key for key, value in (("secagg.enabled", cfg.options("secagg").enabled),
-                                     ("contribution-scoring.enabled", contribution_options(cfg).enabled)) if value]
+                                     ("contribution-scoring.enabled", cfg.section(ContributionScoringOptions).enabled)) if value]
         if on:
             raise ValueError(f"strategy fbd does not support {', '.join(on)} (its state is a warehouse of colors, "
                              "written by direct replacement); turn them off")
