@@ -4,7 +4,7 @@ Reads the per-round curves of one or more tuning grid folders (``hospitrust benc
 rule without attack at a few learning rates, on tuning seeds, evaluated on the val split), and
 writes into ``--out``: ``budget.md`` (the page's budget table), ``budget.csv`` and ``curves.png``
 (balanced accuracy against the round per rule at its chosen rate: each seed thin, the mean thick,
-the plateau as a dashed line). The rules are in ``hospitrust.bench.budget``. Each rule's
+the plateau as a dashed line). The rules are in ``benchmarks/study/budget.py``. Each rule's
 ``max-update-norm`` bound (amendment 5: twice the largest honest update norm of its clean tuning runs at
 its chosen rate, rounded up at two significant digits) is a column of both tables.
 
@@ -22,10 +22,11 @@ import pandas as pd
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks" / "study"))  # the studies' own code (not in the wheel)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hospitrust.bench.budget import CANDIDATE_ROUNDS, TOLERANCE, BudgetError, budget_table, rule_budgets
+    from budget import CANDIDATE_ROUNDS, TOLERANCE, BudgetError, budget_table, rule_budgets
     from hospitrust.bench.store import collect
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

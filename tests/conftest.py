@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -33,6 +34,10 @@ import pytest
 from hospitrust.ops import flwr
 
 REPO = Path(__file__).resolve().parent.parent
+# the studies' own code (benchmarks/study: the leaderboard's tables and budget; not in the wheel), for their tests
+STUDY = REPO / "benchmarks" / "study"
+if str(STUDY) not in sys.path:
+    sys.path.append(str(STUDY))
 DATA_FILES = ("pneumoniamnist", "retinamnist")  # the MedMNIST flags the tests use, at 28 x 28
 # Workers for the whole suite: two by default, the federation's tests (which mostly wait on Flower's polling)
 # on one, the CPU-bound rest on the other. Idle on 2 cores (2026-12-02): 659 s on two workers, 971 s in one

@@ -1,4 +1,4 @@
-"""The leaderboard's budget from tuning curves (hospitrust.bench.budget), on hand-made curves."""
+"""The leaderboard's budget from tuning curves (benchmarks/study/budget.py), on hand-made curves."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from hospitrust.bench.budget import BudgetError, budget_table, rule_budgets, window_mean
+from budget import BudgetError, budget_table, rule_budgets, window_mean
 
 
 def _rows(rule: str, rate: float, seed: int, curve) -> list[dict]:

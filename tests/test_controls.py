@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hospitrust.attacks.selection import malicious_set
-from hospitrust.bench import leaderboard_v2 as v2
+import leaderboard_v2 as v2  # benchmarks/study (conftest.STUDY on sys.path)
 from hospitrust.bench.controls import CONTROLS, Control, ControlError, EpochTrainer, honest_partitions
 from hospitrust.bench.grid import GridError, grid_fingerprint, parse_grid
 from hospitrust.config import parse_run_config

@@ -1,4 +1,4 @@
-"""The leaderboard v2's page (hospitrust/bench/leaderboard_v2.py, benchmarks/leaderboard/v2/render.py) on
+"""The leaderboard v2's page (benchmarks/study/leaderboard_v2.py, benchmarks/leaderboard/v2/render.py) on
 hand-made tables: one rule against the rest paired by seed (Holm), the per-seed worst case without the
 backdoor, the parts' conditions from their names, and a whole page rendered from synthetic cells.
 """
@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from hospitrust.bench import leaderboard_v2 as v2
+import leaderboard_v2 as v2  # benchmarks/study (conftest.STUDY on sys.path)
 from hospitrust.bench import stats
 from hospitrust.bench.leaderboard import LeaderboardError
 

@@ -13,7 +13,7 @@ from hospitrust.ops.inprocess import InProcessGrid
 from hospitrust.client_app import app as client_app
 from hospitrust.server_app.results import read_rounds
 from hospitrust.server_app import app as server_app
-from hospitrust.strategies import build_strategy, strategy_names
+from hospitrust.strategies import build_strategy, strategy_class, strategy_names
 
 D = 6
 
@@ -77,9 +77,9 @@ HONEST = [[1.0, 1, 1, 1, 1, 1], [1.2, 0.9, 1, 1.1, 1, 1], [0.9, 1.1, 1, 1, 0.9, 
 OUTLIER = [[-50.0, 40, -60, 50, -40, 60]]
 
 
-# every rule and preset that aggregates a stack of updates into one model (fbd replaces blocks
+# every rule and preset that aggregates a stack of updates into one model (its capability; FED-FBD replaces blocks
 # of a warehouse of colors instead: tests/test_fbd.py)
-STACK_RULES = [n for n in strategy_names() if n != "fbd"]
+STACK_RULES = [n for n in strategy_names() if strategy_class(n).stacks_updates]
 
 
 @pytest.mark.parametrize("name", STACK_RULES)

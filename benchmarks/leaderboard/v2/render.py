@@ -25,9 +25,10 @@ import pandas as pd
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1] / "study"))  # the studies' own code (not in the wheel)
 import parts  # noqa: E402  (the part names, rules and attacks: one source)
 
-from hospitrust.bench import leaderboard_v2 as v2  # noqa: E402
+import leaderboard_v2 as v2  # noqa: E402
 from hospitrust.bench import stats  # noqa: E402
 from hospitrust.bench.leaderboard import LeaderboardError, load  # noqa: E402
 

@@ -25,7 +25,8 @@ REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE.parent / "v2"))
 import parts as v2parts  # noqa: E402  (the suite: one source)
 
-from hospitrust.bench import leaderboard_v2 as v2  # noqa: E402
+sys.path.insert(0, str(HERE.parents[1] / "study"))  # the studies' own code (not in the wheel)
+import leaderboard_v2 as v2  # noqa: E402
 from hospitrust.bench import stats  # noqa: E402
 from hospitrust.bench.controls import CEILING, CONTROLS  # noqa: E402
 from hospitrust.bench.leaderboard import last_k_mean, md_table  # noqa: E402
