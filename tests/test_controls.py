@@ -16,7 +16,8 @@ import torch
 
 from hospitrust.attacks.selection import malicious_set
 import leaderboard_v2 as v2  # benchmarks/study (conftest.STUDY on sys.path)
-from hospitrust.bench.controls import CONTROLS, Control, ControlError, EpochTrainer, honest_partitions
+from hospitrust.bench.controls import CONTROLS, Control, ControlError, honest_partitions
+from hospitrust.server_app.converge import EpochTrainer
 from hospitrust.bench.grid import GridError, grid_fingerprint, parse_grid
 from hospitrust.config import parse_run_config
 from hospitrust.models import build_model

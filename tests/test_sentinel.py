@@ -291,3 +291,92 @@ def test_the_fall_back_may_keep_the_model_when_the_servers_step_is_worse_too():
     robust = sentinel(x, T([-1.0, -1.0]), T([1.0, 1.0]), _quadratic, step_bound=math.inf, candidates="trimmed-mean",
                       may_keep=True)
     assert robust["candidate"] == "keep"
+
+
+class _Floor:
+    """A hand-made floor: the check loss of a model {"w": x} is ||x - (1, 1)||^2; ``part`` at (1, 0)
+    (loss 1), ``whole`` at (1, 1)."""
+
+    def __init__(self):
+        self.part, self.whole = {"w": T([1.0, 0.0])}, {"w": T([1.0, 1.0])}
+
+    def check_loss(self, state):
+        return float(((state["w"].double() - TARGET) ** 2).sum())
+
+
+def test_the_floor_releases_the_federated_model_where_it_does_as_well_and_the_servers_own_otherwise():
+    from flwr.app import ArrayRecord
+
+    floors = []
+    rule = Sentinel({1: "a"}, {"floor": "cohort-model", "floor_epochs": 3, "floor_learning_rate": 0.05},
+                    server_update=lambda state, rnd: T([0.0, 0.0]), candidate_losses=lambda state, steps: _quadratic(steps),
+                    cohort_floor=lambda fraction, epochs, lr: floors.append((fraction, epochs, lr)) or _Floor())
+    assert floors == [(0.5, 3, 0.05)]  # the held-out share, the floor's epochs and rate
+    good = ArrayRecord({"w": T([1.0, 0.5])})  # loss 0.25 < the floor's 1.0
+    released, entries = rule.released(1, good)
+    assert released is good and entries == {"sentinel_floor": {"released": "federated", "federated_loss": 0.25,
+                                                                "floor_loss": 1.0}}
+    tie = ArrayRecord({"w": T([0.0, 1.0])})  # loss 1.0: ties go to the hospitals' model
+    assert rule.released(2, tie)[0] is tie
+    bad = ArrayRecord({"w": T([-3.0, 1.0])})  # loss 16: the whole cohort's model is released, and saved
+    released, entries = rule.released(3, bad)
+    assert entries["sentinel_floor"]["released"] == "floor" and entries["sentinel_floor"]["federated_loss"] == 16.0
+    torch.testing.assert_close(released.to_torch_state_dict()["w"], T([1.0, 1.0]))
+    torch.testing.assert_close(rule.final_model(bad)["w"], T([1.0, 1.0]))
+    assert Sentinel.needs(Sentinel.Options(floor="cohort-model"), {}) == {"cohort_split", "cohort_floor"}
+    with pytest.raises(ValueError, match="floor = 'cohort-model' needs the server's own model"):
+        Sentinel({1: "a"}, {"floor": "cohort-model"}, server_update=lambda s, r: T([0.0]),
+                 candidate_losses=lambda s, steps: _quadratic(steps))
+    plain = _rule()  # no floor: the global model itself, no entries
+    assert plain.released(1, bad) == (bad, {}) and plain.final_model(bad)["w"].tolist() == [-3.0, 1.0]
+
+
+@pytest.mark.data
+def test_the_floor_is_the_cohort_only_converged_controls_model_bit_for_bit(tmp_path, data_dir):
+    """The model the floor releases is the one the leaderboard's control trains (the same function, images, seed
+    and salt), and training it leaves the run's random state as it was."""
+    import random
+
+    import numpy as np
+
+    from conftest import small_run_config
+    from hospitrust.bench.controls import COHORT_SALT, Control, _converge, _setup
+    from hospitrust.server_app.services import ServerServices
+
+    cfg = small_run_config(tmp_path, **{"strategy": "sentinel", "reference-cohort-per-class": 4, "seed": 5})
+    s = _setup(cfg)
+    control = Control.from_keys({"control": "cohort-only-converged", "control-epochs": 3, "control-learning-rate": 0.05})
+    model, _ = _converge(s, s.sets.cohort.images, s.sets.cohort.labels, control, COHORT_SALT, s.evaluate)
+    floor = ServerServices(s.cfg, s.task, s.device, s.sets)["cohort_floor"](0.5, 3, 0.05)
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    before = random.random(), np.random.rand(), torch.rand(1)
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    whole, part = floor.whole, floor.part
+    assert (random.random(), np.random.rand(), torch.rand(1)) == before
+    expected = model.state_dict()
+    assert set(whole) == set(expected) and all(torch.equal(whole[k], expected[k].cpu()) for k in expected)
+    assert any(not torch.equal(part[k], whole[k]) for k in whole)  # the training part alone: another model
+    assert floor.check_loss(part) > 0 and len(floor.train_part.labels) == 4  # 2 of each class's 4 held out
+
+
+@pytest.mark.data
+def test_a_run_with_the_floor_records_what_it_released_and_saves_it(tmp_path, data_dir):
+    from flwr.app import Context, RecordDict
+
+    from conftest import small_run_config
+    from hospitrust.client_app import app as client_app
+    from hospitrust.ops.inprocess import InProcessGrid
+    from hospitrust.server_app import app as server_app
+    from hospitrust.server_app.results import read_rounds
+
+    cfg = small_run_config(tmp_path, **{"strategy": "sentinel", "sentinel.floor": "cohort-model", "sentinel.floor-epochs": 2,
+                                        "num-server-rounds": 2, "train-subsample": 0.03, "reference-cohort-per-class": 4})
+    server_app(InProcessGrid(client_app, 4, cfg), Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                                                          run_config=cfg))
+    run_dir = tmp_path / "runs" / cfg["run-name"]
+    rounds = read_rounds(run_dir)
+    entries = [r["sentinel_floor"] for r in rounds]
+    assert len(entries) == 2 and all(e["released"] in ("federated", "floor") for e in entries)
+    assert all(math.isfinite(e["federated_loss"]) and math.isfinite(e["floor_loss"]) for e in entries)
+    assert entries[0]["floor_loss"] == entries[1]["floor_loss"]  # the server's own model is trained once
+    assert (run_dir / "model.pt").is_file()

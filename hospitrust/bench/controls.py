@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from hospitrust.aggregation import flatten_state, unflatten_state
+from hospitrust.server_app.converge import COHORT_SALT
 
 #: the control kinds, in the order tables show them
 CONTROLS = ("cohort-only-rounds", "cohort-only-converged", "local-only-mean", "local-only-best", "pooled")
@@ -101,33 +102,6 @@ def honest_partitions(cfg, num_hospitals: int) -> list[int]:
     return [i for i in range(num_hospitals) if i not in bad]
 
 
-class EpochTrainer:
-    """The hospitals' training loop (:func:`hospitrust.models.loop.run_loop`) one epoch at a time, with
-    one optimizer and one stream of shuffled batches throughout, so a model can be evaluated after each
-    epoch and still be trained exactly as ``train(..., epochs=E)`` trains it.
-    """
-
-    def __init__(self, model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, *, cfg, learning_rate: float,
-                 num_classes: int, augment, device: torch.device) -> None:
-        from hospitrust.models.loop import CrossEntropyStep, ShuffledBatches, restricted_softmax_scale
-        from hospitrust.models.training import balanced_class_weights, make_optimizer
-
-        local = cfg.train
-        self.model, self.augment = model.to(device), augment
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(params, local.optimizer, learning_rate, local.momentum, local.weight_decay)
-        weight = balanced_class_weights(labels, num_classes).to(device) if local.class_weighted_loss else None
-        self.loss = CrossEntropyStep(weight=weight, logit_scale=restricted_softmax_scale(model, labels, local.fedrs_alpha,
-                                                                                         device))
-        self.batches = ShuffledBatches(images, labels, cfg.batch_size, device)
-
-    def epoch(self) -> None:
-        from hospitrust.models.loop import run_loop
-
-        self.model.train()
-        run_loop(self.model, self.optimizer, self.batches, self.loss, epochs=1, augment=self.augment)
-
-
 @dataclass
 class _Setup:
     cfg: Any
@@ -162,34 +136,20 @@ def _setup(run_config: Mapping[str, Any]) -> _Setup:
 
 def _fresh_model(s: _Setup) -> torch.nn.Module:
     """The run's initial global model: the task's model drawn after seeding with the cell's seed."""
-    from hospitrust.models.training import seed_everything
-    from hospitrust.tasks.model import task_model
+    from hospitrust.server_app.converge import fresh_model
 
-    seed_everything(s.cfg.seed)
-    return task_model(s.task)
-
-
-def _augment(s: _Setup):
-    from hospitrust.models.augment import task_augmentation
-
-    return task_augmentation(s.task.augmentation, s.task.image_size)
+    return fresh_model(s.cfg, s.task)
 
 
 def _converge(s: _Setup, images: np.ndarray, labels: np.ndarray, control: Control, salt: int,
               evaluate: Callable[[torch.nn.Module], dict[str, Any]]) -> tuple[torch.nn.Module, list[dict[str, Any]]]:
     """A fresh model trained ``control.epochs`` epochs on (images, labels); ``evaluate`` after each epoch."""
-    from hospitrust.models.training import seed_everything
+    from hospitrust.server_app.converge import converge
 
-    model = _fresh_model(s)
-    seed_everything(s.cfg.seed, 20_000_003, salt)  # the batches' order: per cell seed and per trained set
-    trainer = EpochTrainer(model, images, labels, cfg=s.cfg, learning_rate=control.learning_rate or s.cfg.learning_rate,
-                           num_classes=s.task.num_classes, augment=_augment(s), device=s.device)
-    history = []
     assert control.epochs is not None  # a converged kind (Control.from_keys)
-    for _ in range(control.epochs):
-        trainer.epoch()
-        history.append(evaluate(model))
-    return model, history
+    return converge(s.cfg, s.task, images, labels, epochs=control.epochs,
+                    learning_rate=control.learning_rate or s.cfg.learning_rate, salt=salt, device=s.device,
+                    evaluate=evaluate)
 
 
 def _cohort_rounds(s: _Setup) -> list[dict[str, Any]]:
@@ -331,7 +291,7 @@ def run_control(run_config: Mapping[str, Any], hospitals: int, control: Control,
     elif control.kind == "cohort-only-converged":
         if s.sets.cohort is None:
             raise ControlError("control = 'cohort-only-converged' trains on the server's reference cohort: this run has none")
-        _, history = _converge(s, s.sets.cohort.images, s.sets.cohort.labels, control, 10_000_019, s.evaluate)
+        _, history = _converge(s, s.sets.cohort.images, s.sets.cohort.labels, control, COHORT_SALT, s.evaluate)
         extra, unit = {"cohort_images": len(s.sets.cohort)}, "epoch"
     elif control.kind in ("local-only-mean", "local-only-best"):
         (history, extra), unit = _local_only(s, control, hospitals), "epoch"

@@ -184,8 +184,9 @@ class RoundLoop:
         if run.strategy.runs_own_evaluation:
             assert rnd.result is not None
             central, own = run.strategy.own_evaluation(rnd.number, rnd.result)
-        else:
-            central = run.evaluation(self.arrays, rnd.evaluate_replies)
+        else:  # the model the rule releases: the global model, or a rule's floor where it does better
+            released, own = run.strategy.released(rnd.number, self.arrays)
+            central = run.evaluation(released, rnd.evaluate_replies)
         timing["central_evaluation_seconds"] = time.perf_counter() - central_started
         return central, strategy_state, own
 

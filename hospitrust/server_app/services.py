@@ -173,6 +173,64 @@ def cohort_parts(cohort: LabelledImages, check_fraction: float, seed: int) -> tu
             LabelledImages(cohort.images[held], cohort.labels[held]))
 
 
+class CohortFloor:
+    """The server's own model as a floor (sentinel's ``floor = "cohort-model"``): the model the
+    ``cohort-only-converged`` control trains (the whole cohort, ``epochs`` epochs at ``learning_rate``,
+    :func:`~hospitrust.server_app.converge.converge`), the same recipe on the cohort's training part
+    alone (the model a check on the held-out part can compare fairly), and that check's loss.
+    Both are trained on first use, with the process's random state put back after.
+    """
+
+    shared_between_copies = True  # an aware attacker's private copies of the rule share the trained models
+
+    def __init__(self, cfg: RunConfig, info: Task, device: torch.device, cohort: LabelledImages, check_fraction: float,
+                 epochs: int, learning_rate: float) -> None:
+        self.cfg, self.info, self.device, self.cohort = cfg, info, device, cohort
+        self.check_fraction, self.epochs, self.learning_rate = check_fraction, epochs, learning_rate
+        self.train_part, check_part = cohort_parts(cohort, check_fraction, cfg.seed)
+        self.judge = ReferenceCohortJudge(cfg, info, device, check_part)
+        self._models: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None = None
+
+    def _trained(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        if self._models is None:
+            import random
+
+            from hospitrust.server_app.converge import COHORT_SALT, converge
+
+            saved = random.getstate(), np.random.get_state(), torch.get_rng_state()
+            try:
+                states = []
+                for images, labels, salt in ((self.cohort.images, self.cohort.labels, COHORT_SALT),
+                                             (self.train_part.images, self.train_part.labels, COHORT_SALT + 1)):
+                    model, _ = converge(self.cfg, self.info, images, labels, epochs=self.epochs,
+                                        learning_rate=self.learning_rate, salt=salt, device=self.device)
+                    states.append({k: v.detach().cpu().clone() for k, v in model.state_dict().items()})
+            finally:
+                random.setstate(saved[0])
+                np.random.set_state(saved[1])
+                torch.set_rng_state(saved[2])
+            self._models = states[0], states[1]
+            log(INFO, "sentinel's floor: the server's own model trained %d epochs at lr %g on the reference cohort "
+                "(%d images) and on its training part (%d)", self.epochs, self.learning_rate, len(self.cohort.labels),
+                len(self.train_part.labels))
+        return self._models
+
+    @property
+    def whole(self) -> dict[str, torch.Tensor]:
+        """The model trained on the whole cohort: the ``cohort-only-converged`` control's."""
+        return self._trained()[0]
+
+    @property
+    def part(self) -> dict[str, torch.Tensor]:
+        """The model trained on the cohort's training part, never on the check part."""
+        return self._trained()[1]
+
+    def check_loss(self, state: dict[str, torch.Tensor]) -> float:
+        """The check part's class-balanced cross-entropy of the model ``state``."""
+        d = flatten_state(state)[0].numel()
+        return float(self.judge.candidate_losses(state, torch.zeros(1, d, dtype=torch.float64))[0])
+
+
 class ServerServices(Mapping[str, Callable[..., Any]]):
     """What this server offers the rules (``hospitrust.strategies.base.SERVICES``), each built
     on first use: the reference cohort is loaded once, and only for a rule that needs it.
@@ -203,6 +261,8 @@ class ServerServices(Mapping[str, Callable[..., Any]]):
             return self._cohort_judge().candidate_losses
         if name == "cohort_split":
             return self._cohort_split
+        if name == "cohort_floor":
+            return self._cohort_floor
         if name == "server_update":
             if self._trainer is None:
                 self._trainer = ReferenceCohortTrainer(self.cfg, self.info, self.device, self.sets.cohort)
@@ -223,6 +283,11 @@ class ServerServices(Mapping[str, Callable[..., Any]]):
                 ReferenceCohortTrainer(self.cfg, self.info, self.device, train_part, epochs=epochs),
                 ReferenceCohortJudge(self.cfg, self.info, self.device, check_part).candidate_losses)
         return self._splits[(check_fraction, epochs)]
+
+    def _cohort_floor(self, check_fraction: float, epochs: int, learning_rate: float) -> CohortFloor:
+        """The server's own model as a floor: trained on the whole cohort and on its training part (first use)."""
+        assert self.sets.cohort is not None
+        return CohortFloor(self.cfg, self.info, self.device, self.sets.cohort, check_fraction, epochs, learning_rate)
 
     def __iter__(self) -> Iterator[str]:
         return iter(SERVICES if self.sets.cohort is not None else ())

@@ -42,6 +42,8 @@ SERVICES = {
     "candidate_losses": "the reference cohort's class-balanced cross-entropy of each candidate model global + step",
     "cohort_split": ("the reference cohort split per class into a part the server trains on and a part it only checks "
                      "on: (check fraction) -> (the root update on the first, the candidate losses on the second)"),
+    "cohort_floor": ("the server's own model trained to convergence on the reference cohort and on its training part, "
+                     "with the check part's loss: (check fraction, epochs, learning rate) -> the floor"),
 }
 
 
@@ -351,6 +353,25 @@ class HospitrustStrategy(Strategy):
             (the central classification report, extra entries of the round's record).
         """
         raise NotImplementedError(f"{self.name} evaluates the global model centrally (runs_own_evaluation is False)")
+
+    def released(self, server_round: int, arrays: ArrayRecord) -> tuple[ArrayRecord, dict[str, Any]]:
+        """The model the consortium gets after ``server_round`` (evaluated centrally; the last round's is saved as
+        the run's model) and the rule's entries about it in the round's line: the global model itself and none for
+        every rule but one that keeps a floor (sentinel's ``floor``). The hospitals train on from the global model.
+
+        Parameters
+        ----------
+        server_round : int
+            The round just aggregated.
+        arrays : ArrayRecord
+            The loop's global model after it.
+
+        Returns
+        -------
+        tuple[ArrayRecord, dict[str, Any]]
+            The released model and the rule's entries.
+        """
+        return arrays, {}
 
     def final_model(self, arrays: ArrayRecord) -> dict[str, torch.Tensor] | None:
         """The state dict saved as the run's model.pt; None for a rule that keeps its final state in

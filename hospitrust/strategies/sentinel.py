@@ -10,6 +10,7 @@ from typing import Any, Literal
 from logging import INFO
 
 import torch
+from flwr.app import ArrayRecord
 from flwr.common import log
 from pydantic import Field
 
@@ -44,6 +45,18 @@ class SentinelOptions(Options):
         "of it and keeping the model (the server's step, trained from the current model on a few images, can itself "
         "make the held-out loss worse)."
     ))
+    floor: Literal["none", "cohort-model"] = Field("none", description=(
+        "A floor under the released model: none, or cohort-model: the server also trains its own model to "
+        "convergence on the cohort's training part (floor-epochs at floor-learning-rate, the cohort-only-converged "
+        "control's recipe) and, each round, releases the federated model only where its loss on the held-out part "
+        "is at most that model's; otherwise it releases the same recipe trained on the whole cohort (the control's "
+        "model). The released model is the one evaluated and saved; the hospitals train on from the federated one."
+    ))
+    floor_epochs: int = Field(240, ge=1, le=5000, description=(
+        "Epochs of the floor's training (the PneumoniaMNIST main condition's cohort-only-converged control, chosen "
+        "on the tuning seeds: docs/leaderboard.md, v3)."
+    ))
+    floor_learning_rate: float = Field(0.01, gt=0.0, le=10.0, description="The floor's learning rate (that control's).")
     step_bound: float = Field(4.0, gt=0.0, description=(
         "kappa: every hospital's update is clipped to kappa x the norm of the server's own update this round "
         "(the global model trained on the reference cohort), a bound no hospital can move. 0 < kappa; inf: none "
@@ -80,6 +93,9 @@ class Sentinel(HospitrustStrategy):
     ranked by the class-balanced loss on the check part of the model it alone gives; the candidates
     are the examples-weighted means of the k best, and the round's step is the one with the lowest
     check loss, unless g does better: then g. Math: :func:`hospitrust.aggregation.sentinel.sentinel`.
+    With ``floor``, the model released each round (evaluated and saved) is the global model where its check
+    loss is at most that of the server's own model trained to convergence on the training part, otherwise
+    that recipe trained on the whole cohort (the ``cohort-only-converged`` control's model).
 
     Parameters
     ----------
@@ -94,6 +110,9 @@ class Sentinel(HospitrustStrategy):
     cohort_split : Callable[[float, int], tuple]
         The server's service: (check fraction, server epochs) -> (server_update, candidate_losses) on the cohort's two
         parts (what a run passes; the two callables directly are for tests).
+    cohort_floor : Callable[[float, int, float], Any], optional
+        With ``floor``: (check fraction, epochs, learning rate) -> the server's own model (``whole``, ``part``
+        and ``check_loss``; :class:`hospitrust.server_app.services.CohortFloor`).
     **kwargs
         The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`).
     """
@@ -105,13 +124,23 @@ class Sentinel(HospitrustStrategy):
 
     @classmethod
     def needs(cls, options, composed) -> frozenset[str]:
-        return frozenset({"cohort_split"})
+        return frozenset({"cohort_split", "cohort_floor"} if options.floor != "none" else {"cohort_split"})
 
     def __init__(self, hospitals, options=None, *, cohort_split: Callable[[float, int], tuple[Any, Any]] | None = None,
                  server_update: Callable[[dict, int], torch.Tensor] | None = None,
                  candidate_losses: Callable[[dict, torch.Tensor], torch.Tensor] | None = None,
+                 cohort_floor: Callable[[float, int, float], Any] | None = None,
                  assumed_malicious: int = 0, **kwargs) -> None:
         super().__init__(hospitals, options, **kwargs)
+        o = self.options
+        self.floor = None  # the server's own model (CohortFloor-like: whole, part, check_loss), where floor is set
+        if o.floor != "none":
+            if cohort_floor is None:
+                raise ValueError("sentinel.floor = 'cohort-model' needs the server's own model (cohort_floor): it "
+                                 "comes from the reference cohort")
+            self.floor = cohort_floor(o.check_fraction, o.floor_epochs, o.floor_learning_rate)
+        self._released: ArrayRecord | None = None
+        self._floor_loss: float | None = None
         if assumed_malicious < 0:
             raise ValueError(f"sentinel: assumed_malicious must be >= 0, got {assumed_malicious}")
         self.f = assumed_malicious
@@ -157,3 +186,22 @@ class Sentinel(HospitrustStrategy):
             "candidate": [str(out["candidate"])] * n,
             "flagged": [not bool(w > 0) for w in weights],
         })
+
+    def released(self, server_round: int, arrays: ArrayRecord) -> tuple[ArrayRecord, dict[str, Any]]:
+        if self.floor is None:
+            return arrays, {}
+        if self._floor_loss is None:  # the server's own model is trained once: its loss is the run's
+            self._floor_loss = self.floor.check_loss(self.floor.part)
+        federated, floor = self.floor.check_loss(arrays.to_torch_state_dict()), self._floor_loss
+        keep = federated <= floor  # ties to the federation: the hospitals' model where it does as well
+        self._released = arrays if keep else ArrayRecord(self.floor.whole)
+        if not keep:
+            log(INFO, "sentinel round %d: the federated model's held-out loss %.4f is above the server's own model's "
+                "%.4f: the server's own model is released", server_round, federated, floor)
+        return self._released, {"sentinel_floor": {"released": "federated" if keep else "floor",
+                                                   "federated_loss": federated, "floor_loss": floor}}
+
+    def final_model(self, arrays: ArrayRecord) -> dict[str, torch.Tensor] | None:
+        if self.floor is not None and self._released is not None:
+            return self._released.to_torch_state_dict()
+        return arrays.to_torch_state_dict()
