@@ -208,6 +208,7 @@ def test_the_controls_are_tuned_by_the_protocols_rule_and_the_committed_grids_ar
     assert v3.main(["tune", "--check"]) == 0
     assert v3.main(["choose", "--check"]) == 0  # the evaluation grid is what the committed tuning curves choose
     assert v3.main(["tune", "--check", "--condition", "alpha0.1"]) == 0
+    assert v3.main(["choose", "--check", "--condition", "alpha0.1"]) == 0  # from its committed tuning curves
     alpha = parse_grid(REPO / "benchmarks" / "leaderboard" / "v3" / "controls-tune-alpha0.1.toml")
     assert len(alpha.cells) == 36 and {c.run_config["dirichlet.alpha"] for c in alpha.cells} == {0.1}
     curves = {}
