@@ -303,6 +303,9 @@ class _Floor:
     def check_loss(self, state):
         return float(((state["w"].double() - TARGET) ** 2).sum())
 
+    def check_balanced_accuracy(self, state):  # a stand-in that falls as the loss grows: 1 / (1 + loss)
+        return 1.0 / (1.0 + self.check_loss(state))
+
 
 def test_the_floor_releases_the_federated_model_where_it_does_as_well_and_the_servers_own_otherwise():
     from flwr.app import ArrayRecord
@@ -327,6 +330,15 @@ def test_the_floor_releases_the_federated_model_where_it_does_as_well_and_the_se
     with pytest.raises(ValueError, match="floor = 'cohort-model' needs the server's own model"):
         Sentinel({1: "a"}, {"floor": "cohort-model"}, server_update=lambda s, r: T([0.0]),
                  candidate_losses=lambda s, steps: _quadratic(steps))
+    by_accuracy = Sentinel({1: "a"}, {"floor": "cohort-model", "floor_check": "balanced-accuracy"},
+                           server_update=lambda state, rnd: T([0.0, 0.0]),
+                           candidate_losses=lambda state, steps: _quadratic(steps), cohort_floor=lambda *a: _Floor())
+    released, entries = by_accuracy.released(1, good)  # 1 / 1.25 = 0.8 against the floor's 1 / 2 = 0.5
+    assert released is good and entries == {"sentinel_floor": {"released": "federated",
+                                                                "federated_balanced_accuracy": 0.8,
+                                                                "floor_balanced_accuracy": 0.5}}
+    assert by_accuracy.released(2, tie)[0] is tie  # 0.5 = 0.5: the federation
+    assert by_accuracy.released(3, bad)[1]["sentinel_floor"]["released"] == "floor"  # 1 / 17
     plain = _rule()  # no floor: the global model itself, no entries
     assert plain.released(1, bad) == (bad, {}) and plain.final_model(bad)["w"].tolist() == [-3.0, 1.0]
 
@@ -357,6 +369,7 @@ def test_the_floor_is_the_cohort_only_converged_controls_model_bit_for_bit(tmp_p
     assert set(whole) == set(expected) and all(torch.equal(whole[k], expected[k].cpu()) for k in expected)
     assert any(not torch.equal(part[k], whole[k]) for k in whole)  # the training part alone: another model
     assert floor.check_loss(part) > 0 and len(floor.train_part.labels) == 4  # 2 of each class's 4 held out
+    assert 0.0 <= floor.check_balanced_accuracy(whole) <= 1.0
 
 
 @pytest.mark.data

@@ -230,6 +230,11 @@ class CohortFloor:
         d = flatten_state(state)[0].numel()
         return float(self.judge.candidate_losses(state, torch.zeros(1, d, dtype=torch.float64))[0])
 
+    def check_balanced_accuracy(self, state: dict[str, torch.Tensor]) -> float:
+        """The check part's balanced accuracy of the model ``state`` (the outcome the tables measure)."""
+        d = flatten_state(state)[0].numel()
+        return float(self.judge.score_candidates(state, torch.zeros(1, d, dtype=torch.float64))[0])
+
 
 class ServerServices(Mapping[str, Callable[..., Any]]):
     """What this server offers the rules (``hospitrust.strategies.base.SERVICES``), each built

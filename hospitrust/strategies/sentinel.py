@@ -52,6 +52,11 @@ class SentinelOptions(Options):
         "is at most that model's; otherwise it releases the same recipe trained on the whole cohort (the control's "
         "model). The released model is the one evaluated and saved; the hospitals train on from the federated one."
     ))
+    floor_check: Literal["loss", "balanced-accuracy"] = Field("loss", description=(
+        "What the floor's release compares on the held-out part: the class-balanced loss, or the balanced accuracy "
+        "(a model trained to convergence on a few images is overconfident, so its held-out loss can lose to a model "
+        "it beats in accuracy: design probe 6). Ties release the federated model."
+    ))
     floor_epochs: int = Field(240, ge=1, le=5000, description=(
         "Epochs of the floor's training (the PneumoniaMNIST main condition's cohort-only-converged control, chosen "
         "on the tuning seeds: docs/leaderboard.md, v3)."
@@ -190,16 +195,21 @@ class Sentinel(HospitrustStrategy):
     def released(self, server_round: int, arrays: ArrayRecord) -> tuple[ArrayRecord, dict[str, Any]]:
         if self.floor is None:
             return arrays, {}
-        if self._floor_loss is None:  # the server's own model is trained once: its loss is the run's
-            self._floor_loss = self.floor.check_loss(self.floor.part)
-        federated, floor = self.floor.check_loss(arrays.to_torch_state_dict()), self._floor_loss
-        keep = federated <= floor  # ties to the federation: the hospitals' model where it does as well
+        by_accuracy = self.options.floor_check == "balanced-accuracy"
+        check = self.floor.check_balanced_accuracy if by_accuracy else self.floor.check_loss
+        if self._floor_loss is None:  # the server's own model is trained once: its check value is the run's
+            self._floor_loss = check(self.floor.part)
+        federated, floor = check(arrays.to_torch_state_dict()), self._floor_loss
+        # ties to the federation: the hospitals' model where it does as well (lower loss, or higher accuracy)
+        keep = federated >= floor if by_accuracy else federated <= floor
         self._released = arrays if keep else ArrayRecord(self.floor.whole)
         if not keep:
-            log(INFO, "sentinel round %d: the federated model's held-out loss %.4f is above the server's own model's "
-                "%.4f: the server's own model is released", server_round, federated, floor)
+            log(INFO, "sentinel round %d: the federated model's held-out %s %.4f is worse than the server's own "
+                "model's %.4f: the server's own model is released", server_round, self.options.floor_check, federated,
+                floor)
+        what = "balanced_accuracy" if by_accuracy else "loss"
         return self._released, {"sentinel_floor": {"released": "federated" if keep else "floor",
-                                                   "federated_loss": federated, "floor_loss": floor}}
+                                                   f"federated_{what}": federated, f"floor_{what}": floor}}
 
     def final_model(self, arrays: ArrayRecord) -> dict[str, torch.Tensor] | None:
         if self.floor is not None and self._released is not None:
