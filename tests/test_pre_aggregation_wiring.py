@@ -83,6 +83,9 @@ def test_central_dp_is_refused(mode):
         def options(self, section):
             return PrivacyOptions(mode=mode) if section == "privacy" else self.cfg.options(section)
 
+        def section(self, options_class):  # the typed read the checks use
+            return PrivacyOptions(mode=mode) if options_class is PrivacyOptions else self.cfg.section(options_class)
+
     (problem,) = check_pre_aggregation(WithCentralDP(parse_run_config({"pre-aggregation": "bucketing"})))
     assert problem.startswith(f"pre-aggregation = 'bucketing' with privacy.mode = '{mode}': central DP's noise")
     assert check_pre_aggregation(WithCentralDP(parse_run_config({}))) == []
