@@ -145,7 +145,9 @@ class Sentinel(HospitrustStrategy):
                                  "comes from the reference cohort")
             self.floor = cohort_floor(o.check_fraction, o.floor_epochs, o.floor_learning_rate)
         self._released: ArrayRecord | None = None
-        self._floor_loss: float | None = None
+        # the server's own model is trained once: its check value and its record are the run's
+        self._floor_value: float | None = None
+        self._floor_arrays: ArrayRecord | None = None
         if assumed_malicious < 0:
             raise ValueError(f"sentinel: assumed_malicious must be >= 0, got {assumed_malicious}")
         self.f = assumed_malicious
@@ -197,18 +199,22 @@ class Sentinel(HospitrustStrategy):
             return arrays, {}
         by_accuracy = self.options.floor_check == "balanced-accuracy"
         check = self.floor.check_balanced_accuracy if by_accuracy else self.floor.check_loss
-        if self._floor_loss is None:  # the server's own model is trained once: its check value is the run's
-            self._floor_loss = check(self.floor.part)
-        federated, floor = check(arrays.to_torch_state_dict()), self._floor_loss
+        if self._floor_value is None:
+            self._floor_value = check(self.floor.part)
+        federated, floor = check(arrays.to_torch_state_dict()), self._floor_value
         # ties to the federation: the hospitals' model where it does as well (lower loss, or higher accuracy)
         keep = federated >= floor if by_accuracy else federated <= floor
-        self._released = arrays if keep else ArrayRecord(self.floor.whole)
+        if not keep and self._floor_arrays is None:
+            self._floor_arrays = ArrayRecord(self.floor.whole)
+        released = arrays if keep else self._floor_arrays
+        assert released is not None
+        self._released = released
         if not keep:
             log(INFO, "sentinel round %d: the federated model's held-out %s %.4f is worse than the server's own "
                 "model's %.4f: the server's own model is released", server_round, self.options.floor_check, federated,
                 floor)
         what = "balanced_accuracy" if by_accuracy else "loss"
-        return self._released, {"sentinel_floor": {"released": "federated" if keep else "floor",
+        return released, {"sentinel_floor": {"released": "federated" if keep else "floor",
                                                    f"federated_{what}": federated, f"floor_{what}": floor}}
 
     def final_model(self, arrays: ArrayRecord) -> dict[str, torch.Tensor] | None:
