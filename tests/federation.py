@@ -177,50 +177,26 @@ class Federation:
         assert res.returncode == 0, res.stdout + res.stderr
         return int(json.loads(res.stdout)["run-id"])
 
-    def serverapp_running(self) -> bool:
-        """Whether a ServerApp process runs under the SuperLink (its SuperExec starts one per run)."""
-        try:
-            procs = psutil.Process(self.procs["superlink"].pid).children(recursive=True)
-        except psutil.Error:
-            return False
-        running = False
-        for p in procs:
-            try:
-                running |= p.status() != psutil.STATUS_ZOMBIE and any(a.endswith("flwr-serverapp") for a in p.cmdline()[:2])
-            except psutil.Error:
-                continue
-        return running
-
     def wait(self, run_id: int, timeout: float = RUN_TIMEOUT) -> tuple[str, str]:
-        """Until the run has finished: its status as `flwr ls` gives it (what the tests assert). `flwr ls` is a Python
-        start (a CPU second on a loaded machine, which the other worker's tests wait for), so it is asked by what the
-        SuperLink's process tree shows: every 5 s before the run's ServerApp has started (a run that never starts still
-        ends), every 15 s while it runs (a run ends with its ServerApp; the 15 s catch one that outlives it), and 1 s
-        after the last answer once the ServerApp has gone (the run is ending)."""
+        """Until the run has finished: its status as `flwr ls` gives it (what the tests assert), asked every second
+        in this process (``deploy.run_status``: Flower's Control API client, no `flwr` process)."""
         env, deadline = flwr_env(self.cli_home), time.monotonic() + timeout
-        status, details, answered_at, started = "unknown", "", -1e9, False
+        status, details = "unknown", ""
         while time.monotonic() < deadline:
-            running = self.serverapp_running()
-            started |= running
-            if time.monotonic() - answered_at >= (15.0 if running else 1.0 if started else 5.0):
-                status, details = deploy.run_status(run_id, "tls", env=env)
-                answered_at = time.monotonic()
-                if status.startswith("finished"):
-                    return status, details
-            time.sleep(0.2)
+            status, details = deploy.run_status(run_id, "tls", env=env)
+            if status.startswith("finished"):
+                return status, details
+            time.sleep(1.0)
         self.flwr("stop", str(run_id), "tls")
         return "timeout", f"still {status} after {timeout:.0f} s"
 
     def wait_for(self, done, run_id: int, what: str, timeout: float = RUN_TIMEOUT) -> None:
-        """Until ``done()`` (checked every 0.2 s); fails if the run finishes first (its status asked only while no
-        ServerApp runs: every 2 s once its ServerApp has gone, every 5 s before it has started) or after ``timeout``
-        seconds."""
-        env, deadline, asked_at, started = flwr_env(self.cli_home), time.monotonic() + timeout, -1e9, False
+        """Until ``done()`` (checked every 0.2 s); fails if the run finishes first (its status asked every second)
+        or after ``timeout`` seconds."""
+        env, deadline, asked_at = flwr_env(self.cli_home), time.monotonic() + timeout, -1e9
         while not done():
             assert time.monotonic() < deadline, f"{what} not reached in {timeout:.0f} s\n" + self.run_log(run_id)
-            running = self.serverapp_running()
-            started |= running
-            if not running and time.monotonic() - asked_at >= (2.0 if started else 5.0):
+            if time.monotonic() - asked_at >= 1.0:
                 asked_at = time.monotonic()
                 status, details = deploy.run_status(run_id, "tls", env=env)
                 if status.startswith("finished") and not done():

@@ -61,6 +61,10 @@ def test_a_stranger_with_only_ca_crt_can_neither_register_nor_run_nor_read(feder
     for what, res in attempts.items():
         out = res.stdout + res.stderr
         assert _refused(res) and "403" in out, f"flwr {what} as a stranger was not refused:\n{out}"
+    # the same reads in process (hospitrust's run supervisor, grids and console use Flower's client so): refused too
+    status, details = deploy.run_status(1, "consortium", env=flwr_env(stranger))
+    assert status == "unknown" and "403" in details, details
+    assert deploy.online_nodes("consortium", env=flwr_env(stranger)) == []
     # nor on the operators' listener without an operator certificate: TLS asks for one
     deploy.write_connection("direct", fed.operator_address, fed.certs / "ca.crt", make_default=True, home=stranger)
     res = fed.flwr("ls", "direct", "--format", "json", home=stranger)
@@ -153,7 +157,13 @@ def test_with_the_operator_credential_register_run_ls_and_log_work_and_no_identi
         status, details = fed.wait(run_id)
         assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}"
         listed = json.loads(fed.flwr("ls", "tls", "--format", "json").stdout)
-        assert any(int(r["run-id"]) == run_id and r["status"] == deploy.COMPLETED for r in listed["runs"]), listed
+        (row,) = [r for r in listed["runs"] if int(r["run-id"]) == run_id]
+        assert row["status"] == deploy.COMPLETED, listed
+        # hospitrust's in-process reads (Flower's Control API client, no `flwr` process) say what the CLI says
+        assert deploy.run_status(run_id, "tls", env=flwr_env(fed.cli_home)) == (row["status"], row["status-details"])
+        nodes = json.loads(fed.flwr("supernode", "list", "tls", "--format", "json").stdout)["nodes"]
+        assert ({n["node-id"] for n in nodes if n["status"] == "online"}
+                == {n["node-id"] for n in deploy.online_nodes("tls", env=flwr_env(fed.cli_home))} >= {bad_id}), nodes
         log = fed.run_log(run_id)
         assert re.search(r"round 1", log, re.IGNORECASE), log
     finally:

@@ -118,16 +118,12 @@ def run_simulation_cell(run_config: dict[str, Any], hospitals: int, log: TextIO,
     except FlowerProcessError as exc:
         raise SimulationError(str(exc)) from None
     print(f"bench: run {run_id} submitted to SuperLink {superlink['address']}", file=log, flush=True)
-    summary = Path(values["output-dir"]) / values["run-name"] / "summary.json"
     deadline = time.monotonic() + timeout
-    status, details, last_check = "pending", "", 0.0
+    status, details = "pending", ""
     while time.monotonic() < deadline:
-        # a finished run leaves summary.json; `flwr ls` (a CLI start, ~1 s of CPU) only now and then
-        if summary.is_file() or time.monotonic() - last_check > 20:
-            status, details = flwr.run_status(run_id, CONNECTION, env=env, cwd=work)
-            last_check = time.monotonic()
-            if status.startswith("finished"):
-                break
+        status, details = flwr.run_status(run_id, CONNECTION, env=env, cwd=work)  # in process: milliseconds
+        if status.startswith("finished"):
+            break
         time.sleep(1.0)
     if not status.startswith("finished"):
         flwr.stop_run(run_id, CONNECTION, env=env, cwd=work)

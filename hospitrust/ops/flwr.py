@@ -26,9 +26,10 @@ import threading
 import time
 import urllib.request
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import psutil
 
@@ -304,14 +305,84 @@ def submit_run(app: Path, connection: str, *, run_config: str, env: dict[str, st
         raise FlowerProcessError(f"flwr run did not start the run:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}") from None
 
 
-def run_status(run_id: int, connection: str, *, env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[str, str]:
-    """(status, status details) of a run, from ``flwr ls --run-id``; ("unknown", output) if unreadable."""
-    res = flwr_cli(["ls", connection, "--run-id", str(run_id), "--format", "json"], env=env, cwd=cwd)
+_CONTROL_LOCK = threading.Lock()  # Flower's CLI code reads $FLWR_HOME from os.environ: one reader at a time
+
+
+@contextmanager
+def control_client(connection: str, env: Mapping[str, str] | None = None) -> Iterator[Any]:
+    """Flower's own Control API client for ``connection``, in this process: what ``flwr ls`` and ``flwr supernode
+    list`` use, read from ``$FLWR_HOME/config.toml`` (``env``'s, else this process's) with the same certificates,
+    credentials and interceptors. A ``flwr`` process costs about a CPU second to start on a 2-core machine (the
+    run supervisor, the grids' backends and the tests poll run statuses every few seconds); a call here costs a few
+    milliseconds. Built as ``flwr.cli.utils.init_http_client_from_connection`` builds it, without its banner line.
+    """
+    from flwr.cli.cli_account_auth_interceptor import CliAccountAuthHttpInterceptor
+    from flwr.cli.cli_client_interceptor import CliClientHttpInterceptor
+    from flwr.cli.config_utils import load_certificate_in_connection
+    from flwr.cli.flower_config import read_superlink_connection
+    from flwr.cli.local_superlink import ensure_local_superlink
+    from flwr.cli.utils import load_cli_auth_plugin_from_connection
+    from flwr.proto.control_pb2 import RefreshAuthTokensRequest
+    from flwr.supercore.auth.typing import AccountAuthCredentials
+    from flwr.supercore.control import ControlHttpClient
+    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+
+    home = (os.environ if env is None else env).get("FLWR_HOME")
+    with _CONTROL_LOCK:
+        saved = os.environ.get("FLWR_HOME")
+        if home is not None:
+            os.environ["FLWR_HOME"] = home
+        try:
+            found = ensure_local_superlink(read_superlink_connection(connection))
+            auth_plugin = load_cli_auth_plugin_from_connection(str(found.address))
+            auth_plugin.load_tokens()
+            client: Any = None
+
+            def refresh_tokens(refresh_token: str) -> AccountAuthCredentials:
+                response = client.RefreshAuthTokens(RefreshAuthTokensRequest(refresh_token=refresh_token))
+                return AccountAuthCredentials(access_token=response.access_token, refresh_token=response.refresh_token)
+
+            client = ControlHttpClient.from_server_address(
+                server_address=str(found.address), insecure=found.insecure,
+                root_certificates=load_certificate_in_connection(found),
+                interceptors=[CliClientHttpInterceptor(), RuntimeVersionHttpInterceptor(component_name="flwr CLI"),
+                              CliAccountAuthHttpInterceptor(auth_plugin, refresh_tokens)])
+            try:
+                yield client
+            finally:
+                client.close()
+        finally:
+            if saved is None:
+                os.environ.pop("FLWR_HOME", None)
+            else:
+                os.environ["FLWR_HOME"] = saved
+
+
+def run_status(run_id: int, connection: str, *, env: Mapping[str, str] | None = None,
+               cwd: Path | None = None) -> tuple[str, str]:
+    """(status, status details) of a run as ``flwr ls --run-id`` gives them (``control_client``: no ``flwr``
+    process); ("unknown", why) if the SuperLink cannot say. ``cwd`` is kept for its callers; nothing reads it.
+    """
+    from flwr.cli.run_utils import format_runs
+    from flwr.common.serde import run_from_proto
+    from flwr.proto.control_pb2 import ListRunsRequest
+
     try:
-        run = json.loads(res.stdout)["runs"][0]
-    except (json.JSONDecodeError, KeyError, IndexError, TypeError):
-        return "unknown", (res.stdout + res.stderr)[-2000:]
-    return str(run.get("status", "unknown")), str(run.get("status-details", ""))
+        with control_client(connection, env) as client:
+            res = client.ListRuns(ListRunsRequest(run_id=run_id))
+        rows = format_runs([run_from_proto(proto) for proto in res.run_dict.values()], res.now)
+    except Exception as exc:  # unreachable, refused, no such run, a broken config: the callers poll again
+        return "unknown", _control_error(exc)
+    if not rows:
+        return "unknown", f"run {run_id} not found"
+    return str(rows[0].status_text), str(rows[0].details)
+
+
+def _control_error(exc: Exception) -> str:
+    """What the SuperLink (or the connection) said, for a status the callers show."""
+    response = getattr(exc, "response", None)
+    text = f"{response.status_code} {response.text}" if response is not None else f"{type(exc).__name__}: {exc}"
+    return text[-2000:]
 
 
 def wait_for_run(run_id: int, connection: str, timeout: float, *, env: dict[str, str] | None = None,
@@ -331,11 +402,16 @@ def stop_run(run_id: int, connection: str, *, env: dict[str, str] | None = None,
     flwr_cli(["stop", str(run_id), connection], env=env, cwd=cwd)
 
 
-def online_nodes(connection: str, *, env: dict[str, str] | None = None, cwd: Path | None = None) -> list[dict]:
-    """The SuperNodes the SuperLink lists as online."""
-    res = flwr_cli(["supernode", "list", connection, "--format", "json"], env=env, cwd=cwd)
+def online_nodes(connection: str, *, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> list[dict]:
+    """The SuperNodes the SuperLink lists as online, as ``flwr supernode list --format json`` gives them
+    (``control_client``: no ``flwr`` process); none if the SuperLink cannot say.
+    """
+    from flwr.proto.control_pb2 import ListNodesRequest
+
     try:
-        nodes = json.loads(res.stdout).get("nodes", [])
-    except json.JSONDecodeError:
+        with control_client(connection, env) as client:
+            res = client.ListNodes(ListNodesRequest())
+    except Exception:  # the callers count online nodes and ask again
         return []
-    return [n for n in nodes if n.get("status") == "online"]
+    return [{"node-id": str(n.node_id), "owner-name": n.owner_name, "status": n.status}
+            for n in res.nodes_info if n.status == "online"]
