@@ -106,6 +106,13 @@ def pytest_cmdline_main(config):
     if config.option.numprocesses and config.option.dist == "no":
         # docs: page by page, the pages whose servers take the same fixed port on one worker (pytest_xdist_make_scheduler)
         config.option.dist = "loadscope" if docs else "loadfile"
+    workers = config.option.numprocesses
+    if isinstance(workers, int) and workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # the cores shared out among the workers, inherited by every process they start (ServerApps, Ray's actors, the
+        # manual's commands): torch's default of one OpenMP thread per core in each of two workers on two cores spins
+        # threads against each other. Idle on 2 cores, six torch-heavy modules on two workers took 141 s (241 CPU s)
+        # with torch's default and 84 s (139 CPU s) with one thread each (docs/experiments/2026-12-06-suite-threads.md)
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
 
 
 def _selects_docs(markexpr: str | None) -> bool:
