@@ -290,5 +290,15 @@ def test_the_v3_decisive_parts_are_the_generators_output_and_their_cost_fits_the
                if c.axes["reference-cohort-per-class"] == 0}
     assert set(at_zero) == {"hta", "earn"}
     assert at_zero["hta"].strategy_options.validation_exponent == 0 and not at_zero["earn"].strategy_options.audit
+    # Dirichlet 0.1, one part per fresh seed 41-50: the 7 rules x (clean, 9 common attacks, backdoor) and the 8 cells
+    # of their own attacks (median's agr-tailored, HTA's, EARN's, FLTrust's and anchored-trust's aware ones, and
+    # anchored-trust's two decorrelated copies), at the main condition's rates and bounds
+    for seed in range(41, 51):
+        part = parse_grid(REPO / "benchmarks" / "leaderboard" / "v3" / f"alpha0.1-s{seed}.toml")
+        assert len(part.cells) == 7 * 11 + 8 == 85 and {c.axes["seed"] for c in part.cells} == {seed}
+    by_cell = {(c.axes["strategy"], c.axes["attack"]): parse_run_config(c.run_config) for c in part.cells}
+    assert part.cells[0].run_config["dirichlet.alpha"] == 0.1 and ("fedavg", "agr-tailored") not in by_cell
+    assert by_cell[("fltrust", "none")].malicious_fraction == 0 and by_cell[("fltrust", "alie")].malicious_fraction == 0.3
+    assert (by_cell[("hta", "sign-flip")].learning_rate, by_cell[("hta", "sign-flip")].max_update_norm) == (0.03, 5.2)
     total = parts.cost_table().splitlines()[-1]
     assert total.startswith("| all | ") and float(total.split("|")[3]) <= 12.0  # the 12 h of grid time
