@@ -12,7 +12,6 @@ at the end. Timeouts are generous: on a loaded 2-core machine one deployment pha
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -30,6 +29,8 @@ from hospitrust.cli.export import export
 SUPERNODE_HEARTBEAT = Path(__file__).resolve().parent / "supernode_heartbeat"
 RUN_TIMEOUT = float(os.environ.get("HOSPITRUST_TEST_RUN_TIMEOUT", "900"))
 REPLY_TIMEOUT = float(os.environ.get("HOSPITRUST_TEST_REPLY_TIMEOUT", "300"))
+# a ClientApp's task token lapses this long after its last beat (supernode_heartbeat/sitecustomize.py; Flower: 60 s)
+TASK_TOKEN_LAPSE = float(os.environ.get("HOSPITRUST_TEST_TASK_TOKEN_LAPSE", "15"))
 # the task and the server's sets come from the export (task.file, server-data.*): no dataset flag
 QUICK = "batch-size=32 local-epochs=2 train.class-weighted-loss=true"
 EXPORT = dict(formats=["png", "csv", "dicom"], hospitals=3, test_fraction=0.3,
@@ -172,10 +173,11 @@ class Federation:
         return "\n".join(parts)
 
     def submit(self, run_config: str, app: Path | None = None) -> int:
+        """``flwr run APP tls --run-config ...`` in this process (``flwr.start_run``: Flower's bundle builder and its
+        StartRun through the operator's connection, no `flwr` process); the `flwr run` command itself is played by
+        test_control_plane and the paused-ClientApps scenario."""
         self.wait_idle()
-        res = self.flwr("run", str(app or self.app), "tls", "--run-config", run_config, "--format", "json")
-        assert res.returncode == 0, res.stdout + res.stderr
-        return int(json.loads(res.stdout)["run-id"])
+        return flwr.start_run(app or self.app, "tls", run_config=run_config, env=flwr_env(self.cli_home))
 
     def wait(self, run_id: int, timeout: float = RUN_TIMEOUT) -> tuple[str, str]:
         """Until the run has finished: its status as `flwr ls` gives it (what the tests assert), asked every second

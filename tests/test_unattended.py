@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from federation import HOSPITALS, flwr_env, run_config, superlinks as _superlinks, task_keys
+from federation import HOSPITALS, TASK_TOKEN_LAPSE, flwr_env, run_config, superlinks as _superlinks, task_keys
 from hospitrust.ops import deploy
 
 pytestmark = [pytest.mark.slow, pytest.mark.data]
@@ -221,7 +221,9 @@ def _launcher_of(fed, name: str) -> psutil.Process:
     return launcher[0]
 
 
-TOKEN_LAPSE = 65  # Flower 1.42's SuperNode drops a task's token 60 s (2 x 30 s) after its ClientApp's last heartbeat
+# the test federation's SuperNodes drop a task's token TASK_TOKEN_LAPSE (15 s; Flower 1.42: 60 s, 2 x 30 s) after its
+# ClientApp's last heartbeat: the pause outlasts it by 5 s
+TOKEN_LAPSE = TASK_TOKEN_LAPSE + 5
 
 
 
@@ -245,7 +247,7 @@ def _installed_for_training(log: str) -> bool:
 def test_clientapps_paused_across_a_superlink_crash_leave_their_hospitals_healed_within_a_minute_of_the_resume(federation):
     """Issue 47's post-crash hang, reproduced: the round-1 ClientApps in flight are paused (SIGSTOP), flower-superlink
     is killed with SIGKILL and comes back by itself (its `deploy superlink` wrapper restarts it on its database), and
-    the ClientApps are resumed once past Flower's 60 s task heartbeat: Flower refuses their tokens and they exit 0
+    the ClientApps are resumed once past their task tokens' lapse (15 s in the test federation, Flower's 60 s deployed): Flower refuses their tokens and they exit 0
     without a reply (before issue 47 their SuperNodes then stayed online and silent until the 1,800 s bound). Within
     a minute of the resume every hospital is free again (Flower's own error reply for a lapsed task whose message it
     had pulled, or the watchdog's restart), and the next run, which needs all three hospitals, gets hospital-2's
@@ -298,13 +300,15 @@ def test_clientapps_paused_across_a_superlink_crash_leave_their_hospitals_healed
         time.sleep(0.5)
     healed_by = ("the watchdog" if "hospitrust watchdog: restarting" in log
                  else "Flower (its error reply for the lapsed task, or the task handed to a new ClientApp)")
-    crashed, details = fed.wait(run_id)  # its ServerApp died with the SuperLink
-    assert crashed.startswith("finished"), f"{crashed}: {details}\n{fed.run_log(run_id)}"
+    # the next run, submitted while the SuperLink has yet to mark the crashed one finished (it does once that
+    # ServerApp's heartbeats lapse, Flower's 60 s): the hospitals, free, serve it meanwhile
     res = fed.flwr("run", str(fed.app), "tls", "--run-config",
                    run_config(fed, "after-crash", f"min-hospitals=3 {task_keys(fed)}", reply_timeout=REPLY_TIMEOUT,
                               rounds=1), "--format", "json")
     assert res.returncode == 0, res.stdout + res.stderr
     after = int(json.loads(res.stdout)["run-id"])
+    crashed, details = fed.wait(run_id)  # its ServerApp died with the SuperLink
+    assert crashed.startswith("finished"), f"{crashed}: {details}\n{fed.run_log(run_id)}"
     status, details = fed.wait(after)
     after_dir = fed.work / "runs" / "after-crash"
     assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(after)}\n{fed.diagnostics(after_dir)}"

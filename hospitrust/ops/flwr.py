@@ -13,7 +13,6 @@ Flower process behind.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import re
 import shutil
@@ -289,20 +288,52 @@ def stage_app(app: Path, into: Path) -> Path:
     return stage
 
 
-def submit_run(app: Path, connection: str, *, run_config: str, env: dict[str, str], cwd: Path,
+def submit_run(app: Path, connection: str, *, run_config: str, env: Mapping[str, str], cwd: Path,
                federation_config: str | None = None) -> int:
-    """``flwr run APP CONNECTION`` without streaming, from a staged copy of the app (``stage_app``,
-    in ``cwd``); the run id, or FlowerProcessError with flwr's output.
+    """What ``flwr run APP CONNECTION --run-config RUN_CONFIG [--federation-config ...]`` does, in this process:
+    the app staged in ``cwd`` (``stage_app``), then ``start_run``. The run id, or FlowerProcessError with what
+    Flower or the SuperLink said.
     """
-    staged = stage_app(app, Path(cwd) / "app-stage")
-    args = ["run", str(staged), connection, "--run-config", run_config, "--format", "json"]
-    if federation_config:
-        args[3:3] = ["--federation-config", federation_config]
-    res = flwr_cli(args, env=env, cwd=cwd)
+    return start_run(stage_app(app, Path(cwd) / "app-stage"), connection, run_config=run_config, env=env,
+                     federation_config=federation_config)
+
+
+def start_run(staged: Path, connection: str, *, run_config: str, env: Mapping[str, str] | None = None,
+              federation_config: str | None = None) -> int:
+    """``flwr run STAGED CONNECTION ...`` for an app folder already staged (``stage_app``), in this process: the
+    bundle built by Flower's own builder, then Flower's StartRun through ``control_client`` (the same connection,
+    certificates and credentials). A ``flwr run`` process costs about a CPU second on a 2-core machine; every
+    simulation, grid cell and supervised attempt submits one.
+    """
+    import hashlib
+
+    from flwr.cli.build import build_fab_from_disk
+    from flwr.cli.config_utils import load_and_validate
+    from flwr.cli.run.run import _parse_federation_config_overrides
+    from flwr.common.config import parse_config_args
+    from flwr.common.serde import fab_to_proto, user_config_to_proto
+    from flwr.proto.control_pb2 import StartRunRequest
+    from flwr.supercore.fab import Fab
+
     try:
-        return int(json.loads(res.stdout)["run-id"])
-    except (json.JSONDecodeError, KeyError, ValueError, TypeError):
-        raise FlowerProcessError(f"flwr run did not start the run:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}") from None
+        # the app's configuration as `flwr run` validates it, without importing its modules into this process (an
+        # app's ServerApp names a module of its own; the ServerApp process imports it, and says so if it is wrong)
+        load_and_validate(staged / "pyproject.toml", check_module=False)
+        fab_bytes = build_fab_from_disk(staged)
+        with control_client(connection, env) as client:
+            request = StartRunRequest(
+                fab=fab_to_proto(Fab(hashlib.sha256(fab_bytes).hexdigest(), fab_bytes, {})),
+                override_config=user_config_to_proto(parse_config_args([run_config])),
+                federation=client.superlink_connection.federation or "",
+                override_federation_config=_parse_federation_config_overrides(
+                    [federation_config] if federation_config else None, client.superlink_connection),
+                app_spec="")
+            res = client.StartRun(request)
+    except Exception as exc:  # a bad app or config, a refused or unreachable SuperLink: said, not raised raw
+        raise FlowerProcessError(f"flwr run did not start the run: {_control_error(exc)}") from None
+    if not res.HasField("run_id"):
+        raise FlowerProcessError(f"flwr run did not start the run: the SuperLink gave no run id ({res})")
+    return int(res.run_id)
 
 
 _CONTROL_LOCK = threading.Lock()  # Flower's CLI code reads $FLWR_HOME from os.environ: one reader at a time
@@ -347,6 +378,7 @@ def control_client(connection: str, env: Mapping[str, str] | None = None) -> Ite
                 root_certificates=load_certificate_in_connection(found),
                 interceptors=[CliClientHttpInterceptor(), RuntimeVersionHttpInterceptor(component_name="flwr CLI"),
                               CliAccountAuthHttpInterceptor(auth_plugin, refresh_tokens)])
+            client.superlink_connection = found  # what StartRun's federation fields are read from
             try:
                 yield client
             finally:
