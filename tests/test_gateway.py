@@ -81,6 +81,12 @@ def test_the_gateway_configuration_publishes_only_fleet_and_control_and_nginx_ac
     assert "proxy_buffering off;" in operators  # flwr log --stream
     assert text.count("proxy_pass https://127.0.0.1:19092;") == 4 and "/v1/runtime" not in text
     assert f"client_max_body_size {gateway.MAX_BODY};" in text  # above Flower's 5 MB chunks and 10 MB bundles
+    assert "worker_connections 512;" in text  # about 5 per connected hospital: about 100 hospitals
+    wide = gateway.gateway_config(gateway.GatewayLayout(host="0.0.0.0", port=19093, operator_port=19095,
+                                                        superlink_port=19092, connections=2048),
+                                  ca=pki / "ca.crt", cert=pki / "server.pem", key=pki / "server.key", state=tmp_path / "gw2")
+    gateway.write_nginx_config(wide, tmp_path / "gw2")  # nginx accepts it
+    assert "worker_connections 2048;" in wide
 
 
 def test_bad_layouts_and_paths_are_refused(pki, tmp_path):
@@ -88,6 +94,8 @@ def test_bad_layouts_and_paths_are_refused(pki, tmp_path):
         gateway.GatewayLayout(port=9093, operator_port=9093).check()
     with pytest.raises(DeployError, match="between 1 and 65535"):
         gateway.GatewayLayout(port=70000).check()
+    with pytest.raises(DeployError, match="--gateway-connections 10: expected 64 to 65536"):
+        gateway.GatewayLayout(connections=10).check()
     with pytest.raises(DeployError, match="double quote"):
         gateway.gateway_config(gateway.GatewayLayout(), ca=tmp_path / 'a"b.crt', cert=pki / "server.pem",
                                key=pki / "server.key", state=tmp_path)

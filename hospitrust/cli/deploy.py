@@ -83,7 +83,8 @@ def cmd_superlink(args) -> int:
     if not args.dry_run:
         private_database(database)  # 0600, and so its -wal and -shm
     layout = gateway.GatewayLayout(host=args.host, port=args.port, operator_host=args.operator_host,
-                                   operator_port=args.operator_port, superlink_port=args.superlink_port)
+                                   operator_port=args.operator_port, superlink_port=args.superlink_port,
+                                   connections=args.gateway_connections)
     layout.check()
     if args.access_log_max_mb < 0 or args.access_log_keep < 0:
         raise DeployError(f"--access-log-max-mb {args.access_log_max_mb:g} --access-log-keep {args.access_log_keep}: "
@@ -447,6 +448,9 @@ def add_deploy_parser(sub) -> None:
     p.add_argument("--gateway", choices=("nginx", "none"), default="nginx",
                    help="nginx (default): start the gateway too; none: the SuperLink alone on 127.0.0.1, behind your own "
                         "proxy (the nginx configuration to start from is written to STATE_DIR/nginx.conf)")
+    p.add_argument("--gateway-connections", type=int, default=512, metavar="N",
+                   help="the gateway's connections at most (nginx worker_connections; default 512: each connected "
+                        "hospital holds about 5, so about 100 hospitals)")
     p.add_argument("--state-dir", help="the gateway's configuration, pid and logs (default: DATABASE's folder/gateway)")
     p.add_argument("--log-file", help="also log the SuperLink to this file")
     p.add_argument("--access-log-max-mb", type=float, default=10.0,

@@ -58,6 +58,9 @@ CANONICAL_TARGET = r"^(/|(/[A-Za-z0-9_-][A-Za-z0-9._-]*)+)$"
 SUPERLINK_NAME = "localhost"  # the name the gateway checks the SuperLink's certificate for (server-cert adds it)
 
 
+DEFAULT_CONNECTIONS = 512
+
+
 @dataclass(frozen=True)
 class GatewayLayout:
     """Where each listener is. ``superlink_port`` is on 127.0.0.1 and never published."""
@@ -67,8 +70,13 @@ class GatewayLayout:
     operator_host: str = "127.0.0.1"
     operator_port: int = DEFAULT_OPERATOR_PORT
     superlink_port: int = DEFAULT_SUPERLINK_PORT
+    # nginx's worker_connections: each connected hospital holds about five (its SuperNode's connections to the
+    # gateway and the gateway's to flower-superlink), so 512 serves about 100 hospitals (benchmarks/load.py)
+    connections: int = DEFAULT_CONNECTIONS
 
     def check(self) -> None:
+        if not 64 <= self.connections <= 65536:
+            raise DeployError(f"--gateway-connections {self.connections}: expected 64 to 65536 (about 5 per hospital)")
         ports = {"--port": self.port, "--operator-port": self.operator_port, "--superlink-port": self.superlink_port}
         for flag, port in ports.items():
             if not 0 < port < 65536:
@@ -89,7 +97,7 @@ def _q(path: Path | str) -> str:
     return f'"{text}"'
 
 
-def _common(state: Path) -> str:
+def _common(state: Path, connections: int = DEFAULT_CONNECTIONS) -> str:
     """The top of an nginx.conf run in the foreground by an unprivileged service user (or root in a test)."""
     user = f"user {getpass.getuser()};\n" if os.geteuid() == 0 else ""  # as root, workers would be 'nobody'
     tmp = state / "tmp"
@@ -98,7 +106,7 @@ def _common(state: Path) -> str:
 {user}worker_processes 1;
 pid {_q(state / "nginx.pid")};
 error_log stderr warn;
-events {{ worker_connections 512; }}
+events {{ worker_connections {connections}; }}
 
 http {{
     server_tokens off;
@@ -132,7 +140,7 @@ def gateway_config(layout: GatewayLayout, *, ca: Path, cert: Path, key: Path, st
     upstream = f"https://127.0.0.1:{layout.superlink_port}"
     tls = _upstream_tls(ca, SUPERLINK_NAME)
     fleet = "|".join(FLEET_PATHS)
-    return _common(state) + f"""
+    return _common(state, layout.connections) + f"""
     # the hospitals' listener: the Fleet API a SuperNode calls, and the health check; nothing else
     server {{
         listen {_listen(layout.host, layout.port)} ssl;
