@@ -360,6 +360,15 @@ def run_one(hospitals: int, rounds: int, launcher: str, churn: bool, out: Path, 
                            "supernodes": error_lines([p for p in logs if p.stem.startswith("hospital-")])},
                 "machine": {"cpus": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / GB, 1)},
             }
+            result["attempt_statuses"] = [f"{a.get('status')} ({a.get('details', '')})"[:300] for a in attempts]
+            if result["status"] != deploy.COMPLETED:  # what the operator would read: kept beside the figures
+                kept = out / f"load-N{hospitals}{'-churn' if churn else ''}-logs"
+                kept.mkdir(parents=True, exist_ok=True)
+                for log in (work / "logs" / "superlink.log", work / "logs" / "run-supervisor.log", record,
+                            run_dir / "server.log"):
+                    if log.is_file():
+                        (kept / log.name).write_text(log.read_text(errors="replace")[-2_000_000:])
+                result["logs_kept"] = str(kept)
             if churn:
                 kill_round = 2
                 back = {r["round"]: set(r["hospitals"]) & set(victims) for r in result["replies"]}
