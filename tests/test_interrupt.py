@@ -25,7 +25,11 @@ def test_an_interrupted_pytest_stops_every_flower_process(tmp_path, how, workers
     env = dict(os.environ, HOSPITRUST_PROBE_FILE=str(probe))
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     # on xdist the probe runs in a worker: a SIGTERM reaches the controller only, which passes it on
-    child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, "tests/interrupt_probe.py"],
+    # Ctrl-C's default action, as a terminal's foreground job has it: a suite started in the background of a shell
+    # without job control (`nohup ... &`) has SIGINT ignored, and an ignored signal stays ignored across exec
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, "tests/interrupt_probe.py"]
+    with_ctrl_c = ["import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"]
+    child = subprocess.Popen([sys.executable, "-c", *with_ctrl_c, *argv],
                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)  # its own process group, as a terminal would give it
     try:
