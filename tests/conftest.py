@@ -115,23 +115,6 @@ def pytest_cmdline_main(config):
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
 
 
-def _budget_of(unit: str) -> float:
-    """A unit of work's budget in seconds (docs/testing.md, "Budgets"; a module without a row has the default)."""
-    import importlib.util
-
-    if not hasattr(_budget_of, "table"):
-        spec = importlib.util.spec_from_file_location("suite_budget", REPO / ".ci" / "suite_budget.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        try:
-            _budget_of.table = module.budgets()  # type: ignore[attr-defined]
-        except (OSError, ValueError):  # no table: file order
-            _budget_of.table = {module.OTHER: 0.0}  # type: ignore[attr-defined]
-        _budget_of.other = module.OTHER  # type: ignore[attr-defined]
-    table = _budget_of.table  # type: ignore[attr-defined]
-    return float(table.get(unit, table.get(_budget_of.other, 0.0)))  # type: ignore[attr-defined]
-
-
 def _selects_docs(markexpr: str | None) -> bool:
     """Whether ``-m`` selects the docs tests (``docs``, ``docs and ...``), not ``not docs``."""
     import re
@@ -157,13 +140,6 @@ def pytest_xdist_make_scheduler(config, log):
             return federation_unit(module) or module
 
         def _assign_work_unit(self, node) -> None:
-            if not getattr(self, "_ordered", False):
-                # the longest modules first (their budgets in docs/testing.md), so the worker that ends first fills
-                # the tail with short ones: in file order the other worker ended 44 s after the federation's
-                # (fresh clone of 2026-12-06: 721 s against 677 s)
-                self._ordered = True
-                for unit in sorted(self.workqueue, key=_budget_of, reverse=True):
-                    self.workqueue.move_to_end(unit)
             for unit in ("federation-2", "federation-1", "federation"):  # first, then the units with the most tests
                 if unit in self.workqueue:
                     self.workqueue.move_to_end(unit, last=False)
