@@ -268,6 +268,16 @@ def test_fltrust_aware_by_hand():
     # c r + sqrt(1 - c^2) t, scaled to |own| = 3: r = e1 (its own update), t = -e2 (against the honest mean)
     torch.testing.assert_close(rows[0], T([0.3, -3.0 * math.sqrt(0.99), 0.0]))
     assert info == {"cosine": 0.1}
+    # its own update zero (a colluder whose round moved nothing: Dirichlet 0.1, seed 41, which crashed the run): the
+    # honest mean (0, 3, 0) is its root estimate; minus that mean is parallel to it, so it turns towards the
+    # honest rows' spread instead, at cosine 0.1 to the estimate, scaled to its norm 3
+    zero_own = _view(T([[1.0, 2.0, 0.0], [-1.0, 4.0, 0.0]]), malicious=(0,))
+    rows, _ = _built("fltrust-aware", cosine=0.1).craft_round(zero_own)
+    assert float(torch.linalg.vector_norm(rows[0])) == pytest.approx(3.0)
+    assert float(rows[0] @ T([0.0, 1.0, 0.0])) / 3.0 == pytest.approx(0.1)
+    # nothing at all to go on (every update zero): it sends zero rather than ending the run
+    rows, _ = _built("fltrust-aware", cosine=0.1).craft_round(_view(torch.zeros(2, 3, dtype=torch.float64)))
+    assert torch.equal(rows[0], torch.zeros(3, dtype=torch.float64))
 
 
 class _EarnStandIn:

@@ -16,9 +16,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "hospitrust"
 CORE, LOWER, MIDDLE, TOP = 0, 1, 2, 3
 LAYERS = {
     # the core: the Options base, errors, metric names, the private-state helpers, the typed round records, the
-    # extras' check
+    # extras' check, the arrays' wire form
     "hospitrust": CORE, "options": CORE, "errors": CORE, "metrics": CORE, "private": CORE, "records": CORE,
-    "extras": CORE,
+    "extras": CORE, "wire": CORE,
     # math, data and models: pure rules, attacks, datasets and the server's data, tasks, models,
     # contribution math, privacy math, FED-FBD's block model; the environment checks
     "aggregation": LOWER, "attacks": LOWER, "datasets": LOWER, "tasks": LOWER, "models": LOWER,

@@ -60,6 +60,8 @@ def test_the_detection_line_counts_hospital_rounds():
 class _SlowGrid:
     """Flower's simulation grid as far as Sent uses it: one reply per pull, after the first few pulls."""
 
+    # the simulation grid's traits (push, then pull at its interval); its messages are labels: nothing to pack
+    traits = transport.GridTraits(pipelines=False, answers_in_one_pull=False, pull_interval=0.01, packs_arrays=False)
     pull_interval = 0.01
 
     def __init__(self, n, silent_pulls):

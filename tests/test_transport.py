@@ -15,7 +15,10 @@ def _bare(cls):
 
 
 def test_the_in_process_grid_declares_its_traits():
-    assert grid_traits(_bare(InProcessGrid)) == GridTraits(pipelines=True, answers_in_one_pull=True, pull_interval=0.0)
+    # it hands Message objects over, no wire: nothing packed (hospitrust.wire); the deployed grid packs
+    assert grid_traits(_bare(InProcessGrid)) == GridTraits(pipelines=True, answers_in_one_pull=True, pull_interval=0.0,
+                                                           packs_arrays=False)
+    assert DEPLOYED.packs_arrays
 
 
 def test_flowers_deployed_grid_pipelines_and_polls_quickly():
@@ -53,7 +56,8 @@ def test_the_pulls_back_off_while_nothing_arrives_and_speed_up_after_a_reply(mon
     from hospitrust.server_app import transport
 
     class Scripted(Grid):
-        traits = GridTraits(pipelines=True, answers_in_one_pull=False, pull_interval=POLL_SECONDS)
+        # its messages are labels, not Messages: nothing to pack
+        traits = GridTraits(pipelines=True, answers_in_one_pull=False, pull_interval=POLL_SECONDS, packs_arrays=False)
 
         def __init__(self, arrivals):
             self.arrivals, self.pulls = arrivals, 0  # pull index -> the message ids answered then

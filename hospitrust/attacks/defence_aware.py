@@ -186,7 +186,14 @@ class FLTrustAware(RoundAwareColludingAttack):
         honest = view.honest
         rows = []
         for r in view.malicious_rows:
+            # the root estimate: its own update; where that is zero (a hospital whose round moved nothing, seen at
+            # Dirichlet 0.1) the honest mean it reads; where both are zero it has nothing to turn, and sends zero
             own = view.updates[r]
+            if not float(torch.linalg.vector_norm(own.double())) > 0:
+                own = honest.mean(0)
+            if not float(torch.linalg.vector_norm(own.double())) > 0:
+                rows.append(torch.zeros_like(view.updates[r]))
+                continue
             row, _ = DA.fltrust_small_cosine(own, _direction_away(honest, own), self.cosine)
             rows.append(row)
         return torch.stack(rows), {"cosine": self.cosine}

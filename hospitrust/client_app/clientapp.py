@@ -21,9 +21,11 @@ from hospitrust.client_app.contribution import contribution_evaluate_mod, rememb
 from hospitrust.client_app.fbd import FBD_ACTION, fbd_train
 from hospitrust.metrics import POOLED_KEY, classification_report, evaluation_counts
 from hospitrust.models.training import pick_device, predict_proba
+from hospitrust.wire import packed_arrays_mod
 
-# outermost on every handler: a failure leaves the hospital as its public text only
-app = ClientApp(mods=[public_failures_mod])
+# outermost on every handler: a failure leaves the hospital as its public text only; then the arrays unpacked
+# before any handler sees them, and the reply packed (hospitrust.wire)
+app = ClientApp(mods=[public_failures_mod, packed_arrays_mod])
 
 
 @app.query()

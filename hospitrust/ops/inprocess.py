@@ -30,7 +30,7 @@ class InProcessGrid(Grid):
     """A Grid whose nodes are ClientApp calls in this process (node ids deliberately unordered)."""
 
     # one message at a time, in push order, and every reply there at the first pull
-    traits = GridTraits(pipelines=True, answers_in_one_pull=True, pull_interval=0.0)
+    traits = GridTraits(pipelines=True, answers_in_one_pull=True, pull_interval=0.0, packs_arrays=False)
 
     def __init__(self, client_app, num_nodes: int, run_config: dict, node_configs=None, run_id: int = 1,
                  reply_filter: Callable[[int, Message, Message], Message | None] | None = None,

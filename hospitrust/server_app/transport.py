@@ -17,9 +17,11 @@ from dataclasses import dataclass
 
 from logging import INFO
 
-from flwr.app import Message
+from flwr.app import Error, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
+
+from hospitrust.wire import PackingError, pack_content, unpack_content
 
 #: Seconds between pulls while replies are outstanding (Flower's deployed Grid: 3), right after the push
 #: and after each reply; every pull that brings nothing stretches the next wait by POLL_BACKOFF, up to
@@ -61,6 +63,9 @@ class GridTraits:
     answers_in_one_pull: bool
     #: Seconds between pulls while replies are outstanding.
     pull_interval: float
+    #: Messages cross a wire (a SuperLink, the simulation's message store): each ArrayRecord goes packed as one
+    #: object (:mod:`hospitrust.wire`). The in-process grid hands the Message objects over and packs nothing.
+    packs_arrays: bool = True
 
 
 #: SuperNodes behind Flower's deployed grid: a SuperNode takes one message at a time and pulls again
@@ -103,9 +108,10 @@ class Sent:
 
     def __init__(self, grid: Grid, messages: Iterable[Message], timeout: float | None,
                  on_reply: Callable[[Message], None] | None = None) -> None:
-        self.grid, self.messages, self.timeout = grid, list(messages), timeout
+        self.grid, self.timeout = grid, timeout
         self.on_reply = on_reply  # told of each reply as it arrives (the round's progress file)
         self.traits = grid_traits(grid)
+        self.messages = _packed(messages) if self.traits.packs_arrays else list(messages)
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.ids = list(grid.push_messages(self.messages)) if self.messages and self.traits.pipelines else []
         #: node ids the SuperLink answered for with "Node Unavailable" (their SuperNode gone), with its reason
@@ -148,12 +154,48 @@ class Sent:
         return replies
 
     def _seen(self, replies: list[Message]) -> list[Message]:
+        if self.traits.packs_arrays:
+            replies = [self._unpacked(reply) for reply in replies]
         for reply in replies:
             if node_unavailable(reply):
                 self.unavailable[self.node_of(reply)] = (reply.error.reason or "").strip()
             if self.on_reply is not None:
                 self.on_reply(reply)
         return replies
+
+    def _unpacked(self, reply: Message) -> Message:
+        """The reply with its packed arrays unpacked, before any check or callback sees it; a packed record that
+        cannot be read makes it an error reply saying why (rejected and recorded as any unusable reply).
+        """
+        if not reply.has_content():
+            return reply
+        try:
+            content = unpack_content(reply.content)
+        except PackingError as exc:
+            sent = dict(zip(self.ids, self.messages)).get(reply.metadata.reply_to_message_id)
+            if sent is None:  # not a reply to one of these messages: left as it came, the checks refuse it
+                return reply
+            return Message(Error(code=0, reason=f"malformed reply: its packed arrays cannot be read: {exc}"),
+                           reply_to=sent)
+        if content is not None:
+            reply.content = content
+        return reply
+
+
+def _packed(messages: Iterable[Message]) -> list[Message]:
+    """The messages with their arrays packed; messages that share one content share its packed form."""
+    packed: dict[int, tuple[RecordDict, RecordDict | None]] = {}  # by the content's id, the content kept alive
+    out = list(messages)
+    for msg in out:
+        if not msg.has_content():
+            continue
+        content = msg.content
+        if id(content) not in packed:
+            packed[id(content)] = (content, pack_content(content))
+        packed_content = packed[id(content)][1]
+        if packed_content is not None:
+            msg.content = packed_content
+    return out
 
 
 def exchange(grid: Grid, messages: Iterable[Message], timeout: float | None) -> list[Message]:

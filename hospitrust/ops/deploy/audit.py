@@ -521,12 +521,22 @@ def describe_reply(message) -> dict:
         return {}
     if message.has_error():
         return {"error": str(message.error.reason)[:300]}
+    from hospitrust import wire  # Flower's records: imported where a reply is described, not with the log
+
     out: dict[str, object] = {}
     content = message.content
-    arrays = {}
+    arrays: dict[str, dict[str, object]] = {}
     for record_name, record in content.array_records.items():
-        for name, array in record.items():
-            arrays[f"{record_name}/{name}"] = {"shape": list(array.shape), "dtype": str(array.dtype), "bytes": len(array.data)}
+        if wire.is_packed(record):  # the arrays it carries, by its manifest (hospitrust.wire)
+            try:
+                described = [(name, shape, dtype, size) for name, dtype, shape, _, size in wire.manifest(record)]
+            except wire.PackingError as exc:
+                arrays[f"{record_name}/{wire.PACKED_KEY}"] = {"unreadable": str(exc)[:300]}
+                continue
+        else:
+            described = [(name, a.shape, a.dtype, len(a.data)) for name, a in record.items()]
+        for name, shape, dtype, size in described:
+            arrays[f"{record_name}/{name}"] = {"shape": list(shape), "dtype": str(dtype), "bytes": size}
     if arrays:
         out["arrays"] = arrays
     metrics = sorted(f"{r}/{k}" for r, record in content.metric_records.items() for k in record)
