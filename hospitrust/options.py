@@ -11,6 +11,7 @@ between a component's own options in a ``model_validator`` beside them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -95,6 +96,14 @@ class Options(BaseModel):
         Raises OptionsError naming each bad key: unknown ones (with the known keys), and values
         that fail the field's type, bounds or a cross-check.
         """
+        key = memo_key(flat)
+        if key is not None:  # frozen models: a grid parses the same sections for thousands of cells
+            # each value's type in the key too: 1, 1.0 and True are equal keys but not the same input
+            return _memoised_from_flat(cls, tuple((k, type(v), v) for k, v in key))
+        return cls._from_flat(flat)
+
+    @classmethod
+    def _from_flat(cls, flat: Mapping[str, Any]) -> Options:
         known = cls.flat_fields()
         unknown = [k for k in flat if k not in known]
         if unknown:
@@ -132,6 +141,11 @@ class Options(BaseModel):
             else:
                 out.add(key)
         return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _memoised_from_flat(cls: type[Options], items: tuple) -> Options:
+    return cls._from_flat({k: v for k, _, v in items})  # an OptionsError is raised each time (lru_cache keeps only results)
 
 
 class NoOptions(Options):

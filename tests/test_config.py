@@ -167,3 +167,21 @@ def test_a_section_is_read_by_its_options_class_and_a_class_of_no_section_is_nam
 
     with pytest.raises(KeyError, match="Stray is the options of 0 run config sections"):
         cfg.section(Stray)
+
+
+def test_memoised_options_equal_a_fresh_parse_keep_each_values_type_and_raise_every_time():
+    """Options.from_flat memoises frozen models (a grid parses the same sections thousands of times): each
+    result equals a fresh validation of the same keys, 1 and True stay different inputs, a bad value fails
+    on every call."""
+    from hospitrust.config.run import CoreOptions
+    from hospitrust.options import OptionsError
+
+    for value in (3, 3.0, "3", True, 1):
+        first = CoreOptions.from_flat({"num-server-rounds": value, "strategy": "median"})
+        assert first is CoreOptions.from_flat({"strategy": "median", "num-server-rounds": value})  # memoised
+        fresh = CoreOptions._from_flat({"num-server-rounds": value, "strategy": "median"})
+        assert first == fresh and first.model_fields_set == fresh.model_fields_set
+    assert CoreOptions.from_flat({"num-server-rounds": True}) is not CoreOptions.from_flat({"num-server-rounds": 1})
+    for _ in range(2):
+        with pytest.raises(OptionsError, match="num-server-rounds"):
+            CoreOptions.from_flat({"num-server-rounds": "many"})

@@ -15,6 +15,7 @@ rule's section (``hta.ema-rate``) where the config selects that preset, and refu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -156,6 +157,15 @@ def _selected(raw: Mapping[str, Any], selector: str) -> set[str]:
     return chosen
 
 
+_OLD_FLAT_KEYS = frozenset(RENAMED) | frozenset(SHARED)
+_PRESET_KEY = re.compile("^(?:" + "|".join(map(re.escape, PRESET_SECTIONS)) + r")\.", re.MULTILINE)
+
+
+def _has_old_key(raw: Mapping[str, Any]) -> bool:
+    """Whether any key of ``raw`` is an old one (set and regex operations: a grid asks for every cell, often)."""
+    return not _OLD_FLAT_KEYS.isdisjoint(raw) or _PRESET_KEY.search("\n".join(map(str, raw))) is not None
+
+
 def translate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """``raw`` with every old key under its new name, and one deprecation note per old key.
 
@@ -164,7 +174,7 @@ def translate(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     translated only where the config selects that preset (elsewhere it was inactive, and is left
     for the run config's parser to refuse by name).
     """
-    if not any(key in RENAMED or key in SHARED or key.partition(".")[0] in PRESET_SECTIONS for key in raw):
+    if not _has_old_key(raw):
         return dict(raw), []  # nothing old (every current config): one pass instead of two
     out: dict[str, Any] = {}
     notes: list[str] = []

@@ -288,7 +288,8 @@ class RunConfig(CoreOptions):
 
     def attack_sections(self) -> dict[str, Options]:
         """The options of the attack sections (and the schedule), by name, for ``build_attack``."""
-        return {name: self.options(name) for name in [*ATTACKS, SCHEDULE_SECTION] if name in all_sections()}
+        known = all_sections()
+        return {name: self.options(name) for name in [*ATTACKS, SCHEDULE_SECTION] if name in known}
 
     @property
     def threat_model(self) -> ThreatModel:
