@@ -108,6 +108,29 @@ def test_the_superlink_listens_on_loopback_only_and_the_hospitals_listener_serve
         code = 400
     assert code == 400, code
 
+    # another account of the SuperLink's machine, on its local port with ca.crt, asks for a pending run's ServerApp
+    # token, as Flower's SuperExec does: refused for want of the secret the warm launcher holds (with Flower's own
+    # launcher, subprocess isolation, the SuperLink ignores a secret and hands the token to whoever asks first)
+    cmd = superlinks[0].cmdline()
+    assert cmd[cmd.index("--isolation") + 1] == "process", cmd
+    secret = Path(cmd[cmd.index("--superexec-auth-secret-file") + 1])
+    assert secret.stat().st_mode & 0o777 == 0o600 and secret.parent.stat().st_mode & 0o777 == 0o700
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    client = RuntimeHttpClient.from_server_address(server_address=f"127.0.0.1:{fed.superlink_port}", insecure=False,
+                                                   root_certificates=ca.read_bytes(), interceptors=[])
+    try:
+        for task_type in (TaskType.SERVER_APP, TaskType.CLIENT_APP):
+            with pytest.raises(Exception) as refused:
+                client.AcquireTask(AcquireTaskRequest(supported_task_types={task_type}))
+            response = getattr(refused.value, "response", None)
+            assert response is not None and response.status_code in (401, 403), repr(refused.value)
+            assert "authentication failed" in response.text.lower(), response.text
+    finally:
+        client.close()
+
 
 PLANTED = ("P-SECRET-4711", "DOE_JANE", "DOE^JANE", "PID-31337", "ACC-99812")
 

@@ -138,9 +138,20 @@ def test_deploy_superlink_dry_run_and_own_proxy(pki, tmp_path):
     assert superlink.startswith("$ flower-superlink") and "--host 127.0.0.1 --port 9092" in superlink
     assert "--enable-supernode-auth" in superlink and "--insecure" not in superlink
     assert "listen 0.0.0.0:9093 ssl;" in res.stdout and "listen 127.0.0.1:9095 ssl;" in res.stdout
+    # the warm ServerApp launcher (the default): process isolation, the secret given to both, TLS with the CA
+    assert "--isolation process --superexec-auth-secret-file" in superlink
+    launcher = res.stdout.splitlines()[1]
+    assert "-m hospitrust.supervision.serverapp_launcher --runtime-api-address 127.0.0.1:9092" in launcher, launcher
+    assert f"--root-certificates {(pki / 'ca.crt').resolve()}" in launcher and "--superexec-auth-secret-file" in launcher
     res = _cli("deploy", "superlink", "--certs", str(pki), "--database", str(tmp_path / "db" / "state.db"), "--gateway", "none",
                "--dry-run")
     assert res.returncode == 0 and "127.0.0.1:9092 only" in res.stdout and "--host 127.0.0.1" in res.stdout, res.stdout
+    assert "hospitrust.supervision.serverapp_launcher" in res.stdout, res.stdout
+    # Flower's own launcher: flower-superlink starts flower-superexec itself (subprocess isolation), no secret
+    res = _cli("deploy", "superlink", "--certs", str(pki), "--database", str(tmp_path / "db" / "state.db"),
+               "--serverapp-launcher", "flower", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert "--isolation" not in res.stdout and "serverapp_launcher" not in res.stdout and "secret" not in res.stdout
 
 
 

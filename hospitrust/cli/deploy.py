@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from hospitrust.errors import DeployError
-from hospitrust.ops.deploy.superlink import DEFAULT_PORT, private_database, superlink_command, write_connection
+from hospitrust.ops.deploy.superlink import (DEFAULT_PORT, private_database, serverapp_launcher_command, superlink_command,
+                                             write_connection)
 from hospitrust.ops.deploy.supernode import supernode_command
 from hospitrust.cli.data import share_of_files
 from hospitrust.tasks.cli import add_task_arguments, task_from_args
@@ -72,6 +73,7 @@ def cmd_operator_cert(args) -> int:
 
 def cmd_superlink(args) -> int:
     from hospitrust.ops.deploy import gateway
+    from hospitrust.supervision import runtime_secret
 
     certs = Path(args.certs)
     ca, cert, key = (Path(p or certs / d) for p, d in ((args.ca, "ca.crt"), (args.cert, "server.pem"), (args.key, "server.key")))
@@ -91,9 +93,45 @@ def cmd_superlink(args) -> int:
                           f"expected 0 or more")
     state = Path(args.state_dir).expanduser().resolve() if args.state_dir else database.parent / "gateway"
     conf_text = gateway.gateway_config(layout, ca=ca, cert=cert, key=key, state=state)
+    warm = args.serverapp_launcher == "warm"
+    # with the warm launcher, only the holder of this secret (the launcher) is handed a run's token by the SuperLink's
+    # Runtime API on 127.0.0.1: not another account of this machine (a fresh secret at each start, gone at the stop)
+    secret = None
+    if warm:
+        secret = Path("$RUNTIME_DIRECTORY/hospitrust-runtime-XXXX/superexec-secret") if args.dry_run else runtime_secret.create()
+    try:
+        return _run_superlink(args, ca=ca, cert=cert, key=key, database=database, state=state, conf_text=conf_text,
+                              warm=warm, secret=secret)
+    finally:
+        if secret is not None and not args.dry_run:
+            runtime_secret.remove(secret)
+
+
+def _run_superlink(args, *, ca: Path, cert: Path, key: Path, database: Path, state: Path, conf_text: str, warm: bool,
+                   secret: Path | None) -> int:
+    from hospitrust.ops.deploy import gateway
+
     superlink = superlink_command(ca=ca, cert=cert, key=key, database=database, host="127.0.0.1",
-                                  port=args.superlink_port, log_file=Path(args.log_file) if args.log_file else None)
+                                  port=args.superlink_port, log_file=Path(args.log_file) if args.log_file else None,
+                                  isolation="process" if warm else "subprocess", superexec_secret=secret)
+    launcher = serverapp_launcher_command(ca=ca, port=args.superlink_port, superexec_secret=secret) if warm else None
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+    def healthy(proc) -> None:  # nginx forwards, and the launcher asks for runs, only once the SuperLink answers
+        from hospitrust.ops.flwr import FlowerProcessError, wait_healthy
+
+        try:
+            wait_healthy(f"127.0.0.1:{args.superlink_port}", ca=ca, timeout=120, proc=_Popened("flower-superlink", proc))
+        except FlowerProcessError as exc:
+            raise DeployError(str(exc)) from None
+
+    # the wrapper restarts each child when it dies (with backoff; a stale copy holding its port is stopped first): the
+    # warm ServerApp launcher on its own, flower-superlink also when Flower's own launcher (flower-superexec) has died;
+    # what restarts the wrapper itself is the service manager (deploy/systemd/hospitrust-superlink.service)
+    children = [gateway.Child("flower-superlink", superlink, ready=healthy, ports=(("127.0.0.1", args.superlink_port),),
+                              mine=str(database), unwell=None if warm else gateway.superexec_gone)]
+    if launcher is not None:
+        children.append(gateway.Child("serverapp-launcher", launcher))
     if args.gateway == "none":  # the operator's own proxy: it gets the same configuration to start from
         conf = state / "nginx.conf"
         if not args.dry_run:
@@ -102,9 +140,17 @@ def cmd_superlink(args) -> int:
             conf.chmod(0o600)
         print(f"the SuperLink listens on 127.0.0.1:{args.superlink_port} only; publish it with your own proxy, "
               f"as {conf} does (docs/deployment.md#your-own-proxy)", flush=True)
-        return _exec(superlink, args.dry_run)
+        if launcher is None:
+            return _exec(superlink, args.dry_run)
+        if args.dry_run:
+            print("$ " + shlex.join(superlink))
+            print("$ " + shlex.join(launcher))
+            return 0
+        return gateway.run_together(children, restart=True)
     if args.dry_run:
         print("$ " + shlex.join(superlink))
+        if launcher is not None:
+            print("$ " + shlex.join(launcher))
         print("$ " + shlex.join(gateway.nginx_command(state / "nginx.conf")))
         print(conf_text)
         return 0
@@ -113,29 +159,15 @@ def cmd_superlink(args) -> int:
           f"{args.operator_host}:{args.operator_port} (Control API, with an operator certificate); the SuperLink "
           f"itself 127.0.0.1:{args.superlink_port}; gateway configuration {conf}", flush=True)
 
-    def healthy(proc) -> None:  # nginx forwards only once the SuperLink answers
-        from hospitrust.ops.flwr import FlowerProcessError, wait_healthy
-
-        try:
-            wait_healthy(f"127.0.0.1:{args.superlink_port}", ca=ca, timeout=120, proc=_Popened("flower-superlink", proc))
-        except FlowerProcessError as exc:
-            raise DeployError(str(exc)) from None
-
     def rotate(procs) -> None:  # the access log, past --access-log-max-mb: nginx reopens it on SIGUSR1
         nginx = procs.get("nginx")
         if args.access_log_max_mb > 0 and nginx is not None and nginx.poll() is None:
             gateway.rotate_log(state / "access.log", max_bytes=int(args.access_log_max_mb * 1024 * 1024),
                                keep=args.access_log_keep, reopen=lambda: os.kill(nginx.pid, signal.SIGUSR1))
 
-    # the wrapper restarts either one when it dies (with backoff; a stale copy holding its port is stopped first),
-    # and flower-superlink when its ServerApp launcher (flower-superexec) has died;
-    # what restarts the wrapper itself is the service manager (deploy/systemd/hospitrust-superlink.service)
-    return gateway.run_together([
-        gateway.Child("flower-superlink", superlink, ready=healthy, ports=(("127.0.0.1", args.superlink_port),),
-                      mine=str(database), unwell=gateway.superexec_gone),
-        gateway.Child("nginx", gateway.nginx_command(conf), ports=((args.host, args.port), (args.operator_host, args.operator_port)),
-                      mine=str(conf)),
-    ], restart=True, tick=rotate)
+    children.append(gateway.Child("nginx", gateway.nginx_command(conf),
+                                  ports=((args.host, args.port), (args.operator_host, args.operator_port)), mine=str(conf)))
+    return gateway.run_together(children, restart=True, tick=rotate)
 
 
 class _Popened:
@@ -452,6 +484,11 @@ def add_deploy_parser(sub) -> None:
                    help="the gateway's connections at most (nginx worker_connections; default 512: each connected "
                         "hospital holds about 5, so about 100 hospitals)")
     p.add_argument("--state-dir", help="the gateway's configuration, pid and logs (default: DATABASE's folder/gateway)")
+    p.add_argument("--serverapp-launcher", choices=("warm", "flower"), default="warm",
+                   help="warm (default): hospitrust forks each run's ServerApp from a process with torch already "
+                        "imported, and the SuperLink hands a run's token only to it (a secret made at each start); "
+                        "flower: Flower's own flower-superexec starts a fresh flwr-serverapp per run, and any local "
+                        "account that asks the SuperLink's Runtime API on 127.0.0.1 first is handed it")
     p.add_argument("--log-file", help="also log the SuperLink to this file")
     p.add_argument("--access-log-max-mb", type=float, default=10.0,
                    help="rotate the gateway's access log (STATE_DIR/access.log) past this size (default 10; 0: never, "

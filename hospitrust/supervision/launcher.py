@@ -78,8 +78,8 @@ def emit(event: str, **fields: object) -> None:
     print(json.dumps({"launcher": event, "time": time.time(), **fields}), flush=True)
 
 
-def preload() -> float:
-    """Import ``PRELOAD`` and warm torch's CPU kernels up; returns the seconds it took.
+def preload(names: tuple[str, ...] = PRELOAD) -> float:
+    """Import ``names`` (the ClientApp's ``PRELOAD``) and warm torch's CPU kernels up; returns the seconds it took.
 
     A fresh process's first training step pays about 1.3 s of torch's lazy initialization (measured
     here: first epoch 1.33 s, second 0.04 s). The parent runs one tiny forward and backward pass
@@ -87,7 +87,7 @@ def preload() -> float:
     fork); each child then sets its own thread count.
     """
     start = time.perf_counter()
-    for name in PRELOAD:
+    for name in names:
         try:
             importlib.import_module(name)
         except ImportError:  # an optional library (pydicom) missing: the child imports what it needs

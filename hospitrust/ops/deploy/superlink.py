@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tomllib
 from pathlib import Path
 
@@ -16,7 +17,12 @@ DEFAULT_PORT = 9093  # hospitrust's suggested SuperLink port (Flower's own defau
 
 
 def superlink_command(*, ca: Path, cert: Path, key: Path, database: Path, host: str = "127.0.0.1",
-                      port: int = DEFAULT_PORT, log_file: Path | None = None) -> list[str]:
+                      port: int = DEFAULT_PORT, log_file: Path | None = None, isolation: str = "subprocess",
+                      superexec_secret: Path | None = None) -> list[str]:
+    """The ``flower-superlink`` command; ``isolation = "process"``: its ServerApps are launched by hospitrust's warm
+    launcher (:func:`serverapp_launcher_command`), not by the ``flower-superexec`` Flower starts itself;
+    ``superexec_secret``: with it, only the holder of that secret is handed a run's token (process isolation only).
+    """
     cmd = [
         "flower-superlink",
         "--ssl-ca-certfile", str(Path(ca).expanduser().resolve()),
@@ -30,6 +36,24 @@ def superlink_command(*, ca: Path, cert: Path, key: Path, database: Path, host: 
     ]
     if log_file is not None:
         cmd += ["--log-file", str(Path(log_file).expanduser().resolve())]
+    if isolation != "subprocess":
+        cmd += ["--isolation", isolation]
+        if superexec_secret is not None:
+            cmd += ["--superexec-auth-secret-file", str(superexec_secret)]
+    return cmd
+
+
+def serverapp_launcher_command(*, ca: Path, port: int = DEFAULT_PORT, superexec_secret: Path | None = None,
+                               parent_pid: int | None = None) -> list[str]:
+    """The warm ServerApp launcher's command (:mod:`hospitrust.supervision.serverapp_launcher`) for the SuperLink on
+    127.0.0.1:``port`` (its Runtime API shares the SuperLink's TLS port).
+    """
+    cmd = [sys.executable, "-m", "hospitrust.supervision.serverapp_launcher", "--runtime-api-address", f"127.0.0.1:{port}",
+           "--root-certificates", str(Path(ca).expanduser().resolve())]
+    if superexec_secret is not None:
+        cmd += ["--superexec-auth-secret-file", str(superexec_secret)]
+    if parent_pid is not None:
+        cmd += ["--parent-pid", str(parent_pid)]
     return cmd
 
 
