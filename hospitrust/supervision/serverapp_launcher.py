@@ -1,8 +1,9 @@
 """The SuperLink's ServerApp launcher: Flower's SuperExec for ServerApps, forking each from a warm parent.
 
 ``flower-superlink`` (subprocess isolation, Flower's default) starts ``flower-superexec``, which starts a fresh
-``flwr-serverapp`` process for every run: about 2.6 CPU seconds of imports (torch, numpy, Flower) before the run's
-first message, on the machine that also serves every hospital. ``hospitrust deploy superlink`` runs the SuperLink
+``flwr-serverapp`` process for every run: about 6 CPU seconds of imports (torch, numpy, scikit-learn's metrics, Flower's
+runtime; ``benchmarks/serverapp_start.py``) before the run's first message, on the machine that also serves every
+hospital. ``hospitrust deploy superlink`` runs the SuperLink
 with ``--isolation process`` instead, and this process beside it: it imports those libraries once, then asks the
 SuperLink's Runtime API for ServerApp tasks and runs each in a child ``os.fork()``-ed from it, Flower's own
 ``run_serverapp`` with the task's token, as ``flwr-serverapp`` would. Each run still gets its own process (a run never
