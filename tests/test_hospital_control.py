@@ -218,7 +218,7 @@ def _runtime_apis(fed) -> dict[str, tuple[str, str]]:
             continue
         for child in psutil.Process(proc.pid).children(recursive=True):
             cmd = child.cmdline()
-            if any(part.endswith("flower-supernode") for part in cmd[:2]) and "--port" in cmd:
+            if any(part.endswith("flower-supernode") for part in cmd[:4]) and "--port" in cmd:  # under supernode_main
                 secret = cmd[cmd.index("--superexec-auth-secret-file") + 1] if "--superexec-auth-secret-file" in cmd else ""
                 found[name] = (cmd[cmd.index("--port") + 1], secret)
     return found

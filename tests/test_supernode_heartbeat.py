@@ -28,12 +28,13 @@ print(connection.HEARTBEAT_DEFAULT_INTERVAL, beats.HEARTBEAT_DEFAULT_INTERVAL, r
 """
 
 
-def _run(tmp_path: Path, name: str, extra: dict[str, str] | None = None) -> list[str]:
+def _run(tmp_path: Path, name: str, extra: dict[str, str] | None = None, supervised: bool = False) -> list[str]:
     script = tmp_path / name
     script.write_text(f"#!{sys.executable}\n{PROBE}")
     script.chmod(0o755)
-    out = subprocess.run([str(script)], env=flwr_env(tmp_path / "home", extra), capture_output=True, text=True,
-                         timeout=120)
+    # supervised: as `deploy supernode`'s supervisor starts it, Flower's script under supernode_main
+    cmd = [sys.executable, "-m", "hospitrust.supervision.supernode_main", str(script)] if supervised else [str(script)]
+    out = subprocess.run(cmd, env=flwr_env(tmp_path / "home", extra), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return out.stdout.split()
 
@@ -45,6 +46,7 @@ def test_the_federations_supernodes_beat_every_ten_seconds_poll_every_second_and
     # and a task token lapses 15 s after its ClientApp's last beat (Flower's claim window, 30 s, kept); its idle poll
     # sleeps 1 s instead of 3 s
     assert _run(tmp_path, "flower-supernode") == ["10.0", "10.0", "1", "15.0", "30"]
+    assert _run(tmp_path, "flower-supernode", supervised=True) == ["10.0", "10.0", "1", "15.0", "30"]
     assert _run(tmp_path, "flower-supernode", {"HOSPITRUST_TEST_SUPERNODE_HEARTBEAT": "30", "HOSPITRUST_TEST_TASK_TOKEN_LAPSE": "60",
                                                "HOSPITRUST_TEST_SUPERNODE_POLL": "3"}) == ["30.0", "30.0", "3", "60.0", "30"]
     # any other process of the federation (the SuperLink, ServerApps, the tests' commands): Flower's values

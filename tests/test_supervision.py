@@ -384,3 +384,74 @@ def test_the_first_clientapp_of_a_task_handed_out_twice_exiting_is_not_a_hang_wh
     assert s.check() is None  # the second still works on the message
     s._launcher_line(_event("exited", 17, seconds=9.0, rc=0))  # the second, and no reply came
     assert "(task 17) ended with exit code 0 after 9.0 s and its message is still open" in (s.check() or "")
+
+
+def test_a_supernode_whose_main_loop_raised_exits_and_is_restarted_where_flower_alone_would_linger(tmp_path):
+    """Issue 63: an error on a pull (an HTTP 500 from a SuperLink whose store was locked) ends Flower 1.42's SuperNode
+    loop, and its Runtime API thread keeps the process alive and offline. Real flower-superlink and flower-supernode
+    on 127.0.0.1, the pull's error injected (HOSPITRUST_SUPERNODE_FAULT, once): Flower's script run plainly lingers
+    (the control); under the supervisor it exits with MAIN_LOOP_CRASHED and is restarted, and connects again."""
+    from hospitrust.supervision import supernode_main
+
+    home = tmp_path / "flwr"
+    port = flwr.free_port()
+    superlink = flwr.start("flower-superlink", ["flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(port),
+                                                "--isolation", "process", "--disable-runtime-dependency-installation"],
+                           env=flwr.flower_env(home), cwd=tmp_path, log_file=tmp_path / "superlink.log")
+    try:
+        flwr.wait_healthy(f"127.0.0.1:{port}", proc=superlink, timeout=120)
+
+        def supernode(runtime_port: int) -> list[str]:
+            return ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}", "--isolation", "process",
+                    "--port", str(runtime_port)]
+
+        env = {**flwr.flower_env(home), "PYTHONPATH": str(REPO)}
+        # the control: Flower's own script with the same fault, without supernode_main's exit
+        runner = ("import runpy, sys; from hospitrust.supervision.supernode_main import _inject_fault; "
+                  "_inject_fault(sys.argv[1]); sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+        plain_cmd = supernode_main.command(supernode(flwr.free_port()))[3:]  # Flower's script and its arguments
+        control_log = tmp_path / "control.log"
+        with control_log.open("w") as sink:
+            control = subprocess.Popen([sys.executable, "-c", runner, f"raise-on-pull@1:{tmp_path / 'control.fault'}",
+                                        *plain_cmd], env=env, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            _wait(lambda: "HOSPITRUST_SUPERNODE_FAULT: pull 1 failed" in control_log.read_text() or control.poll() is not None,
+                  60, "the control's first pull fails")
+            time.sleep(3)
+            # its main loop is over (Flower logged the error and deactivated the node), and the process stays: offline,
+            # yet alive to whoever watches it
+            assert control.poll() is None, control_log.read_text()
+        finally:
+            flwr.stop_tree(control.pid, timeout=10)
+
+        marker = f"h63-{uuid.uuid4().hex}"
+        script = tmp_path / "supervise.py"
+        script.write_text(textwrap.dedent(f"""
+            import os, sys
+            from hospitrust.supervision import supervisor as sv
+            sv.RESTART_BACKOFF = (0.5, 1.0)
+            s = sv.Supervisor({supernode(flwr.free_port())!r}, "127.0.0.1:1", message_timeout=600.0, env=dict(os.environ),
+                              out=sv.console_and_file({str(tmp_path / "sup.log")!r}),
+                              launcher_cmd={_stand_in(marker, "launcher")!r})
+            sys.exit(s.run(poll=0.2))
+        """))
+        fault = tmp_path / "supervised.fault"
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                env={**env, supernode_main.FAULT_ENV: f"raise-on-pull@2:{fault}"})
+        log = tmp_path / "sup.log"
+        try:
+            _wait(lambda: log.is_file() and "main loop stopped: restarting it with the same key in 0.5 s" in log.read_text(),
+                  60, "the supervisor's restart of the crashed SuperNode")
+            text = log.read_text()
+            assert fault.exists() and f"exiting with {supernode_main.MAIN_LOOP_CRASHED}" in text, text
+            def connected() -> int:  # Flower's own lines (the stand-in launcher says it too)
+                return sum(sv.ACTIVATED in line and "(launcher)" not in line for line in log.read_text().splitlines())
+
+            _wait(lambda: connected() >= 2, 60, "the restarted SuperNode connects again")
+            assert proc.poll() is None  # the supervisor stayed; its SuperNode is back
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        _wait(lambda: not _with_marker(marker), 15, "nothing left after the supervisor stopped")
+    finally:
+        superlink.stop(timeout=10)

@@ -25,8 +25,10 @@ logged with its reason.
 No orphans: both processes get the parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGTERM)``), so a
 supervisor killed with SIGKILL takes them with it (Flower's SuperNode leaves gracefully on SIGTERM,
 and the launcher stops its ClientApps). A ``flower-supernode`` killed by a signal (SIGKILL, the OOM
-killer) is restarted with the same key after a backoff (``RESTART_BACKOFF``); one that exits by
-itself (a refused key, a bad certificate, its retries spent) is not restarted in a loop.
+killer) is restarted with the same key after a backoff (``RESTART_BACKOFF``), and so is one whose main loop raised
+(an HTTP 500 on a pull: Flower 1.42 would leave that process alive and offline; it runs under
+:mod:`hospitrust.supervision.supernode_main`, which makes it exit); one that exits by itself (a refused key, a bad
+certificate, its retries spent) is not restarted in a loop.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from hospitrust.ops import flwr
+from hospitrust.supervision import supernode_main
 
 #: What a SuperNode logs once it is done with a message it pulled (sent, or dropped).
 MESSAGE_DONE = ("Sent successfully", "Ignoring reply message", "Ignoring message", "Failed to send message",
@@ -421,7 +424,8 @@ class Supervisor:
         self.inflight.clear()
         self.exited.clear()
         self.refused = self.activated = False
-        self.supernode = self._popen(self.supernode_cmd, self._supernode_line)
+        # under supernode_main: a SuperNode whose main loop raised exits (MAIN_LOOP_CRASHED) instead of lingering offline
+        self.supernode = self._popen(supernode_main.command(list(self.supernode_cmd)), self._supernode_line)
         env = self.env
         self.env = {**env, "HOSPITRUST_LAUNCHER_GENERATION": str(len(self.restarts))}
         try:
@@ -499,14 +503,17 @@ class Supervisor:
                             time.sleep(5)
                         self.start()
                         continue
-                    if rc < 0 and not self._stopping:  # killed by a signal (kill -9, the OOM killer): back, same key
+                    if (rc < 0 or rc == supernode_main.MAIN_LOOP_CRASHED) and not self._stopping:
+                        # killed by a signal (kill -9, the OOM killer), or its main loop raised: back, same key
                         if now - self.started_at > BACKOFF_RESET_SECONDS:
                             self.killed_in_a_row = 0
                         self.killed_in_a_row += 1
                         delay = restart_delay(self.killed_in_a_row)
-                        self.out(f"hospitrust supervisor: flower-supernode was killed by signal {-rc}: restarting it with "
+                        what = f"was killed by signal {-rc}" if rc < 0 else "ended: its main loop stopped"
+                        self.out(f"hospitrust supervisor: flower-supernode {what}: restarting it with "
                                  f"the same key in {delay:g} s (restart {self.killed_in_a_row} in a row)")
-                        self.restarts.append(f"flower-supernode killed by signal {-rc}")
+                        self.restarts.append(f"flower-supernode killed by signal {-rc}" if rc < 0
+                                             else "flower-supernode's main loop stopped")
                         self.stop()
                         if self.node_id is not None:
                             self.out(f"hospitrust supervisor: {deactivate_session(self.supernode_cmd, self.node_id)}")

@@ -25,14 +25,17 @@ instead of 17.5-22.5 s (more than three beats per lapse, as Flower's 60 s hold a
 claimed task must start (Flower's 30 s) is unchanged.
 
 ``tests/federation.py`` puts this folder first on ``PYTHONPATH`` for the federation's processes;
-Python imports ``sitecustomize`` at start, and this one acts only in a ``flower-supernode`` and in the
-ClientApp launcher (``python -m hospitrust.supervision.launcher``), whose forked ClientApps inherit it.
+Python imports ``sitecustomize`` at start, and this one acts only in a ``flower-supernode`` (also run by the
+supervisor as ``python -m hospitrust.supervision.supernode_main .../flower-supernode``) and in the ClientApp launcher (``python -m hospitrust.supervision.launcher``), whose forked ClientApps inherit it.
 """
 
 import os
 import sys
 
-if sys.argv and os.path.basename(sys.argv[0]) == "flower-supernode":
+_ORIG = getattr(sys, "orig_argv", [])
+# flower-supernode itself, or under the supervisor's hospitrust.supervision.supernode_main (Flower's script its argument)
+if (sys.argv and os.path.basename(sys.argv[0]) == "flower-supernode") or (
+        _ORIG[1:3] == ["-m", "hospitrust.supervision.supernode_main"] and os.path.basename(_ORIG[3:4][0] if _ORIG[3:4] else "") == "flower-supernode"):
     import flwr.supercore.heartbeat as _beats
     import flwr.supernode.fleet_http_connection as _connection
 
@@ -69,7 +72,7 @@ if sys.argv and os.path.basename(sys.argv[0]) == "flower-supernode":
 
         _loop.time = _PollClock()  # type: ignore[assignment]
 
-elif getattr(sys, "orig_argv", [])[1:3] == ["-m", "hospitrust.supervision.launcher"]:
+elif _ORIG[1:3] == ["-m", "hospitrust.supervision.launcher"]:
     import flwr.supercore.heartbeat as _beats
 
     # each forked ClientApp beats every (interval - 5 s) x 0.7-0.9: 3.5-4.5 s at 10 s, within the lapse above
