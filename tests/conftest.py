@@ -168,12 +168,19 @@ def _docs_scheduler(config, log):
 
 def pytest_sessionstart(session):
     # a test run stopped with SIGTERM stops every Flower process it started (Ctrl-C: the
-    # tests' own teardown and the exit handler do it)
-    flwr.stop_on_signals()
+    # tests' own teardown and the exit handler do it). An xdist controller signals its workers (and what they
+    # started) and goes on without waiting: an interrupted worker reports to its controller before it exits, and
+    # one whose controller waited in its handler hung until killed 10 s later (test_interrupt's sigterm-xdist)
+    controller = session.config.pluginmanager.hasplugin("dsession")
+    flwr.stop_on_signals(wait=not controller)
 
 
 def pytest_sessionfinish(session, exitstatus):
     flwr.stop_all()
+
+
+def pytest_unconfigure(config):
+    flwr.reap_signalled()  # a controller's interrupted workers (and their processes) are gone before it exits
 
 
 def pytest_collection_modifyitems(config, items):

@@ -173,11 +173,49 @@ def stop_descendants(timeout: float = 10.0) -> None:
         stop_tree(child.pid, timeout=timeout)
 
 
-def stop_on_signals() -> None:
+# the descendants a signal handler signalled without waiting for them (``stop_on_signals(wait=False)``)
+_SIGNALLED: list[psutil.Process] = []
+
+
+def signal_descendants(sig: int = signal.SIGTERM) -> list[psutil.Process]:
+    """Send ``sig`` to every process this one started, directly or not (all found before any exits); returns them."""
+    try:
+        procs = psutil.Process().children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+    return procs
+
+
+def reap_signalled(timeout: float = 10.0) -> None:
+    """Wait up to ``timeout`` for the processes a handler signalled without waiting; SIGKILL what is left."""
+    procs, _SIGNALLED[:] = list(_SIGNALLED), []
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
+atexit.register(reap_signalled)
+
+
+def stop_on_signals(*, wait: bool = True) -> None:
     """On SIGTERM, stop every tracked Flower process and every other process this one started,
     then raise KeyboardInterrupt so the caller's own cleanup (pytest's teardown, ``finally``
     blocks) runs too. Ctrl-C (SIGINT) already raises KeyboardInterrupt; the tracked processes
     are then stopped by their owners' ``finally`` blocks and at exit.
+
+    ``wait=False``: the handler signals the descendants and returns at once; they are waited for (and killed
+    after 10 s) by ``reap_signalled``, at exit or sooner. For a process whose children answer it while they
+    stop, as pytest-xdist's workers answer their controller: a controller waiting in its handler would not
+    hear them, and each worker would hang until it is killed.
     """
     if threading.current_thread() is not threading.main_thread():
         return
@@ -185,7 +223,10 @@ def stop_on_signals() -> None:
     def handler(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the cleanup below must not be interrupted
         stop_all()
-        stop_descendants()
+        if wait:
+            stop_descendants()
+        else:
+            _SIGNALLED.extend(signal_descendants(signal.SIGTERM))
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, handler)
