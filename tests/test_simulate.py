@@ -100,9 +100,18 @@ def test_bad_config_fails_before_starting_anything(tmp_path, monkeypatch, capsys
     assert main(["simulate", "--hospitals", "3", "--app", str(REPO), "-c", "strategy=krum hta.exclusion-fraction=0.5"]) == 2
     assert "selected strategy is 'krum'" in capsys.readouterr().err
     # an old flat key still works, with one line naming its new key
-    res = _simulate(["--hospitals", "3", "--app", str(REPO), "-c", "hta-kappa=0.4 strategy=krum"], cwd=tmp_path,
-                    timeout=120)
-    assert "'hta-kappa' is deprecated: it is now 'hta.exclusion-fraction'" in res.stdout + res.stderr
+    assert main(["simulate", "--hospitals", "3", "--app", str(REPO), "-c", "hta-kappa=0.4 strategy=krum"]) == 2
+    out = capsys.readouterr()
+    assert "'hta-kappa' is deprecated: it is now 'hta.exclusion-fraction'" in out.out + out.err
+    # torch and torchvision that do not load together stop the run before Flower, after the run config's checks
+    from hospitrust.cli import simulate as simulate_command
+
+    monkeypatch.setattr(simulate_command, "_environment_problem", lambda: "torchvision 0.1 does not fit torch 9.9")
+    assert main(["simulate", "--hospitals", "3", "--app", str(REPO), "-c", "strategy=fedbest"]) == 2
+    assert "fedbest" in capsys.readouterr().err
+    assert main(["simulate", "--hospitals", "3", "--app", str(REPO)]) == 2
+    out = capsys.readouterr()
+    assert "hospitrust simulate: torchvision 0.1 does not fit torch 9.9" in out.err and "SuperLink" not in out.out
 
 
 def test_a_split_that_cannot_be_drawn_stops_before_flower(tmp_path, data_dir):

@@ -19,9 +19,6 @@ def _simulate(args: argparse.Namespace) -> int:
     from hospitrust.ops import flwr
     from hospitrust.ops.simulate import COMPLETED, SimulationError, simulate
 
-    if (problem := _environment_problem()) is not None:
-        print(f"hospitrust simulate: {problem}", file=sys.stderr)
-        return 2
     flwr.stop_on_signals()  # a stopped `hospitrust simulate` stops its SuperLink and what that started
     try:
         status, run_dir = simulate(
@@ -32,6 +29,7 @@ def _simulate(args: argparse.Namespace) -> int:
             ray_address=args.ray_address or "",
             verbose=args.verbose,
             keep=args.keep,
+            environment_problem=_environment_problem,  # after the run config's checks: a typo is told in a second
         )
     except (ConfigError, SimulationError, DataMissingError) as exc:
         print(f"hospitrust simulate: {exc}", file=sys.stderr)

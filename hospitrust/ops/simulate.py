@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -230,6 +231,7 @@ def simulate(
     ray_address: str = "",
     verbose: bool = False,
     keep: bool = False,
+    environment_problem: Callable[[], str | None] | None = None,
 ) -> tuple[str, Path | None]:
     """Run one simulation; returns (final status, run directory or None).
 
@@ -239,6 +241,10 @@ def simulate(
 
     ``ray_address``: an existing Ray cluster (``host:port``) for the hospitals' actors; Flower's
     simulation joins it through ``RAY_ADDRESS`` instead of starting a Ray instance of its own.
+
+    ``environment_problem``: asked after the run config and the data are checked, before any Flower process starts;
+    what it returns (a broken torch / torchvision pair, say) stops the run as a SimulationError. It comes last
+    because it imports torchvision (2-3 s): a mistyped key is told without it.
     """
     if hospitals < 1:
         raise ConfigError(f"--hospitals must be >= 1, got {hospitals}")
@@ -281,6 +287,8 @@ def simulate(
                       cfg.server_data.cohort_path), ("task.pretrained", cfg.task.pretrained)):
         if path and not Path(path).exists():  # read by the ServerApp, on this machine
             raise ConfigError(f"{key} {path!r} does not exist")
+    if environment_problem is not None and (problem := environment_problem()) is not None:
+        raise SimulationError(problem)
 
     res = size_resources(hospitals, gpus=gpus)
     work = Path(tempfile.mkdtemp(prefix="hospitrust-sim-"))
