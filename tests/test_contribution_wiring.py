@@ -1,5 +1,5 @@
-"""Contribution scoring in real Flower runs: in-process ServerApp + ClientApps, SecAgg+, and a
-`hospitrust simulate` run (SuperLink + Ray) under secure aggregation."""
+"""Contribution scoring in real Flower runs: in-process ServerApp + ClientApps, under SecAgg+ too (the deployed
+federation's SecAgg+ run: tests/test_deploy.py)."""
 
 from __future__ import annotations
 
@@ -158,25 +158,3 @@ def test_secure_aggregation_config_is_checked():
         parse_run_config({"contribution-scoring.enabled": True, "strategy": "median"})
     with pytest.raises(ConfigError, match="contribution-scoring.enabled = true"):
         parse_run_config({"strategy": "contribution"})
-
-
-@pytest.mark.slow
-def test_simulate_with_secagg_produces_fp_and_ee(tmp_path, data_dir):
-    """A real `flwr` simulation (SuperLink + Ray): SecAgg+ aggregation, contribution scores."""
-    from test_simulate import _simulate
-
-    from conftest import REPO
-
-    out = tmp_path / "runs"
-    res = _simulate(["--hospitals", "3", "--app", str(REPO), "-c", "num-server-rounds=1 train-subsample=0.05 batch-size=64",
-                     "-c", f"output-dir={out} run-name=secagg", "-c",
-                     "secagg.enabled=true contribution-scoring.enabled=true", "--timeout", "500"], cwd=tmp_path)
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
-    assert "run ended finished:completed" in res.stdout
-    assert "Secure aggregation completed" in res.stdout + res.stderr
-    r = read_rounds(out / "secagg")[0]
-    assert all(c["signals"]["secagg"]["secure_aggregation"] for c in r["clients"])
-    c = r["contribution"]
-    assert c["scored"] and len(c["hospitals"]) == 3
-    assert all(np.isfinite(v["fp"]) and np.isfinite(v["ee"]) for v in c["hospitals"].values())
-    assert (out / "secagg" / "contribution_ledger.csv").is_file()

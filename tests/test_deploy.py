@@ -7,6 +7,7 @@ the operator's tunnel. The test that kills a SuperNode runs last.
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import time
@@ -74,6 +75,26 @@ def test_a_rule_that_needs_a_cohort_refuses_a_run_without_one(federation):
     assert "needs the server's reference cohort" in log and "server-data.cohort-path" in log, log
     assert "hta.validation-exponent = 0" in log, log
     assert not (fed.work / "runs" / "no-cohort" / "rounds.jsonl").exists()  # refused before any round
+
+
+def test_a_secure_aggregation_run_scores_every_hospital_while_the_server_holds_only_their_sum(federation):
+    """SecAgg+ through the deployed SuperNodes (their gates, the warm ClientApp launcher): each hospital's update is
+    masked, the server sums them and still scores each hospital's contribution (FP, EE: docs/config.md, contribution.*)."""
+    fed = federation
+    run_id = fed.submit(run_config(fed, "secagg", f"secagg.enabled=true contribution-scoring.enabled=true "
+                                                  f"{task_keys(fed)}", rounds=1))
+    status, details = fed.wait(run_id)
+    log = fed.run_log(run_id)
+    assert status == deploy.COMPLETED, f"{status}: {details}\n{log}\n{fed.diagnostics()}"
+    assert "Secure aggregation completed" in log, log
+    run_dir = fed.work / "runs" / "secagg"
+    [r] = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    assert {c["hospital"] for c in r["clients"]} == set(HOSPITALS)
+    assert all(c["signals"]["secagg"]["secure_aggregation"] for c in r["clients"]), r["clients"]
+    scores = r["contribution"]
+    assert scores["scored"] and set(scores["hospitals"]) == set(HOSPITALS), scores
+    assert all(math.isfinite(v["fp"]) and math.isfinite(v["ee"]) for v in scores["hospitals"].values()), scores
+    assert (run_dir / "contribution_ledger.csv").is_file()
 
 
 def _model_hash(path: Path) -> str:
