@@ -324,6 +324,14 @@ def jitter(t, rel: float, seed: int = 0):
     return (t.double() * (1.0 + rel * noise)).to(t.dtype)
 
 
+@pytest.fixture(scope="session")
+def byzfl():
+    """ByzFL 0.0.11 (the test extra), the reference the field's rules and attacks are compared with; imported by
+    the tests that use it, not at collection: its import takes about 4 s (its benchmark package, torchvision) in
+    every worker that collects the suite."""
+    return pytest.importorskip("byzfl", reason="byzfl==0.0.11 is in the test extra (pip install -e .[test])")
+
+
 @pytest.fixture(params=[0.0, JITTER], ids=["as-recorded", "jittered"])
 def input_jitter(request) -> float:
     """The guard that does not depend on CI's CPU: a recorded-number test runs once on its inputs as recorded

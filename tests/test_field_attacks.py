@@ -201,7 +201,7 @@ def test_fltrust_small_cosine_keeps_a_positive_weight_and_pulls():
 
 
 # ------------------------------------------------------------------ against ByzFL 0.0.11
-byzfl = pytest.importorskip("byzfl", reason="byzfl==0.0.11 is in the test extra (pip install -e .[test])")
+# (the `byzfl` fixture, tests/conftest.py, imports it for the tests that compare with it)
 
 
 def _near(ours, theirs):
@@ -211,21 +211,21 @@ def _near(ours, theirs):
 
 
 RULE_PAIRS = {
-    "mean": (agg.mean, lambda: byzfl.Average(), []),
-    "median": (agg.coordinate_median, lambda: byzfl.Median(), []),
-    "trimmed-mean": (lambda x: agg.trimmed_mean(x, 2), lambda: byzfl.TrMean(2), []),
-    "krum": (lambda x: agg.krum(x, 2), lambda: byzfl.Krum(2), []),
+    "mean": (agg.mean, lambda byzfl: byzfl.Average(), []),
+    "median": (agg.coordinate_median, lambda byzfl: byzfl.Median(), []),
+    "trimmed-mean": (lambda x: agg.trimmed_mean(x, 2), lambda byzfl: byzfl.TrMean(2), []),
+    "krum": (lambda x: agg.krum(x, 2), lambda byzfl: byzfl.Krum(2), []),
     "nnm+median": (TA.with_pre_aggregation(agg.coordinate_median, [functools.partial(nnm_mixing, f=2)]),
-                   lambda: byzfl.Median(), ["nnm"]),
+                   lambda byzfl: byzfl.Median(), ["nnm"]),
 }
 
 
 @pytest.mark.parametrize("name", list(RULE_PAIRS))
-def test_tailored_alie_and_ipm_match_byzfls_optimal_attacks(name, input_jitter):
+def test_tailored_alie_and_ipm_match_byzfls_optimal_attacks(name, input_jitter, byzfl):
     honest = jitter(torch.randn(9, 6, generator=torch.Generator().manual_seed(7)) + 0.3, input_jitter)
     ours_rule, theirs_rule, pre = RULE_PAIRS[name]
     pre_list = [byzfl.NNM(2)] if pre else []
-    theirs = byzfl.Optimal_ALittleIsEnough(agg=theirs_rule(), pre_agg_list=pre_list, f=2)(honest.clone())
+    theirs = byzfl.Optimal_ALittleIsEnough(agg=theirs_rule(byzfl), pre_agg_list=pre_list, f=2)(honest.clone())
     _near(TA.tailored_alie(honest, ours_rule, 2, step=-10.0)[0], theirs)  # their tau = our -z
-    theirs = byzfl.Optimal_InnerProductManipulation(agg=theirs_rule(), pre_agg_list=pre_list, f=2)(honest.clone())
+    theirs = byzfl.Optimal_InnerProductManipulation(agg=theirs_rule(byzfl), pre_agg_list=pre_list, f=2)(honest.clone())
     _near(TA.tailored_ipm(honest, ours_rule, 2)[0], theirs)

@@ -292,7 +292,7 @@ def test_rules_run_on_float32_and_return_its_dtype():
 
 
 # ------------------------------------------------------------------ against ByzFL 0.0.11
-byzfl = pytest.importorskip("byzfl", reason="byzfl==0.0.11 is in the test extra (pip install -e .[test])")
+# (the `byzfl` fixture, tests/conftest.py, imports it for the tests that compare with it)
 
 
 def _data(seed, n=8, d=5, scale=1.0):
@@ -309,7 +309,7 @@ def _near(ours, theirs):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("f", [1, 2, 3])
-def test_pre_aggregation_and_subset_rules_match_byzfl(seed, f, input_jitter):
+def test_pre_aggregation_and_subset_rules_match_byzfl(seed, f, input_jitter, byzfl):
     x = jitter(_data(seed), input_jitter, seed=seed)
     _near(P.nnm(x, f)[0], byzfl.NNM(f)(x.clone()))
     _near(P.arc(x, f)[0], byzfl.ARC(f)(x.clone()))
@@ -321,7 +321,7 @@ def test_pre_aggregation_and_subset_rules_match_byzfl(seed, f, input_jitter):
     _near(caf(x1, f)[0], byzfl.CAF(f)(x1.clone()))
 
 
-def test_static_clipping_and_bucketing_match_byzfl():
+def test_static_clipping_and_bucketing_match_byzfl(byzfl):
     x = _data(4)
     _near(P.static_clipping(x, 2.0)[0], byzfl.Clipping(2.0)(x.clone()))
     for seed in (0, 1, 2):
@@ -330,7 +330,7 @@ def test_static_clipping_and_bucketing_match_byzfl():
         _near(ours, byzfl.Bucketing(3)(x.clone()))
 
 
-def test_chain_matches_byzfl_pre_aggregators_in_order():
+def test_chain_matches_byzfl_pre_aggregators_in_order(byzfl):
     x = _data(5)
     ours = P.chain(x, [functools.partial(P.arc_mixing, f=2), functools.partial(P.nnm_mixing, f=2)])[0]
     _near(ours, byzfl.NNM(2)(byzfl.ARC(2)(x.clone())))

@@ -40,7 +40,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
+
+# scipy.stats is imported by the functions that use it: 1.7 s that importing this module (a test collection, a CLI)
+# need not pay
 
 # 3 ms an interval. With 5 seeds the resample means lie on a coarse grid, so an interval's ends still
 # move by up to 0.0044 between rng seeds (20 rng seeds, values 0.812 0.774 0.845 0.701 0.796):
@@ -90,6 +92,7 @@ def bootstrap_ci(values: Sequence[float] | np.ndarray, *, resamples: int = RESAM
     One value: no interval (NaN ends). Equal values: the interval is the value itself (every
     resample has that mean; scipy would warn of a degenerate distribution).
     """
+    from scipy import stats as sps
     arr = np.asarray([v for v in values if v == v], dtype=float)
     if not len(arr):
         return Interval(math.nan, math.nan, math.nan, 0)
@@ -150,6 +153,7 @@ def worst_case_per_seed(table: pd.DataFrame, *, value: str = "value", higher_is_
 
 def rank_rows(values: pd.DataFrame, *, higher_is_better: bool = True) -> pd.DataFrame:
     """Each row's values ranked across the columns: 1 = best, equal values share the average rank."""
+    from scipy import stats as sps
     signed = -values.to_numpy(dtype=float) if higher_is_better else values.to_numpy(dtype=float)
     ranks = np.vstack([sps.rankdata(row, method="average") for row in signed]) if len(values) else signed
     return pd.DataFrame(ranks, index=values.index, columns=values.columns)
@@ -168,6 +172,7 @@ def friedman(values: pd.DataFrame) -> Friedman:
     """Friedman's test over a blocks x rules table (scipy.stats.friedmanchisquare): do the rules'
     ranks differ beyond chance? It needs at least 3 rules and 2 blocks; otherwise NaN and a note.
     """
+    from scipy import stats as sps
     blocks, rules = values.shape
     if rules < 3 or blocks < 2:
         return Friedman(math.nan, math.nan, blocks, rules,
@@ -198,6 +203,7 @@ def wilcoxon_holm(values: pd.DataFrame, *, alpha: float = ALPHA) -> pd.DataFrame
     p-value of their paired values, Holm-adjusted over all pairs. Two rules equal in every block
     get p = 1 (no difference to test). Columns: a, b, pvalue, p_holm, significant.
     """
+    from scipy import stats as sps
     rows = []
     for a, b in itertools.combinations(values.columns, 2):
         diff = values[a].to_numpy(dtype=float) - values[b].to_numpy(dtype=float)
@@ -241,6 +247,7 @@ def cliques(mean_ranks: pd.Series, pairs: pd.DataFrame) -> list[list[str]]:
 
 
 def t_interval(values: Sequence[float] | np.ndarray, *, level: float = LEVEL) -> Interval:
+    from scipy import stats as sps
     r"""The mean of ``values`` (NaNs dropped) and its Student's t interval,
     :math:`\bar x \pm t_{n-1,\,(1+\text{level})/2}\; s / \sqrt n` (scipy.stats.t).
 
@@ -328,6 +335,7 @@ def paired_t_pvalue(differences: Sequence[float] | np.ndarray) -> float:
     freedom; scipy.stats.ttest_1samp). Differences without spread: 0 when they are not 0 (the t statistic is
     infinite), 1 when they are all 0; NaN with fewer than 2 differences.
     """
+    from scipy import stats as sps
     d = np.asarray([v for v in differences if v == v], dtype=float)
     if len(d) < 2:
         return math.nan
