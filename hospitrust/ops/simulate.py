@@ -150,11 +150,12 @@ def app_config_defaults(app_dir: Path | None = None) -> dict:
     return flatten_sections(tomllib.loads((folder / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
 
 
-def translate_overrides(values: dict[str, object], out=sys.stderr) -> dict[str, object]:
-    """Old flat keys under their new names, with one line each saying so."""
+def translate_overrides(values: dict[str, object], out=None) -> dict[str, object]:
+    """Old flat keys under their new names, with one line each saying so (on ``out``, else on the stderr of the
+    moment: a default bound at import would keep the stream of whoever imported this module first)."""
     translated, notes = legacy.translate(values)
     for note in notes:
-        print(f"hospitrust: {note}", file=out)
+        print(f"hospitrust: {note}", file=out or sys.stderr)
     return translated
 
 
@@ -227,7 +228,7 @@ def simulate(
     app_dir: Path | None = None,
     timeout: float = 3600.0,
     gpus: int | None = None,
-    out=sys.stdout,
+    out=None,
     ray_address: str = "",
     verbose: bool = False,
     keep: bool = False,
@@ -246,6 +247,7 @@ def simulate(
     what it returns (a broken torch / torchvision pair, say) stops the run as a SimulationError. It comes last
     because it imports torchvision (2-3 s): a mistyped key is told without it.
     """
+    out = out or sys.stdout  # the stdout of the moment, not the one at import
     if hospitals < 1:
         raise ConfigError(f"--hospitals must be >= 1, got {hospitals}")
     app = (app_dir or find_app_dir()).resolve()
