@@ -13,7 +13,6 @@ at the end. Timeouts are generous: on a loaded 2-core machine one deployment pha
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -150,7 +149,7 @@ class Federation:
             for name in names:
                 assert self.procs[name].popen.poll() is None, self.tail(name)
             assert time.monotonic() < deadline, f"{count} SuperNodes not online in {timeout:.0f} s\n" + self.tail("superlink")
-            time.sleep(2)
+            time.sleep(0.5)  # asked in this process (Flower's Control API client): a few milliseconds a time
 
     def wait_connected(self, name: str, sessions: int = 1, timeout: float = 240) -> None:
         """Wait until SuperNode ``name``'s current log shows ``sessions`` sessions the SuperLink accepted.
@@ -235,31 +234,38 @@ def start_federation(work: Path):
         fed.start("superlink", _cli("deploy", "superlink", "--certs", str(certs), "--database", str(work / "superlink" / "state.db"),
                                     "--host", "127.0.0.1", "--port", str(fed.port), "--operator-port", str(fed.operator_port),
                                     "--superlink-port", str(fed.superlink_port)), work / "superlink")
-        deploy.wait_healthy(fed.address, ca=certs / "ca.crt", timeout=120, proc=fed.procs["superlink"])
-        # the operator's machine: the connection goes through the local tunnel holding alice's certificate
+        # while it starts (about 3 s): the operator's machine, whose connection goes through the local tunnel holding
+        # alice's certificate, and three hospitals' own images, in three formats, and the operator's test set and
+        # cohort, exported in this process
         fed.cli_home = work / "cli"
         res = subprocess.run(_cli("deploy", "connection", "tls", "--address", fed.operator_address, "--ca", str(certs / "ca.crt"),
                                   "--operator-cert", str(operator / "alice.crt"), "--operator-key", str(operator / "alice.key"),
                                   "--tunnel-port", str(tunnel_port), "--default"),
                              env=flwr_env(fed.cli_home), capture_output=True, text=True, timeout=60)
         assert res.returncode == 0, res.stdout + res.stderr
-        fed.start("tunnel", _cli("deploy", "tunnel", "tls"), fed.cli_home, env={"FLWR_HOME": str(fed.cli_home)})
-        deploy.wait_healthy(f"127.0.0.1:{tunnel_port}", ca=certs / "ca.crt", timeout=60, proc=fed.procs["tunnel"])
-        for name in ("st-mary", "hospital-1", "hospital-2"):
-            res = fed.flwr("supernode", "register", str(keys / f"{name}.pub"), "tls")
-            assert res.returncode == 0 and "registered successfully" in res.stdout, res.stdout + res.stderr
-            fed.node_ids[name] = re.search(r"SuperNode (\d+) registered", res.stdout).group(1)
-
-        # three hospitals' own images, in three formats, and the operator's test set and cohort
         os.environ.setdefault("HOSPITRUST_DATA_DIR", str(DATA_DIR))
         fed.export = export("pneumoniamnist", work / "export", **EXPORT)
-        fed.arrays = export("pneumoniamnist", work / "export-npz", **{**EXPORT, "formats": ["npz"]})  # the same images
+        deploy.wait_healthy(fed.address, ca=certs / "ca.crt", timeout=120, proc=fed.procs["superlink"])
+        fed.start("tunnel", _cli("deploy", "tunnel", "tls"), fed.cli_home, env={"FLWR_HOME": str(fed.cli_home)})
+        deploy.wait_healthy(f"127.0.0.1:{tunnel_port}", ca=certs / "ca.crt", timeout=60, proc=fed.procs["tunnel"])
+        # what `flwr supernode register KEY.pub tls` does for each hospital, in this process (Flower's key loader and
+        # RegisterNode through the operator's connection: a `flwr` process costs about 1.3 s); test_control_plane plays
+        # the command itself
+        from flwr.cli.supernode.register import try_load_public_key
+        from flwr.proto.control_pb2 import RegisterNodeRequest
+
+        with flwr.control_client("tls", flwr_env(fed.cli_home)) as client:
+            for name in HOSPITALS:
+                registered = client.RegisterNode(RegisterNodeRequest(public_key=try_load_public_key(keys / f"{name}.pub")))
+                assert registered.node_id, f"{name}'s SuperNode was not registered"
+                fed.node_ids[name] = str(registered.node_id)
         # every hospital starts through `hospitrust deploy supernode`: its data checked against the task file, then
         # its SuperNode with the warm ClientApp launcher and the watchdog. st-mary: PNG folders; hospital-1: a CSV
         # manifest (and a red team's node: it attacks in runs with an attack configured); hospital-2: DICOM
         for name, key in (("st-mary", 0), ("hospital-1", 1), ("hospital-2", 2)):
             fed.start(name, supernode_cli(fed, name, fed.export[f"hospital-{key}"], *(["--malicious"] if key == 1 else [])),
                       work / f"sn-{name}")
+        fed.arrays = export("pneumoniamnist", work / "export-npz", **{**EXPORT, "formats": ["npz"]})  # the same images
         fed.wait_online(list(HOSPITALS))
         yield fed
     finally:
