@@ -272,6 +272,35 @@ def test_a_task_started_before_its_message_line_was_read_is_still_matched(monkey
     assert "(task 11)" in (s.check() or "")
 
 
+def test_a_stopped_runs_task_started_after_its_message_was_dropped_takes_no_later_message(monkeypatch):
+    """Seen in the suite on 2026-12-07 (test_deploy's stopped-and-resumed run): the stopped run's evaluate message is
+    dropped by the SuperNode ("Ignoring message"), a ClientApp is started for its task all the same, and the resumed
+    run's query arrives 4 s later. Matched by order alone, the query took the dropped message's task, the query's own
+    task then took the train message after it, and the query ClientApp's exit (its reply sent) restarted a working
+    SuperNode in the middle of a round. Matched by run, each task keeps its own message."""
+    s = _watchdog(monkeypatch)
+    run = "\x1b[92mINFO \x1b[0m:      [RUN {}]"
+    s._supernode_line(run.format(6019))
+    s._supernode_line(RECEIVING.replace("train", "evaluate"))
+    s._supernode_line("\x1b[92mINFO \x1b[0m:      Run ID 6019 is not in `RUNNING` status. Ignoring message 220f.")
+    s._launcher_line(_event("started", 1338, run_id=6019, n=19))  # the stopped run's ClientApp: it never exits
+    s._supernode_line(run.format(1679))
+    s._supernode_line(RECEIVING.replace("train", "query"))
+    s._launcher_line(_event("started", 2870, run_id=1679, n=20))
+    s._launcher_line(_event("exited", 2870, seconds=2.2, rc=0))
+    s._supernode_line(run.format(1679))
+    s._supernode_line(SENDING.replace("train", "query"))
+    s._supernode_line(SENT)
+    s._supernode_line(run.format(1679))
+    s._supernode_line(RECEIVING)  # the resumed run's train message
+    s._launcher_line(_event("started", 1531, run_id=1679, n=21))
+    assert s.check() is None, "a working SuperNode restarted"
+    assert [m.task_id for m in s.inflight.messages] == [1531]
+    # and a task of that run whose ClientApp exits without a reply is still a hang
+    s._launcher_line(_event("exited", 1531, seconds=1.0, rc=0))
+    assert "(task 1531)" in (s.check() or "")
+
+
 _FAKE_SUPERNODE = """
 import sys, time
 print("SuperNode ID: 5", flush=True)

@@ -152,7 +152,8 @@ def app_config_defaults(app_dir: Path | None = None) -> dict:
 
 def translate_overrides(values: dict[str, object], out=None) -> dict[str, object]:
     """Old flat keys under their new names, with one line each saying so (on ``out``, else on the stderr of the
-    moment: a default bound at import would keep the stream of whoever imported this module first)."""
+    moment: a default bound at import would keep the stream of whoever imported this module first).
+    """
     translated, notes = legacy.translate(values)
     for note in notes:
         print(f"hospitrust: {note}", file=out or sys.stderr)

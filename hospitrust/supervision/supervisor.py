@@ -229,6 +229,15 @@ class Message:
     opened: float
     task_id: int | None = None
     sending_since: float | None = None
+    run_id: int | None = None  # from the SuperNode's ``[RUN id]`` line before its ``Receiving:``
+
+
+_RUN_LINE = re.compile(r"\[RUN (\d+)\]")  # the SuperNode's line before each message it pulls
+
+
+def _same_run(a: int | None, b: int | None) -> bool:
+    """Whether a message and a task can belong together: the same run, or a run not known on one side."""
+    return a is None or b is None or a == b
 
 
 @dataclass
@@ -241,21 +250,31 @@ class Inflight:
     """
 
     messages: list[Message] = field(default_factory=list)
-    #: (when, task id) of tasks started before their message's line was read: the next ``Receiving:`` within
-    #: ``UNCLAIMED_SECONDS`` is theirs
-    unclaimed: list[tuple[float, int]] = field(default_factory=list)
+    #: (when, task id, run id) of tasks started before their message's line was read: the next ``Receiving:`` of
+    #: the same run within ``UNCLAIMED_SECONDS`` is theirs
+    unclaimed: list[tuple[float, int, int | None]] = field(default_factory=list)
     seen: set[int] = field(default_factory=set)  # every task id started since the SuperNode (re)started
     running: dict[int, int] = field(default_factory=dict)  # task id -> its ClientApps still running
+    run_id: int | None = None  # the run of the SuperNode's latest ``[RUN id]`` line
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     UNCLAIMED_SECONDS = 5.0
 
     def line(self, text: str) -> None:
         with self.lock:
-            if RECEIVING in text:
+            if (run := _RUN_LINE.search(text)) is not None:
+                self.run_id = int(run.group(1))
+            elif RECEIVING in text:
                 now = time.monotonic()
-                self.unclaimed = [(t, task) for t, task in self.unclaimed if now - t < self.UNCLAIMED_SECONDS]
-                self.messages.append(Message(now, self.unclaimed.pop(0)[1] if self.unclaimed else None))
+                self.unclaimed = [u for u in self.unclaimed if now - u[0] < self.UNCLAIMED_SECONDS]
+                message = Message(now, run_id=self.run_id)
+                # a task of another run is not this message's: a stopped run's task can start after the SuperNode
+                # dropped its message ("Ignoring message"), and would otherwise take the next run's message
+                mine = next((u for u in self.unclaimed if _same_run(u[2], message.run_id)), None)
+                if mine is not None:
+                    self.unclaimed.remove(mine)
+                    message.task_id = mine[1]
+                self.messages.append(message)
             elif SENDING in text:
                 waiting = [m for m in self.messages if m.sending_since is None]
                 if waiting:
@@ -263,8 +282,9 @@ class Inflight:
             elif any(m in text for m in MESSAGE_DONE) and self.messages:
                 self.messages.pop(0)
 
-    def started(self, task_id: int) -> None:
-        """The launcher started a ClientApp for ``task_id``: the oldest open message without a task is its.
+    def started(self, task_id: int, run_id: int | None = None) -> None:
+        """The launcher started a ClientApp for ``task_id`` of run ``run_id``: the oldest open message of that run
+        without a task is its.
 
         A task id seen before is not a new message: Flower hands a task out again when the ClientApp that claimed
         it did not start within its heartbeat (30 s: paused, or slow to start), so two ClientApps may run one task.
@@ -275,10 +295,10 @@ class Inflight:
                 return
             self.seen.add(task_id)
             for m in self.messages:
-                if m.task_id is None and m.sending_since is None:
+                if m.task_id is None and m.sending_since is None and _same_run(m.run_id, run_id):
                     m.task_id = task_id
                     return
-            self.unclaimed.append((time.monotonic(), task_id))
+            self.unclaimed.append((time.monotonic(), task_id, run_id))
 
     def exited(self, task_id: int) -> None:
         with self.lock:
@@ -401,7 +421,8 @@ class Supervisor:
         except ValueError:
             event = None
         if isinstance(event, dict) and event.get("launcher") == "started" and isinstance(event.get("task_id"), int):
-            self.inflight.started(int(event["task_id"]))
+            run_id = event.get("run_id")
+            self.inflight.started(int(event["task_id"]), int(run_id) if isinstance(run_id, int) else None)
         elif isinstance(event, dict) and event.get("launcher") == "exited" and isinstance(event.get("task_id"), int):
             rc = int(event.get("rc", 0))
             how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
