@@ -254,10 +254,12 @@ def test_clientapps_paused_across_a_superlink_crash_leave_their_hospitals_healed
     answers, without the fixture restarting any SuperNode."""
     fed, name = federation, "hospital-2"
     run_dir = fed.work / "runs" / "paused"
-    # round 1 trains long enough (30 local epochs) to be caught in flight, after its ClientApps pulled their messages
+    # round 1 trains long enough (60 local epochs) to be caught in flight, after its ClientApps pulled their messages:
+    # 30 took 7.7 s on a fresh clone's suite on three workers (2026-12-07), and hospital-2's was not caught in time;
+    # a paused ClientApp is refused at its first beat after the resume, so the longer training costs nothing then
     config = run_config(fed, "paused", f"min-hospitals=2 {task_keys(fed)}", reply_timeout=REPLY_TIMEOUT, rounds=1)
     assert "local-epochs=2 " in config
-    run_id = fed.submit(config.replace("local-epochs=2 ", "local-epochs=30 "))
+    run_id = fed.submit(config.replace("local-epochs=2 ", "local-epochs=60 "))
     restarted = list(fed.restarted)
     offset = len(fed.logs[name].read_text(errors="replace"))
     _wait_round_one(fed, run_id, run_dir)
