@@ -234,7 +234,10 @@ def _in_flight(fed, name: str, since: float) -> list[psutil.Process]:
     out = []
     for p in _launcher_of(fed, name).children(recursive=True):  # keepers and their ClientApps
         with contextlib.suppress(psutil.Error):
-            if p.create_time() > since and p.status() != psutil.STATUS_ZOMBIE:
+            # psutil's start time is the boot time (whole seconds) plus the process's ticks: up to a second early
+            # against a file's mtime, and round 1's ClientApp starts about a second after config.json is written
+            # (it was missed so on 2026-12-07); the query's ClientApps have exited by then
+            if p.create_time() > since - 2.0 and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(p)
     return out
 
