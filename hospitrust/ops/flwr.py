@@ -126,6 +126,17 @@ def _copy_plain(stream, fh) -> None:
         fh.close()
 
 
+def _wait_then_kill(procs: list[psutil.Process], timeout: float) -> None:
+    """Wait up to ``timeout`` for ``procs`` to end; SIGKILL whichever are still alive."""
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
 def stop_tree(pid: int, *, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
     """Signal ``pid`` and all its descendants (found before any of them exits, so orphans are
     not missed), then SIGKILL whatever is still alive after ``timeout``.
@@ -140,13 +151,7 @@ def stop_tree(pid: int, *, sig: int = signal.SIGTERM, timeout: float = 20.0) -> 
             p.send_signal(sig)
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5)
+    _wait_then_kill(procs, timeout)
 
 
 def stop_all() -> None:
@@ -194,13 +199,7 @@ def signal_descendants(sig: int = signal.SIGTERM) -> list[psutil.Process]:
 def reap_signalled(timeout: float = 10.0) -> None:
     """Wait up to ``timeout`` for the processes a handler signalled without waiting; SIGKILL what is left."""
     procs, _SIGNALLED[:] = list(_SIGNALLED), []
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5)
+    _wait_then_kill(procs, timeout)
 
 
 atexit.register(reap_signalled)
