@@ -228,17 +228,26 @@ TOKEN_LAPSE = TASK_TOKEN_LAPSE + 5
 
 
 
-def _in_flight(fed, name: str, since: float) -> list[psutil.Process]:
-    """Hospital ``name``'s ClientApps started after ``since`` and still running, with the keeper each one runs under
-    (hospitrust.supervision.tree): pausing both pauses the ClientApp and what watches it."""
+def _in_flight(fed, name: str, run_id: int, offset: int) -> list[psutil.Process]:
+    """Hospital ``name``'s ClientApps of run ``run_id`` still running, by its launcher's ``started`` and ``exited``
+    events in the SuperNode's log since ``offset``, each with the keeper it runs under (hospitrust.supervision.tree):
+    pausing both pauses the ClientApp and what watches it. (Process start times against a file's mtime missed round
+    1's ClientApp on 2026-12-07: psutil counts from a whole-second boot time.)"""
+    started, exited = [], set()
+    for line in fed.logs[name].read_text(errors="replace")[offset:].splitlines():
+        if (at := line.find('{"launcher"')) < 0:
+            continue
+        with contextlib.suppress(ValueError):
+            event = json.loads(line[at:])
+            if event.get("launcher") == "started" and event.get("run_id") == run_id:
+                started.append(int(event["pid"]))
+            elif event.get("launcher") == "exited":
+                exited.add(int(event["pid"]))
     out = []
-    for p in _launcher_of(fed, name).children(recursive=True):  # keepers and their ClientApps
+    for pid in (pid for pid in started if pid not in exited):
         with contextlib.suppress(psutil.Error):
-            # psutil's start time is the boot time (whole seconds) plus the process's ticks: up to a second early
-            # against a file's mtime, and round 1's ClientApp starts about a second after config.json is written
-            # (it was missed so on 2026-12-07); the query's ClientApps have exited by then
-            if p.create_time() > since - 2.0 and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
+            keeper = psutil.Process(pid)
+            out += [p for p in [keeper, *keeper.children(recursive=True)] if p.status() != psutil.STATUS_ZOMBIE]
     return out
 
 
@@ -264,15 +273,16 @@ def test_clientapps_paused_across_a_superlink_crash_leave_their_hospitals_healed
     assert "local-epochs=2 " in config
     run_id = fed.submit(config.replace("local-epochs=2 ", "local-epochs=60 "))
     restarted = list(fed.restarted)
-    offset = len(fed.logs[name].read_text(errors="replace"))
+    offsets = {h: len(fed.logs[h].read_text(errors="replace")) for h in HOSPITALS}
+    offset = offsets[name]
     _wait_round_one(fed, run_id, run_dir)
-    queried, deadline = (run_dir / "config.json").stat().st_mtime, time.monotonic() + 120
+    deadline = time.monotonic() + 120
     # in flight: its round-1 ClientApp installed the run's bundle (then it pulls its message and trains)
-    while not (_in_flight(fed, name, queried) and _installed_for_training(fed.logs[name].read_text(errors="replace")[offset:])):
+    while not (_in_flight(fed, name, run_id, offset) and _installed_for_training(fed.logs[name].read_text(errors="replace")[offset:])):
         assert time.monotonic() < deadline, "hospital-2's round-1 ClientApp never started\n" + fed.tail(name)
         time.sleep(0.2)
     time.sleep(2)
-    clientapps = {h: _in_flight(fed, h, queried) for h in HOSPITALS}  # the others' too, where still training
+    clientapps = {h: _in_flight(fed, h, run_id, offsets[h]) for h in HOSPITALS}  # the others' too, where still training
     for p in (p for ps in clientapps.values() for p in ps):
         with contextlib.suppress(psutil.NoSuchProcess):
             p.suspend()
