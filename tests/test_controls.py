@@ -271,6 +271,30 @@ def test_the_v3_page_sets_each_rules_worst_case_and_clean_run_against_the_best_c
     assert "Every rule trained on every seed" in page
 
 
+def test_the_v3_alpha01_page_renders_from_its_committed_cells_when_no_part_is_at_hand(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("v3_render", REPO / "benchmarks" / "leaderboard" / "v3" / "render.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    out, empty = tmp_path / "v3", tmp_path / "empty"
+    out.mkdir()
+    empty.mkdir()
+    args = ["--condition", "alpha0.1", "--grids", str(empty), "--archives", str(empty), "--out", str(out)]
+    pd.DataFrame([{"rule": "pooled", "seed": 41, "attack_label": "none", "final_balanced_accuracy": 0.9, "last_k": 0.9,
+                   "final_auc": 0.95, "chance": 0.5}]).to_csv(out / "controls_alpha0.1.csv", index=False)
+    with pytest.raises(SystemExit, match="no Dirichlet 0.1 part in .*empty nor .*empty, and no .*alpha0.1_cells.csv"):
+        render.main(args)
+    rows = [{"rule": "median", "seed": 41, "attack_label": attack, "final_balanced_accuracy": 0.5, "last_k": 0.5,
+             "final_auc": 0.5, "chance": 0.5} for attack in ["none", *render.COMMON]]
+    pd.DataFrame(rows).to_csv(out / "alpha0.1_cells.csv", index=False)
+    assert render.main(args) == 0
+    page = (out / "alpha0.1.md").read_text()
+    assert page.startswith("# Leaderboard v3: does joining pay? PneumoniaMNIST, Dirichlet 0.1") and "Decisive: fresh" in page
+    # a clean run at chance is "did not train", named with its seed
+    assert "median (seed 41: 0.500)" in page
+
+
 def test_the_v3_decisive_parts_are_the_generators_output_and_their_cost_fits_the_budget():
     import importlib.util
 

@@ -2,14 +2,18 @@
 
     python benchmarks/leaderboard/v3/render.py --controls runs/leaderboard-v3/controls-pneumonia-main \\
         --out docs/results/leaderboard/v3
+    python benchmarks/leaderboard/v3/render.py --condition alpha0.1 --out docs/results/leaderboard/v3
 
 The PneumoniaMNIST main condition's rules are v2's committed cells (``--rules``: v2's
 ``leaderboard_cells.csv``, condition ``main``, seeds 11-20); its controls are read from the controls grid's
 folder, or, without one, from the controls' committed cells (``--out``/controls_pneumonia_main.csv), so the
-page re-renders from the repository alone. The page holds: the controls; each rule's worst case over the nine
-attacks every rule meets, and its clean run, minus the best control, paired by seed (Student's t intervals, the
-exact sign-flip test, Holm over the declared family); the same on the last-3-round mean and on AUC; each rule's
-own aware attack beside; and the (rule, seed) pairs that did not train.
+page re-renders from the repository alone. Dirichlet 0.1's rules are its ten evaluation parts (``--grids``:
+runs/leaderboard-v3/alpha0.1-sNN, unpacked from their archives in docs/results/leaderboard/v3/grids where a
+folder lacks its cells), written to ``--out``/alpha0.1_cells.csv, which the page re-renders from when no part is
+there; its controls are ``--out``/controls_alpha0.1.csv. The page holds: the controls; each rule's worst case over
+the nine attacks every rule meets, and its clean run, minus the best control, paired by seed (Student's t
+intervals, the exact sign-flip test, Holm over the declared family); the same on the last-3-round mean and on
+AUC; each rule's own aware attack beside; and the (rule, seed) pairs that did not train.
 """
 
 from __future__ import annotations
@@ -153,14 +157,27 @@ def did_not_train_lines(cells: pd.DataFrame) -> list[str]:
             f"rule's attacked cells on such a seed are not robustness failures): {pairs}.", ""]
 
 
-def render(rules: pd.DataFrame, controls: pd.DataFrame) -> str:
+# per condition: the page's file, its title, and what it is (descriptive or decisive, where its rules' cells come from)
+CONDITIONS = {
+    "pneumonia-main": ("pneumonia-main.md", "PneumoniaMNIST main condition",
+                       "Descriptive: these seeds were seen in v2; the decisive conditions are RetinaMNIST's and "
+                       "Dirichlet 0.1's. The rules' cells are v2's (10 hospitals, Dirichlet 0.5, 3 colluding, 40 rounds)"),
+    "alpha0.1": ("alpha0.1.md", "PneumoniaMNIST, Dirichlet 0.1",
+                 "Decisive: fresh seeds 41-50, the protocol and its decision test committed before the first cell ran. "
+                 "The rules' cells are the ten evaluation parts `benchmarks/leaderboard/v3/alpha0.1-sNN.toml` (10 "
+                 "hospitals, Dirichlet 0.1, 3 colluding, 40 rounds, the main condition's rates and bounds; the cells in "
+                 "`alpha0.1_cells.csv`)"),
+}
+
+
+def render(rules: pd.DataFrame, controls: pd.DataFrame, condition: str = "pneumonia-main") -> str:
+    _, title, what = CONDITIONS[condition]
     cells = pd.concat([rules[KEEP], controls[KEEP]], ignore_index=True)
     seeds = sorted(cells["seed"].unique())
-    md = ["# Leaderboard v3: does joining pay? PneumoniaMNIST main condition", "",
-          "Rendered by `python benchmarks/leaderboard/v3/render.py` (docs/leaderboard.md, \"v3 protocol\"). Descriptive: "
-          "these seeds were seen in v2; the decisive conditions are RetinaMNIST's and Dirichlet 0.1's. The rules' cells "
-          "are v2's (10 hospitals, Dirichlet 0.5, 3 colluding, 40 rounds); the controls are trained by "
-          "`hospitrust/bench/controls.py` with the same data, model, training loop and evaluation.", "",
+    md = [f"# Leaderboard v3: does joining pay? {title}", "",
+          f"Rendered by `python benchmarks/leaderboard/v3/render.py` (docs/leaderboard.md, \"v3 protocol\"). {what}; "
+          "the controls are trained by `hospitrust/bench/controls.py` with the same data, model, training loop and "
+          "evaluation.", "",
           f"Seeds: {', '.join(map(str, seeds))}. The worst case is over the nine attacks every rule meets: "
           f"{', '.join(COMMON)}.", "",
           "## The controls", ""] + controls_lines(cells)
@@ -175,13 +192,43 @@ def render(rules: pd.DataFrame, controls: pd.DataFrame) -> str:
     return "\n".join(md) + "\n"
 
 
+def alpha01_rules(grids: Path, archives: Path, committed: Path) -> pd.DataFrame:
+    """Dirichlet 0.1's rule cells: from its parts' folders (unpacking archives where a folder lacks its cells) into
+    ``committed``, or from ``committed`` alone when no part is at hand."""
+    from hospitrust.bench.archive import unpack
+    from hospitrust.bench.leaderboard import load
+
+    found = []
+    for seed in range(41, 51):
+        folder, archive = grids / f"alpha0.1-s{seed}", archives / f"alpha0.1-s{seed}.tar.xz"
+        if not any((folder / "cells").glob("*/summary.json")) and archive.is_file():
+            print(f"[render] unpacking {archive.name}", file=sys.stderr)
+            unpack(archive, folder)
+        if any((folder / "cells").glob("*/summary.json")):
+            found.append(folder)
+    if not found:
+        if committed.is_file():
+            return pd.read_csv(committed)
+        raise SystemExit(f"render.py: no Dirichlet 0.1 part in {grids} nor {archives}, and no {committed}")
+    cells = load(found).cells
+    cells = cells[KEEP].sort_values(["rule", "seed", "attack_label"]).reset_index(drop=True)
+    cells.to_csv(committed, index=False)
+    return cells
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--condition", choices=sorted(CONDITIONS), default="pneumonia-main")
     parser.add_argument("--controls", type=Path, help="the controls grid's folder (default: the committed cells)")
-    parser.add_argument("--rules", type=Path, default=REPO / "docs/results/leaderboard/v2/board/leaderboard_cells.csv")
+    parser.add_argument("--rules", type=Path, default=REPO / "docs/results/leaderboard/v2/board/leaderboard_cells.csv",
+                        help="pneumonia-main: v2's committed cells")
+    parser.add_argument("--grids", type=Path, default=REPO / "runs/leaderboard-v3",
+                        help="alpha0.1: the folder of its parts' grid folders")
+    parser.add_argument("--archives", type=Path, default=REPO / "docs/results/leaderboard/v3/grids",
+                        help="alpha0.1: the folder of its parts' archives")
     parser.add_argument("--out", type=Path, default=REPO / "docs/results/leaderboard/v3")
     args = parser.parse_args(argv)
-    committed = args.out / "controls_pneumonia_main.csv"
+    committed = args.out / ("controls_pneumonia_main.csv" if args.condition == "pneumonia-main" else "controls_alpha0.1.csv")
     if args.controls is not None:
         controls = read_controls(args.controls)
         args.out.mkdir(parents=True, exist_ok=True)
@@ -190,10 +237,13 @@ def main(argv: list[str] | None = None) -> int:
         controls = pd.read_csv(committed)
     else:
         raise SystemExit(f"render.py: no controls: give --controls (the controls grid's folder) or commit {committed}")
-    rules = pd.read_csv(args.rules)
-    rules = rules[rules["condition"] == "main"]
-    page = args.out / "pneumonia-main.md"
-    page.write_text(render(rules, controls))
+    if args.condition == "pneumonia-main":
+        rules = pd.read_csv(args.rules)
+        rules = rules[rules["condition"] == "main"]
+    else:
+        rules = alpha01_rules(args.grids, args.archives, args.out / "alpha0.1_cells.csv")
+    page = args.out / CONDITIONS[args.condition][0]
+    page.write_text(render(rules, controls, args.condition))
     print(f"wrote {page}")
     return 0
 
