@@ -7,10 +7,10 @@ downloads them on the first run. Where the files can be had neither way, each
 data test fails with one line saying what is missing and how to provide it (never a skip);
 ``python -m pytest -m "not data"`` runs the rest.
 
-With ``HOSPITRUST_TEST_WORKERS`` workers (default 2; 1: one process) the whole suite (no test path named on the
+With ``HOSPITRUST_TEST_WORKERS`` workers (default 3; 1: one process) the whole suite (no test path named on the
 command line) runs on that many pytest-xdist workers, one test module per unit of work: the real-process tests that share the deployed
 federation (the modules in ``FEDERATION_MODULES``) are one unit, started first on one worker,
-since they share one set of processes and mostly wait on Flower's polling; the other worker (or workers) runs
+since they share one set of processes and mostly wait on Flower's polling; the other workers run
 the CPU-bound rest, taking the CPU the federation leaves. A file or test named on the command line runs in
 one process, as do ``-n 0`` and ``-p no:xdist``; ``-n N`` distributes any selection module by module.
 
@@ -39,13 +39,12 @@ STUDY = REPO / "benchmarks" / "study"
 if str(STUDY) not in sys.path:
     sys.path.append(str(STUDY))
 DATA_FILES = ("pneumoniamnist", "retinamnist")  # the MedMNIST flags the tests use, at 28 x 28
-# Workers for the whole suite: two by default, the federation's tests (which mostly wait on Flower's polling) on
-# one, the CPU-bound rest on the other. Idle on 2 cores (2026-12-07): 727 s on two workers (the suite's processes
-# used 1.41 cores), 680-685 s on three (1.52), where the federation's unit is the longest and its timing-bound
-# scenarios meet more contention: one of them (the paused ClientApps) missed its moment once on a fresh clone, so
-# three is not the default yet (docs/experiments/2026-12-07-suite-three-workers.md); HOSPITRUST_TEST_WORKERS=3 runs
-# it on three, HOSPITRUST_TEST_WORKERS=1 in one process.
-SUITE_WORKERS = int(os.environ.get("HOSPITRUST_TEST_WORKERS", "2"))
+# Workers for the whole suite: three by default, the federation's tests (which mostly wait on Flower's polling) on
+# one, the CPU-bound rest on the other two, which take the CPU the federation's waits leave. Idle on 2 cores
+# (2026-12-07, docs/experiments/2026-12-07-suite-three-workers.md): 727 s on two workers (the suite's processes used
+# 1.41 cores), 680-685 s on three in a working copy (1.52), 652 s on a fresh clone. HOSPITRUST_TEST_WORKERS=2 runs it
+# on two, HOSPITRUST_TEST_WORKERS=1 in one process.
+SUITE_WORKERS = int(os.environ.get("HOSPITRUST_TEST_WORKERS", "3"))
 # Workers for the manual's commands (-m docs): two pages at once (docs/experiments/2026-12-02-suite-time.md)
 DOCS_WORKERS = int(os.environ.get("HOSPITRUST_DOCS_WORKERS", "2"))
 DOCS_RECORDS: list[list] = []  # what the docs pages ran and left out, gathered from the reports (also a worker's)

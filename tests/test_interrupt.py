@@ -1,5 +1,5 @@
 """An interrupted test run (SIGTERM, or Ctrl-C) leaves no Flower process behind: in one process, and on
-pytest-xdist workers, as the whole suite runs with HOSPITRUST_TEST_WORKERS=2 (tests/conftest.py)."""
+pytest-xdist workers, as the whole suite runs on them (tests/conftest.py; two here)."""
 
 from __future__ import annotations
 
