@@ -42,7 +42,7 @@ DATA_FILES = ("pneumoniamnist", "retinamnist")  # the MedMNIST flags the tests u
 # Workers for the whole suite: three by default, the federation's tests (which mostly wait on Flower's polling) on
 # one, the CPU-bound rest on the other two, which take the CPU the federation's waits leave. Idle on 2 cores
 # (2026-12-07, docs/experiments/2026-12-07-suite-three-workers.md): 727 s on two workers (the suite's processes used
-# 1.41 cores), 680-685 s on three in a working copy (1.52), 652 s on a fresh clone. HOSPITRUST_TEST_WORKERS=2 runs it
+# 1.41 cores), 680-685 s on three in a working copy (1.52), 631-652 s on fresh clones. HOSPITRUST_TEST_WORKERS=2 runs it
 # on two, HOSPITRUST_TEST_WORKERS=1 in one process.
 SUITE_WORKERS = int(os.environ.get("HOSPITRUST_TEST_WORKERS", "3"))
 # Workers for the manual's commands (-m docs): two pages at once (docs/experiments/2026-12-02-suite-time.md)
