@@ -295,6 +295,22 @@ def test_the_v3_alpha01_page_renders_from_its_committed_cells_when_no_part_is_at
     assert "median (seed 41: 0.500)" in page
 
 
+def test_the_v3_backdoor_table_cuts_its_t_intervals_to_the_rates_range():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("v3_render", REPO / "benchmarks" / "leaderboard" / "v3" / "render.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    cells = pd.DataFrame([{"rule": rule, "seed": seed, "attack_label": "backdoor", "final_attack_success_rate": rate}
+                          for rule, rates in (("median", (0.9, 1.0, 1.0)), ("fltrust", (0.1, 0.2, 0.3)))
+                          for seed, rate in zip((41, 42, 43), rates)])
+    lines = "\n".join(render.backdoor_lines(cells))
+    # median: mean 0.9667, sd 0.0577, t(2, 0.975) 4.3027: 0.9667 +- 0.1434 = [0.823, 1.110], cut at 1
+    # fltrust: 0.2 +- 4.3027 x 0.1 / sqrt 3 = [-0.048, 0.448], cut at 0; the lower rate first
+    assert lines.index("| fltrust | 0.200 [0.000, 0.448] | 3 |") < lines.index("| median | 0.967 [0.823, 1.000] | 3 |")
+    assert render.backdoor_lines(cells.drop(columns="final_attack_success_rate")) == []
+
+
 def test_the_v3_decisive_parts_are_the_generators_output_and_their_cost_fits_the_budget():
     import importlib.util
 

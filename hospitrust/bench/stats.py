@@ -247,7 +247,6 @@ def cliques(mean_ranks: pd.Series, pairs: pd.DataFrame) -> list[list[str]]:
 
 
 def t_interval(values: Sequence[float] | np.ndarray, *, level: float = LEVEL) -> Interval:
-    from scipy import stats as sps
     r"""The mean of ``values`` (NaNs dropped) and its Student's t interval,
     :math:`\bar x \pm t_{n-1,\,(1+\text{level})/2}\; s / \sqrt n` (scipy.stats.t).
 
@@ -265,6 +264,7 @@ def t_interval(values: Sequence[float] | np.ndarray, *, level: float = LEVEL) ->
     Interval
         The mean, the interval's ends and n.
     """
+    from scipy import stats as sps
     arr = np.asarray([v for v in values if v == v], dtype=float)
     if not len(arr):
         return Interval(math.nan, math.nan, math.nan, 0)

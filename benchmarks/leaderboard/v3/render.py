@@ -147,6 +147,23 @@ def own_attack_lines(cells: pd.DataFrame, column: str) -> list[str]:
     return md_table(["rule", "its own attacks", "worst case over them [95 % t CI]"], rows)
 
 
+def backdoor_lines(cells: pd.DataFrame) -> list[str]:
+    """The backdoor's success rate per rule, mean [95 % t CI] over seeds; a rate lies in [0, 1], so its interval's
+    ends are cut there (with 10 seeds and rates near 0 or 1 the t interval reaches past them)."""
+    if v2.ASR not in cells:
+        return []
+    sub = cells[cells["attack_label"].isin(v2.SUCCESS_RATE_ATTACKS)].dropna(subset=[v2.ASR])
+    rows = []
+    for rule, values in sub.groupby("rule", sort=False)[v2.ASR]:
+        iv = stats.t_interval(values.to_list())
+        cut = stats.Interval(iv.mean, max(0.0, iv.low), min(1.0, iv.high), iv.n) if iv.has_ci else iv
+        rows.append((iv.mean, [rule, cut.text(3), str(iv.n)]))
+    if not rows:
+        return []
+    return md_table(["rule", "backdoor success rate [95 % t CI, cut to [0, 1]] (lower is better)", "seeds"],
+                    [row for _, row in sorted(rows, key=lambda r: r[0])])
+
+
 def did_not_train_lines(cells: pd.DataFrame) -> list[str]:
     clean = cells[cells["attack_label"] == "none"]  # the controls too: a control that did not train is no control
     flat = clean[clean["final_balanced_accuracy"] <= clean["chance"] + DID_NOT_TRAIN]
@@ -172,7 +189,7 @@ CONDITIONS = {
 
 def render(rules: pd.DataFrame, controls: pd.DataFrame, condition: str = "pneumonia-main") -> str:
     _, title, what = CONDITIONS[condition]
-    cells = pd.concat([rules[KEEP], controls[KEEP]], ignore_index=True)
+    cells = pd.concat([rules[KEEP + [c for c in (v2.ASR,) if c in rules]], controls[KEEP]], ignore_index=True)
     seeds = sorted(cells["seed"].unique())
     md = [f"# Leaderboard v3: does joining pay? {title}", "",
           f"Rendered by `python benchmarks/leaderboard/v3/render.py` (docs/leaderboard.md, \"v3 protocol\"). {what}; "
@@ -188,6 +205,8 @@ def render(rules: pd.DataFrame, controls: pd.DataFrame, condition: str = "pneumo
     md += each_control_lines(cells, "final_balanced_accuracy")
     md += ["## Each rule's own attack, beside (final-round balanced accuracy)", ""]
     md += own_attack_lines(cells, "final_balanced_accuracy")
+    if backdoor := backdoor_lines(cells):
+        md += ["## The backdoor, beside (its success rate on the server's test images, lower is better)", ""] + backdoor
     md += ["## Did not train", ""] + did_not_train_lines(cells)
     return "\n".join(md) + "\n"
 
@@ -211,7 +230,8 @@ def alpha01_rules(grids: Path, archives: Path, committed: Path) -> pd.DataFrame:
             return pd.read_csv(committed)
         raise SystemExit(f"render.py: no Dirichlet 0.1 part in {grids} nor {archives}, and no {committed}")
     cells = load(found).cells
-    cells = cells[KEEP].sort_values(["rule", "seed", "attack_label"]).reset_index(drop=True)
+    cells = cells[KEEP + [c for c in (v2.ASR,) if c in cells]].sort_values(["rule", "seed", "attack_label"])
+    cells = cells.reset_index(drop=True)
     cells.to_csv(committed, index=False)
     return cells
 
