@@ -269,6 +269,9 @@ def test_the_v3_page_sets_each_rules_worst_case_and_clean_run_against_the_best_c
     assert "| fedavg | 3 | 0.500 [0.500, 0.500] | -0.280 [-0.280, -0.280] | 0.25 / " in page and "not separated" in page
     assert "| fltrust | fltrust-aware, anchored-trust-aware" not in page and "| fltrust | fltrust-aware | 0.100" in page
     assert "Every rule trained on every seed" in page
+    # the CD diagram: the rules' worst cases beside the controls, three seeds
+    assert "![critical-difference diagram](pneumonia-main-cd.png)" in page
+    assert (out / "pneumonia-main-cd.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_the_v3_alpha01_page_renders_from_its_committed_cells_when_no_part_is_at_hand(tmp_path):

@@ -187,7 +187,25 @@ CONDITIONS = {
 }
 
 
-def render(rules: pd.DataFrame, controls: pd.DataFrame, condition: str = "pneumonia-main") -> str:
+def cd_lines(cells: pd.DataFrame, title: str, png: Path | None) -> list[str]:
+    """The critical-difference diagram of each rule's worst case over the nine and each control, seed by seed
+    (descriptive: its bars are v2's Holm-corrected paired t-tests, the decision is the sign-flip table's), written to
+    ``png``; a line pointing at it."""
+    if png is None:
+        return []
+    column = "final_balanced_accuracy"
+    worst = v2.worst_per_seed(cells[~cells["rule"].isin(CONTROLS)], column, attacks=COMMON)
+    both = pd.concat([worst, v2.controls_per_seed(cells, column)], axis=1)
+    data = v2.cd_png(both, f"{title}: worst case over the nine attacks, and the controls")
+    if data is None:
+        return []
+    png.write_bytes(data)
+    return [f"![critical-difference diagram]({png.name})", "",
+            "Mean ranks over the seeds of each rule's worst case and each control (1 = best; bars join what Holm-corrected "
+            "paired t-tests do not separate: descriptive, the decision is the sign-flip table above).", ""]
+
+
+def render(rules: pd.DataFrame, controls: pd.DataFrame, condition: str = "pneumonia-main", cd_png: Path | None = None) -> str:
     _, title, what = CONDITIONS[condition]
     cells = pd.concat([rules[KEEP + [c for c in (v2.ASR,) if c in rules]], controls[KEEP]], ignore_index=True)
     seeds = sorted(cells["seed"].unique())
@@ -200,6 +218,7 @@ def render(rules: pd.DataFrame, controls: pd.DataFrame, condition: str = "pneumo
           "## The controls", ""] + controls_lines(cells)
     for column, what in OUTCOMES.items():
         md += [f"## Joining against going alone: {what}", ""] + joining_pays_lines(cells, column)
+    md += cd_lines(cells, title, cd_png)
     md += ["## Against each control (descriptive, final-round balanced accuracy)", "",
            "Each rule's worst case over the nine minus each control, paired by seed: mean [95 % t CI], seeds above.", ""]
     md += each_control_lines(cells, "final_balanced_accuracy")
@@ -263,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rules = alpha01_rules(args.grids, args.archives, args.out / "alpha0.1_cells.csv")
     page = args.out / CONDITIONS[args.condition][0]
-    page.write_text(render(rules, controls, args.condition))
+    page.write_text(render(rules, controls, args.condition, cd_png=page.with_name(f"{page.stem}-cd.png")))
     print(f"wrote {page}")
     return 0
 
