@@ -18,27 +18,46 @@ NAME_KNOWERS = ("strategies/registry.py", "strategies/fbd.py")
 NAME_KNOWER_PACKAGES = ("fbd/",)
 
 
+# names that hold a rule's name or object: ``strategy``, ``rule``, ``rule_name(...)``, ``cfg.strategy``
+RULE_NAMES = ("strategy", "rule", "rule_name")
+
+
 def _is_strategy_expr(node: ast.AST) -> bool:
-    """``strategy``, ``cfg.strategy``, ``self.run.cfg.strategy``: an expression that holds a rule's name or object."""
-    return (isinstance(node, ast.Name) and node.id == "strategy") or (isinstance(node, ast.Attribute)
+    """``strategy``, ``rule``, ``cfg.strategy``, ``self.run.cfg.strategy``, ``rule_name(x)``: an expression that
+    holds a rule's name or object."""
+    if isinstance(node, ast.Call):
+        return isinstance(node.func, ast.Name) and node.func.id == "rule_name"
+    return (isinstance(node, ast.Name) and node.id in RULE_NAMES) or (isinstance(node, ast.Attribute)
                                                                      and node.attr == "strategy")
 
 
-def _is_string_literal(node: ast.AST) -> bool:
-    """A str constant, or a tuple, list or set of them."""
+def _is_string_literal(node: ast.AST, constants: frozenset[str] = frozenset()) -> bool:
+    """A str constant, a tuple, list or set of them, a module-level name bound to one (``constants``), or a sum of
+    those."""
     if isinstance(node, ast.Constant):
         return isinstance(node.value, str)
+    if isinstance(node, ast.Name):
+        return node.id in constants
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _is_string_literal(node.left, constants) and _is_string_literal(node.right, constants)
     return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and bool(node.elts) and all(
         isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
 
 
 def name_comparisons(source: str) -> list[int]:
-    """Lines where a strategy expression is compared with (or tested for membership in) string literals."""
+    """Lines where a strategy expression is compared with (or tested for membership in) string literals, or in a
+    module-level tuple of them (``AGR_RULES = ("krum", ...)`` ... ``rule in AGR_RULES``)."""
+    tree = ast.parse(source)
+    constants = frozenset(
+        t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(t, ast.Name) and node.value is not None and isinstance(node.value, (ast.Tuple, ast.List, ast.Set))
+        and _is_string_literal(node.value))
     lines = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
-            if any(_is_strategy_expr(s) for s in sides) and any(_is_string_literal(s) for s in sides):
+            if any(_is_strategy_expr(s) for s in sides) and any(_is_string_literal(s, constants) for s in sides):
                 lines.append(node.lineno)
     return lines
 
@@ -79,6 +98,9 @@ def test_the_checkers_see_what_they_look_for():
     assert name_comparisons('x = strategy not in ("fedavg", "fedprox")') == [1]
     assert name_comparisons('x = "krum" != self.run.cfg.strategy') == [1]
     assert name_comparisons('x = cfg.strategy == other_name\ny = c["strategy"] == "hta"') == []
+    # a module-level tuple of names, and sums of them (the AGR-tailored attack knew its rules so before their tag)
+    assert name_comparisons('A = ("krum", "bulyan")\nB = ["median"]\nif rule not in A + B: pass\nx = rule in A') == [3, 4]
+    assert name_comparisons('if rule_name(cfg.strategy) == "median": pass\nx = rule == y') == [1]
     assert strategy_attribute_writes("strategy.equal_weights = True") == [1]
     assert strategy_attribute_writes("a, self.strategy.x = 1, 2\nsetattr(strategy, 'y', 3)\ndel strategy.z") == [1, 2, 3]
     assert strategy_attribute_writes("self.strategy = strategy\nstrategy.use_equal_weights()") == []

@@ -24,6 +24,7 @@ from hospitrust.attacks.registry import ATTACKS, AttackError, build_attack
 from hospitrust.features.adversary import RoundAwareAdversary, private_copy
 from hospitrust.strategies.hta import HTA
 from hospitrust.strategies.krum import Krum
+from hospitrust.strategies.registry import strategy_class
 from hospitrust.strategies.validation import CheckedReply
 
 NEW = ("tailored-alie", "tailored-ipm", "agr-tailored", "neurotoxin", "dba", "hta-aware", "earn-aware", "fltrust-aware",
@@ -168,17 +169,22 @@ def test_agr_tailored_on_krum_uses_the_rules_own_selection():
 
 def test_agr_tailored_on_the_median_and_its_refusals():
     honest = _honest(n=7)
-    median_rule = type("Median", (), {"name": "median"})()
+    median_rule = type("Median", (), {"name": "median", "agr_tailored": "distance"})()
     rows, info = _built("agr-tailored").craft_round(_view(honest, malicious=(0, 1), rule=coordinate_median,
                                                          strategy=lambda: median_rule))
     expected, found = TA.agr_tailored_median(honest, 2, "unit")
     torch.testing.assert_close(rows[0], expected)
     assert info["gamma"] == found["gamma"]
     attack = build_attack("agr-tailored")
-    with pytest.raises(ValueError, match="not for strategy 'fedavg'.*'min-max' or 'min-sum'"):
-        attack.check_rule("fedavg")
+    rules = {name: strategy_class(name) for name in ("fedavg", "krum", "multi-krum", "bulyan", "median", "trimmed-mean")}
+    with pytest.raises(ValueError, match="defined for the rules bulyan, krum, median, multi-krum, trimmed-mean .*not for "
+                                         "strategy 'fedavg'.*'min-max' or 'min-sum'"):
+        attack.check_rule(rules["fedavg"])
     with pytest.raises(ValueError, match="pre-aggregation chain 'nnm'.*tailored-alie"):
-        attack.check_rule("krum", ("nnm",))
+        attack.check_rule(rules["krum"], ("nnm",))
+    # the rule's tag, not its name: Krum inherits Multi-Krum's
+    assert [attack.check_rule(rules[n]) for n in ("krum", "multi-krum", "bulyan", "median", "trimmed-mean")] == [
+        "selection", "selection", "selection", "distance", "distance"]
 
 
 # ------------------------------------------------------------------ backdoors

@@ -24,11 +24,6 @@ from hospitrust.attacks.math import tailored as T
 from hospitrust.attacks.math import update as U
 from hospitrust.options import Options
 
-#: The rules AGR-tailored is defined for, by registry name (the rest are AGR-agnostic: min-max, min-sum).
-AGR_SELECTION_RULES = ("krum", "multi-krum", "bulyan")
-AGR_DISTANCE_RULES = ("trimmed-mean", "median")
-
-
 def _finite_nonzero(v: float) -> float:
     if not math.isfinite(v) or v == 0:
         raise ValueError(f"must be finite and non-zero, got {v}")
@@ -178,32 +173,39 @@ class AGRTailored(RoundAwareColludingAttack):
         self.gamma_init = U.check_finite_number(gamma_init, "gamma_init", positive=True)
 
     @staticmethod
-    def check_rule(rule: str, pre_aggregation: tuple[str, ...] = ()) -> None:
-        """ValueError unless AGR-tailored is defined for ``rule`` (a registry name) without pre-aggregation."""
-        if rule not in AGR_SELECTION_RULES + AGR_DISTANCE_RULES:
+    def check_rule(rule: type, pre_aggregation: tuple[str, ...] = ()) -> str:
+        """How AGR-tailored is defined against ``rule`` (a strategy class: its ``agr_tailored`` tag, "selection" or
+        "distance"); ValueError where it is not, or where pre-aggregation stands in front of the rule.
+        """
+        kind = getattr(rule, "agr_tailored", None)
+        name = getattr(rule, "name", "") or rule.__name__
+        if kind not in ("selection", "distance"):
+            from hospitrust.strategies.registry import STRATEGIES
+
+            defined = sorted(n for n, cls in STRATEGIES.items() if cls.agr_tailored)
             raise ValueError(
-                f"attack 'agr-tailored' is defined for the rules {', '.join(AGR_SELECTION_RULES + AGR_DISTANCE_RULES)} "
-                f"(Shejwalkar and Houmansadr, NDSS 2021), not for strategy {rule!r}; against any rule use their "
-                "AGR-agnostic attacks 'min-max' or 'min-sum', or 'tailored-alie' / 'tailored-ipm' (strength searched "
-                "against the rule itself)")
+                f"attack 'agr-tailored' is defined for the rules {', '.join(defined)} (Shejwalkar and Houmansadr, NDSS "
+                f"2021), not for strategy {name!r}; against any rule use their AGR-agnostic attacks 'min-max' or "
+                "'min-sum', or 'tailored-alie' / 'tailored-ipm' (strength searched against the rule itself)")
         if pre_aggregation:
             raise ValueError(
                 f"attack 'agr-tailored' is defined against the rule alone, and this run puts the pre-aggregation chain "
-                f"{','.join(pre_aggregation)!r} in front of {rule!r}; use 'tailored-alie' or 'tailored-ipm', whose search "
+                f"{','.join(pre_aggregation)!r} in front of {name!r}; use 'tailored-alie' or 'tailored-ipm', whose search "
                 "has the chain in the loop")
+        return kind
 
     def craft_round(self, view: RoundView):
         if view.strategy is None:
             raise ValueError("attack 'agr-tailored' needs the run's rule (RoundView.strategy): it runs in a run")
-        rule = type(view.strategy()).name
-        self.check_rule(rule, view.pre_aggregation)
+        rule = type(view.strategy())
+        kind = self.check_rule(rule, view.pre_aggregation)
         m, honest = len(view.malicious_rows), view.honest
         honest_rows = view.honest_rows
 
         def in_row_order(malicious_first: torch.Tensor) -> torch.Tensor:
             return view.with_rows(malicious_first[:m])
 
-        if rule in AGR_SELECTION_RULES:
+        if kind == "selection":
             if view.aggregate is None:
                 raise ValueError("attack 'agr-tailored' on a selection rule needs RoundView.aggregate (the rule's selection)")
             aggregate = view.aggregate
@@ -220,7 +222,7 @@ class AGRTailored(RoundAwareColludingAttack):
             rule_fn = view.require_rule()
             one, found = T.agr_tailored_distance(honest, m, lambda x: rule_fn(in_row_order(x)), self.perturbation,
                                                  gamma_init=self.gamma_init, max_norm=view.max_norm)
-        return _copies(one, m), {"rule": rule, "perturbation": self.perturbation, **found}
+        return _copies(one, m), {"rule": rule.name, "perturbation": self.perturbation, **found}
 
 
 __all__ = ["AGRTailored", "AGRTailoredOptions", "TailoredALIE", "TailoredIPM", "TailoredOptions"]

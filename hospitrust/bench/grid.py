@@ -201,13 +201,13 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
     rules = data.get("when", [])
     if not isinstance(rules, list):
         raise GridError("[[when]] must be an array of tables: [[when]] if = {...} set = {...}")
-    for i, rule in enumerate(rules):
-        extra = sorted(set(rule) - {"if", "set", "skip"})
-        if extra or "if" not in rule or not ({"set", "skip"} & set(rule)):
-            raise GridError(f"[[when]] #{i + 1}: needs `if` and `set` or `skip` (got keys {sorted(rule)})")
-        rule["if"] = flatten_sections(dict(rule["if"]))
-        if "set" in rule:
-            rule["set"] = flatten_sections(dict(rule["set"]))
+    for i, clause in enumerate(rules):  # a [[when]] clause (not a rule of aggregation)
+        extra = sorted(set(clause) - {"if", "set", "skip"})
+        if extra or "if" not in clause or not ({"set", "skip"} & set(clause)):
+            raise GridError(f"[[when]] #{i + 1}: needs `if` and `set` or `skip` (got keys {sorted(clause)})")
+        clause["if"] = flatten_sections(dict(clause["if"]))
+        if "set" in clause:
+            clause["set"] = flatten_sections(dict(clause["set"]))
 
     grid = Grid(
         name=str(meta.get("name", path.stem if path else "grid")), path=path, backend=backend, workers=workers,

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Literal, cast
 
 import numpy as np
 import torch
@@ -218,6 +218,10 @@ class HospitrustStrategy(Strategy):
     secagg_compatible: ClassVar[bool] = False
     #: Why the rule lacks a capability, by the capability's name: the run-config checks quote it
     capability_notes: ClassVar[Mapping[str, str]] = {}
+    #: How Shejwalkar and Houmansadr's AGR-tailored attack (NDSS 2021) is defined against the rule: "selection"
+    #: (a rule that selects rows: the largest gamma it still selects), "distance" (a rule of coordinate-wise order
+    #: statistics: gamma moved while its output moves further); None: not defined (their AGR-agnostic attacks are)
+    agr_tailored: ClassVar[Literal["selection", "distance"] | None] = None
 
     @classmethod
     def why_not(cls, capability: str, default: str) -> str:

@@ -32,6 +32,7 @@ class Bulyan(HospitrustStrategy):
     name = "bulyan"
 
     sized_for_attackers = True
+    agr_tailored = "selection"
 
     def __init__(self, hospitals, options=None, *, assumed_malicious: int = 1, **kwargs) -> None:
         super().__init__(hospitals, options, **kwargs)

@@ -44,6 +44,7 @@ class MultiKrum(HospitrustStrategy):
     Options: ClassVar[type[OptionsModel]] = MultiKrumOptions  # Krum below: NoOptions
     options: OptionsModel  # MultiKrumOptions here, NoOptions in Krum: hence getattr below
     sized_for_attackers = True
+    agr_tailored = "selection"
 
     def __init__(self, hospitals, options=None, *, assumed_malicious: int = 1, **kwargs) -> None:
         super().__init__(hospitals, options, **kwargs)

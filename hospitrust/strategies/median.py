@@ -36,6 +36,7 @@ class Median(HospitrustStrategy):
     """
 
     name = "median"
+    agr_tailored = "distance"
 
     def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
         n = updates.shape[0]

@@ -28,6 +28,7 @@ class TrimmedMean(HospitrustStrategy):
     name = "trimmed-mean"
 
     sized_for_attackers = True
+    agr_tailored = "distance"
 
     def __init__(self, hospitals, options=None, *, assumed_malicious: int = 1, **kwargs) -> None:
         super().__init__(hospitals, options, **kwargs)
