@@ -325,6 +325,14 @@ def test_the_v3_decisive_parts_are_the_generators_output_and_their_cost_fits_the
     assert len(grid.cells) == 63 and {c.axes["seed"] for c in grid.cells} == {1, 2, 3}
     cfg = parse_run_config(grid.cells[0].run_config)
     assert cfg.dataset == "retinamnist" and cfg.reference_cohort_per_class == 3 and cfg.server_data.test_split == "val"
+    # Retina's rounds: the v3 set at its budget's rates (budget-retina/budget.csv), clean, 160 rounds, seeds 1-3
+    plateau = parse_grid(REPO / "benchmarks" / "leaderboard" / "v3" / "plateau-retina.toml")
+    assert len(plateau.cells) == 21 and {c.axes["seed"] for c in plateau.cells} == {1, 2, 3}
+    rates = {c.axes["strategy"]: parse_run_config(c.run_config) for c in plateau.cells if c.axes["seed"] == 1}
+    assert {r: cfg.learning_rate for r, cfg in rates.items()} == {
+        "fedavg": 0.003, "fltrust": 0.003, "earn": 0.03, "anchored-trust": 0.01, "hta": 0.03, "geometric-median": 0.01,
+        "median": 0.03}
+    assert all(cfg.num_server_rounds == 160 and cfg.malicious_fraction == 0.0 for cfg in rates.values())
     # the cohort sweep: 4 rules x 3 sizes x (clean, sign-flip) + HTA and EARN cohort-free at 0 (clean, sign-flip)
     # + 2 cohort controls x 3 sizes, per seed
     sweep = parse_grid(REPO / "benchmarks" / "leaderboard" / "v3" / "cohort-sweep.toml")
