@@ -10,6 +10,8 @@ its chosen rate, rounded up at two significant digits) is a column of both table
 
     python benchmarks/leaderboard_budget.py runs/leaderboard-v2/tune-pneumonia-a runs/leaderboard-v2/tune-pneumonia-b \
         --out docs/results/leaderboard/v2/budget
+    python benchmarks/leaderboard_budget.py runs/leaderboard-v3/plateau-retina --candidates 40 80 \\
+        --out docs/results/leaderboard/v3/plateau-retina
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metric", default="balanced_accuracy")
     ap.add_argument("--last-k", type=int, default=3, help="rounds averaged at a curve's round (default 3)")
     ap.add_argument("--tolerance", type=float, default=TOLERANCE)
+    ap.add_argument("--candidates", type=int, nargs="+", default=list(CANDIDATE_ROUNDS), metavar="R",
+                    help="the rounds R whose doubling R -> 2R is measured (default: %(default)s; a rounds probe of 160 "
+                         "rounds: 40 80)")
     args = ap.parse_args(argv)
 
     frames = []
@@ -46,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         frames.append(collect(grid)[0])
     rounds = pd.concat(frames, ignore_index=True)
     try:
-        budgets = rule_budgets(rounds, metric=args.metric, k=args.last_k, candidates=CANDIDATE_ROUNDS,
+        budgets = rule_budgets(rounds, metric=args.metric, k=args.last_k, candidates=tuple(args.candidates),
                                tolerance=args.tolerance)
     except BudgetError as exc:
         print(f"leaderboard_budget: {exc}", file=sys.stderr)
