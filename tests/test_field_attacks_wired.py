@@ -177,11 +177,19 @@ def test_agr_tailored_on_the_median_and_its_refusals():
     assert info["gamma"] == found["gamma"]
     attack = build_attack("agr-tailored")
     rules = {name: strategy_class(name) for name in ("fedavg", "krum", "multi-krum", "bulyan", "median", "trimmed-mean")}
-    with pytest.raises(ValueError, match="defined for the rules bulyan, krum, median, multi-krum, trimmed-mean .*not for "
-                                         "strategy 'fedavg'.*'min-max' or 'min-sum'"):
+    with pytest.raises(ValueError, match="defined for the rules tagged agr_tailored .*not for strategy 'fedavg'.*'min-max' "
+                                         "or 'min-sum'"):
         attack.check_rule(rules["fedavg"])
     with pytest.raises(ValueError, match="pre-aggregation chain 'nnm'.*tailored-alie"):
         attack.check_rule(rules["krum"], ("nnm",))
+    # a run is refused before its first round, the message listing the registry's tagged rules
+    from conftest import small_run_config
+
+    from hospitrust.config import parse_run_config
+
+    cfg = parse_run_config({**small_run_config(Path("/tmp")), "strategy": "fedavg", "attack": "agr-tailored"})
+    with pytest.raises(ValueError, match="defined for the rules bulyan, krum, median, multi-krum, trimmed-mean "):
+        RoundAwareAdversary.for_run(SimpleNamespace(attack=attack, cfg=cfg, truth={}))
     # the rule's tag, not its name: Krum inherits Multi-Krum's
     assert [attack.check_rule(rules[n]) for n in ("krum", "multi-krum", "bulyan", "median", "trimmed-mean")] == [
         "selection", "selection", "selection", "distance", "distance"]

@@ -14,6 +14,7 @@ strategy evaluated on a private copy of its state, so the search changes nothing
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -173,20 +174,19 @@ class AGRTailored(RoundAwareColludingAttack):
         self.gamma_init = U.check_finite_number(gamma_init, "gamma_init", positive=True)
 
     @staticmethod
-    def check_rule(rule: type, pre_aggregation: tuple[str, ...] = ()) -> str:
+    def check_rule(rule: type, pre_aggregation: tuple[str, ...] = (), defined: Sequence[str] = ()) -> str:
         """How AGR-tailored is defined against ``rule`` (a strategy class: its ``agr_tailored`` tag, "selection" or
-        "distance"); ValueError where it is not, or where pre-aggregation stands in front of the rule.
+        "distance"); ValueError where it is not, or where pre-aggregation stands in front of the rule. ``defined``:
+        the registered rules that carry the tag, for the message (the caller knows the registry; attacks do not).
         """
         kind = getattr(rule, "agr_tailored", None)
         name = getattr(rule, "name", "") or rule.__name__
         if kind not in ("selection", "distance"):
-            from hospitrust.strategies.registry import STRATEGIES
-
-            defined = sorted(n for n, cls in STRATEGIES.items() if cls.agr_tailored)
+            which = f"the rules {', '.join(defined)}" if defined else "the rules tagged agr_tailored"
             raise ValueError(
-                f"attack 'agr-tailored' is defined for the rules {', '.join(defined)} (Shejwalkar and Houmansadr, NDSS "
-                f"2021), not for strategy {name!r}; against any rule use their AGR-agnostic attacks 'min-max' or "
-                "'min-sum', or 'tailored-alie' / 'tailored-ipm' (strength searched against the rule itself)")
+                f"attack 'agr-tailored' is defined for {which} (Shejwalkar and Houmansadr, NDSS 2021), not for "
+                f"strategy {name!r}; against any rule use their AGR-agnostic attacks 'min-max' or 'min-sum', or "
+                "'tailored-alie' / 'tailored-ipm' (strength searched against the rule itself)")
         if pre_aggregation:
             raise ValueError(
                 f"attack 'agr-tailored' is defined against the rule alone, and this run puts the pre-aggregation chain "
