@@ -209,6 +209,11 @@ def test_the_controls_are_tuned_by_the_protocols_rule_and_the_committed_grids_ar
     assert v3.main(["choose", "--check"]) == 0  # the evaluation grid is what the committed tuning curves choose
     assert v3.main(["tune", "--check", "--condition", "alpha0.1"]) == 0
     assert v3.main(["choose", "--check", "--condition", "alpha0.1"]) == 0  # from its committed tuning curves
+    assert v3.main(["tune", "--check", "--condition", "retina"]) == 0
+    retina = parse_grid(REPO / "benchmarks" / "leaderboard" / "v3" / "controls-tune-retina.toml")
+    cfg = parse_run_config(retina.cells[0].run_config)
+    assert len(retina.cells) == 36 and (cfg.dataset, cfg.reference_cohort_per_class, cfg.train_subsample) == (
+        "retinamnist", 3, 1.0) and cfg.server_data.test_split == "val"
     alpha = parse_grid(REPO / "benchmarks" / "leaderboard" / "v3" / "controls-tune-alpha0.1.toml")
     assert len(alpha.cells) == 36 and {c.run_config["dirichlet.alpha"] for c in alpha.cells} == {0.1}
     curves = {}
@@ -351,5 +356,15 @@ def test_the_v3_decisive_parts_are_the_generators_output_and_their_cost_fits_the
     assert part.cells[0].run_config["dirichlet.alpha"] == 0.1 and ("fedavg", "agr-tailored") not in by_cell
     assert by_cell[("fltrust", "none")].malicious_fraction == 0 and by_cell[("fltrust", "alie")].malicious_fraction == 0.3
     assert (by_cell[("hta", "sign-flip")].learning_rate, by_cell[("hta", "sign-flip")].max_update_norm) == (0.03, 5.2)
+    # RetinaMNIST, one part per seed 11-20: the same 85 cells at Retina's budget (its rates and 40-round bounds)
+    for seed in range(11, 21):
+        part = parse_grid(REPO / "benchmarks" / "leaderboard" / "v3" / f"retina-s{seed}.toml")
+        assert len(part.cells) == 85 and {c.axes["seed"] for c in part.cells} == {seed}
+    by_cell = {(c.axes["strategy"], c.axes["attack"]): parse_run_config(c.run_config) for c in part.cells}
+    fltrust = by_cell[("fltrust", "sign-flip")]
+    assert (fltrust.dataset, fltrust.reference_cohort_per_class, fltrust.num_server_rounds) == ("retinamnist", 3, 40)
+    assert (fltrust.learning_rate, fltrust.max_update_norm) == (0.003, 0.78) and fltrust.server_data.test_split == "test"
+    assert (by_cell[("median", "agr-tailored")].learning_rate, by_cell[("median", "agr-tailored")].max_update_norm) == (
+        0.03, 7.3)
     total = parts.cost_table().splitlines()[-1]
     assert total.startswith("| all | ") and float(total.split("|")[3]) <= 12.0  # the 12 h of grid time

@@ -16,8 +16,10 @@ evaluation grid differs from what the tuning cells give).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -33,8 +35,18 @@ EPOCHS = {"cohort-only-converged": (400, 10), "local-only-mean": (150, 5), "pool
 # local-only-best trains exactly as local-only-mean (the same hospitals, rate and epochs); only the report differs
 SAME_AS = {"local-only-best": "local-only-mean"}
 # the rounds-matched control: FLTrust's root update at FLTrust's rate of the condition (v2's budget; Dirichlet 0.1
-# keeps the main condition's rates, v2's amendment 8)
+# keeps the main condition's rates, v2's amendment 8; RetinaMNIST's from its own budget)
 FLTRUST_RATE = v2.RULE_PARAMETERS["fltrust"][0]
+
+
+def _v3_parts():
+    """benchmarks/leaderboard/v3/parts.py (RetinaMNIST's base values and budget: one source), loaded by path: its
+    module name, ``parts``, is v2's here."""
+    spec = importlib.util.spec_from_file_location("leaderboard_v3_parts", HERE / "parts.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class Condition(NamedTuple):
@@ -47,6 +59,12 @@ class Condition(NamedTuple):
     alpha: float
     seeds: tuple[int, ...]
     role: str  # the evaluation grid's first comment's tail
+    # the condition's [base] lines given extra keys (TOML values); None: PneumoniaMNIST's main base at ``alpha``
+    base: Callable[[dict[str, str] | None], list[str]] | None = None
+    fltrust_rate: Callable[[], float] = lambda: FLTRUST_RATE
+
+    def base_lines(self, extra: dict[str, str] | None = None) -> list[str]:
+        return self.base(extra) if self.base is not None else base_lines(extra, self.alpha)
 
 
 CONDITIONS = {
@@ -57,6 +75,11 @@ CONDITIONS = {
     "alpha0.1": Condition("controls-tune-alpha0.1.toml", "controls_tuning_alpha0.1.csv", "controls-alpha0.1.toml",
                           "PneumoniaMNIST Dirichlet 0.1", 0.1, tuple(range(41, 51)),
                           "Decisive in v3:\n# fresh seeds."),
+    # decisive in v3, never run on Retina; its cohort (3 per class), rates and rounds: v3 parts.py and its budget
+    "retina": Condition("controls-tune-retina.toml", "controls_tuning_retina.csv", "controls-retina.toml",
+                        "RetinaMNIST main condition", 0.5, EVALUATION_SEEDS, "Decisive in v3:\n# never run on Retina.",
+                        base=lambda extra: _v3_parts().retina_base(extra),
+                        fltrust_rate=lambda: _v3_parts().retina_rates()["fltrust"]),
 }
 
 
@@ -91,7 +114,7 @@ def tune_grid(condition: Condition = CONDITIONS["main"]) -> str:
         "[grid]", f'name = "leaderboard-v3-{condition.tune_file[:-5]}"',
         f'description = "{condition.title}: the converged controls x learning rates, tuning seeds, val split"',
         'backend = "inprocess"', "workers = 2", "hospitals = 10", 'metric = "balanced_accuracy"', 'baseline = "fedavg"', "",
-        *base_lines({'"server-data.test-split"': '"val"'}, condition.alpha), "",
+        *condition.base_lines({'"server-data.test-split"': '"val"'}), "",
         "[axes]", f"seed = [{', '.join(map(str, TUNING_SEEDS))}]", "strategy = [", *entries, "]",
     ]) + "\n"
 
@@ -156,7 +179,8 @@ def choose(curves: dict[tuple[str, float], dict[int, list[float]]]) -> dict[str,
 
 def evaluation_grid(chosen: dict[str, tuple[float, int, float]], condition: Condition = CONDITIONS["main"]) -> str:
     """The condition's controls on its evaluation seeds, at the chosen rates and epochs."""
-    entries = [f'    {{ label = "cohort-only-rounds", control = "cohort-only-rounds", learning-rate = {FLTRUST_RATE} }},']
+    entries = [f'    {{ label = "cohort-only-rounds", control = "cohort-only-rounds", '
+               f"learning-rate = {condition.fltrust_rate()} }},"]
     for kind in ("cohort-only-converged", "local-only-mean", "local-only-best", "pooled"):
         rate, epochs, mean = chosen[SAME_AS.get(kind, kind)]
         entries.append(f'    {{ label = "{kind}", control = "{kind}", control-epochs = {epochs}, '
@@ -175,7 +199,7 @@ def evaluation_grid(chosen: dict[str, tuple[float, int, float]], condition: Cond
         "[grid]", f'name = "leaderboard-v3-{name}"',
         f'description = "{condition.title}: the controls, evaluation seeds {span}"',
         'backend = "inprocess"', "workers = 2", "hospitals = 10", 'metric = "balanced_accuracy"', 'baseline = "fedavg"', "",
-        *base_lines(alpha=condition.alpha), "",
+        *condition.base_lines(), "",
         "[axes]", f"seed = [{seeds}]", "strategy = [", *entries, "]",
     ]) + "\n"
 
