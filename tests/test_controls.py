@@ -210,6 +210,7 @@ def test_the_controls_are_tuned_by_the_protocols_rule_and_the_committed_grids_ar
     assert v3.main(["tune", "--check", "--condition", "alpha0.1"]) == 0
     assert v3.main(["choose", "--check", "--condition", "alpha0.1"]) == 0  # from its committed tuning curves
     assert v3.main(["tune", "--check", "--condition", "retina"]) == 0
+    assert v3.main(["choose", "--check", "--condition", "retina"]) == 0
     retina = parse_grid(REPO / "benchmarks" / "leaderboard" / "v3" / "controls-tune-retina.toml")
     cfg = parse_run_config(retina.cells[0].run_config)
     assert len(retina.cells) == 36 and (cfg.dataset, cfg.reference_cohort_per_class, cfg.train_subsample) == (
@@ -291,7 +292,7 @@ def test_the_v3_alpha01_page_renders_from_its_committed_cells_when_no_part_is_at
     args = ["--condition", "alpha0.1", "--grids", str(empty), "--archives", str(empty), "--out", str(out)]
     pd.DataFrame([{"rule": "pooled", "seed": 41, "attack_label": "none", "final_balanced_accuracy": 0.9, "last_k": 0.9,
                    "final_auc": 0.95, "chance": 0.5}]).to_csv(out / "controls_alpha0.1.csv", index=False)
-    with pytest.raises(SystemExit, match="no Dirichlet 0.1 part in .*empty nor .*empty, and no .*alpha0.1_cells.csv"):
+    with pytest.raises(SystemExit, match="no PneumoniaMNIST, Dirichlet 0.1 part in .*empty nor .*empty, and no .*alpha0.1_cells.csv"):
         render.main(args)
     rows = [{"rule": "median", "seed": 41, "attack_label": attack, "final_balanced_accuracy": 0.5, "last_k": 0.5,
              "final_auc": 0.5, "chance": 0.5} for attack in ["none", *render.COMMON]]
@@ -317,6 +318,32 @@ def test_the_v3_backdoor_table_cuts_its_t_intervals_to_the_rates_range():
     # fltrust: 0.2 +- 4.3027 x 0.1 / sqrt 3 = [-0.048, 0.448], cut at 0; the lower rate first
     assert lines.index("| fltrust | 0.200 [0.000, 0.448] | 3 |") < lines.index("| median | 0.967 [0.823, 1.000] | 3 |")
     assert render.backdoor_lines(cells.drop(columns="final_attack_success_rate")) == []
+
+
+def test_the_v3_retina_page_sets_the_rare_classes_recall_beside_clean_and_in_each_seeds_worst_attack():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("v3_render", REPO / "benchmarks" / "leaderboard" / "v3" / "render.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    assert render.CONDITIONS["retina"].rare_classes == (1, 4) and render.CONDITIONS["retina"].classes == 5
+    rows = []
+    for seed, (worst_attack, r4) in zip((11, 12), (("alie", 0.2), ("sign-flip", 0.4))):
+        rows.append({"rule": "fltrust", "seed": seed, "attack_label": "none", "final_balanced_accuracy": 0.5,
+                     "final_recall_1": 0.3, "final_recall_4": 0.6})
+        for attack in render.COMMON:  # each seed's worst attack has the lowest balanced accuracy and its own recall
+            worst = attack == worst_attack
+            rows.append({"rule": "fltrust", "seed": seed, "attack_label": attack,
+                         "final_balanced_accuracy": 0.25 if worst else 0.45,
+                         "final_recall_1": 0.0 if worst else 0.9, "final_recall_4": r4 if worst else 0.9})
+        rows.append({"rule": "cohort-only-rounds", "seed": seed, "attack_label": "none", "final_balanced_accuracy": 0.4,
+                     "final_recall_1": 0.1, "final_recall_4": 0.5 + 0.1 * (seed - 11)})
+    lines = "\n".join(render.rare_recall_lines(pd.DataFrame(rows), (1, 4)))
+    # fltrust: clean 0.3 and 0.6 on both seeds; in the worst cells class 1 0.0, class 4 0.2 and 0.4 (mean 0.3,
+    # half-width 12.706 x 0.1414 / sqrt 2 = 1.271); the control has no worst case
+    assert "| fltrust | 0.300 [0.300, 0.300] | 0.000 [0.000, 0.000] | 0.600 [0.600, 0.600] | 0.300 [-0.971, 1.571] |" in lines
+    assert "| cohort-only-rounds | 0.100 [0.100, 0.100] | - | 0.550 [-0.085, 1.185] | - |" in lines
+    assert render.rare_recall_lines(pd.DataFrame(rows).drop(columns=["final_recall_1", "final_recall_4"]), (1, 4)) == []
 
 
 def test_the_v3_decisive_parts_are_the_generators_output_and_their_cost_fits_the_budget():
@@ -356,10 +383,12 @@ def test_the_v3_decisive_parts_are_the_generators_output_and_their_cost_fits_the
     assert part.cells[0].run_config["dirichlet.alpha"] == 0.1 and ("fedavg", "agr-tailored") not in by_cell
     assert by_cell[("fltrust", "none")].malicious_fraction == 0 and by_cell[("fltrust", "alie")].malicious_fraction == 0.3
     assert (by_cell[("hta", "sign-flip")].learning_rate, by_cell[("hta", "sign-flip")].max_update_norm) == (0.03, 5.2)
-    # RetinaMNIST, one part per seed 11-20: the same 85 cells at Retina's budget (its rates and 40-round bounds)
-    for seed in range(11, 21):
-        part = parse_grid(REPO / "benchmarks" / "leaderboard" / "v3" / f"retina-s{seed}.toml")
-        assert len(part.cells) == 85 and {c.axes["seed"] for c in part.cells} == {seed}
+    # RetinaMNIST, one part per seed 11-20 (the generator's, checked above): the same 85 cells at Retina's budget
+    # (its rates and 40-round bounds)
+    part = parse_grid(REPO / "benchmarks" / "leaderboard" / "v3" / "retina-s20.toml")
+    assert len(part.cells) == 85 and {c.axes["seed"] for c in part.cells} == {20}
+    assert sorted(p.name for p in (REPO / "benchmarks" / "leaderboard" / "v3").glob("retina-s*.toml")) == [
+        f"retina-s{seed}.toml" for seed in range(11, 21)]
     by_cell = {(c.axes["strategy"], c.axes["attack"]): parse_run_config(c.run_config) for c in part.cells}
     fltrust = by_cell[("fltrust", "sign-flip")]
     assert (fltrust.dataset, fltrust.reference_cohort_per_class, fltrust.num_server_rounds) == ("retinamnist", 3, 40)

@@ -19,8 +19,10 @@ AUC; each rule's own aware attack beside; and the (rule, seed) pairs that did no
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -47,7 +49,20 @@ OUTCOMES = {"final_balanced_accuracy": "final-round balanced accuracy (decides)"
 KEEP = ["rule", "seed", "attack_label", "final_balanced_accuracy", "last_k", "final_auc", "chance"]
 
 
-def read_controls(folder: Path) -> pd.DataFrame:
+def recall_column(cls: int) -> str:
+    return f"final_recall_{cls}"
+
+
+def with_rare_recall(done: pd.DataFrame, folder: Path, rare: tuple[int, ...]) -> pd.DataFrame:
+    """Each finished cell's final recall of the ``rare`` classes (its summary.json), as columns."""
+    for cls in rare:
+        done[recall_column(cls)] = [
+            json.loads((folder / "cells" / cell / "summary.json").read_text())["final"]["per_class_recall"][cls]
+            for cell in done["cell"]]
+    return done
+
+
+def read_controls(folder: Path, condition: Condition | None = None) -> pd.DataFrame:
     """The controls grid's finished cells: one row per (control, seed), with the last-3 mean."""
     from hospitrust.bench.store import collect
 
@@ -56,11 +71,14 @@ def read_controls(folder: Path) -> pd.DataFrame:
     done["rule"] = done["strategy"].astype(str)
     done["attack_label"] = "none"
     done["last_k"] = done["cell"].map(last_k_mean(rounds, "balanced_accuracy", 3))
-    done["chance"] = 0.5
+    condition = condition or CONDITIONS["pneumonia-main"]
+    done["chance"] = 1 / condition.classes
     unknown = sorted(set(done["rule"]) - set(CONTROLS))
     if unknown:
         raise SystemExit(f"render.py: {folder}: cells that are not controls: {unknown}")
-    return done[KEEP].sort_values(["rule", "seed"]).reset_index(drop=True)
+    done = with_rare_recall(done, folder, condition.rare_classes)
+    keep = KEEP + [recall_column(c) for c in condition.rare_classes]
+    return done[keep].sort_values(["rule", "seed"]).reset_index(drop=True)
 
 
 def _family(worst: pd.DataFrame, clean: pd.DataFrame, controls: pd.DataFrame) -> tuple[str | None, pd.DataFrame]:
@@ -164,6 +182,28 @@ def backdoor_lines(cells: pd.DataFrame) -> list[str]:
                     [row for _, row in sorted(rows, key=lambda r: r[0])])
 
 
+def rare_recall_lines(cells: pd.DataFrame, rare: tuple[int, ...]) -> list[str]:
+    """Each rule's and control's final recall of the rare classes, mean [95 % t CI] over seeds: clean, and in each
+    seed's worst-case cell (the attack of the nine with the lowest final balanced accuracy there)."""
+    columns = [recall_column(c) for c in rare if recall_column(c) in cells]
+    if not columns:
+        return []
+    clean = cells[cells["attack_label"] == "none"]
+    attacked = cells[cells["attack_label"].isin(COMMON)].dropna(subset=["final_balanced_accuracy"])
+    worst = attacked.loc[attacked.groupby(["rule", "seed"])["final_balanced_accuracy"].idxmin()]
+    rows = []
+    for name in [*[c for c in CONTROLS if c in set(clean["rule"])], *v2.order_by(
+            v2.worst_per_seed(cells[~cells["rule"].isin(CONTROLS)], "final_balanced_accuracy", attacks=COMMON))]:
+        row = [name]
+        for column in columns:
+            row.append(v2._iv(clean.loc[clean["rule"] == name, column].dropna()))
+            w = worst.loc[worst["rule"] == name, column].dropna()
+            row.append(v2._iv(w) if len(w) else "-")
+        rows.append(row)
+    head = [h for c in rare for h in (f"class {c}, no attack", f"class {c}, worst case")]
+    return md_table(["rule or control", *head], rows)
+
+
 def did_not_train_lines(cells: pd.DataFrame) -> list[str]:
     clean = cells[cells["attack_label"] == "none"]  # the controls too: a control that did not train is no control
     flat = clean[clean["final_balanced_accuracy"] <= clean["chance"] + DID_NOT_TRAIN]
@@ -174,16 +214,43 @@ def did_not_train_lines(cells: pd.DataFrame) -> list[str]:
             f"rule's attacked cells on such a seed are not robustness failures): {pairs}.", ""]
 
 
-# per condition: the page's file, its title, and what it is (descriptive or decisive, where its rules' cells come from)
+class Condition(NamedTuple):
+    """A condition's page: its file, title and what it is (descriptive or decisive, where its rules' cells come
+    from); its committed controls and rule cells; its evaluation parts (prefix and seeds); its classes."""
+
+    page: str
+    title: str
+    what: str
+    controls_csv: str
+    cells_csv: str | None  # None: the rules' cells are v2's (--rules)
+    part_prefix: str = ""
+    seeds: tuple[int, ...] = ()
+    classes: int = 2
+    rare_classes: tuple[int, ...] = ()  # their recall beside the tables (RetinaMNIST: the two rarest grades)
+
+
 CONDITIONS = {
-    "pneumonia-main": ("pneumonia-main.md", "PneumoniaMNIST main condition",
-                       "Descriptive: these seeds were seen in v2; the decisive conditions are RetinaMNIST's and "
-                       "Dirichlet 0.1's. The rules' cells are v2's (10 hospitals, Dirichlet 0.5, 3 colluding, 40 rounds)"),
-    "alpha0.1": ("alpha0.1.md", "PneumoniaMNIST, Dirichlet 0.1",
-                 "Decisive: fresh seeds 41-50, the protocol and its decision test committed before the first cell ran. "
-                 "The rules' cells are the ten evaluation parts `benchmarks/leaderboard/v3/alpha0.1-sNN.toml` (10 "
-                 "hospitals, Dirichlet 0.1, 3 colluding, 40 rounds, the main condition's rates and bounds; the cells in "
-                 "`alpha0.1_cells.csv`)"),
+    "pneumonia-main": Condition(
+        "pneumonia-main.md", "PneumoniaMNIST main condition",
+        "Descriptive: these seeds were seen in v2; the decisive conditions are RetinaMNIST's and Dirichlet 0.1's. "
+        "The rules' cells are v2's (10 hospitals, Dirichlet 0.5, 3 colluding, 40 rounds)",
+        "controls_pneumonia_main.csv", None),
+    "alpha0.1": Condition(
+        "alpha0.1.md", "PneumoniaMNIST, Dirichlet 0.1",
+        "Decisive: fresh seeds 41-50, the protocol and its decision test committed before the first cell ran. "
+        "The rules' cells are the ten evaluation parts `benchmarks/leaderboard/v3/alpha0.1-sNN.toml` (10 "
+        "hospitals, Dirichlet 0.1, 3 colluding, 40 rounds, the main condition's rates and bounds; the cells in "
+        "`alpha0.1_cells.csv`)",
+        "controls_alpha0.1.csv", "alpha0.1_cells.csv", "alpha0.1-s", tuple(range(41, 51))),
+    "retina": Condition(
+        "retina.md", "RetinaMNIST main condition",
+        "Decisive: seeds 11-20, never run on RetinaMNIST before, the protocol and its decision test committed before "
+        "the first cell ran. The rules' cells are the ten evaluation parts `benchmarks/leaderboard/v3/retina-sNN.toml` "
+        "(10 hospitals, Dirichlet 0.5, 3 colluding, 40 rounds, a 3-per-class cohort, Retina's own rates and bounds; "
+        "the cells in `retina_cells.csv`). At 40 rounds no rule had reached its clean plateau: doubling to 80 rounds "
+        "moved FedAvg by +0.041, the median by +0.016, FLTrust and the geometric median by +0.011, HTA by -0.005, "
+        "EARN by -0.002 and anchored-trust by -0.024 on the tuning seeds (`plateau-retina/budget.md`)",
+        "controls_retina.csv", "retina_cells.csv", "retina-s", tuple(range(11, 21)), classes=5, rare_classes=(1, 4)),
 }
 
 
@@ -206,8 +273,11 @@ def cd_lines(cells: pd.DataFrame, title: str, png: Path | None) -> list[str]:
 
 
 def render(rules: pd.DataFrame, controls: pd.DataFrame, condition: str = "pneumonia-main", cd_png: Path | None = None) -> str:
-    _, title, what = CONDITIONS[condition]
-    cells = pd.concat([rules[KEEP + [c for c in (v2.ASR,) if c in rules]], controls[KEEP]], ignore_index=True)
+    spec = CONDITIONS[condition]
+    title, what = spec.title, spec.what
+    rare = [recall_column(c) for c in spec.rare_classes]
+    cells = pd.concat([rules[KEEP + [c for c in (v2.ASR, *rare) if c in rules]], controls[KEEP + [c for c in rare if c in controls]]],
+                      ignore_index=True)
     seeds = sorted(cells["seed"].unique())
     md = [f"# Leaderboard v3: does joining pay? {title}", "",
           f"Rendered by `python benchmarks/leaderboard/v3/render.py` (docs/leaderboard.md, \"v3 protocol\"). {what}; "
@@ -226,19 +296,23 @@ def render(rules: pd.DataFrame, controls: pd.DataFrame, condition: str = "pneumo
     md += own_attack_lines(cells, "final_balanced_accuracy")
     if backdoor := backdoor_lines(cells):
         md += ["## The backdoor, beside (its success rate on the server's test images, lower is better)", ""] + backdoor
+    if recall := rare_recall_lines(cells, spec.rare_classes):
+        md += ["## The rare classes' recall, beside (final round; the worst case: each seed's worst attack of the nine)",
+               ""] + recall
     md += ["## Did not train", ""] + did_not_train_lines(cells)
     return "\n".join(md) + "\n"
 
 
-def alpha01_rules(grids: Path, archives: Path, committed: Path) -> pd.DataFrame:
-    """Dirichlet 0.1's rule cells: from its parts' folders (unpacking archives where a folder lacks its cells) into
-    ``committed``, or from ``committed`` alone when no part is at hand."""
+def part_rules(condition: Condition, grids: Path, archives: Path, committed: Path) -> pd.DataFrame:
+    """A decisive condition's rule cells: from its parts' folders (unpacking archives where a folder lacks its
+    cells) into ``committed``, or from ``committed`` alone when no part is at hand."""
     from hospitrust.bench.archive import unpack
     from hospitrust.bench.leaderboard import load
 
     found = []
-    for seed in range(41, 51):
-        folder, archive = grids / f"alpha0.1-s{seed}", archives / f"alpha0.1-s{seed}.tar.xz"
+    for seed in condition.seeds:
+        name = f"{condition.part_prefix}{seed}"
+        folder, archive = grids / name, archives / f"{name}.tar.xz"
         if not any((folder / "cells").glob("*/summary.json")) and archive.is_file():
             print(f"[render] unpacking {archive.name}", file=sys.stderr)
             unpack(archive, folder)
@@ -247,10 +321,13 @@ def alpha01_rules(grids: Path, archives: Path, committed: Path) -> pd.DataFrame:
     if not found:
         if committed.is_file():
             return pd.read_csv(committed)
-        raise SystemExit(f"render.py: no Dirichlet 0.1 part in {grids} nor {archives}, and no {committed}")
-    cells = load(found).cells
-    cells = cells[KEEP + [c for c in (v2.ASR,) if c in cells]].sort_values(["rule", "seed", "attack_label"])
-    cells = cells.reset_index(drop=True)
+        raise SystemExit(f"render.py: no {condition.title} part in {grids} nor {archives}, and no {committed}")
+    loaded = load(found).cells
+    frames = [with_rare_recall(loaded[loaded["grid_dir"] == str(f.resolve())].copy(), f, condition.rare_classes)
+              for f in found]
+    cells = pd.concat(frames, ignore_index=True)
+    keep = KEEP + [c for c in (v2.ASR,) if c in cells] + [recall_column(c) for c in condition.rare_classes]
+    cells = cells[keep].sort_values(["rule", "seed", "attack_label"]).reset_index(drop=True)
     cells.to_csv(committed, index=False)
     return cells
 
@@ -262,26 +339,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rules", type=Path, default=REPO / "docs/results/leaderboard/v2/board/leaderboard_cells.csv",
                         help="pneumonia-main: v2's committed cells")
     parser.add_argument("--grids", type=Path, default=REPO / "runs/leaderboard-v3",
-                        help="alpha0.1: the folder of its parts' grid folders")
+                        help="alpha0.1, retina: the folder of its parts' grid folders")
     parser.add_argument("--archives", type=Path, default=REPO / "docs/results/leaderboard/v3/grids",
-                        help="alpha0.1: the folder of its parts' archives")
+                        help="alpha0.1, retina: the folder of its parts' archives")
     parser.add_argument("--out", type=Path, default=REPO / "docs/results/leaderboard/v3")
     args = parser.parse_args(argv)
-    committed = args.out / ("controls_pneumonia_main.csv" if args.condition == "pneumonia-main" else "controls_alpha0.1.csv")
+    condition = CONDITIONS[args.condition]
+    committed = args.out / condition.controls_csv
     if args.controls is not None:
-        controls = read_controls(args.controls)
+        controls = read_controls(args.controls, condition)
         args.out.mkdir(parents=True, exist_ok=True)
         controls.to_csv(committed, index=False)
     elif committed.is_file():
         controls = pd.read_csv(committed)
     else:
         raise SystemExit(f"render.py: no controls: give --controls (the controls grid's folder) or commit {committed}")
-    if args.condition == "pneumonia-main":
+    if condition.cells_csv is None:
         rules = pd.read_csv(args.rules)
         rules = rules[rules["condition"] == "main"]
     else:
-        rules = alpha01_rules(args.grids, args.archives, args.out / "alpha0.1_cells.csv")
-    page = args.out / CONDITIONS[args.condition][0]
+        rules = part_rules(condition, args.grids, args.archives, args.out / condition.cells_csv)
+    page = args.out / condition.page
     page.write_text(render(rules, controls, args.condition, cd_png=page.with_name(f"{page.stem}-cd.png")))
     print(f"wrote {page}")
     return 0
