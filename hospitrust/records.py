@@ -58,6 +58,21 @@ def _number(value: Any) -> float:
     return math.nan if value is None else float(value)
 
 
+def mean_of_signal(value: Any) -> float | None:
+    """A trust signal's value as one number: itself, or the mean of a per-class mapping's values (EARN's);
+    None where it has none.
+    """
+    if isinstance(value, Mapping):
+        values = [float(v) for v in value.values() if v is not None]
+        return sum(values) / len(values) if values else None
+    return None if value is None else float(value)
+
+
+#: The signals a line written before rules named theirs (no ``trust_signal`` key) held its rule's trust in, in the
+#: order the readers of then took them (HTA's and EARN's base's reputation, FLTrust's and FedAgain's trust, EARN's)
+_LEGACY_TRUST_SIGNALS = ("reputation", "trust", "earn_trust")
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -296,7 +311,7 @@ class HospitalRecord:
 # the round's fields the loop writes, in the order it writes them (the features' entries follow)
 _ROUND_KEYS = ("round", "central", "evaluation", "hospitals_evaluated", "clients", "aggregation_seconds", "update_norm",
                "round_seconds", "timing", "asked", "missing", "unresponsive", "node_unavailable", "offline", "rejoined",
-               "kept_previous_model", "note", "hospital_accuracy", "fairness")
+               "kept_previous_model", "note", "hospital_accuracy", "fairness", "trust_signal")
 
 
 @dataclass
@@ -336,6 +351,10 @@ class RoundRecord:
         Hospital -> accuracy of the round's model on its validation set.
     fairness : dict[str, float] or None
         The spread of ``hospital_accuracy`` (min, max, mean, std, spread).
+    trust_signal : str
+        The name of the rule's own trust signal that each hospital record's ``trust`` holds (the rule's
+        ``trust_signal``: ``trust``, ``reputation``, ...); ``weight`` where the rule gives none (its weight
+        stands for it). A line written before rules named it: the signal its clients hold, read as then.
     entries : dict[str, Any]
         The round features' entries, each under its own name (``detection``, ``privacy``, ...),
         written at the line's top level.
@@ -362,6 +381,7 @@ class RoundRecord:
     note: str = ""
     hospital_accuracy: dict[str, float] = field(default_factory=dict)
     fairness: dict[str, float] | None = None
+    trust_signal: str = "weight"
     entries: dict[str, Any] = field(default_factory=dict)
     schema: int = SCHEMA_VERSION
 
@@ -379,6 +399,12 @@ class RoundRecord:
             Its record.
         """
         return next((c for c in self.clients if c.hospital == hospital), None)
+
+    def trust_of(self, client: HospitalRecord) -> float | None:
+        """The rule's trust in ``client`` this round: its record's ``trust``, or its weight where the rule
+        gives no trust (``trust_signal`` is ``weight``); None where the record has none.
+        """
+        return client.weight if self.trust_signal == "weight" else client.trust
 
     def to_json(self) -> dict[str, Any]:
         """The round's line (schema :data:`SCHEMA_VERSION`): ``schema``, the loop's fields under their schema 1
@@ -401,7 +427,7 @@ class RoundRecord:
             "node_unavailable": list(self.node_unavailable), "offline": list(self.offline), "rejoined": list(self.rejoined),
             "kept_previous_model": self.kept_previous_model, "note": self.note,
             "hospital_accuracy": dict(self.hospital_accuracy), "fairness": self.fairness,
-            **self.entries,
+            "trust_signal": self.trust_signal, **self.entries,
         }
 
     @classmethod
@@ -433,9 +459,13 @@ class RoundRecord:
             return [str(n) for n in line.get(key) or []]
 
         asked = line.get("asked")
+        clients = [HospitalRecord.from_json(c, schema) for c in line.get("clients") or []]
+        trust_signal = line.get("trust_signal")
+        if trust_signal is None:  # written before rules named their trust signal: the one its clients hold
+            trust_signal = _legacy_trust(clients)
         return cls(
             number=int(line.get("round", 0)),
-            clients=[HospitalRecord.from_json(c, schema) for c in line.get("clients") or []],
+            clients=clients,
             central=dict(line.get("central") or {}),
             evaluation=line.get("evaluation"),
             hospitals_evaluated=line.get("hospitals_evaluated"),
@@ -450,9 +480,24 @@ class RoundRecord:
             note=str(line.get("note") or ""),
             hospital_accuracy=dict(line.get("hospital_accuracy") or {}),
             fairness=line.get("fairness"),
+            trust_signal=str(trust_signal),
             entries={k: v for k, v in line.items() if k not in _ROUND_KEYS and k != "schema"},
             schema=schema,
         )
 
 
-__all__ = ["PRIVACY_METRICS", "SCHEMA_VERSION", "UNNAMED_SOURCE", "HospitalRecord", "RoundRecord"]
+def _legacy_trust(clients: list[HospitalRecord]) -> str:
+    """The trust signal of a line that does not name it: the first of :data:`_LEGACY_TRUST_SIGNALS` a client
+    holds (each client's ``trust`` set from it), else ``weight``.
+    """
+    for name in _LEGACY_TRUST_SIGNALS:
+        values = [c.trust if name == "trust" else mean_of_signal(c.signal(name)) for c in clients]
+        if any(v is not None for v in values):
+            for c, v in zip(clients, values):
+                if v is not None:  # the named signal is the trust (a line with reputation and trust: reputation)
+                    c.trust = v
+            return name
+    return "weight"
+
+
+__all__ = ["PRIVACY_METRICS", "SCHEMA_VERSION", "UNNAMED_SOURCE", "HospitalRecord", "RoundRecord", "mean_of_signal"]

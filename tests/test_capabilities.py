@@ -154,6 +154,22 @@ def test_rules_with_a_capability_come_from_the_classes():
         rules_with("flies")
 
 
+def test_each_rule_names_its_own_trust_signal_and_no_reader_guesses_it():
+    from hospitrust.strategies.registry import STRATEGIES, strategy_class
+
+    named = {name: strategy_class(name).trust_signal for name in STRATEGIES if strategy_class(name).trust_signal}
+    assert named == {"anchored-trust": "trust", "earn": "earn_trust", "fedagain": "trust", "fltrust": "trust",
+                     "hta": "reputation"}
+    # the trust plot and the console's trust series read the round record's name for it, not a list of names
+    for module in ("server_app/plots.py", "console/views.py"):
+        tree = ast.parse((PACKAGE / module).read_text())
+        readers = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name in ("trust_series", "plot_trust")]
+        assert readers, module
+        for reader in readers:
+            strings = {n.value for n in ast.walk(reader) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+            assert not strings & {"reputation", "earn_trust", "trust"}, (module, reader.name)
+
+
 def test_central_dp_asks_the_rule_for_equal_weights_and_other_rules_refuse():
     from hospitrust.strategies.registry import build_strategy
 

@@ -243,3 +243,5 @@ def test_a_real_run_writes_the_schema_on_every_line_and_reads_back(tmp_path, dat
         for c in record.clients:
             assert c.malicious is False  # the detection feature's ground truth
             assert set(c.signals) == {"hta"} and "reputation" in c.signals["hta"]
+            # HTA names its trust signal: the line says which, each record's trust holds it
+            assert record.trust_signal == "reputation" and c.trust == c.signal("reputation")

@@ -39,6 +39,9 @@ def test_trust_rule_in_a_real_inprocess_run(tmp_path, data_dir, name):
             for k in keys:
                 assert k in c, (name, k)
         assert sum(c["weight"] for c in rec["clients"]) == pytest.approx(1.0)
+    # each rule names its own trust signal (never found by its name): the line says which
+    signal = {"fedagain": "trust", "hta": "reputation"}.get(name, "earn_trust")
+    assert {line["trust_signal"] for line in rounds} == {signal}
 
 
 def test_hta_groups_alie_copies_in_a_real_inprocess_run(tmp_path, data_dir):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hospitrust.records import HospitalRecord, RoundRecord
-from hospitrust.server_app.plots import client_signal, plot_trust, trust_series
+from hospitrust.server_app.plots import plot_trust, trust_series
 
 
 def _rounds():
@@ -21,18 +21,28 @@ def _rounds():
     ]
 
 
-def _record(**entry):
-    return HospitalRecord.from_json({"hospital": "x", **entry})
+def _legacy(**entry):
+    schema = {"schema": 2} if "signals" in entry else {}  # schema 1 lines have no key of their own
+    return RoundRecord.from_json({**schema, "round": 1, "clients": [{"hospital": "x", **entry}]})
 
 
-def test_signal_precedence_and_earn_mean():
-    assert client_signal(_record(reputation=0.4, trust=9.0, weight=0.1)) == ("reputation", 0.4)
-    assert client_signal(_record(trust=2.0, weight=0.1)) == ("trust", 2.0)
-    assert client_signal(_record(earn_trust={"0": 0.2, "3": 0.6}, weight=0.1)) == ("earn_trust", pytest.approx(0.4))
-    assert client_signal(_record(weight=0.25)) == ("weight", 0.25)
-    # schema 2: a rule's signals under its name, trust a field of its own
-    assert client_signal(_record(trust=2.0, signals={"hta": {"reputation": 0.3}})) == ("reputation", 0.3)
-    assert client_signal(_record(trust=2.0, signals={})) == ("trust", 2.0)
+def test_a_line_names_its_rules_trust_signal_and_an_older_line_is_read_as_its_readers_did():
+    # written now: the rule names its signal, each record's trust holds its value; without one, the weight
+    named = RoundRecord(number=1, clients=[HospitalRecord("a", weight=0.1, trust=0.4)], trust_signal="reputation")
+    back = RoundRecord.from_json(json.dumps(named.to_json()))
+    assert back.trust_signal == "reputation" and back.trust_of(back.clients[0]) == 0.4
+    plain = RoundRecord.from_json(RoundRecord(number=1, clients=[HospitalRecord("a", weight=0.25)]).to_json())
+    assert plain.trust_signal == "weight" and plain.trust_of(plain.clients[0]) == 0.25
+    # a line written before rules named theirs: reputation first, then trust, then EARN's per-class mean, else weight
+    for entry, expected in (({"reputation": 0.4, "trust": 9.0, "weight": 0.1}, ("reputation", 0.4)),
+                            ({"trust": 2.0, "weight": 0.1}, ("trust", 2.0)),
+                            ({"earn_trust": {"0": 0.2, "3": 0.6}, "weight": 0.1}, ("earn_trust", pytest.approx(0.4))),
+                            ({"weight": 0.25}, ("weight", 0.25)),
+                            # schema 2: a rule's signals under its name, trust a field of its own
+                            ({"trust": 2.0, "signals": {"hta": {"reputation": 0.3}}}, ("reputation", 0.3)),
+                            ({"trust": 2.0, "signals": {}}, ("trust", 2.0))):
+        line = _legacy(**entry)
+        assert (line.trust_signal, line.trust_of(line.clients[0])) == expected, entry
 
 
 def test_series_marks_malicious_and_flagged_rounds():

@@ -354,7 +354,7 @@ def section_trust(data: ReportData, max_cells: int = 8) -> Section:
         sec.text += " No per-client records."
         return sec
     cl = cl.copy()
-    cl["signal"] = cl["reputation"].where(cl["reputation"].notna(), cl["trust"])
+    cl["signal"] = cl["trust"]  # the rule's own trust signal, whichever it names (HTA's reputation, FLTrust's trust)
     with_signal = cl[cl["signal"].notna()]
     if not len(with_signal):
         sec.text += " No cell of this grid recorded per-client `trust` or `reputation` (no trust rule ran)."

@@ -26,7 +26,7 @@ import pandas as pd
 
 from hospitrust.bench.events import read_events
 from hospitrust.config import legacy
-from hospitrust.records import HospitalRecord, RoundRecord
+from hospitrust.records import RoundRecord
 from hospitrust.server_app.results import read_round_records, round_periods
 
 ALWAYS = ("strategy", "attack", "malicious-fraction", "seed", "dataset", "partitioner", "dirichlet.alpha",
@@ -56,11 +56,6 @@ def is_option(key: str, value: Any) -> bool:
 
 def _num(x: Any) -> float:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
-
-
-def _trust(c: HospitalRecord) -> Any:
-    """The rule's trust in a hospital: its ``trust``, else its reputation (HTA's, EARN's base)."""
-    return c.trust if c.trust is not None else c.signal("reputation")
 
 
 def _mean(values: list[float]) -> float:
@@ -132,8 +127,9 @@ def collect(grid_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
                    "round_seconds": _num(rec.round_seconds),
                    "aggregation_seconds": _num(rec.aggregation_seconds),
                    "kept_previous_model": rec.kept_previous_model,
-                   "trust_honest": _mean([_num(_trust(c)) for c in clients if not c.malicious]),
-                   "trust_malicious": _mean([_num(_trust(c)) for c in clients if c.malicious])}
+                   # the rule's own trust (the signal it names; NaN for a rule that gives none)
+                   "trust_honest": _mean([_num(c.trust) for c in clients if not c.malicious]),
+                   "trust_malicious": _mean([_num(c.trust) for c in clients if c.malicious])}
             round_rows.append(row)
             for c in clients:
                 client_rows.append({"cell": name, "round": rec.number, "hospital": c.hospital,

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from hospitrust.records import HospitalRecord, RoundRecord
-from hospitrust.server_app.plots import client_signal
+from hospitrust.server_app.plots import run_trust_signal
 
 PRE_AGGREGATION = "pre-aggregation"  # the pre-aggregation feature's name: its signals in a hospital record
 METRICS = ("balanced_accuracy", "auc", "accuracy", "worst_class_recall", "macro_f1", "rare_class_macro_f1",
@@ -43,23 +43,19 @@ def metric_series(rounds: Sequence[RoundRecord]) -> dict[str, list[float | None]
 
 
 def trust_series(rounds: Sequence[RoundRecord], hospitals: Sequence[str]) -> dict[str, Any]:
-    """Each hospital's trust (the rule's own signal: reputation, trust, EARN trust, else weight) per round."""
-    signal_names: list[str] = []
+    """Each hospital's trust per round: the signal the rule names (reputation, trust), else its weight."""
     values: dict[str, list[float | None]] = {h: [] for h in hospitals}
     marks: dict[str, list[int]] = {h: [] for h in hospitals}  # rounds where it was rejected, left out or flagged
     for r in rounds:
         seen = {}
         for c in r.clients:
-            got = client_signal(c)
-            if got is not None:
-                signal_names.append(got[0])
-                seen[c.hospital] = got[1]
+            if (value := r.trust_of(c)) is not None:
+                seen[c.hospital] = value
             if c.rejected or c.flagged or not c.selected:
                 marks.setdefault(c.hospital, []).append(r.number)
         for h in hospitals:
             values.setdefault(h, []).append(seen.get(h))
-    signal = max(set(signal_names), key=signal_names.count) if signal_names else "weight"
-    return {"signal": signal, "values": values, "marks": marks}
+    return {"signal": run_trust_signal(rounds), "values": values, "marks": marks}
 
 
 def _fmt(value: Any) -> str:
@@ -89,13 +85,17 @@ def pre_aggregation_text(entry: Mapping[str, Any]) -> str:
     return " -> ".join(parts)
 
 
-def signals_of(client: HospitalRecord) -> list[list[str]]:
+def signals_of(client: HospitalRecord, trust_signal: str = "trust") -> list[list[str]]:
     """[label, value] of the rule's signals recorded for this hospital in this round (and what
-    pre-aggregation did to its update before the rule saw it).
+    pre-aggregation did to its update before the rule saw it). The record's ``trust`` is shown as
+    ``trust`` only where the rule's trust signal is that (else it repeats the signal it names).
     """
     out = []
     for key, label in SIGNALS:
-        value = client.trust if key == "trust" else client.signal(key)
+        if key == "trust":
+            value = client.trust if trust_signal == "trust" else client.signal("trust")
+        else:
+            value = client.signal(key)
         if value is not None:
             out.append([label, _fmt(value)])
     chain = client.signals.get(PRE_AGGREGATION)
@@ -150,7 +150,7 @@ def hospital_rows(record: RoundRecord, hospitals: Sequence[str], ground_truth: b
             "num_examples": c.num_examples if c is not None else None,
             "flagged": bool(c is not None and c.flagged),
             "malicious": bool(c is not None and c.malicious) if ground_truth else None,
-            "signals": signals_of(c) if c is not None else [],
+            "signals": signals_of(c, record.trust_signal) if c is not None else [],
             "duplicates_of": list((c.signal("duplicates_of") if c is not None else None) or []),
             "accuracy": None if status in ("offline", "node unavailable") else _num(accuracy.get(name)),
             "contribution": {k: _num(v) for k, v in (contribution.get(name) or {}).items()

@@ -229,6 +229,7 @@ class RoundLoop:
             node_unavailable=states["node_unavailable"], offline=states["offline"], rejoined=states["rejoined"],
             kept_previous_model=result.kept_previous_model, note=result.note, hospital_accuracy=per_hospital,
             fairness=metrics.fairness(per_hospital) if per_hospital else None,
+            trust_signal=self.run.strategy.trust_signal or "weight",
         )
         # the features' entries, then the strategy's own (FBD's ``fbd``); before to_json: a feature may still mark
         # the hospital records

@@ -2,67 +2,46 @@
 (``trust.png``, drawn at the end of every run whose rule weighs hospitals) and the metrics per
 round (``metrics.png``, by ``hospitrust report``).
 
-Trust is the rule's own signal: HTA's ``reputation``, FedAgain's and FLTrust's ``trust``, EARN's
-``earn_trust`` (mean over the rare classes), and the aggregation ``weight`` for every other
-rule. Each hospital has its own colour, the legend sits outside the axes, rounds are whole
+Trust is the signal the rule names as its own (its ``trust_signal``, in every round record): HTA's
+``reputation``, EARN's ``earn_trust`` (the mean over its rare classes), FedAgain's, FLTrust's and
+anchored-trust's ``trust``, and the aggregation ``weight`` for every other rule. Each hospital has its own colour, the legend sits outside the axes, rounds are whole
 numbers; attackers (simulation ground truth) are drawn dashed and thick, and rounds where a
 hospital was rejected, left out or flagged get an x.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from hospitrust.records import HospitalRecord, RoundRecord
+from hospitrust.records import RoundRecord
 
-SIGNALS = ("reputation", "trust", "earn_trust", "weight")
 METRICS = (("balanced_accuracy", "balanced accuracy"), ("auc", "AUC"), ("accuracy", "accuracy"),
            ("worst_class_recall", "worst-class recall"), ("rare_class_macro_f1", "rare-class macro-F1"),
            ("attack_success_rate", "attack success rate"))
 
 
-def _signal_value(client: HospitalRecord, key: str) -> Any:
-    if key == "weight":
-        return client.weight
-    if key == "trust":
-        return client.trust
-    return client.signal(key)
-
-
-def client_signal(client: HospitalRecord) -> tuple[str, float] | None:
-    """(signal name, value) for one hospital record, or None if it has none."""
-    for key in SIGNALS:
-        value = _signal_value(client, key)
-        if value is None:
-            continue
-        if isinstance(value, Mapping):  # EARN: trust per class
-            values = [float(v) for v in value.values() if v is not None]
-            if not values:
-                continue
-            return key, sum(values) / len(values)
-        return key, float(value)
-    return None
+def run_trust_signal(rounds: Sequence[RoundRecord]) -> str:
+    """The name of the run's trust signal: what its rule names (every round's record says; the last round's
+    wins if a run was resumed under another rule), ``weight`` for a rule that gives none.
+    """
+    return rounds[-1].trust_signal if rounds else "weight"
 
 
 def trust_series(rounds: Sequence[RoundRecord]) -> tuple[str, dict[str, list[tuple[int, float, bool]]], set[str]]:
     """Signal name, hospital -> [(round, value, flagged)], and the malicious hospitals."""
     series: dict[str, list[tuple[int, float, bool]]] = {}
     malicious: set[str] = set()
-    names: list[str] = []
     for r in rounds:
         for c in r.clients:
-            got = client_signal(c)
+            value = r.trust_of(c)
             if c.malicious:
                 malicious.add(c.hospital)
-            if got is None:
+            if value is None:
                 continue
-            names.append(got[0])
             flagged = bool(c.rejected or c.flagged or not c.selected)
-            series.setdefault(c.hospital, []).append((r.number, got[1], flagged))
-    signal = max(set(names), key=lambda n: (names.count(n), -SIGNALS.index(n))) if names else "weight"
-    return signal, series, malicious
+            series.setdefault(c.hospital, []).append((r.number, value, flagged))
+    return run_trust_signal(rounds), series, malicious
 
 
 def _natural(name: str) -> tuple:

@@ -77,6 +77,7 @@ class AnchoredTrust(HospitrustStrategy):
     """
 
     name = "anchored-trust"
+    trust_signal = "trust"
     reads_who_sent = True  # history per hospital
     sized_for_attackers = True  # full trust at the (n - f)-th largest history cosine
     Options = AnchoredTrustOptions

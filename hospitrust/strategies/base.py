@@ -29,7 +29,7 @@ from flwr.serverapp.strategy import Strategy
 from hospitrust.aggregation.vectorize import FlatSpec, flatten_state, unflatten_state
 from hospitrust.options import NoOptions, kebab
 from hospitrust.options import Options as OptionsModel
-from hospitrust.records import HospitalRecord
+from hospitrust.records import HospitalRecord, mean_of_signal
 from hospitrust.strategies.validation import CheckedReply, RejectedReply, ReplyLimits, check_train_reply, check_update_row
 
 #: What a rule can ask the server for (``HospitrustStrategy.needs``): the keyword argument the
@@ -222,6 +222,11 @@ class HospitrustStrategy(Strategy):
     #: (a rule that selects rows: the largest gamma it still selects), "distance" (a rule of coordinate-wise order
     #: statistics: gamma moved while its output moves further); None: not defined (their AGR-agnostic attacks are)
     agr_tailored: ClassVar[Literal["selection", "distance"] | None] = None
+    #: The name of the rule's own per-hospital trust among the signals its aggregate records (``trust``,
+    #: ``reputation``, ...): each hospital record's ``trust`` holds its value (a per-class mapping: the mean) and
+    #: the round record names it, so readers (the trust plot, the console) never guess; None: the rule gives
+    #: none, the aggregation weight stands for it
+    trust_signal: ClassVar[str | None] = None
 
     @classmethod
     def why_not(cls, capability: str, default: str) -> str:
@@ -794,7 +799,8 @@ class HospitrustStrategy(Strategy):
             L2 norm of its update as the rule saw it.
         signals : Mapping, optional
             The rule's per-hospital signals (an :class:`Aggregate`'s ``extra`` for this reply): ``trust``
-            and ``flagged`` go to the record's own fields, the rest under the rule's name.
+            and ``flagged`` go to the record's own fields, the rest under the rule's name; the value of the
+            rule's :attr:`trust_signal` is also the record's ``trust``.
 
         Returns
         -------
@@ -807,6 +813,8 @@ class HospitrustStrategy(Strategy):
             reason=reason, update_norm=update_norm)
         values = dict(signals or {})
         trust, flagged = values.pop("trust", None), values.pop("flagged", None)
+        if self.trust_signal is not None and self.trust_signal != "trust":  # it stays among the signals too
+            trust = mean_of_signal(values.get(self.trust_signal))
         if trust is not None:
             record.trust = float(trust)
         if flagged is not None:

@@ -288,6 +288,7 @@ class EARN(HospitrustStrategy):
     """
 
     name = "earn"
+    trust_signal = "earn_trust"  # its own: the rare rows' trust (mean over them); its HTA base's reputation beside
     reads_who_sent = True  # trust per hospital, each reply's class-counts
     Options = EARNOptions
     options: EARNOptions

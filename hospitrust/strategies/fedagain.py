@@ -109,6 +109,7 @@ class FedAgain(HospitrustStrategy):
     """
 
     name = "fedagain"
+    trust_signal = "trust"
     reads_who_sent = True  # each reply's benchmark-error
     Options = FedAgainOptions
     options: FedAgainOptions

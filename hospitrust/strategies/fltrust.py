@@ -33,6 +33,7 @@ class FLTrust(HospitrustStrategy):
     """
 
     name = "fltrust"
+    trust_signal = "trust"
 
     @classmethod
     def needs(cls, options, composed) -> frozenset[str]:

@@ -107,6 +107,7 @@ class HTA(HospitrustStrategy):
     """
 
     name = "hta"
+    trust_signal = "reputation"
     reads_who_sent = True  # reputation per hospital
     Options = HTAOptions
     options: HTAOptions
