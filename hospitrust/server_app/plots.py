@@ -4,9 +4,10 @@ round (``metrics.png``, by ``hospitrust report``).
 
 Trust is the signal the rule names as its own (its ``trust_signal``, in every round record): HTA's
 ``reputation``, EARN's ``earn_trust`` (the mean over its rare classes), FedAgain's, FLTrust's and
-anchored-trust's ``trust``, and the aggregation ``weight`` for every other rule. Each hospital has its own colour, the legend sits outside the axes, rounds are whole
-numbers; attackers (simulation ground truth) are drawn dashed and thick, and rounds where a
-hospital was rejected, left out or flagged get an x.
+anchored-trust's ``trust``, and the aggregation ``weight`` for every other rule. Each hospital has
+its own colour, the legend sits outside the axes, rounds are whole numbers; attackers (simulation
+ground truth) are drawn dashed and thick, and rounds where a hospital was rejected, left out or
+flagged get an x.
 """
 
 from __future__ import annotations
