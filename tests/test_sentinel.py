@@ -343,6 +343,53 @@ def test_the_floor_releases_the_federated_model_where_it_does_as_well_and_the_se
     assert plain.released(1, bad) == (bad, {}) and plain.final_model(bad)["w"].tolist() == [-3.0, 1.0]
 
 
+def test_the_start_is_the_servers_own_model_trained_on_the_cohorts_training_part():
+    from flwr.app import ArrayRecord
+
+    initial = ArrayRecord({"w": T([5.0, 5.0])})
+    assert _rule().initial_model(initial) is initial  # the default: the run's initial model
+    made = []
+    rule = Sentinel({1: "a"}, {"start": "cohort-model", "floor_epochs": 7, "floor_learning_rate": 0.02},
+                    server_update=lambda state, rnd: T([0.0, 0.0]), candidate_losses=lambda state, steps: _quadratic(steps),
+                    cohort_floor=lambda fraction, epochs, lr: made.append((fraction, epochs, lr)) or _Floor())
+    assert made == [(0.5, 7, 0.02)]  # trained once, with the floor's recipe
+    torch.testing.assert_close(rule.initial_model(initial).to_torch_state_dict()["w"], T([1.0, 0.0]))  # ``part``
+    assert rule.floor is None and rule.released(1, initial) == (initial, {})  # a start is no floor
+    with pytest.raises(ValueError, match=r"differ in \['v', 'w'\]"):
+        rule.initial_model(ArrayRecord({"v": T([0.0])}))
+    assert Sentinel.needs(Sentinel.Options(start="cohort-model"), {}) == {"cohort_split", "cohort_floor"}
+    with pytest.raises(ValueError, match="sentinel.start = 'cohort-model' needs the server's own model"):
+        Sentinel({1: "a"}, {"start": "cohort-model"}, server_update=lambda s, r: T([0.0]),
+                 candidate_losses=lambda s, steps: _quadratic(steps))
+
+
+@pytest.mark.data
+def test_a_run_started_from_the_servers_own_model_sends_it_to_the_first_round(tmp_path, data_dir, monkeypatch):
+    from flwr.app import Context, RecordDict
+
+    from conftest import small_run_config
+    from hospitrust.bench.controls import _setup
+    from hospitrust.client_app import app as client_app
+    from hospitrust.ops.inprocess import InProcessGrid
+    from hospitrust.server_app import app as server_app
+    from hospitrust.server_app.evaluation import Evaluation
+    from hospitrust.server_app.services import ServerServices
+
+    cfg = small_run_config(tmp_path, **{"strategy": "sentinel", "sentinel.start": "cohort-model", "sentinel.floor-epochs": 2,
+                                        "sentinel.fall-back": "server-or-keep", "num-server-rounds": 1,
+                                        "train-subsample": 0.03, "reference-cohort-per-class": 4})
+    seen = []
+    original = Evaluation.initial
+    monkeypatch.setattr(Evaluation, "initial", lambda self, arrays: seen.append(arrays.to_torch_state_dict()) or
+                        original(self, arrays))
+    server_app(InProcessGrid(client_app, 4, cfg), Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                                                          run_config=cfg))
+    s = _setup(cfg)
+    part = ServerServices(s.cfg, s.task, s.device, s.sets)["cohort_floor"](0.5, 2, 0.01).part
+    assert len(seen) == 1 and set(seen[0]) == set(part)
+    assert all(torch.equal(seen[0][k], part[k]) for k in part)  # round 0 is the server's own model, bit for bit
+
+
 @pytest.mark.data
 def test_the_floor_is_the_cohort_only_converged_controls_model_bit_for_bit(tmp_path, data_dir):
     """The model the floor releases is the one the leaderboard's control trains (the same function, images, seed

@@ -95,6 +95,8 @@ def run_federation(grid: Grid, context: Context) -> RunDirectory:
 def _federate(grid: Grid, cfg: RunConfig, task: Task, sets: ServerSets, device: torch.device, run_dir: RunDirectory,
               resume: dict[str, Any] | None, started: float) -> RunDirectory:
     run = set_up_run(grid, cfg, task, sets, device, run_dir, resuming=resume is not None)
+    if resume is None:  # a rule may start from a model of its own (a resumed run's comes from its checkpoint)
+        run.arrays = run.strategy.initial_model(run.arrays)
     rounds = RoundLoop(run, run_dir)
     if resume is None:
         if not run.strategy.runs_own_evaluation:  # a rule's own state (FED-FBD's colors) is evaluated after round 1

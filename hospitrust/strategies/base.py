@@ -363,6 +363,22 @@ class HospitrustStrategy(Strategy):
         """
         raise NotImplementedError(f"{self.name} evaluates the global model centrally (runs_own_evaluation is False)")
 
+    def initial_model(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The global model the first round starts from, given the run's initial one (a fresh run's, never a
+        resumed run's): that model itself for every rule but one that starts from the server's own model
+        (sentinel's ``start``).
+
+        Parameters
+        ----------
+        arrays : ArrayRecord
+            The run's initial model (the task's, from the run's seed).
+
+        Returns
+        -------
+        ArrayRecord
+        """
+        return arrays
+
     def released(self, server_round: int, arrays: ArrayRecord) -> tuple[ArrayRecord, dict[str, Any]]:
         """The model the consortium gets after ``server_round`` (evaluated centrally; the last round's is saved as
         the run's model) and the rule's entries about it in the round's line: the global model itself and none for

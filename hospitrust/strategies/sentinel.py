@@ -52,16 +52,24 @@ class SentinelOptions(Options):
         "is at most that model's; otherwise it releases the same recipe trained on the whole cohort (the control's "
         "model). The released model is the one evaluated and saved; the hospitals train on from the federated one."
     ))
+    start: Literal["global", "cohort-model"] = Field("global", description=(
+        "The model the first round starts from: global (the run's initial model, as every rule), or cohort-model: "
+        "the server's own model trained on the cohort's training part (floor-epochs at floor-learning-rate, the "
+        "cohort-only-converged control's recipe), never on the held-out part, so every step from it is still "
+        "checked on images nobody trained on. With fall-back = server-or-keep the held-out loss never rises above "
+        "that model's: the federation can only improve on what the server has alone."
+    ))
     floor_check: Literal["loss", "balanced-accuracy"] = Field("loss", description=(
         "What the floor's release compares on the held-out part: the class-balanced loss, or the balanced accuracy "
         "(a model trained to convergence on a few images is overconfident, so its held-out loss can lose to a model "
         "it beats in accuracy: design probe 6). Ties release the federated model."
     ))
     floor_epochs: int = Field(240, ge=1, le=5000, description=(
-        "Epochs of the floor's training (the PneumoniaMNIST main condition's cohort-only-converged control, chosen "
-        "on the tuning seeds: docs/leaderboard.md, v3)."
+        "Epochs of the server's own model's training, for floor and start (the PneumoniaMNIST main condition's "
+        "cohort-only-converged control, chosen on the tuning seeds: docs/leaderboard.md, v3)."
     ))
-    floor_learning_rate: float = Field(0.01, gt=0.0, le=10.0, description="The floor's learning rate (that control's).")
+    floor_learning_rate: float = Field(0.01, gt=0.0, le=10.0, description=(
+        "The learning rate of the server's own model, for floor and start (that control's)."))
     step_bound: float = Field(4.0, gt=0.0, description=(
         "kappa: every hospital's update is clipped to kappa x the norm of the server's own update this round "
         "(the global model trained on the reference cohort), a bound no hospital can move. 0 < kappa; inf: none "
@@ -100,7 +108,8 @@ class Sentinel(HospitrustStrategy):
     check loss, unless g does better: then g. Math: :func:`hospitrust.aggregation.sentinel.sentinel`.
     With ``floor``, the model released each round (evaluated and saved) is the global model where its check
     loss is at most that of the server's own model trained to convergence on the training part, otherwise
-    that recipe trained on the whole cohort (the ``cohort-only-converged`` control's model).
+    that recipe trained on the whole cohort (the ``cohort-only-converged`` control's model). With ``start``,
+    the first round starts from that model trained on the training part.
 
     Parameters
     ----------
@@ -116,8 +125,8 @@ class Sentinel(HospitrustStrategy):
         The server's service: (check fraction, server epochs) -> (server_update, candidate_losses) on the cohort's two
         parts (what a run passes; the two callables directly are for tests).
     cohort_floor : Callable[[float, int, float], Any], optional
-        With ``floor``: (check fraction, epochs, learning rate) -> the server's own model (``whole``, ``part``
-        and ``check_loss``; :class:`hospitrust.server_app.services.CohortFloor`).
+        With ``floor`` or ``start``: (check fraction, epochs, learning rate) -> the server's own model (``whole``,
+        ``part`` and ``check_loss``; :class:`hospitrust.server_app.services.CohortFloor`).
     **kwargs
         The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`).
     """
@@ -129,7 +138,8 @@ class Sentinel(HospitrustStrategy):
 
     @classmethod
     def needs(cls, options, composed) -> frozenset[str]:
-        return frozenset({"cohort_split", "cohort_floor"} if options.floor != "none" else {"cohort_split"})
+        own_model = options.floor != "none" or options.start != "global"
+        return frozenset({"cohort_split", "cohort_floor"} if own_model else {"cohort_split"})
 
     def __init__(self, hospitals, options=None, *, cohort_split: Callable[[float, int], tuple[Any, Any]] | None = None,
                  server_update: Callable[[dict, int], torch.Tensor] | None = None,
@@ -138,12 +148,15 @@ class Sentinel(HospitrustStrategy):
                  assumed_malicious: int = 0, **kwargs) -> None:
         super().__init__(hospitals, options, **kwargs)
         o = self.options
-        self.floor = None  # the server's own model (CohortFloor-like: whole, part, check_loss), where floor is set
-        if o.floor != "none":
+        # the server's own model (CohortFloor-like: whole, part, check_loss), where floor or start asks for it
+        self.own_model = None
+        if o.floor != "none" or o.start != "global":
             if cohort_floor is None:
-                raise ValueError("sentinel.floor = 'cohort-model' needs the server's own model (cohort_floor): it "
+                which = "floor" if o.floor != "none" else "start"
+                raise ValueError(f"sentinel.{which} = 'cohort-model' needs the server's own model (cohort_floor): it "
                                  "comes from the reference cohort")
-            self.floor = cohort_floor(o.check_fraction, o.floor_epochs, o.floor_learning_rate)
+            self.own_model = cohort_floor(o.check_fraction, o.floor_epochs, o.floor_learning_rate)
+        self.floor = self.own_model if o.floor != "none" else None
         self._released: ArrayRecord | None = None
         # the server's own model is trained once: its check value and its record are the run's
         self._floor_value: float | None = None
@@ -193,6 +206,18 @@ class Sentinel(HospitrustStrategy):
             "candidate": [str(out["candidate"])] * n,
             "flagged": [not bool(w > 0) for w in weights],
         })
+
+    def initial_model(self, arrays: ArrayRecord) -> ArrayRecord:
+        if self.options.start == "global":
+            return arrays
+        assert self.own_model is not None
+        part = self.own_model.part  # trained on the training part only: the held-out part still judges every step
+        missing = sorted(set(arrays.keys()) ^ set(part))
+        if missing:
+            raise ValueError(f"sentinel.start = 'cohort-model': the server's own model and the run's differ in {missing}")
+        log(INFO, "sentinel: the first round starts from the server's own model (trained on the cohort's training "
+            "part), not the run's initial one")
+        return ArrayRecord({k: v.detach().cpu().clone() for k, v in part.items()})
 
     def released(self, server_round: int, arrays: ArrayRecord) -> tuple[ArrayRecord, dict[str, Any]]:
         if self.floor is None:
