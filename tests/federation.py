@@ -306,7 +306,8 @@ def superlinks(wrapper: psutil.Process) -> list[psutil.Process]:
     out = []
     for p in wrapper.children():
         try:
-            if any("flower-superlink" in a for a in p.cmdline()[:2]) and p.status() != psutil.STATUS_ZOMBIE:
+            # Flower's script, run by hospitrust.supervision.superlink_main (python -m it MILLISECONDS script ...)
+            if any("flower-superlink" in a for a in p.cmdline()[:5]) and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(p)
         except psutil.Error:  # exited
             pass

@@ -135,7 +135,9 @@ def test_deploy_superlink_dry_run_and_own_proxy(pki, tmp_path):
     res = _cli("deploy", "superlink", "--certs", str(pki), "--database", str(tmp_path / "db" / "state.db"), "--dry-run")
     assert res.returncode == 0, res.stderr
     superlink = res.stdout.splitlines()[0]
-    assert superlink.startswith("$ flower-superlink") and "--host 127.0.0.1 --port 9092" in superlink
+    # Flower's flower-superlink script, run under the module that gives its store a 30 s busy timeout first
+    assert " -m hospitrust.supervision.superlink_main 30000 " in superlink and "--host 127.0.0.1 --port 9092" in superlink
+    assert superlink.split(" 30000 ")[1].split()[0].endswith("/flower-superlink"), superlink
     assert "--enable-supernode-auth" in superlink and "--insecure" not in superlink
     assert "listen 0.0.0.0:9093 ssl;" in res.stdout and "listen 127.0.0.1:9095 ssl;" in res.stdout
     # the warm ServerApp launcher (the default): process isolation, the secret given to both, TLS with the CA

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import psutil
+import pytest
 
 from hospitrust.ops import flwr
 from hospitrust.supervision import supervisor as sv
@@ -484,3 +485,35 @@ def test_a_supernode_whose_main_loop_raised_exits_and_is_restarted_where_flower_
         _wait(lambda: not _with_marker(marker), 15, "nothing left after the supervisor stopped")
     finally:
         superlink.stop(timeout=10)
+
+
+def test_the_superlinks_store_waits_the_busy_timeout_it_is_given_and_keeps_flowers_other_pragmas(tmp_path):
+    """Flower opens its SQLite store with a 5 s busy timeout (docs/experiments/2026-12-06-many-hospitals.md: "database
+    is locked" under load); run under superlink_main, every connection of Flower's own store waits the given time."""
+    from hospitrust.supervision import superlink_main
+
+    probe = (
+        "import sys\n"
+        "from sqlalchemy import text\n"
+        "from hospitrust.supervision.superlink_main import with_busy_timeout\n"
+        "if sys.argv[2] != 'flower':\n"
+        "    with_busy_timeout(int(sys.argv[2]))\n"
+        "from flwr.supercore.object_store.sql_object_store import SqlObjectStore\n"
+        "store = SqlObjectStore(sys.argv[1]); store.initialize()\n"
+        "with store.session() as s:\n"
+        "    print(s.execute(text('PRAGMA busy_timeout')).scalar(), s.execute(text('PRAGMA journal_mode')).scalar())\n")
+    out = {}
+    for given in ("flower", "45000"):  # Flower's own, then the one hospitrust gives; a fresh process each
+        res = subprocess.run([sys.executable, "-c", probe, str(tmp_path / f"{given}.db"), given], capture_output=True,
+                             text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        out[given] = res.stdout.split()
+    assert out == {"flower": ["5000", "wal"], "45000": ["45000", "wal"]}
+    cmd = superlink_main.command(["flower-superlink", "--database", "x.db"], busy_timeout_ms=30000)
+    assert cmd[:4] == [sys.executable, "-m", "hospitrust.supervision.superlink_main", "30000"]
+    assert cmd[4].endswith("flower-superlink") and cmd[5:] == ["--database", "x.db"]
+    with pytest.raises(ValueError, match="whole number of milliseconds >= 0, got -1"):
+        superlink_main.with_busy_timeout(-1)
+    res = subprocess.run([sys.executable, "-m", "hospitrust.supervision.superlink_main", "flower-superlink"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "usage: python -m hospitrust.supervision.superlink_main MILLISECONDS" in res.stderr

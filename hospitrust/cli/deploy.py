@@ -111,9 +111,16 @@ def _run_superlink(args, *, ca: Path, cert: Path, key: Path, database: Path, sta
                    secret: Path | None) -> int:
     from hospitrust.ops.deploy import gateway
 
-    superlink = superlink_command(ca=ca, cert=cert, key=key, database=database, host="127.0.0.1",
-                                  port=args.superlink_port, log_file=Path(args.log_file) if args.log_file else None,
-                                  isolation="process" if warm else "subprocess", superexec_secret=secret)
+    from hospitrust.supervision import superlink_main
+
+    if not 0 <= args.database_busy_timeout <= 3600:
+        raise DeployError(f"--database-busy-timeout {args.database_busy_timeout:g}: expected seconds from 0 to 3600")
+    # Flower's flower-superlink, run under a module that gives its SQLite store the busy timeout first
+    superlink = superlink_main.command(
+        superlink_command(ca=ca, cert=cert, key=key, database=database, host="127.0.0.1", port=args.superlink_port,
+                          log_file=Path(args.log_file) if args.log_file else None,
+                          isolation="process" if warm else "subprocess", superexec_secret=secret),
+        busy_timeout_ms=round(args.database_busy_timeout * 1000))
     launcher = serverapp_launcher_command(ca=ca, port=args.superlink_port, superexec_secret=secret) if warm else None
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
@@ -470,6 +477,9 @@ def add_deploy_parser(sub) -> None:
     p.add_argument("--cert", help="server certificate (default CERTS/server.pem)")
     p.add_argument("--key", help="server private key (default CERTS/server.key)")
     p.add_argument("--database", required=True, help="SQLite state file (keeps registered SuperNodes and runs across restarts)")
+    p.add_argument("--database-busy-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="how long the SuperLink waits for its SQLite store's lock before a request fails (default 30; "
+                        "Flower's own 5 s fails requests on a loaded machine: docs/operators.md)")
     p.add_argument("--host", default="0.0.0.0", help="the hospitals' listener address (default 0.0.0.0: all interfaces)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the hospitals' listener port (default {DEFAULT_PORT})")
     p.add_argument("--operator-host", default="127.0.0.1",
