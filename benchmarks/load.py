@@ -16,6 +16,13 @@ failed run), and it reports per N:
 - every error line of the SuperLink and its gateway and of the SuperNodes (counted; the distinct ones listed);
 - the SuperLink database's size (with its WAL).
 
+**Light hospitals** (``--clientapp-slots K``): here every hospital shares one machine, and each ClientApp in flight
+costs about 0.45 GB (a fresh process that imports torch), so 50 hospitals training at once would not fit in 24 GB. With
+K slots, a stand-in ``flwr-clientapp`` first on the hospitals' PATH waits for one of K machine-wide slots (a lock
+file each) and then runs Flower's own: at most K ClientApps at once, the rest queue. Every hospital still trains and
+replies every round; the round takes the time its N ClientApps take K at a time (on two cores they run about two
+at a time anyway). In a real federation each hospital has its own machine, and no such limit.
+
 A **churn** mode (``--churn``): ``min-hospitals`` is N minus the churned hospitals (10 %, at least one); during
 round 2 their whole process groups are killed with SIGKILL and started again 20 s later with the same command. The
 run must complete with them recorded missing, then back (a valid reply in a later round), and no hospital counted
@@ -27,6 +34,7 @@ does not fit this machine's available memory is refused with the estimate, befor
 
     python benchmarks/load.py                                 # N = 5, 10, 20, 35, 50, 3 rounds
     python benchmarks/load.py --hospitals 20 --churn          # churn: 2 of 20 killed in round 2, back 20 s later
+    python benchmarks/load.py --hospitals 35,50 --clientapp-slots 4   # 35 and 50 hospitals, 4 ClientApps at a time
     python benchmarks/load.py --hospitals 3 --rounds 1 --out /tmp/load   # a tiny try (about a minute)
 """
 
@@ -63,6 +71,24 @@ RUN_CONFIG = ('dataset="pneumoniamnist" partitioner="iid" train-subsample=0.1 mo
 # launcher (warm: preloaded torch) and one training ClientApp
 DEFAULT_GB = {"server": 0.25 + 0.65, "hospital": {"flower": 0.04 + 0.11 + 0.06 + 0.30, "warm": 0.04 + 0.11 + 0.53 + 0.30}}
 CHURN_RESTART_SECONDS = 20.0
+CLIENTAPP_GB = 0.48  # one ClientApp in flight (PSS peak per process, 2026-12-06 sweep: 0.42-0.48 GB)
+# the stand-in flwr-clientapp of --clientapp-slots: holds one of K lock files (flock, released when the process
+# ends), then becomes Flower's own flwr-clientapp (exec: the same process, the lock's descriptor inherited)
+SLOT_SHIM = """#!{python}
+import fcntl, os, sys, time
+folder, slots = {folder!r}, {slots}
+while True:
+    for i in range(slots):
+        fd = os.open(os.path.join(folder, "slot-%d" % i), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        os.set_inheritable(fd, True)
+        os.execv({real!r}, [{real!r}, *sys.argv[1:]])
+    time.sleep(0.2)
+"""
 
 ROLES = (  # (role, a test on the process's command line and its parent's), the first that matches
     ("serverapp", lambda c, parent: "flwr-serverapp" in c),
@@ -70,6 +96,8 @@ ROLES = (  # (role, a test on the process's command line and its parent's), the 
     ("superexec (hospital)", lambda c, parent: "flower-superexec" in c and "flower-supernode" in parent),
     ("superexec (server)", lambda c, parent: "flower-superexec" in c),
     ("warm launcher", lambda c, parent: "hospitrust.supervision.launcher" in c),
+    # the SuperLink's warm ServerApp launcher (deploy superlink's default) and each run's ServerApp it forks
+    ("serverapp launcher", lambda c, parent: "hospitrust.supervision.serverapp_launcher" in c),
     ("flower-supernode", lambda c, parent: "flower-supernode" in c),
     ("flower-superlink", lambda c, parent: "flower-superlink" in c),
     ("gateway (nginx)", lambda c, parent: "nginx" in c),
@@ -165,14 +193,18 @@ class Sampler(threading.Thread):
         self.sample()
 
 
-def estimate_gb(hospitals: int, launcher: str, measured: dict | None) -> float:
+def estimate_gb(hospitals: int, launcher: str, measured: dict | None, slots: int = 0) -> float:
     """Peak memory the N-hospital federation needs (GB): the measured per-role figures of an earlier N when there
-    are some, else issue 63's."""
-    if measured:
+    are some (with ``slots``, of a run with slots too), else issue 63's; with ``slots``, at most that many
+    ClientApps in flight."""
+    if measured and bool(measured.get("clientapp_slots")) == bool(slots):
         server = sum(gb for role, gb in measured["peak_gb_by_role"].items() if role not in HOSPITAL_ROLES)
-        per_hospital = sum(gb for role, gb in measured["peak_gb_by_role"].items() if role in HOSPITAL_ROLES)
+        per_hospital = sum(gb for role, gb in measured["peak_gb_by_role"].items()
+                           if role in HOSPITAL_ROLES and not (slots and role == "clientapp"))
         per_hospital /= measured["hospitals"]
-        return server + hospitals * per_hospital
+        return server + hospitals * per_hospital + (slots * CLIENTAPP_GB if slots else 0.0)
+    if slots:
+        return DEFAULT_GB["server"] + hospitals * (DEFAULT_GB["hospital"][launcher] - 0.30) + slots * CLIENTAPP_GB
     return DEFAULT_GB["server"] + hospitals * DEFAULT_GB["hospital"][launcher]
 
 
@@ -209,8 +241,8 @@ def replies(rounds: list[dict]) -> list[dict[str, object]]:
 class Federation:
     """One locked-down SuperLink and N rehearsal hospitals, started as docs/deployment.md starts them."""
 
-    def __init__(self, work: Path, hospitals: int, launcher: str, say) -> None:
-        self.work, self.hospitals, self.launcher, self.say = work, hospitals, launcher, say
+    def __init__(self, work: Path, hospitals: int, launcher: str, say, slots: int = 0) -> None:
+        self.work, self.hospitals, self.launcher, self.say, self.slots = work, hospitals, launcher, say, slots
         self.procs: dict[str, flwr.FlowerProcess] = {}
         self.commands: dict[str, tuple[list[str], Path]] = {}
         self.names = [f"hospital-{i}" for i in range(hospitals)]
@@ -257,11 +289,12 @@ class Federation:
                 raise SystemExit(f"load: registering {name} failed:\n{res.stdout}{res.stderr}")
             self.say(f"registered {i + 1}/{self.hospitals} hospitals", end="\r")
         self.say(f"registered {self.hospitals} hospitals")
+        self.hospital_env = self.slot_env() if self.slots else None
         for i, name in enumerate(self.names):
             proc = self.start(name, _cli("deploy", "supernode", "--superlink", self.address, "--ca", str(certs / "ca.crt"),
                                          "--key", str(keys / f"{name}.key"), "--partition", f"{i}/{self.hospitals}",
                                          "--hospital", name, "--port", str(flwr.free_port()), "--launcher",
-                                         self.launcher), work / f"sn-{name}")
+                                         self.launcher), work / f"sn-{name}", self.hospital_env)
             sampler.add_root(psutil.Process(proc.pid))
         deadline = time.monotonic() + 120 + 6 * self.hospitals
         while (online := len(flwr.online_nodes("load", env=self.env))) < self.hospitals:
@@ -272,6 +305,19 @@ class Federation:
             self.say(f"online {online}/{self.hospitals}", end="\r")
             time.sleep(2)
         self.say(f"online {self.hospitals}/{self.hospitals}")
+
+    def slot_env(self) -> dict[str, str]:
+        """The hospitals' environment with the stand-in flwr-clientapp first on PATH (``--clientapp-slots``)."""
+        shim_dir, locks = self.work / "clientapp-slots" / "bin", self.work / "clientapp-slots" / "locks"
+        shim_dir.mkdir(parents=True)
+        locks.mkdir()
+        real = Path(sys.executable).parent / "flwr-clientapp"
+        if not real.is_file():
+            raise SystemExit(f"load: --clientapp-slots needs Flower's flwr-clientapp beside {sys.executable}")
+        shim = shim_dir / "flwr-clientapp"
+        shim.write_text(SLOT_SHIM.format(python=sys.executable, folder=str(locks), slots=self.slots, real=str(real)))
+        shim.chmod(0o755)
+        return {"PATH": os.pathsep.join([str(shim_dir), str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
 
     def kill_group(self, name: str) -> None:
         """SIGKILL the hospital's whole process group (its supervisor, SuperNode, launcher and ClientApps)."""
@@ -284,7 +330,7 @@ class Federation:
 
     def restart(self, name: str, sampler: Sampler) -> None:
         cmd, home = self.commands[name]
-        proc = self.start(name, cmd, home)
+        proc = self.start(name, cmd, home, self.hospital_env)
         sampler.add_root(psutil.Process(proc.pid))
 
     def stop(self) -> None:
@@ -292,13 +338,13 @@ class Federation:
             proc.stop()
 
 
-def run_one(hospitals: int, rounds: int, launcher: str, churn: bool, out: Path, say) -> dict:
+def run_one(hospitals: int, rounds: int, launcher: str, churn: bool, out: Path, say, slots: int = 0) -> dict:
     """Start the federation, run, measure, stop; the figures of one N."""
     churned = max(1, hospitals // 10) if churn else 0
     sampler = Sampler([])
     with tempfile.TemporaryDirectory(prefix=f"hospitrust-load-{hospitals}-") as tmp:
         work = Path(tmp)
-        fed = Federation(work, hospitals, launcher, say)
+        fed = Federation(work, hospitals, launcher, say, slots)
         started = time.monotonic()
         sampler.start()
         try:
@@ -344,7 +390,8 @@ def run_one(hospitals: int, rounds: int, launcher: str, churn: bool, out: Path, 
             logs = sorted((work / "logs").glob("*.log"))
             hospital_cpu = sum(cpu_after.get(r, 0.0) - cpu_before.get(r, 0.0) for r in HOSPITAL_ROLES)
             result = {
-                "hospitals": hospitals, "rounds": rounds, "launcher": launcher, "churned": victims,
+                "hospitals": hospitals, "rounds": rounds, "launcher": launcher, "clientapp_slots": slots,
+                "churned": victims,
                 "status": attempts[-1]["status"] if attempts else f"no attempt recorded (exit {supervisor.popen.returncode})",
                 "attempts": len(attempts), "startup_seconds": round(up_seconds, 1), "run_seconds": round(run_seconds, 1),
                 "round_periods": [round(p, 2) for p in round_periods(rounds_done)] if rounds_done else [],
@@ -396,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hospitals", default="5,10,20,35,50", help="the N to run, comma-separated (default 5,10,20,35,50)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--launcher", choices=("flower", "warm"), default="flower")
+    parser.add_argument("--clientapp-slots", type=int, default=0, metavar="K",
+                        help="at most K ClientApps in flight on this machine, the rest queue (0: no limit; the "
+                             "hospitals share one machine here: 50 at once would not fit)")
     parser.add_argument("--churn", action="store_true", help="kill 10%% of the hospitals in round 2, back 20 s later")
     parser.add_argument("--out", default=str(REPO / "runs" / "load"), help="where each N's figures go (resumable)")
     parser.add_argument("--fresh", action="store_true", help="run every N again, even those with figures in --out")
@@ -406,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--hospitals {args.hospitals!r}: expected numbers separated by commas, e.g. 5,10,20")
     if not sizes or min(sizes) < 2:
         parser.error("--hospitals: every N must be at least 2")
+    if args.clientapp_slots < 0:
+        parser.error(f"--clientapp-slots {args.clientapp_slots}: expected 0 (no limit) or more")
     if args.churn and args.rounds < 3:
         parser.error("--churn needs at least 3 rounds (hospitals killed in round 2 rejoin in a later one)")
     flwr.stop_on_signals()  # a stopped benchmark stops every process it started
@@ -418,26 +470,28 @@ def main(argv: list[str] | None = None) -> int:
 
     measured = None
     for n in sorted(sizes):
-        path = out / f"load-N{n}{'-churn' if args.churn else ''}.json"
+        path = out / f"load-N{n}{'-churn' if args.churn else ''}{f'-slots{args.clientapp_slots}' if args.clientapp_slots else ''}.json"
         if path.is_file() and not args.fresh:
             result = json.loads(path.read_text())
             say(f"N={n}: done before ({path}); --fresh runs it again")
             print(summary_line(result), flush=True)
             measured = result if result["launcher"] == args.launcher else measured
             continue
-        need, free = estimate_gb(n, args.launcher, measured), psutil.virtual_memory().available / GB
+        need, free = estimate_gb(n, args.launcher, measured, args.clientapp_slots), psutil.virtual_memory().available / GB
         if need > 0.9 * free:
             print(f"load: N={n} needs about {need:.1f} GB at its peak ({'measured at N=' + str(measured['hospitals']) if measured else 'estimated'}), "
-                  f"and this machine has {free:.1f} GB available: not starting it (run a smaller N, or --launcher flower)",
+                  f"and this machine has {free:.1f} GB available: not starting it (run a smaller N, --launcher flower, or "
+                  f"--clientapp-slots K)",
                   file=sys.stderr)
             return 2
         say(f"N={n}: starting (about {need:.1f} GB at the peak, {free:.1f} GB available)")
-        result = run_one(n, args.rounds, args.launcher, args.churn, out, say)
+        result = run_one(n, args.rounds, args.launcher, args.churn, out, say, args.clientapp_slots)
         path.write_text(json.dumps(result, indent=1))
         print(summary_line(result), flush=True)
         measured = result
     if len(sizes) > 1:
-        rows = [json.loads((out / f"load-N{n}{'-churn' if args.churn else ''}.json").read_text()) for n in sorted(sizes)]
+        tail = f"{'-churn' if args.churn else ''}{f'-slots{args.clientapp_slots}' if args.clientapp_slots else ''}"
+        rows = [json.loads((out / f"load-N{n}{tail}.json").read_text()) for n in sorted(sizes)]
         first = rows[0]
         base = statistics.mean(first["round_periods"]) if first["round_periods"] else float("nan")
         for r in rows[1:]:

@@ -300,3 +300,39 @@ def test_signals_by_role_means_attackers_and_honest_apart_by_hand(tmp_path, caps
     # s: attackers (0.2 + 0.4) / 2, honest 0.9 (d rejected); weight 0.5 / 0; norm 2 / 0.5; one rejected
     assert row == "3 | 0.750 | 0.1250 | 0.300 / 0.900 | 0.500 / 0.000 | 2.000 / 0.500 | 1"
     assert script.main([str(tmp_path / "missing"), "--rule", "hta"]) == 2
+
+
+def test_the_load_benchmarks_clientapp_slots_let_at_most_k_run_at_once_and_every_one_finish(tmp_path):
+    """--clientapp-slots: the stand-in flwr-clientapp waits for one of K lock files, then becomes the real one
+    (here a stand-in that records when it ran), so at most K run at once and none is lost."""
+    import subprocess
+    import time
+
+    load = _script("load")
+    real = tmp_path / "real-clientapp"
+    real.write_text(f"#!{sys.executable}\nimport sys, time\nopen(sys.argv[1], 'a').write('%f start\\n' % time.time())\n"
+                    "time.sleep(0.6)\nopen(sys.argv[1], 'a').write('%f end\\n' % time.time())\n")
+    real.chmod(0o755)
+    (tmp_path / "locks").mkdir()
+    shim = tmp_path / "flwr-clientapp"
+    shim.write_text(load.SLOT_SHIM.format(python=sys.executable, folder=str(tmp_path / "locks"), slots=2, real=str(real)))
+    shim.chmod(0o755)
+    procs = [subprocess.Popen([str(shim), str(tmp_path / f"ran-{i}.txt")]) for i in range(5)]
+    started = time.monotonic()
+    assert [p.wait(timeout=60) for p in procs] == [0] * 5
+    events = sorted((float(t), kind) for i in range(5) for t, kind in
+                    (line.split() for line in (tmp_path / f"ran-{i}.txt").read_text().splitlines()))
+    running, most = 0, 0
+    for _, kind in events:
+        running += 1 if kind == "start" else -1
+        most = max(most, running)
+    assert len(events) == 10 and most == 2  # every one ran, two at a time
+    assert time.monotonic() - started >= 3 * 0.6 - 0.1  # 5 of them two at a time: at least three turns
+    # the memory estimate: with slots the hospitals' ClientApps count K times, not N times
+    measured = {"hospitals": 10, "clientapp_slots": 0,
+                "peak_gb_by_role": {"flower-superlink": 0.2, "serverapp": 0.6, "clientapp": 4.5, "flower-supernode": 1.1}}
+    assert math.isclose(load.estimate_gb(20, "flower", measured), 0.8 + 20 * 0.56)
+    assert math.isclose(load.estimate_gb(50, "flower", dict(measured, clientapp_slots=4), slots=4),
+                        0.8 + 50 * 0.11 + 4 * load.CLIENTAPP_GB)
+    assert math.isclose(load.estimate_gb(50, "flower", measured, slots=4),  # a run without slots: the defaults
+                        load.DEFAULT_GB["server"] + 50 * (load.DEFAULT_GB["hospital"]["flower"] - 0.30) + 4 * load.CLIENTAPP_GB)
