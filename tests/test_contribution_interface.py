@@ -22,6 +22,7 @@ import torch
 from hospitrust.client_app import contribution as contribution_client
 from hospitrust.contribution.interface import ContributionLedger, HospitalReport, SecureRoundView, score_round
 from hospitrust.contribution.federation import ContributionTracker, parse_report
+from hospitrust.records import RoundRecord
 from hospitrust.contribution.scores import coalition_weights
 
 PKG = Path(__file__).resolve().parent.parent / "hospitrust" / "contribution"
@@ -164,5 +165,6 @@ def test_ledger_totals_payouts_and_files(tmp_path):
         ledger.payout_shares("shapley")
     # a resumed run rebuilds the same ledger from rounds.jsonl records
     tracker = ContributionTracker({1: "a", 2: "b"})
-    tracker.restore([{"contribution": {"scored": True, **r.to_record()}} for r in ledger.rounds])
+    tracker.restore([RoundRecord(number=r.round, entries={"contribution": {"scored": True, **r.to_record()}})
+                     for r in ledger.rounds])
     assert tracker.ledger.totals() == totals

@@ -185,7 +185,7 @@ def test_the_readers_read_v1_files(tmp_path):
     assert {"non-finite", "excluded"} <= kinds
     signal, series, malicious = trust_series(reader.rounds)
     assert signal == "reputation" and malicious == {"hospital-0"} and len(series["hospital-0"]) == 2
-    lines = _v1("hta-attack-rejected")
+    lines = [RoundRecord.from_json(line) for line in _v1("hta-attack-rejected")]
     assert participation(lines)["hospital-1"] == {"asked": 2, "valid": 1, "rejected": 1, "missing": 0,
                                                   "unresponsive": 0, "offline": 0}
     assert near_duplicates(lines) == {}

@@ -6,13 +6,14 @@ import json
 import pytest
 import torch
 
+from hospitrust.records import HospitalRecord, RoundRecord
 from hospitrust.server_app.results import RunDirectory, read_rounds, read_summary
 
 
 def _round(i):
-    return {"round": i, "central": {"accuracy": 0.5, "auc": float("nan"), "per_class_recall": [1.0, float("nan")]},
-            "clients": [{"hospital": "h0", "node_id": 1, "num_examples": 3, "weight": 1.0, "train_loss": 0.1}],
-            "aggregation_seconds": 0.01, "round_seconds": 1.0}
+    return RoundRecord(i, central={"accuracy": 0.5, "auc": float("nan"), "per_class_recall": [1.0, float("nan")]},
+                       clients=[HospitalRecord("h0", node_id=1, num_examples=3, weight=1.0, train_loss=0.1)],
+                       aggregation_seconds=0.01, round_seconds=1.0)
 
 
 def test_round_trip(tmp_path):
@@ -34,10 +35,10 @@ def test_round_trip(tmp_path):
         json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
 
 
-def test_incomplete_records_are_refused(tmp_path):
+def test_a_round_is_appended_only_as_a_typed_record(tmp_path):
     rd = RunDirectory.create(tmp_path, "run")
-    with pytest.raises(ValueError, match="round_seconds"):
-        rd.append_round({k: v for k, v in _round(1).items() if k != "round_seconds"})
+    with pytest.raises(TypeError, match="a round is appended as a RoundRecord, not dict"):
+        rd.append_round(_round(1).to_json())
     with pytest.raises(ValueError, match="best_round"):
         rd.write_summary({"final": {}})
 

@@ -14,6 +14,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 
 from conftest import small_run_config
+from hospitrust.records import HospitalRecord, RoundRecord
 from hospitrust.ops.inprocess import InProcessGrid
 from hospitrust.client_app import app as client_app
 from hospitrust.server_app.results import CENTRAL_METRICS, CLIENT_FIELDS, ROUND_FIELDS, SUMMARY_FIELDS, read_rounds, read_summary
@@ -277,12 +278,16 @@ def test_a_hospital_offline_after_the_query_round_is_recorded_offline_and_not_as
 def test_near_duplicates_by_hand():
     from hospitrust.server_app.records import near_duplicates
 
+    def hospital(name, *copied):
+        record = HospitalRecord(name)
+        if copied:
+            record.add_signals("hta", {"duplicates_of": list(copied[0])})
+        return record
+
     history = [
-        {"clients": [{"hospital": "a", "duplicates_of": ["b"]}, {"hospital": "b", "duplicates_of": ["a"]},
-                     {"hospital": "c", "duplicates_of": []}]},
-        {"clients": [{"hospital": "a", "duplicates_of": ["b", "c"]}, {"hospital": "b", "duplicates_of": ["a", "c"]},
-                     {"hospital": "c", "duplicates_of": ["a", "b"]}]},
-        {"clients": [{"hospital": "a"}, {"hospital": "b"}]},  # a rule without the field
+        RoundRecord(1, clients=[hospital("a", ["b"]), hospital("b", ["a"]), hospital("c", [])]),
+        RoundRecord(2, clients=[hospital("a", ["b", "c"]), hospital("b", ["a", "c"]), hospital("c", ["a", "b"])]),
+        RoundRecord(3, clients=[hospital("a"), hospital("b")]),  # a rule without the signal
     ]
     assert near_duplicates(history) == {
         "a": {"rounds": 2, "with": ["b", "c"]},
@@ -296,10 +301,11 @@ def test_participation_counts_every_way_a_hospital_can_miss_a_round():
     from hospitrust.server_app.records import absences, participation
 
     history = [
-        {"clients": [{"hospital": "a"}, {"hospital": "b", "rejected": True}], "missing": ["c"], "unresponsive": ["c"],
-         "offline": []},
-        {"clients": [{"hospital": "a"}, {"hospital": "b"}], "missing": [], "offline": ["c"]},
-        {"clients": [{"hospital": "a"}, {"hospital": "c"}], "missing": ["b"]},  # a record from before `offline`
+        RoundRecord(1, clients=[HospitalRecord("a"), HospitalRecord("b", rejected=True)], missing=["c"],
+                    unresponsive=["c"]),
+        RoundRecord(2, clients=[HospitalRecord("a"), HospitalRecord("b")], offline=["c"]),
+        RoundRecord.from_json({"round": 3, "clients": [{"hospital": "a"}, {"hospital": "c"}],
+                               "missing": ["b"]}),  # a line from before `offline`
     ]
     parts = participation(history)
     assert parts == {
@@ -363,12 +369,12 @@ def test_round_states_by_hand():
 
     hospitals = {10: "a", 20: "b", 30: "c", 40: "d"}
     states = round_states(2, Grid(), hospitals, asked=[10, 20, 30], answered={10}, unavailable={30: "Node Unavailable"},
-                          offline=["d"], evaluated=set(), previous={"missing": [], "offline": [], "node_unavailable": []})
+                          offline=["d"], evaluated=set(), previous=RoundRecord(1))
     # b: silent and online (unresponsive); c: Flower said unavailable; d: offline at the start, online at the end
     assert states == {"node_unavailable": ["c"], "unresponsive": ["b"], "offline": [], "rejoined": ["d"]}
     states = round_states(3, Grid(), hospitals, asked=[10, 20, 30], answered={10, 20, 30}, unavailable={},
                           offline=[], evaluated={"a", "b", "c"},
-                          previous={"missing": ["b", "c"], "node_unavailable": ["c"], "offline": [], "rejoined": ["d"]})
+                          previous=RoundRecord(2, missing=["b", "c"], node_unavailable=["c"], rejoined=["d"]))
     assert states == {"node_unavailable": [], "unresponsive": [], "offline": [], "rejoined": ["b", "c"]}
 
 

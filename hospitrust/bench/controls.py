@@ -301,8 +301,7 @@ def run_control(run_config: Mapping[str, Any], hospitals: int, control: Control,
     run_dir = RunDirectory.create(cfg.output_dir, cfg.run_name or f"control-{control.kind}")
     run_dir.write_config({**cfg.to_flat(), **control.to_json()})
     for number, central in enumerate(history, start=1):
-        run_dir.append_round(RoundRecord(number=number, central=central, note=f"control {control.kind}, {unit} {number}")
-                             .to_json())
+        run_dir.append_round(RoundRecord(number=number, central=central, note=f"control {control.kind}, {unit} {number}"))
     best = max(range(len(history)), key=lambda i: (history[i]["balanced_accuracy"], -i))
     run_dir.write_summary({
         "final": history[-1], "best_round": best + 1, "best": history[best], "rounds": len(history),

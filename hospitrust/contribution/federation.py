@@ -26,7 +26,7 @@ from hospitrust.contribution.interface import (
     SecureRoundView,
     score_round,
 )
-from hospitrust.records import HospitalRecord
+from hospitrust.records import HospitalRecord, RoundRecord
 
 
 def round_weights(clients: Iterable[HospitalRecord]) -> dict[int, float]:
@@ -114,13 +114,13 @@ class ContributionTracker:
         self.ledger = ContributionLedger()
         self.weights: dict[int, dict[int, float]] = {}  # round -> node id -> weight sent
 
-    def restore(self, history: Iterable[Mapping[str, Any]]) -> None:
+    def restore(self, history: Iterable[RoundRecord]) -> None:
         """Rebuild the ledger from earlier rounds' records (a resumed run)."""
         from hospitrust.contribution.interface import SCORES, RoundScores
 
         self.ledger = ContributionLedger()
         for rec in history:
-            c = rec.get("contribution") or {}
+            c = rec.entries.get("contribution") or {}
             if c.get("scored"):
                 names = list(c["hospitals"])
                 self.ledger.add(RoundScores(int(c["round"]), names,

@@ -25,6 +25,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping
 
 from hospitrust.privacy.options import PrivacyOptions
+from hospitrust.records import RoundRecord
 from hospitrust.strategies.base import RoundResult, UpdateStep
 
 ACCOUNTANT_DESCRIPTION = ("flwr RdpAccountant (dp-accounting RDP), GaussianPrivacyEvent per release, "
@@ -158,12 +159,12 @@ class CentralPrivacy(DifferentialPrivacyServerSideFixedClipping):
         return {"epsilon": float(eps), "delta": float(self.options.delta), "releases": int(releases),
                 "noise_multiplier": float(self.noise_multiplier), "clipping_norm": float(self.clipping_norm)}
 
-    def restore(self, history: list[dict[str, Any]]) -> None:
+    def restore(self, history: Sequence[RoundRecord]) -> None:
         """A resumed run's accountant: every earlier round's release, from its record."""
         for rec in history:
-            central = (rec.get("privacy") or {}).get("central") or {}
+            central = (rec.entries.get("privacy") or {}).get("central") or {}
             if central.get("released"):
-                self._compose(int(rec["round"]), int(central["sample_size"]))
+                self._compose(rec.number, int(central["sample_size"]))
 
     def round_record(self, server_round: int) -> dict[str, Any]:
         return {**self.spent(), "released": server_round in self.released,

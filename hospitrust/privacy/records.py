@@ -14,7 +14,7 @@ from typing import Any
 
 from hospitrust.errors import ConfigError
 from hospitrust.privacy.options import PrivacyOptions
-from hospitrust.records import HospitalRecord
+from hospitrust.records import HospitalRecord, RoundRecord
 
 
 def check_before_training(options: PrivacyOptions, model: Any, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -70,9 +70,9 @@ class PrivacyRecords:
         self.hospitals: dict[str, dict[str, Any]] = {
             h: {"epsilon": 0.0, "delta": options.delta, "rounds_trained": 0, "budget_spent": False} for h in sorted(hospitals)}
 
-    def restore(self, history: Sequence[Mapping[str, Any]]) -> None:
+    def restore(self, history: Sequence[RoundRecord]) -> None:
         for rec in history:
-            for name, entry in ((rec.get("privacy") or {}).get("hospitals") or {}).items():
+            for name, entry in ((rec.entries.get("privacy") or {}).get("hospitals") or {}).items():
                 self.hospitals[name] = dict(entry)
 
     def round_entry(self, clients: Sequence[HospitalRecord], budget_spent: Sequence[Mapping[str, Any]],

@@ -13,6 +13,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from hospitrust.config import RunConfig
+from hospitrust.records import RoundRecord
 from hospitrust.server_app.transport import Sent, node_unavailable
 
 
@@ -158,7 +159,7 @@ def unresponsive_hospitals(rnd: int, grid: Grid, silent: dict[int, str]) -> list
 
 def round_states(rnd: int, grid: Grid, hospitals: dict[int, str], *, asked: list[int], answered: set[int],
                  unavailable: dict[int, str], offline: list[str], evaluated: set[str],
-                 previous: dict[str, Any] | None) -> dict[str, list[str]]:
+                 previous: RoundRecord | None) -> dict[str, list[str]]:
     """What each hospital that was not simply there did this round, from what Flower said:
 
     - ``node_unavailable``: asked, and Flower's SuperLink answered for it "Node Unavailable" (its SuperNode
@@ -180,8 +181,7 @@ def round_states(rnd: int, grid: Grid, hospitals: dict[int, str], *, asked: list
     took_part = {hospitals.get(nid, f"node {nid}") for nid in answered} | evaluated
     away_before = set()
     if previous is not None:
-        away_before = (set(previous.get("missing", [])) | set(previous.get("offline", []))
-                       | set(previous.get("node_unavailable", []))) - set(previous.get("rejoined", []))
+        away_before = (set(previous.missing) | set(previous.offline) | set(previous.node_unavailable)) - set(previous.rejoined)
     rejoined = sorted(set(back) | (took_part & away_before))
     return {"node_unavailable": node_unavail, "unresponsive": unresponsive,
             "offline": sorted(name for name in offline if name not in back), "rejoined": rejoined}

@@ -10,7 +10,7 @@ contribution scoring, SecAgg+, overlapping rounds, the simulated adversary) is a
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from logging import INFO, WARNING
 from typing import Any
 
@@ -48,14 +48,14 @@ def _progress_line(rnd: int, total: int, central: Mapping[str, Any], valid: int,
     )
 
 
-def format_summary_table(history: list[dict[str, Any]]) -> str:
+def format_summary_table(history: Sequence[RoundRecord]) -> str:
     head = f"{'round':>5} {'accuracy':>9} {'bal-acc':>8} {'auc':>7} {'macro-f1':>9} {'worst-rec':>9} {'seconds':>8}"
     lines = [head, "-" * len(head)]
     for rec in history:
-        c = rec["central"]
+        c = rec.central
         lines.append(
-            f"{rec['round']:>5} {c['accuracy']:>9.4f} {c['balanced_accuracy']:>8.4f} {c['auc']:>7.4f} "
-            f"{c['macro_f1']:>9.4f} {c['worst_class_recall']:>9.4f} {rec['round_seconds']:>8.1f}"
+            f"{rec.number:>5} {c['accuracy']:>9.4f} {c['balanced_accuracy']:>8.4f} {c['auc']:>7.4f} "
+            f"{c['macro_f1']:>9.4f} {c['worst_class_recall']:>9.4f} {rec.round_seconds:>8.1f}"
         )
     return "\n".join(lines)
 
@@ -115,7 +115,7 @@ class RoundLoop:
     def __init__(self, run: RunSetup, run_dir: RunDirectory) -> None:
         self.run, self.run_dir, self.features = run, run_dir, run.features
         self.arrays: ArrayRecord = run.arrays
-        self.history: list[dict[str, Any]] = []
+        self.history: list[RoundRecord] = []
         self.resumed_at: list[int] = []
         self.ahead: dict[int, tuple[Round, Any]] = {}  # rounds whose train messages went out already
 
@@ -123,7 +123,8 @@ class RoundLoop:
         """A resumed run: the model, the strategy's and the features' state, the history so far."""
         self.arrays = ArrayRecord(checkpoint["model"])
         self.run.strategy.load_state_dict(checkpoint["strategy_state"])
-        self.history = list(checkpoint["history"])
+        # the checkpoint holds the rounds' lines (the run directory's format); the loop keeps typed records
+        self.history = [RoundRecord.from_json(line) for line in checkpoint["history"]]
         self.resumed_at = [*checkpoint.get("resumed_at", []), checkpoint["round"]]
         self.run_dir.rewrite_rounds(self.history)  # rounds after the checkpoint (a crash mid-round) are dropped
         restore_rng_states(checkpoint["rng"])
@@ -142,12 +143,13 @@ class RoundLoop:
             self.history.append(record)
             valid = sum(1 for c in rnd.result.clients if not c.rejected)
             log(INFO, "%s", _progress_line(number, self.run.cfg.num_server_rounds, central, valid, len(rnd.asked),
-                                           record["round_seconds"])
+                                           record.round_seconds)
                 + round_story(rnd.result.clients, self.run.truth if self.run.attack is not None else None))
             if self.run.cfg.checkpoint:
                 save_checkpoint(self.run_dir.path, round=number, model_state=self.arrays.to_torch_state_dict(),
                                 strategy_name=self.run.cfg.strategy, strategy_state=strategy_state,
-                                features=self.features.state(), config=self.run.cfg.to_flat(), history=self.history,
+                                features=self.features.state(), config=self.run.cfg.to_flat(),
+                                history=[r.to_json() for r in self.history],
                                 resumed_at=self.resumed_at)
 
     def send(self, number: int) -> tuple[Round, Any]:
@@ -192,8 +194,8 @@ class RoundLoop:
         timing["central_evaluation_seconds"] = time.perf_counter() - central_started
         return central, strategy_state, own
 
-    def record(self, rnd: Round, central: dict[str, Any], own: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The round's line in rounds.jsonl: the loop's fields, then the features' entries, then the strategy's own.
+    def record(self, rnd: Round, central: dict[str, Any], own: Mapping[str, Any] | None = None) -> RoundRecord:
+        """The round's record (its line in rounds.jsonl): the loop's fields, the features' entries, the strategy's own.
 
         Parameters
         ----------
@@ -206,8 +208,8 @@ class RoundLoop:
 
         Returns
         -------
-        dict[str, Any]
-            The line (a ``RoundRecord``'s ``to_json``).
+        RoundRecord
+            The record (the run directory writes its ``to_json``).
         """
         result, hospitals = rnd.result, self.run.strategy.hospitals
         assert result is not None
@@ -238,7 +240,7 @@ class RoundLoop:
         record.entries = {**self.features.record(rnd), **(own or {})}
         if (scores := self.features.scores()) is not None:  # e.g. contribution totals, for a rule weighted by them
             self.run.strategy.receive_scores(scores)
-        return record.to_json()
+        return record
 
 
 def _finish(run: RunSetup, rounds: RoundLoop, run_dir: RunDirectory, started: float) -> RunDirectory:
@@ -248,7 +250,7 @@ def _finish(run: RunSetup, rounds: RoundLoop, run_dir: RunDirectory, started: fl
         run_dir.save_model(final)
     summary = {
         **summary_head(cfg, history, len(run.hospitals), run_dir, started),
-        "fairness": history[-1]["fairness"],
+        "fairness": history[-1].fairness,
         "rare_class": run.rare_class,
         "rare_classes": run.evaluation.rare,
         "task": run.task.name,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from logging import INFO, WARNING
 from typing import Any
 
@@ -27,7 +27,7 @@ from hospitrust.server_app.results import RunDirectory
 from hospitrust.datasets.server import ServerSets
 from hospitrust.tasks.task import Task
 
-def participation(history: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+def participation(history: Sequence[RoundRecord]) -> dict[str, dict[str, int]]:
     """Per hospital, over the run's rounds: asked, answered with a valid update, rejected, asked
     but silent (missing), listed offline at the SuperLink (not asked), and, only where it
     happened, refused because its own privacy budget was spent (``budget_spent``).
@@ -37,8 +37,7 @@ def participation(history: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     def row(name: str) -> dict[str, int]:
         return out.setdefault(name, {"asked": 0, "valid": 0, "rejected": 0, "missing": 0, "unresponsive": 0, "offline": 0})
 
-    for line in history:
-        rec = RoundRecord.from_json(line)
+    for rec in history:
         for b in rec.entries.get("budget_spent", []):  # asked, refused: its own privacy budget (counted only when it happens)
             r = row(b["hospital"])
             r["asked"] += 1
@@ -66,13 +65,13 @@ def absences(parts: dict[str, dict[str, int]], rounds: int) -> str:
     return "\n".join(lines)
 
 
-def near_duplicates(history: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def near_duplicates(history: Sequence[RoundRecord]) -> dict[str, dict[str, Any]]:
     """Per hospital whose update a rule counted together with another's (HTA's
     ``duplicates_of``): in how many rounds, and with whom. Empty when none was.
     """
     out: dict[str, dict[str, Any]] = {}
-    for line in history:
-        for c in RoundRecord.from_json(line).clients:
+    for rec in history:
+        for c in rec.clients:
             if others := c.signal("duplicates_of"):
                 entry = out.setdefault(c.hospital, {"rounds": 0, "with": set()})
                 entry["rounds"] += 1
@@ -80,14 +79,14 @@ def near_duplicates(history: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {name: {"rounds": e["rounds"], "with": sorted(e["with"])} for name, e in sorted(out.items())}
 
 
-def summary_head(cfg: RunConfig, history: list[dict[str, Any]], num_hospitals: int, run_dir: RunDirectory,
+def summary_head(cfg: RunConfig, history: Sequence[RoundRecord], num_hospitals: int, run_dir: RunDirectory,
                  started: float) -> dict[str, Any]:
     """The summary.json fields every run has (the final and best round, what ran, where)."""
-    best = max(history, key=lambda r: (r["central"]["balanced_accuracy"], -r["round"]))
+    best = max(history, key=lambda r: (r.central["balanced_accuracy"], -r.number))
     return {
-        "final": history[-1]["central"],
-        "best_round": best["round"],
-        "best": best["central"],
+        "final": history[-1].central,
+        "best_round": best.number,
+        "best": best.central,
         "rounds": len(history),
         "wall_seconds": time.time() - started,
         "dataset": "" if cfg.task.custom else cfg.dataset,  # a task of the consortium's own has none

@@ -137,19 +137,19 @@ class RunDirectory:
     def write_config(self, config: Mapping[str, Any]) -> Path:
         return self._write_atomic("config.json", json.dumps(jsonable(config), indent=2, sort_keys=True) + "\n")
 
-    def append_round(self, record: Mapping[str, Any]) -> None:
-        missing = [k for k in ROUND_FIELDS if k not in record]
-        if missing:
-            raise ValueError(f"round record lacks {missing}")
-        line = json.dumps(jsonable(record), allow_nan=False)
+    def append_round(self, record: RoundRecord) -> None:
+        """The round's line at the end of rounds.jsonl (the record's ``to_json``, NaN as null), synced to disk."""
+        if not isinstance(record, RoundRecord):
+            raise TypeError(f"a round is appended as a RoundRecord, not {type(record).__name__}")
+        line = json.dumps(jsonable(record.to_json()), allow_nan=False)
         with open(self.path / "rounds.jsonl", "a") as fh:
             fh.write(line + "\n")
             fh.flush()
             os.fsync(fh.fileno())
 
-    def rewrite_rounds(self, records: Iterable[Mapping[str, Any]]) -> Path:
+    def rewrite_rounds(self, records: Iterable[RoundRecord]) -> Path:
         """rounds.jsonl with exactly these records (a resumed run drops rounds after its checkpoint)."""
-        lines = "".join(json.dumps(jsonable(r), allow_nan=False) + "\n" for r in records)
+        lines = "".join(json.dumps(jsonable(r.to_json()), allow_nan=False) + "\n" for r in records)
         return self._write_atomic("rounds.jsonl", lines)
 
     def write_summary(self, summary: Mapping[str, Any]) -> Path:

@@ -29,7 +29,7 @@ from flwr.serverapp.strategy import Strategy
 from hospitrust.aggregation.vectorize import FlatSpec, flatten_state, unflatten_state
 from hospitrust.options import NoOptions, kebab
 from hospitrust.options import Options as OptionsModel
-from hospitrust.records import HospitalRecord, mean_of_signal
+from hospitrust.records import HospitalRecord, RoundRecord, mean_of_signal
 from hospitrust.strategies.validation import CheckedReply, RejectedReply, ReplyLimits, check_train_reply, check_update_row
 
 #: What a rule can ask the server for (``HospitrustStrategy.needs``): the keyword argument the
@@ -414,13 +414,13 @@ class HospitrustStrategy(Strategy):
         """
         return arrays.to_torch_state_dict()
 
-    def run_summary(self, history: Sequence[Mapping[str, Any]], truth: Mapping[str, bool]) -> dict[str, Any]:
+    def run_summary(self, history: Sequence[RoundRecord], truth: Mapping[str, bool]) -> dict[str, Any]:
         """The rule's own entries in summary.json; none by default.
 
         Parameters
         ----------
-        history : Sequence[Mapping]
-            The run's rounds.jsonl lines.
+        history : Sequence[RoundRecord]
+            The run's round records.
         truth : Mapping[str, bool]
             The simulation's ground truth: which hospitals attack.
 

@@ -41,6 +41,7 @@ from hospitrust.options import Options
 from hospitrust.options import Options as OptionsModel
 from hospitrust.fbd.stamps import STAMP_LOG, StampLog
 from hospitrust.fbd.warehouse import Warehouse, parse_color_key
+from hospitrust.records import RoundRecord
 from hospitrust.strategies.base import HospitrustStrategy, RoundResult, UpdateStep
 from hospitrust.strategies.validation import CheckedReply, RejectedReply, shorten, negative_running_var
 
@@ -531,13 +532,13 @@ class FBD(HospitrustStrategy):
         """None: the final state is the warehouse (``warehouse.pt``), not one model."""
         return None
 
-    def run_summary(self, history: Sequence[Mapping[str, Any]], truth: Mapping[str, bool]) -> dict[str, Any]:
+    def run_summary(self, history: Sequence[RoundRecord], truth: Mapping[str, bool]) -> dict[str, Any]:
         """The colors a malicious hospital reached, the clean ones, the final routing.
 
         Parameters
         ----------
-        history : Sequence[Mapping]
-            The run's rounds.jsonl lines (each with its ``fbd`` entry).
+        history : Sequence[RoundRecord]
+            The run's round records (each with its ``fbd`` entry).
         truth : Mapping[str, bool]
             Which hospitals attack.
 
@@ -557,9 +558,9 @@ class FBD(HospitrustStrategy):
                 "plan": self.plan.to_json(),
                 "colors_reached_by_malicious": tainted,
                 "clean_colors": clean,
-                "final_colors": history[-1]["fbd"]["colors"],
-                "final_routing": history[-1]["fbd"]["routing"],
+                "final_colors": history[-1].entries["fbd"]["colors"],
+                "final_routing": history[-1].entries["fbd"]["routing"],
                 "block_hashes": self.warehouse.hashes(),
-                "rejected_writes": sum(r["fbd"]["rejected_writes"] for r in history),
+                "rejected_writes": sum(r.entries["fbd"]["rejected_writes"] for r in history),
             },
         }

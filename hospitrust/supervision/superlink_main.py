@@ -35,8 +35,8 @@ def with_busy_timeout(milliseconds: int) -> None:
     if "busy_timeout" not in dict(pragmas):
         pragmas = (("busy_timeout", str(milliseconds)), *pragmas)
     # sql_mixin reads its own name at every connection (``_set_sqlite_pragmas``); constant's for any later importer
-    constant.SQLITE_PRAGMAS = pragmas
-    sql_mixin.SQLITE_PRAGMAS = pragmas  # type: ignore[attr-defined]
+    for module in (constant, sql_mixin):
+        setattr(module, "SQLITE_PRAGMAS", pragmas)  # noqa: B010 - a module global, read at each connection
 
 
 def command(superlink_cmd: list[str], busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> list[str]:
@@ -51,7 +51,8 @@ def command(superlink_cmd: list[str], busy_timeout_ms: int = DEFAULT_BUSY_TIMEOU
 
 def main(argv: list[str] | None = None) -> None:
     """Set the busy timeout (the first argument, milliseconds), then run Flower's ``flower-superlink`` script (the
-    second) with the rest as its arguments."""
+    second) with the rest as its arguments.
+    """
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 2 or not argv[0].isdigit() or not argv[1].endswith("flower-superlink"):
         print("usage: python -m hospitrust.supervision.superlink_main MILLISECONDS /path/to/flower-superlink [ARGS]",
