@@ -149,6 +149,7 @@ def test_rules_with_a_capability_come_from_the_classes():
 
     assert rules_with("weighted_mean") == ["contribution", "fedavg", "fedprox"]
     assert rules_with("central_dp_compatible") == ["fedavg"]
+    assert rules_with("agr_tailored") == ["bulyan", "krum", "median", "multi-krum", "trimmed-mean"]  # a tag that is set
     assert "fbd" not in rules_with("stacks_updates") and len(rules_with("stacks_updates")) == len(STRATEGIES) - 1
     with pytest.raises(StrategyError, match="unknown capability"):
         rules_with("flies")

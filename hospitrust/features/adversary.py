@@ -136,7 +136,7 @@ class RoundAwareAdversary(RoundFeature):
     def for_run(cls, run: RunFacts) -> RoundAwareAdversary | None:
         if run.attack is None or not isinstance(unwrapped(run.attack), RoundAware):
             return None
-        from hospitrust.strategies.registry import STRATEGIES, rule_name, strategy_class
+        from hospitrust.strategies.registry import rule_name, rules_with, strategy_class
 
         inner = unwrapped(run.attack)
         if run.cfg.section(SecAggOptions).enabled:
@@ -146,7 +146,7 @@ class RoundAwareAdversary(RoundFeature):
         chain = pre_aggregation_of(run.cfg)
         if check is not None:  # refused before the first round (agr-tailored's rules)
             check(strategy_class(run.cfg.strategy), tuple(chain.steps) if chain is not None else (),
-                  defined=sorted(name for name, cls in STRATEGIES.items() if cls.agr_tailored))
+                  defined=rules_with("agr_tailored"))
         wanted = getattr(inner, "rules", None)
         if wanted and rule_name(run.cfg.strategy) not in wanted:
             raise ValueError(f"attack {inner.name!r} is written against the rule {' or '.join(wanted)}, and the run's "

@@ -120,25 +120,28 @@ def strategy_names() -> list[str]:
 #: and the run-config checks ask these, never a rule's name).
 CAPABILITIES = ("stacks_updates", "weighted_mean", "central_dp_compatible", "local_dp_compatible", "weighs_hospitals",
                 "runs_own_evaluation", "secagg_compatible")
+#: What a rule is, as an attack or a reader asks it: tags with a value, None where the rule has none
+#: (``agr_tailored``: how that attack is defined against it; ``trust_signal``: its own trust signal's name)
+TAGS = ("agr_tailored", "trust_signal")
 
 
 def rules_with(capability: str) -> list[str]:
-    """The registered rules that have ``capability`` (a class attribute in ``CAPABILITIES``), sorted:
-    what a run-config message offers instead of a rule that lacks it.
+    """The registered rules that have ``capability`` (a class attribute in ``CAPABILITIES``, or a tag of ``TAGS``
+    that is set), sorted: what a run-config message offers instead of a rule that lacks it.
 
     Parameters
     ----------
     capability : str
-        A name in ``CAPABILITIES``.
+        A name in ``CAPABILITIES`` or ``TAGS``.
 
     Returns
     -------
     list[str]
         Rule names.
     """
-    if capability not in CAPABILITIES:
-        raise StrategyError(f"unknown capability {capability!r}; known: {', '.join(CAPABILITIES)}")
-    return [name for name, cls in STRATEGIES.items() if getattr(cls, capability)]
+    if capability not in CAPABILITIES and capability not in TAGS:
+        raise StrategyError(f"unknown capability {capability!r}; known: {', '.join((*CAPABILITIES, *TAGS))}")
+    return sorted(name for name, cls in STRATEGIES.items() if getattr(cls, capability))
 
 
 def preset_of(name: str) -> Preset | None:
