@@ -8,7 +8,7 @@ from flwr.app import Context, RecordDict
 from conftest import flat_entry, small_run_config
 from hospitrust.client_app import app as client_app
 from hospitrust.ops.inprocess import InProcessGrid
-from hospitrust.server_app.results import read_rounds
+from hospitrust.server_app.results import read_round_records
 from hospitrust.server_app import app as server_app
 
 CASES = {
@@ -29,19 +29,19 @@ def test_trust_rule_in_a_real_inprocess_run(tmp_path, data_dir, name):
                                         "batch-size": 64, "local-epochs": 1, **extra})
     grid = InProcessGrid(client_app, 5, cfg)
     server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
-    rounds = read_rounds(tmp_path / "runs" / cfg["run-name"])
+    rounds = read_round_records(tmp_path / "runs" / cfg["run-name"])
     assert len(rounds) == 2
     for rec in rounds:
-        assert not rec["kept_previous_model"], rec["note"]
-        assert len(rec["clients"]) == 5
-        for c in map(flat_entry, rec["clients"]):  # the rule's signals beside the common fields
+        assert not rec.kept_previous_model, rec.note
+        assert len(rec.clients) == 5
+        for c in map(flat_entry, rec.clients):  # the rule's signals beside the common fields
             assert not c["rejected"], c["reason"]
             for k in keys:
                 assert k in c, (name, k)
-        assert sum(c["weight"] for c in rec["clients"]) == pytest.approx(1.0)
-    # each rule names its own trust signal (never found by its name): the line says which
+        assert sum(c.weight for c in rec.clients) == pytest.approx(1.0)
+    # each rule names its own trust signal (never found by its name): the record says which
     signal = {"fedagain": "trust", "hta": "reputation"}.get(name, "earn_trust")
-    assert {line["trust_signal"] for line in rounds} == {signal}
+    assert {rec.trust_signal for rec in rounds} == {signal}
 
 
 def test_hta_groups_alie_copies_in_a_real_inprocess_run(tmp_path, data_dir):
@@ -56,8 +56,8 @@ def test_hta_groups_alie_copies_in_a_real_inprocess_run(tmp_path, data_dir):
     server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
     run = tmp_path / "runs" / cfg["run-name"]
     bad = set()
-    for rec in read_rounds(run):
-        by = {c["hospital"]: flat_entry(c) for c in rec["clients"]}
+    for rec in read_round_records(run):
+        by = {c.hospital: flat_entry(c) for c in rec.clients}
         bad = {h for h, c in by.items() if c["malicious"]}
         assert len(bad) == 2
         for h, c in by.items():
