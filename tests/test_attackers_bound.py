@@ -184,19 +184,18 @@ def test_agr_tailored_keeps_gamma_inside_the_bound():
 def test_an_in_process_run_records_the_rejected_colluding_row(tmp_path, data_dir, monkeypatch):
     from conftest import small_run_config
     from hospitrust.ops.inprocess import run_inprocess
-    from hospitrust.server_app.results import read_rounds
+    from hospitrust.server_app.results import read_round_records
 
     cfg = small_run_config(tmp_path, **{"num-server-rounds": 1, "train-subsample": 0.03, "attack": "ipm",
                                         "ipm.eps": 1e7, "malicious-hospitals": "0", "max-update-norm": 100.0,
                                         "run-name": "r"})
     run_inprocess(cfg, 4)
-    (line,) = read_rounds(tmp_path / "runs" / "r")
-    bad = [c for c in line["clients"] if c.get("malicious")]
-    assert len(bad) == 1 and bad[0]["rejected"] and bad[0]["weight"] == 0.0
-    assert bad[0]["reason"].startswith("update norm ") and bad[0]["reason"].endswith(
-        "exceeds the bound 100 (max-update-norm)")
-    good = [c for c in line["clients"] if not c.get("malicious")]
-    assert len(good) == 3 and not any(c["rejected"] for c in good)
-    assert all(c["update_norm"] <= 100.0 for c in good)
-    assert not line.get("kept_previous_model")
+    (line,) = read_round_records(tmp_path / "runs" / "r")
+    bad = [c for c in line.clients if c.malicious]
+    assert len(bad) == 1 and bad[0].rejected and bad[0].weight == 0.0
+    assert bad[0].reason.startswith("update norm ") and bad[0].reason.endswith("exceeds the bound 100 (max-update-norm)")
+    good = [c for c in line.clients if not c.malicious]
+    assert len(good) == 3 and not any(c.rejected for c in good)
+    assert all(c.update_norm is not None and c.update_norm <= 100.0 for c in good)
+    assert not line.kept_previous_model
 

@@ -110,13 +110,13 @@ def test_a_rule_with_one_option_is_picked_up_everywhere(extension, tmp_path):
 
 def test_the_new_rule_runs_a_federation(extension, tmp_path, data_dir):
     from hospitrust.ops.inprocess import run_inprocess
-    from hospitrust.server_app.results import read_rounds
+    from hospitrust.server_app.results import read_round_records
 
     cfg = small_run_config(tmp_path, strategy="nearest-to-median", **{"nearest-to-median.keep-fraction": 0.5,
                                                                       "num-server-rounds": 1})
     run_inprocess(cfg, 4)
-    clients = read_rounds(tmp_path / "runs" / cfg["run-name"])[0]["clients"]
-    assert sum(c["selected"] for c in clients) == 2 and sum(c["weight"] for c in clients) == pytest.approx(1.0)
+    clients = read_round_records(tmp_path / "runs" / cfg["run-name"])[0].clients
+    assert sum(c.selected for c in clients) == 2 and sum(c.weight for c in clients) == pytest.approx(1.0)
 
 
 def test_an_attack_is_picked_up_by_its_class(extension):
@@ -148,7 +148,7 @@ def test_a_dataset_source_serves_a_federation(extension, tmp_path, monkeypatch):
 def test_a_round_feature_takes_one_file_and_records_every_round(extension, tmp_path, data_dir):
     from hospitrust.features.registry import FEATURES
     from hospitrust.ops.inprocess import run_inprocess
-    from hospitrust.server_app.results import read_rounds, read_summary
+    from hospitrust.server_app.results import read_round_records, read_summary
 
     assert [p for p in doc_files() if p.startswith("hospitrust/features/")] == ["hospitrust/features/weight_concentration.py"]
     assert "weight-concentration" in FEATURES
@@ -156,12 +156,13 @@ def test_a_round_feature_takes_one_file_and_records_every_round(extension, tmp_p
     run_inprocess(cfg, 3)
     run_dir = tmp_path / "runs" / cfg["run-name"]
     largest = []
-    for rec in read_rounds(run_dir):
-        weights = [c["weight"] for c in rec["clients"] if c["selected"]]
+    for rec in read_round_records(run_dir):
+        weights = [c.weight for c in rec.clients if c.selected]
         shares = [w / sum(weights) for w in weights]
         assert len(shares) == 3  # FedAvg: every hospital, weighed by its example count
-        assert rec["weight_concentration"]["largest"] == pytest.approx(max(shares))
-        assert rec["weight_concentration"]["effective_hospitals"] == pytest.approx(1 / sum(s * s for s in shares))
-        assert 1.0 < rec["weight_concentration"]["effective_hospitals"] <= 3.0
-        largest.append((max(shares), rec["round"]))
+        concentration = rec.entries["weight_concentration"]  # the user's feature's entry, under its own name
+        assert concentration["largest"] == pytest.approx(max(shares))
+        assert concentration["effective_hospitals"] == pytest.approx(1 / sum(s * s for s in shares))
+        assert 1.0 < concentration["effective_hospitals"] <= 3.0
+        largest.append((max(shares), rec.number))
     assert read_summary(run_dir)["weight_concentration"] == pytest.approx({"largest": max(largest)[0], "round": max(largest)[1]})

@@ -347,21 +347,22 @@ def test_every_new_attack_runs_in_process(tmp_path, data_dir, monkeypatch):
 
     monkeypatch.setattr(_codegen, "_backend", "eager")  # 1-round runs: no torch.compile of the median kernels
     from hospitrust.ops.inprocess import run_inprocess
-    from hospitrust.server_app.results import read_rounds
+    from hospitrust.server_app.results import read_round_records
 
     for attack, strategy, hospitals, extra in RUNS:
         cfg = small_run_config(tmp_path / attack, **{
             "num-server-rounds": 1, "train-subsample": 0.03, "local-epochs": 1, "attack": attack, "strategy": strategy,
             "malicious-hospitals": "0", "run-name": "r", "reference-cohort-per-class": 5, **extra})
         run_inprocess(cfg, hospitals)
-        (line,) = read_rounds(tmp_path / attack / "runs" / "r")
-        bad = {c["hospital"] for c in line["clients"] if c.get("malicious")}
+        (line,) = read_round_records(tmp_path / attack / "runs" / "r")
+        bad = {c.hospital for c in line.clients if c.malicious}
         assert len(bad) == len(cfg["malicious-hospitals"].split(",")), attack
-        assert all(not c["rejected"] for c in line["clients"]), attack
+        assert all(not c.rejected for c in line.clients), attack
         if attack in ("neurotoxin", "dba"):  # backdoor success beside clean accuracy
-            assert 0.0 <= line["central"]["attack_success_rate"] <= 1.0 and "balanced_accuracy" in line["central"]
+            assert 0.0 <= line.central["attack_success_rate"] <= 1.0 and "balanced_accuracy" in line.central
+        adversary = line.entries.get("adversary") or {}
         if attack != "dba":  # every round-aware attack records what it chose
-            assert line["adversary"]["attack"] == attack and line["adversary"]["active"], attack
+            assert adversary["attack"] == attack and adversary["active"], attack
         if attack.startswith("tailored-"):  # the searched strength keeps the rows inside the server's bound
-            assert line["adversary"]["norm"] <= cfg["max-update-norm"], attack
-    assert read_rounds(tmp_path / "neurotoxin" / "runs" / "r")[0]["adversary"]["projected"] is True
+            assert adversary["norm"] <= cfg["max-update-norm"], attack
+    assert read_round_records(tmp_path / "neurotoxin" / "runs" / "r")[0].entries["adversary"]["projected"] is True

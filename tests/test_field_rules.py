@@ -256,7 +256,7 @@ def test_every_field_rule_in_a_real_inprocess_run(tmp_path, data_dir):
     from hospitrust.client_app import app as client_app
     from hospitrust.ops.inprocess import InProcessGrid
     from hospitrust.server_app import app as server_app
-    from hospitrust.server_app.results import read_rounds
+    from hospitrust.server_app.results import read_round_records
 
     records = {"flame": "clip_factor", "foolsgold": "learning_rate", "dnc": "outlier_score", "signguard": "sign_shares",
                "clipped-clustering": "cluster_label", "monna": "distance_to_server_update"}
@@ -267,8 +267,8 @@ def test_every_field_rule_in_a_real_inprocess_run(tmp_path, data_dir):
                                             "server-data.evaluation": "federated"})
         server_app(InProcessGrid(client_app, 4, cfg),
                    Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
-        (round1,) = read_rounds(tmp_path / "runs" / name)
-        assert not round1["kept_previous_model"], (name, round1["note"])
-        assert len(round1["clients"]) == 4 and any(c["selected"] for c in round1["clients"]), name
+        (round1,) = read_round_records(tmp_path / "runs" / name)
+        assert not round1.kept_previous_model, (name, round1.note)
+        assert len(round1.clients) == 4 and any(c.selected for c in round1.clients), name
         if name in records:
-            assert all(records[name] in flat_entry(c) for c in round1["clients"]), (name, round1["clients"][0])
+            assert all(records[name] in flat_entry(c) for c in round1.clients), (name, round1.clients[0])
