@@ -8,7 +8,7 @@ from flwr.app import Context, RecordDict
 from conftest import small_run_config
 from hospitrust.client_app import app as client_app
 from hospitrust.ops.inprocess import InProcessGrid
-from hospitrust.server_app.results import read_rounds, read_summary
+from hospitrust.server_app.results import read_round_records, read_summary
 from hospitrust.server_app import app as server_app
 
 HOSPITALS = 10
@@ -20,7 +20,7 @@ def _final(tmp_path, name: str, **attack) -> tuple[dict, list[dict]]:
     grid = InProcessGrid(client_app, HOSPITALS, cfg)
     server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
     run_dir = tmp_path / "runs" / name
-    return read_summary(run_dir), read_rounds(run_dir)
+    return read_summary(run_dir), read_round_records(run_dir)
 
 
 def test_thirty_percent_label_flippers_cost_fedavg_balanced_accuracy(tmp_path, data_dir):
@@ -30,7 +30,7 @@ def test_thirty_percent_label_flippers_cost_fedavg_balanced_accuracy(tmp_path, d
         "attack": "label-flip", "label-flip.mode": "source-to-target", "label-flip.source": 1, "label-flip.target": 0,
         "malicious-fraction": 0.3})
     assert len(attacked["malicious_hospitals"]) == 3 and clean["malicious_hospitals"] == []
-    assert all(sum(c["malicious"] for c in r["clients"]) == 3 for r in rounds)
+    assert all(sum(bool(c.malicious) for c in r.clients) == 3 for r in rounds)
     drop = clean["final"]["balanced_accuracy"] - attacked["final"]["balanced_accuracy"]
     print(f"FedAvg balanced accuracy: no attack {clean['final']['balanced_accuracy']:.4f}, "
           f"30% label flippers {attacked['final']['balanced_accuracy']:.4f}, drop {drop:.4f}")

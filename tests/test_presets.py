@@ -290,7 +290,7 @@ def test_a_preset_is_checked_when_declared():
 def test_a_preset_with_an_override_in_a_real_inprocess_run(tmp_path, data_dir):
     from conftest import small_run_config
     from hospitrust.ops.inprocess import run_inprocess
-    from hospitrust.server_app.results import read_config, read_rounds
+    from hospitrust.server_app.results import read_config, read_round_records
 
     cfg = small_run_config(tmp_path, **{"strategy": "hta-published-no-direction", "num-server-rounds": 1,
                                         "train-subsample": 0.03, "hta.validation-exponent": 0.0, "hta.ema-rate": 0.5,
@@ -302,8 +302,8 @@ def test_a_preset_with_an_override_in_a_real_inprocess_run(tmp_path, data_dir):
     assert recorded["strategy"] == "hta-published-no-direction"
     assert (recorded["hta.direction-exponent"], recorded["hta.magnitude-tolerance"], recorded["hta.ema-rate"],
             recorded["hta.clip-to-median-norm"]) == (0.0, 1.5, 0.5, False)
-    (rec,) = read_rounds(run_dir)
-    assert not rec["kept_previous_model"], rec["note"]
+    (rec,) = read_round_records(run_dir)
+    assert not rec.kept_previous_model, rec.note
     # a = 0 and c = 0: tau = m, and the first round's reputation is tau
-    for c in map(flat_entry, rec["clients"]):  # the rule's signals beside the common fields
+    for c in map(flat_entry, rec.clients):  # the rule's signals beside the common fields
         assert c["tau"] == pytest.approx(c["m"]) and c["reputation"] == pytest.approx(c["tau"])

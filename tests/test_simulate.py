@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA_DIR, REPO
-from hospitrust.server_app.results import read_rounds, read_summary
+from hospitrust.server_app.results import read_round_records, read_summary
 
 pytestmark = pytest.mark.slow
 
@@ -37,13 +37,13 @@ def test_simulate_completes_writes_every_result_file_and_survives_a_nan_hospital
     run_dir = out / "smoke"
     for name in ("config.json", "rounds.jsonl", "summary.json", "model.pt", "class_counts.csv"):
         assert (run_dir / name).is_file(), name
-    rounds = read_rounds(run_dir)
-    assert [r["round"] for r in rounds] == [1, 2]
+    rounds = read_round_records(run_dir)
+    assert [r.number for r in rounds] == [1, 2]
     for r in rounds:
-        by_hospital = {c["hospital"]: c for c in r["clients"]}
-        assert by_hospital["hospital-1"]["rejected"] and "NaN" in by_hospital["hospital-1"]["reason"]
-        assert not by_hospital["hospital-0"]["rejected"] and not by_hospital["hospital-2"]["rejected"]
-        assert not r["kept_previous_model"]
+        by_hospital = {c.hospital: c for c in r.clients}
+        assert by_hospital["hospital-1"].rejected and "NaN" in by_hospital["hospital-1"].reason
+        assert not by_hospital["hospital-0"].rejected and not by_hospital["hospital-2"].rejected
+        assert not r.kept_previous_model
     summary = read_summary(run_dir)
     assert summary["hospitals"] == 3 and 0.0 <= summary["final"]["auc"] <= 1.0
     assert "final (pneumoniamnist, fedavg, 2 rounds" in res.stdout

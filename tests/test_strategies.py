@@ -11,7 +11,7 @@ from conftest import small_run_config
 from test_field_rules import FIELD_RULES  # issue 34's rules: their in-process runs are one test there, at 4 hospitals
 from hospitrust.ops.inprocess import InProcessGrid
 from hospitrust.client_app import app as client_app
-from hospitrust.server_app.results import read_rounds
+from hospitrust.server_app.results import read_round_records
 from hospitrust.server_app import app as server_app
 from hospitrust.strategies import build_strategy, strategy_class, strategy_names
 
@@ -168,6 +168,6 @@ def test_each_strategy_in_a_real_inprocess_run(tmp_path, data_dir, name):
                                         "batch-size": 64, "local-epochs": 1, **own})
     grid = InProcessGrid(client_app, 7, cfg)
     server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
-    (round1,) = read_rounds(tmp_path / "runs" / cfg["run-name"])
-    assert not round1["kept_previous_model"], round1["note"]
-    assert len(round1["clients"]) == 7 and round1["central"]["num_examples"] == 624
+    (round1,) = read_round_records(tmp_path / "runs" / cfg["run-name"])
+    assert not round1.kept_previous_model, round1.note
+    assert len(round1.clients) == 7 and round1.central["num_examples"] == 624

@@ -135,7 +135,7 @@ def test_hospitals_and_server_sets_on_mnist(tmp_path):
 def test_inprocess_run_on_mnist(tmp_path):
     """The real ServerApp and ClientApps train on MNIST-format data and write the run."""
     from hospitrust.ops.inprocess import run_inprocess
-    from hospitrust.server_app.results import read_rounds, read_summary
+    from hospitrust.server_app.results import read_round_records, read_summary
 
     fake_mnist(tmp_path / "data", n_train=300)
     tvs.load_torchvision.cache_clear()
@@ -148,5 +148,5 @@ def test_inprocess_run_on_mnist(tmp_path):
     assert summary["dataset"] == "mnist"
     assert len(summary["final"]["per_class_recall"]) == 10
     assert 0.0 <= summary["final"]["balanced_accuracy"] <= 1.0
-    rounds = read_rounds(tmp_path / "runs" / "mnist")
-    assert len(rounds) == 2 and all(len(r["clients"]) == 3 for r in rounds)
+    rounds = read_round_records(tmp_path / "runs" / "mnist")
+    assert len(rounds) == 2 and all(len(r.clients) == 3 for r in rounds)
