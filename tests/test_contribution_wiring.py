@@ -16,7 +16,7 @@ from hospitrust.client_app import app as client_app
 from hospitrust.config import ConfigError, parse_run_config
 from hospitrust.client_app.contribution import STATE_SENT
 from hospitrust.ops.inprocess import InProcessGrid
-from hospitrust.server_app.results import read_rounds, read_summary
+from hospitrust.server_app.results import read_round_records, read_summary
 from hospitrust.server_app import app as server_app
 
 SCORES = {"loo", "ioi", "fp", "ee", "cos", "fp-published", "ee-published"}
@@ -41,20 +41,20 @@ def _run(tmp_path, name, num_nodes=3, **overrides):
 def test_contribution_strategy_run_scores_every_round_and_weights_by_score(tmp_path, data_dir):
     run_dir, _, _ = _run(tmp_path, "contrib", **{"strategy": "contribution", "contribution-scoring.enabled": True,
                                                  "contribution-scoring.utility": "neg-loss"})
-    rounds = read_rounds(run_dir)
+    rounds = read_round_records(run_dir)
     for r in rounds:
-        c = r["contribution"]
+        c = r.entries["contribution"]
         assert c["scored"] and set(c["hospitals"]) == {"hospital-0", "hospital-1", "hospital-2"}
         for vals in c["hospitals"].values():
             assert set(vals) == SCORES and all(np.isfinite(v) for v in vals.values())
         # Fair-Private is efficient: it shares out exactly the round's (mean reported) gain
         assert sum(v["fp"] for v in c["hospitals"].values()) == pytest.approx(c["total_gain"], abs=1e-9)  # float64
     # round 1 is FedAvg (no scores yet); round 2 weighs by round 1's clipped positive FP
-    first = {c["hospital"]: c for c in rounds[0]["clients"]}
-    n = np.array([first[h]["num_examples"] for h in sorted(first)], dtype=float)
-    np.testing.assert_allclose([first[h]["weight"] for h in sorted(first)], n / n.sum())
-    fp1 = {h: max(v["fp"], 0.0) for h, v in rounds[0]["contribution"]["hospitals"].items()}
-    second = {c["hospital"]: flat_entry(c) for c in rounds[1]["clients"]}  # the rule's signals beside the fields
+    first = {c.hospital: c for c in rounds[0].clients}
+    n = np.array([first[h].num_examples for h in sorted(first)], dtype=float)
+    np.testing.assert_allclose([first[h].weight for h in sorted(first)], n / n.sum())
+    fp1 = {h: max(v["fp"], 0.0) for h, v in rounds[0].entries["contribution"]["hospitals"].items()}
+    second = {c.hospital: flat_entry(c) for c in rounds[1].clients}  # the rule's signals beside the fields
     if sum(fp1.values()) > 0:
         for h, c in second.items():
             assert c["weight"] == pytest.approx(fp1[h] / sum(fp1.values()))
@@ -67,7 +67,7 @@ def test_contribution_strategy_run_scores_every_round_and_weights_by_score(tmp_p
     totals = summary["contribution"]["totals"]
     for h, t in totals.items():
         assert t["rounds"] == 2
-        assert t["fp"] == pytest.approx(sum(r["contribution"]["hospitals"][h]["fp"] for r in rounds))
+        assert t["fp"] == pytest.approx(sum(r.entries["contribution"]["hospitals"][h]["fp"] for r in rounds))
     with (run_dir / "contribution_ledger.csv").open() as fh:
         rows = list(csv.DictReader(fh))
     assert {r["hospital"] for r in rows} == set(totals)
@@ -118,16 +118,16 @@ def test_secagg_server_never_holds_an_update_and_scores_match_plain_fedavg(tmp_p
         sent = ctx.state[STATE_SENT].to_torch_state_dict()
         assert any(not torch.allclose(sent[k], final[k], atol=1e-4) for k in final)
 
-    secure = read_rounds(secure_dir)[0]
-    plain = read_rounds(plain_dir)[0]
-    assert all(c["signals"]["secagg"]["secure_aggregation"] for c in secure["clients"])
-    assert secure["contribution"]["scored"]
+    secure = read_round_records(secure_dir)[0]
+    plain = read_round_records(plain_dir)[0]
+    assert all(c.signals["secagg"]["secure_aggregation"] for c in secure.clients)
+    assert secure.entries["contribution"]["scored"]
     # the SecAgg+ aggregate is FedAvg up to quantization, and so are FP and EE
     plain_model = torch.load(plain_dir / "model.pt")
     assert max(float((plain_model[k] - final[k]).abs().max()) for k in final) < 1e-3
-    for h, vals in plain["contribution"]["hospitals"].items():
+    for h, vals in plain.entries["contribution"]["hospitals"].items():
         for s in ("fp", "ee", "loo", "ioi"):
-            assert secure["contribution"]["hospitals"][h][s] == pytest.approx(vals[s], abs=2e-3), (h, s)
+            assert secure.entries["contribution"]["hospitals"][h][s] == pytest.approx(vals[s], abs=2e-3), (h, s)
 
 
 def test_a_selfish_hospital_moves_its_loo_ioi_and_fp_but_not_its_ee(tmp_path, data_dir):
@@ -135,8 +135,8 @@ def test_a_selfish_hospital_moves_its_loo_ioi_and_fp_but_not_its_ee(tmp_path, da
     honest_dir, _, _ = _run(tmp_path, "honest", **common)
     selfish_dir, _, _ = _run(tmp_path, "selfish", **{**common, "contribution-scoring.selfish-hospitals": "0",
                                                      "contribution-scoring.selfish-inflation": 0.1})
-    honest = read_rounds(honest_dir)[0]["contribution"]["hospitals"]
-    selfish = read_rounds(selfish_dir)[0]["contribution"]["hospitals"]
+    honest = read_round_records(honest_dir)[0].entries["contribution"]["hospitals"]
+    selfish = read_round_records(selfish_dir)[0].entries["contribution"]["hospitals"]
     me = "hospital-0"
     assert selfish[me]["loo"] == pytest.approx(honest[me]["loo"] + 0.1, abs=1e-6)
     assert selfish[me]["ioi"] == pytest.approx(honest[me]["ioi"] + 0.1, abs=1e-6)
