@@ -10,7 +10,7 @@ from conftest import small_run_config
 from hospitrust.ops.inprocess import InProcessGrid
 from hospitrust.client_app import app as client_app
 from hospitrust.config import parse_node_config, parse_run_config
-from hospitrust.server_app.results import read_rounds, read_summary
+from hospitrust.server_app.results import read_round_records, read_summary
 from hospitrust.server_app import app as server_app
 from hospitrust.attacks.threat_model import hospital_attack, is_malicious, malicious_partitions
 
@@ -56,11 +56,11 @@ def test_update_attack_sign_flip_reaches_the_server(tmp_path, data_dir, monkeypa
         return reply
 
     run_dir = _run(tmp_path, reply_filter=capture, **{"attack": "sign-flip", "malicious-hospitals": "0"})
-    rounds = read_rounds(run_dir)
+    rounds = read_round_records(run_dir)
     for r in rounds:
-        truth = {c["hospital"]: c["malicious"] for c in r["clients"]}
+        truth = {c.hospital: c.malicious for c in r.clients}
         assert truth == {"hospital-0": True, "hospital-1": False, "hospital-2": False, "hospital-3": False}
-        assert "detection" in r
+        assert "detection" in r.entries
     summary = read_summary(run_dir)
     assert summary["malicious_hospitals"] == ["hospital-0"] and summary["attack"] == "sign-flip"
     assert set(summary["security"]) >= {"tpr", "fpr", "rounds_to_detection", "honest_rare_class_flag_rate"}
@@ -68,7 +68,7 @@ def test_update_attack_sign_flip_reaches_the_server(tmp_path, data_dir, monkeypa
     lines = [line for line in logged if line.startswith("round ") and "/2 " in line]
     assert len(lines) == 2
     for line, r in zip(lines, rounds):
-        caught = sum(1 for c in r["clients"] if c["malicious"] and (c.get("rejected") or not c["selected"] or c.get("flagged")))
+        caught = sum(1 for c in r.clients if c.malicious and (c.rejected or not c.selected or c.flagged))
         assert f"| attackers flagged {caught}/1" in line
         assert ("(missed hospital-0)" in line) == (caught == 0)
     sec = summary["security"]
@@ -82,16 +82,16 @@ def test_update_attack_sign_flip_reaches_the_server(tmp_path, data_dir, monkeypa
 
 def test_backdoor_reports_attack_success_rate(tmp_path, data_dir):
     run_dir = _run(tmp_path, **{"attack": "backdoor", "malicious-hospitals": "0,1", "backdoor.target": 1})
-    for r in read_rounds(run_dir):
-        asr = r["central"]["attack_success_rate"]
+    for r in read_round_records(run_dir):
+        asr = r.central["attack_success_rate"]
         assert asr is not None and 0.0 <= asr <= 1.0
 
 
 def test_colluding_alie_replaces_the_attackers_updates(tmp_path, data_dir):
     run_dir = _run(tmp_path, **{"attack": "alie", "alie.z": 1.5, "malicious-hospitals": "2"})
-    rounds = read_rounds(run_dir)
+    rounds = read_round_records(run_dir)
     assert len(rounds) == 2
-    assert [c["hospital"] for r in rounds for c in r["clients"] if c["malicious"]] == ["hospital-2", "hospital-2"]
+    assert [c.hospital for r in rounds for c in r.clients if c.malicious] == ["hospital-2", "hospital-2"]
 
 
 def test_unknown_attack_is_a_config_error():
