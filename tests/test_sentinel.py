@@ -259,6 +259,32 @@ def test_the_declared_decision_test_by_hand():
         verdict.verdict(cells)
 
 
+def test_the_declared_evaluation_parts_are_the_generators_output_with_the_chosen_design_and_each_conditions_controls():
+    import importlib.util
+    import sys
+
+    from hospitrust.bench.grid import parse_grid
+    from hospitrust.config import parse_run_config
+
+    here = Path(__file__).resolve().parents[1] / "benchmarks" / "leaderboard" / "v3"
+    sys.path.insert(0, str(here.parent / "v2"))
+    spec = importlib.util.spec_from_file_location("sentinel_parts", here / "sentinel_parts.py")
+    parts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(parts)
+    assert parts.CHOSEN and parts.main(["--check"]) == 0  # the 20 committed parts, as generated
+    grid = parse_grid(here / "sentinel-alpha0.1-s30.toml")
+    assert len(grid.cells) == parts.cells_per_seed() == 56 and {c.axes["seed"] for c in grid.cells} == {30}
+    rule = parse_run_config(next(c for c in grid.cells if c.axes["strategy"] == "sentinel").run_config)
+    o = rule.strategy_options
+    assert (o.start, o.fall_back, o.step_bound, o.server_epochs, o.floor_epochs) == ("cohort-model", "server-or-keep",
+                                                                                       16.0, 1, 240)
+    # each condition's controls as its own tuning chose them (Dirichlet 0.1's hospitals alone: lr 0.01, 135 epochs)
+    local = next(c for c in grid.cells if c.axes["strategy"] == "local-only-mean")
+    assert local.control == {"control": "local-only-mean", "control-epochs": 135, "control-learning-rate": 0.01}
+    main = parse_grid(here / "sentinel-main-s21.toml")
+    assert next(c for c in main.cells if c.axes["strategy"] == "local-only-mean").control["control-epochs"] == 120
+
+
 def test_the_robust_candidates_by_hand():
     x = T([[1.0, 1.0], [1.0, 0.8], [-5.0, -5.0]])
     # trimmed (1 each end): (1, 0.8), loss 0.04; the mean (-1, -1.067), loss 8.27; the server (0.5, 0.5): 0.5

@@ -22,25 +22,29 @@ import parts as v2  # noqa: E402  (the model, augmentation, rounds and suite: on
 
 EVALUATION_SEEDS = tuple(range(21, 31))  # never run before issue 60's declaration (docs/leaderboard.md)
 CONDITIONS = {"main": 0.5, "alpha0.1": 0.1}  # Dirichlet alpha of the hospitals' partitions
-# sentinel as its design probes chose it on the tuning seeds 1-3 (docs/experiments/2026-12-06-sentinel-design.md).
-# Not chosen yet: no variant of probes 3-5 met the choice rule stated before they ran, so no part is written
-# (main() refuses) until a design meets it; these are the best variant's values
+# sentinel as its design probes chose it on the tuning seeds 1-3 (docs/experiments/2026-12-06-sentinel-design.md):
+# probe 8's "sentinel-k16-start-keep", the first variant of probes 3-8 with a positive mean margin over the
+# cohort-only-converged control (+0.006) and a mean clean gap to FedAvg of at least -0.01 (+0.017); the server's own
+# model trained with that control's recipe (240 epochs at lr 0.01: the cohort and its recipe do not depend on alpha)
 SENTINEL = {"learning-rate": 0.03, "max-update-norm": 6.0, "sentinel.check-fraction": 0.5,
-            "sentinel.step-bound": 4.0, "sentinel.server-epochs": 4}
-CHOSEN = False  # set True in the commit that declares the evaluation in docs/leaderboard.md
+            "sentinel.step-bound": 16.0, "sentinel.server-epochs": 1, "sentinel.start": "cohort-model",
+            "sentinel.fall-back": "server-or-keep", "sentinel.floor-epochs": 240, "sentinel.floor-learning-rate": 0.01}
+CHOSEN = True  # the evaluation is declared in docs/leaderboard.md, "Issue 60: sentinel's evaluation"
 COMPARED = ("fedavg", "fltrust", "anchored-trust")  # with v2's rates and bounds (RULE_PARAMETERS)
 NINE = ("label-flip", "sign-flip", "scaling", "alie", "ipm", "min-max", "min-sum", "tailored-alie", "tailored-ipm")
 OWN = [("sentinel-aware", {"attack": "sentinel-aware"}, ("sentinel",)),
        ("sentinel-aware-drift", {"attack": "sentinel-aware", "sentinel-aware.push": "class-bias"}, ("sentinel",))]
-# the controls as the v3 main condition's were chosen (benchmarks/leaderboard/v3/controls-pneumonia-main.toml)
-CONTROLS = [
-    {"label": "cohort-only-rounds", "control": "cohort-only-rounds", "learning-rate": 0.03},
-    {"label": "cohort-only-converged", "control": "cohort-only-converged", "control-epochs": 240,
-     "control-learning-rate": 0.01},
-    {"label": "local-only-mean", "control": "local-only-mean", "control-epochs": 120, "control-learning-rate": 0.003},
-    {"label": "local-only-best", "control": "local-only-best", "control-epochs": 120, "control-learning-rate": 0.003},
-    {"label": "pooled", "control": "pooled", "control-epochs": 95, "control-learning-rate": 0.03},
-]
+# each condition's controls as its v3 tuning chose them (the committed evaluation grids controls.py wrote)
+CONTROLS_GRID = {"main": "controls-pneumonia-main.toml", "alpha0.1": "controls-alpha0.1.toml"}
+
+
+def controls(condition: str) -> list[dict[str, object]]:
+    import tomllib
+
+    grid = tomllib.loads((HERE / CONTROLS_GRID[condition]).read_text())
+    return list(grid["axes"]["strategy"])
+
+
 # measured: design probe 2 (27 sentinel and FedAvg cells of 40 rounds, its aware attacks among them) took 6.8 min on
 # the two cores, 15 s per cell; v2's ranked parts 11-15 s per cell; a control 14 s (controls-pneumonia-main: 50 in
 # 11.8 min)
@@ -67,12 +71,13 @@ def rows(seed: int) -> list[tuple[dict[str, object], list[tuple[str, dict[str, o
 
 
 def cells_per_seed() -> int:
-    return sum(len(a) for _, a in rows(0)) + len(CONTROLS)
+    return sum(len(a) for _, a in rows(0)) + len(controls("main"))
 
 
 def render(condition: str, seed: int) -> str:
     alpha = CONDITIONS[condition]
     name = part_name(condition, seed)[:-5]
+    kept = controls(condition)
     cells = cells_per_seed()
     every_attack: list[tuple[str, dict[str, object]]] = []
     for _, attacks in rows(seed):
@@ -100,7 +105,7 @@ def render(condition: str, seed: int) -> str:
         "[axes]", f"seed = [{seed}]",
         "strategy = [",
         *[f"    {v2._inline(rule)}," for rule, _ in rows(seed)],
-        *[f"    {v2._inline(control)}," for control in CONTROLS],
+        *[f"    {v2._inline(control)}," for control in kept],
         "]",
         "attack = [",
         *[f"    {v2._inline({'label': label, **opts})}," for label, opts in every_attack],
@@ -108,10 +113,10 @@ def render(condition: str, seed: int) -> str:
         "[[when]]", 'if = { attack = "none" }', "set = { malicious-fraction = 0.0 }",
         "",
         # the controls train on the honest hospitals of the attacked cells (the v3 protocol): the seed's draw at 0.3
-        "[[when]]", f'if = {{ strategy = [{", ".join(chr(34) + c["label"] + chr(34) for c in CONTROLS)}] }}',
+        "[[when]]", f'if = {{ strategy = [{", ".join(chr(34) + str(c["label"]) + chr(34) for c in kept)}] }}',
         "set = { malicious-fraction = 0.3 }",
         "",
-        "[[when]]", f'if = {{ strategy = [{", ".join(chr(34) + c["label"] + chr(34) for c in CONTROLS)}], attack = '
+        "[[when]]", f'if = {{ strategy = [{", ".join(chr(34) + str(c["label"]) + chr(34) for c in kept)}], attack = '
         f'[{", ".join(chr(34) + a + chr(34) for a, _ in every_attack if a != "none")}] }}', "skip = true",
     ]
     for label, _ in every_attack:
