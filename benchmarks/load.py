@@ -19,9 +19,11 @@ failed run), and it reports per N:
 **Light hospitals** (``--clientapp-slots K``): here every hospital shares one machine, and each ClientApp in flight
 costs about 0.45 GB (a fresh process that imports torch), so 50 hospitals training at once would not fit in 24 GB. With
 K slots, a stand-in ``flwr-clientapp`` first on the hospitals' PATH waits for one of K machine-wide slots (a lock
-file each) and then runs Flower's own: at most K ClientApps at once, the rest queue. Every hospital still trains and
-replies every round; the round takes the time its N ClientApps take K at a time (on two cores they run about two
-at a time anyway). In a real federation each hospital has its own machine, and no such limit.
+file each) and then runs Flower's own: at most K ClientApps at once, the rest queue. In a real federation each
+hospital has its own machine, and no such limit. Measured at N = 35 with K = 4 (docs/experiments/2026-12-06-many-
+hospitals.md): a ClientApp held before it starts sends no task heartbeat, so when the queue is long its SuperNode drops
+the task and refuses its reply (401, "task-token authentication failed"): from round 2 most replies were lost. The
+slot must be taken after Flower's runtime has started the task's heartbeat (not done yet).
 
 A **churn** mode (``--churn``): ``min-hospitals`` is N minus the churned hospitals (10 %, at least one); during
 round 2 their whole process groups are killed with SIGKILL and started again 20 s later with the same command. The
