@@ -90,6 +90,7 @@ def render(condition: str, seed: int) -> str:
         "# evaluation\" (declared before any of these seeds ran).",
         f"# Budget stated before it ran: {cells} cells of {v2.ROUNDS} rounds, about {cells * SECONDS_PER_CELL / 60:.0f} min "
         "on 2 cores.",
+        "# Measured wall time: recorded in docs/leaderboard.md, \"Issue 60: sentinel's evaluation\" (min).",
         f"#   hospitrust bench benchmarks/leaderboard/v3/{name}.toml --out runs/leaderboard-v3/{name}",
         "[grid]", f'name = "leaderboard-v3-{name}"',
         f'description = "PneumoniaMNIST, Dirichlet {alpha}, 10 hospitals, 3 malicious: sentinel, FedAvg, FLTrust, '
