@@ -172,6 +172,27 @@ def alpha01_cells() -> int:
     return len(V3_SET) * len(v2.RULE_AGNOSTIC) + sum(len(set(who) & set(V3_SET)) for _, _, who in v2.RULE_SPECIFIC)
 
 
+def suite_axes(parameters: dict[str, tuple[float, float]]) -> list[str]:
+    """An evaluation part's strategy and attack axes and its rules: the v3 set at (learning rate, bound), the common
+    suite and the rules' own attacks, each own attack met only by the rules it is written against."""
+    lines = [
+        "strategy = [",
+        *[f'    {{ label = "{r}", strategy = "{r}", learning-rate = {lr}, max-update-norm = {bound} }},'
+          for r, (lr, bound) in parameters.items()],
+        "]",
+        "attack = [",
+        *[f"    {v2._inline({'label': label, **opts})}," for label, opts in alpha01_attacks()],
+        "]", "",
+        "[[when]]", 'if = { attack = "none" }', "set = { malicious-fraction = 0.0 }",
+    ]
+    for label, _, who in v2.RULE_SPECIFIC:
+        others = [r for r in V3_SET if r not in who]
+        if others and len(others) < len(V3_SET):
+            lines += ["", "[[when]]", f'if = {{ attack = "{label}", strategy = [{", ".join(map(v2._value, others))}] }}',
+                      "skip = true"]
+    return lines
+
+
 def alpha01_part(seed: int) -> str:
     """One evaluation seed of PneumoniaMNIST at Dirichlet 0.1: the v3 set x the suite, at the main condition's
     rates and bounds (v2's amendment 8). One part per seed keeps each within the protocol's 60 minutes."""
@@ -196,20 +217,8 @@ def alpha01_part(seed: int) -> str:
         *v2.base_lines(v2.pneumonia_base({'"dirichlet.alpha"': 0.1})), "",
         "[axes]",
         f"seed = [{seed}]",
-        "strategy = [",
-        *[f'    {{ label = "{r}", strategy = "{r}", learning-rate = {v2.RULE_PARAMETERS[r][0]}, '
-          f'max-update-norm = {v2.RULE_PARAMETERS[r][1]} }},' for r in V3_SET],
-        "]",
-        "attack = [",
-        *[f"    {v2._inline({'label': label, **opts})}," for label, opts in alpha01_attacks()],
-        "]", "",
-        "[[when]]", 'if = { attack = "none" }', "set = { malicious-fraction = 0.0 }",
+        *suite_axes({r: v2.RULE_PARAMETERS[r] for r in V3_SET}),
     ]
-    for label, _, who in v2.RULE_SPECIFIC:
-        others = [r for r in V3_SET if r not in who]
-        if others and len(others) < len(V3_SET):
-            lines += ["", "[[when]]", f'if = {{ attack = "{label}", strategy = [{", ".join(map(v2._value, others))}] }}',
-                      "skip = true"]
     return "\n".join(lines) + "\n"
 
 
@@ -295,20 +304,8 @@ def retina_part(seed: int) -> str:
         *retina_base(), "",
         "[axes]",
         f"seed = [{seed}]",
-        "strategy = [",
-        *[f'    {{ label = "{r}", strategy = "{r}", learning-rate = {budget[r][0]}, max-update-norm = {budget[r][1]} }},'
-          for r in V3_SET],
-        "]",
-        "attack = [",
-        *[f"    {v2._inline({'label': label, **opts})}," for label, opts in alpha01_attacks()],
-        "]", "",
-        "[[when]]", 'if = { attack = "none" }', "set = { malicious-fraction = 0.0 }",
+        *suite_axes(budget),
     ]
-    for label, _, who in v2.RULE_SPECIFIC:
-        others = [r for r in V3_SET if r not in who]
-        if others and len(others) < len(V3_SET):
-            lines += ["", "[[when]]", f'if = {{ attack = "{label}", strategy = [{", ".join(map(v2._value, others))}] }}',
-                      "skip = true"]
     return "\n".join(lines) + "\n"
 
 
