@@ -4,6 +4,7 @@ file gets colour codes."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -243,6 +244,31 @@ def test_a_refused_clientapp_exiting_1_after_its_reply_is_not_a_hang_when_the_ne
     s._supernode_line(SENDING)
     s._launcher_line(_event("exited", 8, seconds=2.0, rc=1))
     assert s.check() is None
+
+
+def test_a_message_pulled_while_the_launcher_preloads_is_timed_from_when_the_launcher_is_ready(monkeypatch):
+    """CI, 2026-12-07: a restarted launcher took 12 s to preload on a loaded machine; the SuperNode pulled the run's
+    first message meanwhile and the watchdog, timing it from its ``Receiving:`` line, restarted a healthy hospital
+    at the 8 s bound. Its clock starts when the launcher can serve it; a launcher that never gets ready is still
+    caught, after its grace."""
+    s = _watchdog(monkeypatch)
+    s.message_timeout = 8.0
+    s.inflight.launcher_starting()  # what start() does
+    s._supernode_line(RECEIVING)
+    s.inflight.messages[-1].opened -= 20.0  # pulled 20 s ago, while the launcher preloads
+    assert s.inflight.oldest_age() == 0.0 and s.check() is None
+    s._launcher_line(json.dumps({"launcher": "ready", "time": time.time(), "preload_seconds": 12.4, "pid": 4242}))
+    assert s.inflight.oldest_age() < 1.0 and s.check() is None
+    s.inflight.serving_since -= 9.0  # ready 9 s ago and still no reply: a hang
+    assert "in flight for 9 s (bound 8 s)" in (s.check() or "")
+    # a launcher that never reports ready: its grace is the message's head start
+    t = _watchdog(monkeypatch)
+    t.message_timeout = 8.0
+    t.inflight.launcher_starting()
+    t._supernode_line(RECEIVING)
+    t.inflight.messages[-1].opened -= sv.LAUNCHER_READY_GRACE_SECONDS + 10.0  # pulled as the launcher started
+    t.inflight.serving_since -= sv.LAUNCHER_READY_GRACE_SECONDS + 10.0
+    assert "in flight for 10 s (bound 8 s)" in (t.check() or "")
 
 
 def test_a_clientapp_that_dies_before_reading_its_message_restarts_the_supernode(monkeypatch):

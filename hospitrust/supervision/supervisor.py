@@ -60,6 +60,9 @@ DIED_GRACE_SECONDS = 3.0  # after a ClientApp exited: time for the SuperNode to 
 #: seconds a reply may stay in ``Sending:`` before the SuperNode is restarted (it waits for the reply's objects
 #: forever once they are lost; a small model's reply goes out in well under a second)
 SEND_TIMEOUT_SECONDS = 30.0
+#: seconds a freshly started launcher has to preload (torch, the task) before the messages the SuperNode pulled
+#: meanwhile start their clock: they wait for the launcher, not in a ClientApp (a loaded machine takes 12 s or more)
+LAUNCHER_READY_GRACE_SECONDS = 120.0
 #: flower-supernode's line when the SuperLink refuses it: an unregistered key, or (right after a crash
 #: or a kill) its previous session still counting as online until its heartbeats lapse.
 ACTIVATION_REFUSED = "Failed to activate SuperNode"
@@ -256,6 +259,9 @@ class Inflight:
     seen: set[int] = field(default_factory=set)  # every task id started since the SuperNode (re)started
     running: dict[int, int] = field(default_factory=dict)  # task id -> its ClientApps still running
     run_id: int | None = None  # the run of the SuperNode's latest ``[RUN id]`` line
+    #: when the launcher could first serve a message (its ``ready`` event): a message pulled before waits for it,
+    #: and its age counts from then
+    serving_since: float = float("-inf")
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     UNCLAIMED_SECONDS = 5.0
@@ -314,8 +320,20 @@ class Inflight:
             return next((m for m in self.messages if m.task_id == task_id and m.sending_since is None), None)
 
     def oldest_age(self) -> float:
+        """Seconds the oldest open message has waited since the launcher could serve it."""
         with self.lock:
-            return time.monotonic() - self.messages[0].opened if self.messages else 0.0
+            if not self.messages:
+                return 0.0
+            return max(0.0, time.monotonic() - max(self.messages[0].opened, self.serving_since))
+
+    def launcher_starting(self) -> None:
+        """A launcher starts: until it is ready (or its grace ends) no message's clock runs."""
+        with self.lock:
+            self.serving_since = time.monotonic() + LAUNCHER_READY_GRACE_SECONDS
+
+    def launcher_ready(self) -> None:
+        with self.lock:
+            self.serving_since = min(self.serving_since, time.monotonic())
 
     def sending_age(self) -> float:
         """Seconds the oldest reply has been in ``Sending:`` (0 when none is)."""
@@ -420,7 +438,9 @@ class Supervisor:
             event = json.loads(line)
         except ValueError:
             event = None
-        if isinstance(event, dict) and event.get("launcher") == "started" and isinstance(event.get("task_id"), int):
+        if isinstance(event, dict) and event.get("launcher") == "ready":
+            self.inflight.launcher_ready()
+        elif isinstance(event, dict) and event.get("launcher") == "started" and isinstance(event.get("task_id"), int):
             run_id = event.get("run_id")
             self.inflight.started(int(event["task_id"]), int(run_id) if isinstance(run_id, int) else None)
         elif isinstance(event, dict) and event.get("launcher") == "exited" and isinstance(event.get("task_id"), int):
@@ -443,6 +463,7 @@ class Supervisor:
         """Start the SuperNode and the launcher."""
         self.started_at = time.monotonic()
         self.inflight.clear()
+        self.inflight.launcher_starting()
         self.exited.clear()
         self.refused = self.activated = False
         # under supernode_main: a SuperNode whose main loop raised exits (MAIN_LOOP_CRASHED) instead of lingering offline
@@ -477,7 +498,7 @@ class Supervisor:
           never pulls again. Matched by task id: a ClientApp that exits after its reply went out (a refused
           bundle exits 1 after replying with an error) is not a hang, whatever message is open by then.
         - A reply in ``Sending:`` longer than ``send_timeout``: the SuperNode waits for objects it lost.
-        - A message open longer than ``message_timeout``.
+        - A message open longer than ``message_timeout``, counted from when the launcher was ready to serve it.
         """
         now = time.monotonic()
         for when, task_id, why in list(self.exited):
