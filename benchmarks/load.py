@@ -18,12 +18,14 @@ failed run), and it reports per N:
 
 **Light hospitals** (``--clientapp-slots K``): here every hospital shares one machine, and each ClientApp in flight
 costs about 0.45 GB (a fresh process that imports torch), so 50 hospitals training at once would not fit in 24 GB. With
-K slots, a stand-in ``flwr-clientapp`` first on the hospitals' PATH waits for one of K machine-wide slots (a lock
-file each) and then runs Flower's own: at most K ClientApps at once, the rest queue. In a real federation each
-hospital has its own machine, and no such limit. Measured at N = 35 with K = 4 (docs/experiments/2026-12-06-many-
-hospitals.md): a ClientApp held before it starts sends no task heartbeat, so when the queue is long its SuperNode drops
-the task and refuses its reply (401, "task-token authentication failed"): from round 2 most replies were lost. The
-slot must be taken after Flower's runtime has started the task's heartbeat (not done yet).
+K slots, a stand-in ``flwr-clientapp`` first on the hospitals' PATH runs Flower's own in its process, with one
+change: before it loads the ClientApp it waits for one of K machine-wide slots (a lock file each). Flower has started
+the task's heartbeat and pulled the message by then, so a queued ClientApp keeps its task alive: at most K ClientApps
+train at once, the rest queue, and each N's figures say how long they waited. In a real federation each hospital has
+its own machine, and no such limit. (The first version held a ClientApp before Flower started it: with no heartbeat
+its SuperNode dropped the task and refused the reply, 401 "task-token authentication failed", and at N = 35, K = 4
+most replies from round 2 were lost: docs/experiments/2026-12-06-many-hospitals.md.) With slots the ServerApp waits
+for replies long enough for N ClientApps to pass K at a time (``reply_timeout``).
 
 A **churn** mode (``--churn``): ``min-hospitals`` is N minus the churned hospitals (10 %, at least one); during
 round 2 their whole process groups are killed with SIGKILL and started again 20 s later with the same command. The
@@ -62,34 +64,62 @@ sys.path.insert(0, str(REPO))
 import psutil  # noqa: E402
 
 from hospitrust.ops import deploy, flwr  # noqa: E402
-from hospitrust.server_app.results import round_periods  # noqa: E402
+from hospitrust.records import RoundRecord  # noqa: E402
+from hospitrust.server_app.results import read_round_records, round_periods  # noqa: E402
 
 GB = 1024 ** 3
 # the run every hospital trains: small enough that 50 hospitals train a round on two cores within the reply bound
 RUN_CONFIG = ('dataset="pneumoniamnist" partitioner="iid" train-subsample=0.1 model="tiny-cnn" local-epochs=1 '
-              'batch-size=32 train.class-weighted-loss=true checkpoint=false reply-timeout=900')
+              'batch-size=32 train.class-weighted-loss=true checkpoint=false')
+
+
+def reply_timeout(hospitals: int, slots: int) -> int:
+    """Seconds the ServerApp waits for a round's replies: 900, or with K slots long enough for N hospitals'
+    ClientApps to pass K at a time (each about 20 s to start and train on this machine, loaded), with room to spare."""
+    return max(900, 3 * 20 * -(-hospitals // slots)) if slots else 900
 # peak memory (GB) per role before a sweep has measured its own (issue 63's figures, N = 5 and 20, this machine):
 # the SuperLink with its gateway, one run's ServerApp with its launcher, and per hospital its supervisor, SuperNode,
 # launcher (warm: preloaded torch) and one training ClientApp
 DEFAULT_GB = {"server": 0.25 + 0.65, "hospital": {"flower": 0.04 + 0.11 + 0.06 + 0.30, "warm": 0.04 + 0.11 + 0.53 + 0.30}}
 CHURN_RESTART_SECONDS = 20.0
 CLIENTAPP_GB = 0.48  # one ClientApp in flight (PSS peak per process, 2026-12-06 sweep: 0.42-0.48 GB)
-# the stand-in flwr-clientapp of --clientapp-slots: holds one of K lock files (flock, released when the process
-# ends), then becomes Flower's own flwr-clientapp (exec: the same process, the lock's descriptor inherited)
+# the stand-in flwr-clientapp of --clientapp-slots: Flower's own flwr-clientapp, run in this process, whose one
+# change is that loading the ClientApp first takes one of K lock files (flock, released when the process ends).
+# Flower's run_clientapp calls get_load_client_app_fn after it has started the task's heartbeat and pulled the
+# message, so a ClientApp waiting for a slot keeps its task alive (held before that, it sent no heartbeat and its
+# SuperNode refused its reply: 2026-12-07, N = 35)
 SLOT_SHIM = """#!{python}
-import fcntl, os, sys, time
+import fcntl, os, runpy, sys, time
+from flwr.supernode.runtime import run_clientapp
+
 folder, slots = {folder!r}, {slots}
-while True:
-    for i in range(slots):
-        fd = os.open(os.path.join(folder, "slot-%d" % i), os.O_CREAT | os.O_RDWR, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        os.set_inheritable(fd, True)
-        os.execv({real!r}, [{real!r}, *sys.argv[1:]])
-    time.sleep(0.2)
+flower_load_fn = run_clientapp.get_load_client_app_fn
+
+
+def take_a_slot():
+    waited = time.monotonic()
+    while True:
+        for i in range(slots):
+            fd = os.open(os.path.join(folder, "slot-%d" % i), os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            with open(os.path.join(folder, "waits.log"), "a") as log:  # one line per ClientApp: its wait
+                log.write("%.2f\\n" % (time.monotonic() - waited))
+            return fd  # held until this process ends
+        time.sleep(0.2)
+
+
+def load_after_a_slot(*args, **kwargs):
+    take_a_slot()
+    return flower_load_fn(*args, **kwargs)
+
+
+run_clientapp.get_load_client_app_fn = load_after_a_slot
+sys.argv[0] = {real!r}
+runpy.run_path({real!r}, run_name="__main__")
 """
 
 ROLES = (  # (role, a test on the process's command line and its parent's), the first that matches
@@ -228,14 +258,14 @@ def database_mb(database: Path) -> float:
     return sum(p.stat().st_size for p in database.parent.glob(database.name + "*") if p.is_file()) / 1e6
 
 
-def replies(rounds: list[dict]) -> list[dict[str, object]]:
+def replies(rounds: list[RoundRecord]) -> list[dict[str, object]]:
     """Per round: the hospitals whose train reply counted, the train and evaluate replies received, and whether a
     hospital was counted twice."""
     out = []
     for r in rounds:
-        clients = [c["hospital"] for c in r.get("clients", []) if not c.get("rejected")]
-        evaluated = list((r.get("timing") or {}).get("evaluate_clients", {}) or r.get("hospital_accuracy", {}))
-        out.append({"round": r["round"], "train": len(clients), "evaluate": len(evaluated),
+        clients = [c.hospital for c in r.clients if not c.rejected]
+        evaluated = list(r.timing.get("evaluate_clients", {}) or r.hospital_accuracy)
+        out.append({"round": r.number, "train": len(clients), "evaluate": len(evaluated),
                     "hospitals": sorted(clients), "counted_twice": sorted({h for h in clients if clients.count(h) > 1})})
     return out
 
@@ -336,8 +366,26 @@ class Federation:
         sampler.add_root(psutil.Process(proc.pid))
 
     def stop(self) -> None:
-        for proc in reversed(list(self.procs.values())):
-            proc.stop()
+        """Stop the run's supervisor, then every hospital at once, then the server side: one bound for all (35
+        hospitals stopped one after another, each with its own 20 s bound, outlasted a benchmark's patience)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        server = [n for n in ("superlink", "tunnel") if n in self.procs]
+        first = [n for n in self.procs if n not in server]
+        for group in (first, server[::-1]):
+            with ThreadPoolExecutor(max_workers=max(1, min(16, len(group)))) as pool:
+                list(pool.map(lambda name: self._stop_one(name), group))
+
+    def _stop_one(self, name: str) -> None:
+        proc = self.procs[name]
+        try:
+            proc.stop(timeout=20)
+        except Exception as exc:  # noqa: BLE001 - one that will not stop must not keep the others running
+            self.say(f"stopping {name}: {exc}; killing its process group")
+            try:
+                os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def run_one(hospitals: int, rounds: int, launcher: str, churn: bool, out: Path, say, slots: int = 0) -> dict:
@@ -354,7 +402,8 @@ def run_one(hospitals: int, rounds: int, launcher: str, churn: bool, out: Path, 
             up_seconds = time.monotonic() - started
             cpu_before = sampler.cpu_by_role()
             record, run_dir = work / "attempts.jsonl", work / "runs" / "load"
-            config = (f'{RUN_CONFIG} num-server-rounds={rounds} min-hospitals={hospitals - churned} '
+            config = (f'{RUN_CONFIG} reply-timeout={reply_timeout(hospitals, slots)} num-server-rounds={rounds} '
+                      f'min-hospitals={hospitals - churned} '
                       f'output-dir="{work / "runs"}" run-name="load"')
             submitted = time.monotonic()
             supervisor = fed.start("run-supervisor", _cli("deploy", "run", str(REPO), "--connection", "load",
@@ -387,8 +436,7 @@ def run_one(hospitals: int, rounds: int, launcher: str, churn: bool, out: Path, 
             attempts = [json.loads(x) for x in record.read_text().splitlines()] if record.is_file() else []
             sampler.stop()
             cpu_after = sampler.cpu_by_role()
-            rounds_done = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()] \
-                if (run_dir / "rounds.jsonl").is_file() else []
+            rounds_done = read_round_records(run_dir) if (run_dir / "rounds.jsonl").is_file() else []
             logs = sorted((work / "logs").glob("*.log"))
             hospital_cpu = sum(cpu_after.get(r, 0.0) - cpu_before.get(r, 0.0) for r in HOSPITAL_ROLES)
             result = {
@@ -409,6 +457,11 @@ def run_one(hospitals: int, rounds: int, launcher: str, churn: bool, out: Path, 
                            "supernodes": error_lines([p for p in logs if p.stem.startswith("hospital-")])},
                 "machine": {"cpus": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / GB, 1)},
             }
+            waits_log = work / "clientapp-slots" / "locks" / "waits.log"
+            if waits_log.is_file():  # each ClientApp's wait for a slot, its task's heartbeat running meanwhile
+                waits = [float(x) for x in waits_log.read_text().split()]
+                result["clientapp_slot_waits"] = {"clientapps": len(waits), "mean_seconds": round(statistics.mean(waits), 1),
+                                                  "max_seconds": round(max(waits), 1)} if waits else {"clientapps": 0}
             result["attempt_statuses"] = [f"{a.get('status')} ({a.get('details', '')})"[:300] for a in attempts]
             if result["status"] != deploy.COMPLETED:  # what the operator would read: kept beside the figures
                 kept = out / f"load-N{hospitals}{'-churn' if churn else ''}-logs"

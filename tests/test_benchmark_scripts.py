@@ -303,15 +303,29 @@ def test_signals_by_role_means_attackers_and_honest_apart_by_hand(tmp_path, caps
 
 
 def test_the_load_benchmarks_clientapp_slots_let_at_most_k_run_at_once_and_every_one_finish(tmp_path):
-    """--clientapp-slots: the stand-in flwr-clientapp waits for one of K lock files, then becomes the real one
-    (here a stand-in that records when it ran), so at most K run at once and none is lost."""
+    """--clientapp-slots: the stand-in flwr-clientapp runs Flower's own, whose ClientApp loading first waits for one
+    of K lock files. Here the "Flower" it runs is a stand-in that, like Flower's run_clientapp, starts its task's
+    heartbeat, then loads the ClientApp (the slot), then trains: every one starts its heartbeat at once (a queued
+    ClientApp keeps its task alive: N = 35 lost its replies when the slot came first), at most K train at once, and
+    none is lost."""
+    import inspect
     import subprocess
     import time
 
+    from flwr.supernode.runtime import run_clientapp
+
+    # Flower's order, which the slot relies on: the heartbeat starts before the ClientApp is loaded
+    source = inspect.getsource(run_clientapp.run_clientapp)
+    assert source.index("heartbeat_sender.start()") < source.index("get_load_client_app_fn(")
     load = _script("load")
     real = tmp_path / "real-clientapp"
-    real.write_text(f"#!{sys.executable}\nimport sys, time\nopen(sys.argv[1], 'a').write('%f start\\n' % time.time())\n"
-                    "time.sleep(0.6)\nopen(sys.argv[1], 'a').write('%f end\\n' % time.time())\n")
+    real.write_text(f"#!{sys.executable}\nimport sys, time\nfrom flwr.supernode.runtime import run_clientapp\n"
+                    "out = open(sys.argv[1], 'a', buffering=1)\nout.write('%f heartbeat\\n' % time.time())\n"
+                    # all five alive before any loads: a machine's load does not decide who queues
+                    "import glob\nwhile len(glob.glob(sys.argv[1].rsplit('-', 1)[0] + '-*.txt')) < 5: time.sleep(0.05)\n"
+                    "run_clientapp.get_load_client_app_fn(default_app_ref='', app_path=None, multi_app=True)\n"
+                    "out.write('%f start\\n' % time.time())\n"
+                    "time.sleep(0.6)\nout.write('%f end\\n' % time.time())\n")
     real.chmod(0o755)
     (tmp_path / "locks").mkdir()
     shim = tmp_path / "flwr-clientapp"
@@ -319,15 +333,19 @@ def test_the_load_benchmarks_clientapp_slots_let_at_most_k_run_at_once_and_every
     shim.chmod(0o755)
     procs = [subprocess.Popen([str(shim), str(tmp_path / f"ran-{i}.txt")]) for i in range(5)]
     started = time.monotonic()
-    assert [p.wait(timeout=60) for p in procs] == [0] * 5
+    assert [p.wait(timeout=120) for p in procs] == [0] * 5
     events = sorted((float(t), kind) for i in range(5) for t, kind in
                     (line.split() for line in (tmp_path / f"ran-{i}.txt").read_text().splitlines()))
     running, most = 0, 0
     for _, kind in events:
-        running += 1 if kind == "start" else -1
+        running += {"start": 1, "end": -1}.get(kind, 0)
         most = max(most, running)
-    assert len(events) == 10 and most == 2  # every one ran, two at a time
+    assert len(events) == 15 and most == 2  # every one ran, two at a time
+    heartbeats, starts = [t for t, kind in events if kind == "heartbeat"], sorted(t for t, kind in events if kind == "start")
+    assert starts[4] - max(heartbeats) >= 2 * 0.6 - 0.1  # the last queued two turns, its heartbeat already running
     assert time.monotonic() - started >= 3 * 0.6 - 0.1  # 5 of them two at a time: at least three turns
+    waits = [float(x) for x in (tmp_path / "locks" / "waits.log").read_text().split()]
+    assert len(waits) == 5 and sorted(waits)[-1] >= 2 * 0.6 - 0.1  # the last waited two turns
     # the memory estimate: with slots the hospitals' ClientApps count K times, not N times
     measured = {"hospitals": 10, "clientapp_slots": 0,
                 "peak_gb_by_role": {"flower-superlink": 0.2, "serverapp": 0.6, "clientapp": 4.5, "flower-supernode": 1.1}}
