@@ -29,6 +29,7 @@ from hospitrust.attacks.threat_model import ColludingAdversary, unwrapped
 from hospitrust.features.base import Round, RoundFeature, RunFacts
 from hospitrust.features.pre_aggregators import pre_aggregation_chain
 from hospitrust.features.secagg_options import SecAggOptions
+from hospitrust.strategies import intake
 from hospitrust.strategies.base import Aggregate, AttackerRows, RoundResult, UpdateStep
 from hospitrust.strategies.validation import CheckedReply
 
@@ -200,7 +201,7 @@ class RoundAwareAdversary(RoundFeature):
             done = chain.apply(server_round, stack)
             groups = getattr(done, "groups", None)  # a chain is duck-typed: .apply(round, updates).rows at least
             if groups is not None:  # the rule gets the bucket means (bucketing.rule-input = "bucket-means")
-                return private_copy(self.strategy).aggregate_grouped(server_round, done.rows, groups, num_examples,
+                return intake.aggregate_grouped(private_copy(self.strategy), server_round, done.rows, groups, num_examples,
                                                                      replies)
             return private_copy(self.strategy).aggregate_updates(server_round, done.rows, num_examples, replies)
 

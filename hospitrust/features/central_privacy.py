@@ -26,6 +26,7 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping
 
 from hospitrust.privacy.options import PrivacyOptions
 from hospitrust.records import RoundRecord
+from hospitrust.strategies import intake
 from hospitrust.strategies.base import RoundResult, UpdateStep
 
 ACCOUNTANT_DESCRIPTION = ("flwr RdpAccountant (dp-accounting RDP), GaussianPrivacyEvent per release, "
@@ -120,7 +121,7 @@ class CentralPrivacy(DifferentialPrivacyServerSideFixedClipping):
                 node_id = int(reply.metadata.src_node_id)
                 reason = (f"error reply: {(reply.error.reason or '').strip()[:300]}" if reply.has_error()
                           else "not aggregated: another hospital's reply was an error")
-                result.clients.append(self.inner.hospital_record(node_id, rejected=reply.has_error(), reason=reason))
+                result.clients.append(intake.hospital_record(self.inner, node_id, rejected=reply.has_error(), reason=reason))
         result.arrays, result.metrics = arrays, metrics
         valid = sum(1 for c in result.clients if c.selected)
         if arrays is None or valid != self.num_sampled_clients:

@@ -31,6 +31,7 @@ from hospitrust.server_app.evaluation import reply_timing
 from hospitrust.server_app.plots import plot_trust
 from hospitrust.server_app.records import absences, fail_if_every_hospital_crashed, summary_head
 from hospitrust.server_app.results import RunDirectory, default_run_name
+from hospitrust.strategies import intake
 from hospitrust.server_app.story import detection_line, round_story
 from hospitrust.datasets.server import ServerSets, server_sets
 from hospitrust.server_app.setup import RunSetup, set_up_run
@@ -216,7 +217,7 @@ class RoundLoop:
         answered = {c.node_id for c in result.clients} | rnd.answered
         missing = [nid for nid in rnd.asked if nid not in answered]
         per_hospital = {h: v["accuracy"] for h, v in
-                        self.run.strategy.hospital_evaluation(rnd.number, rnd.evaluate_replies).items()}
+                        intake.hospital_evaluation(self.run.strategy, rnd.number, rnd.evaluate_replies).items()}
         states = round_states(rnd.number, self.run.grid, hospitals, asked=rnd.asked, answered=answered,
                               unavailable=rnd.unavailable, offline=rnd.offline, evaluated=set(per_hospital),
                               previous=self.history[-1] if self.history else None)

@@ -1,10 +1,10 @@
 """The base every hospitrust strategy stands on.
 
-It is a Flower Message-API ``Strategy``. Its job is the plumbing that every rule shares:
-choose hospitals, send them the model, check every reply (a bad reply is rejected with a
-reason, never an exception), stack the accepted updates into an ``(n, d)`` tensor, hand
-that to the rule's math, and record per hospital what happened. A rule subclasses it and
-implements ``aggregate_updates`` only.
+It is a Flower Message-API ``Strategy``: a rule's options, capabilities and state, the hospitals
+it is asked for, and the messages each round sends them. What a round does with the replies (the
+checks, the stack, the update steps, the records) is :mod:`hospitrust.strategies.intake`'s; the
+types a round passes are in :mod:`hospitrust.strategies.rounds`. A rule subclasses it and implements
+``aggregate_updates`` only.
 """
 
 from __future__ import annotations
@@ -12,11 +12,9 @@ from __future__ import annotations
 import copy
 import math
 import random
-import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from logging import INFO, WARNING
-from typing import Any, ClassVar, Literal, cast
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from logging import INFO
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -26,11 +24,16 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from hospitrust.aggregation.vectorize import FlatSpec, flatten_state, unflatten_state
+from hospitrust.aggregation.vectorize import flatten_state
 from hospitrust.options import NoOptions, kebab
 from hospitrust.options import Options as OptionsModel
-from hospitrust.records import HospitalRecord, RoundRecord, mean_of_signal
-from hospitrust.strategies.validation import CheckedReply, RejectedReply, ReplyLimits, check_train_reply, check_update_row
+from hospitrust.records import RoundRecord
+from hospitrust.strategies import intake
+from hospitrust.strategies.rounds import Aggregate, AttackerRows, GroupedRows, RoundResult, RowStep, UpdateStep
+from hospitrust.strategies.validation import CheckedReply, ReplyLimits
+
+__all__ = ["SERVICES", "Aggregate", "AttackerRows", "GroupedRows", "HospitrustStrategy", "RoundResult", "RowStep",
+           "UpdateStep"]
 
 #: What a rule can ask the server for (``HospitrustStrategy.needs``): the keyword argument the
 #: registry passes, and what the server builds it from. All of them need the reference cohort.
@@ -45,119 +48,6 @@ SERVICES = {
     "cohort_floor": ("the server's own model trained to convergence on the reference cohort and on its training part, "
                      "with the check part's loss: (check fraction, epochs, learning rate) -> the floor"),
 }
-
-
-@dataclass
-class Aggregate:
-    """What a rule returns: the aggregated update and, per accepted reply, its weight and selection.
-
-    Parameters
-    ----------
-    update : torch.Tensor
-        ``(d,)`` the aggregated update.
-    weights : torch.Tensor
-        ``(n,)`` each accepted reply's share in the aggregate (sums to 1 for averaging rules).
-    selected : torch.Tensor
-        ``(n,)`` bool: whether the reply took part.
-    extra : dict[str, list[Any]]
-        Per-client signals by name (one value per reply), recorded in its :class:`HospitalRecord`
-        under the rule's name (``trust`` and ``flagged`` as the record's own fields).
-    """
-
-    update: torch.Tensor  # (d,)
-    weights: torch.Tensor  # (n,) share of each accepted reply in the aggregate (sums to 1 for averaging rules)
-    selected: torch.Tensor  # (n,) bool: did the reply take part
-    extra: dict[str, list[Any]] = field(default_factory=dict)  # per-client signals, recorded in the hospital records
-
-
-@dataclass
-class RoundResult:
-    """What a round's aggregation decided, returned by ``HospitrustStrategy.aggregate_round``.
-
-    Parameters
-    ----------
-    arrays : ArrayRecord or None
-        The new global model; None keeps the previous one.
-    clients : list[HospitalRecord]
-        One record per reply (accepted or rejected): hospital, weight, selected, reason, the
-        rule's per-hospital signals.
-    metrics : MetricRecord or None
-        Flower's aggregate metrics (valid replies, train loss).
-    aggregation_seconds : float
-        Time spent aggregating.
-    kept_previous_model : bool
-        Whether the previous model was kept (too few valid replies, nothing released).
-    note : str
-        Why the previous model was kept ('' otherwise).
-    update_norm : float or None
-        L2 norm of the round's aggregated update (how far the global model moved); None when
-        the previous model was kept.
-    """
-
-    arrays: ArrayRecord | None = None
-    clients: list[HospitalRecord] = field(default_factory=list)
-    metrics: MetricRecord | None = None
-    aggregation_seconds: float = 0.0
-    kept_previous_model: bool = False
-    note: str = ""
-    update_norm: float | None = None
-
-    def keep_previous(self, why: str) -> None:
-        """No new model this round, and why (appended to an earlier note)."""
-        self.arrays, self.update_norm, self.kept_previous_model = None, None, True
-        self.note = (self.note + "; " if self.note else "") + why
-
-
-#: A step on the stacked updates before the rule sees them: (round, (n, d) updates, hospital
-#: names in row order) -> updates. Round features supply them (the simulated colluding adversary;
-#: pre-aggregation); ``aggregate_round`` applies them in order.
-RowStep = Callable[[int, torch.Tensor, list[str]], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class AttackerRows:
-    """An update step that puts rows of its own in hospitals' places (the simulated colluding adversary).
-
-    The server never decoded those rows from a reply, so ``aggregate_round`` holds every row the step
-    returns to the reply checks (:func:`~hospitrust.strategies.validation.check_update_row`): a row
-    that fails is rejected and recorded as a rejected reply is, its hospital leaves the round, and
-    min-hospitals is checked again. A deployed server would have rejected such a reply; a simulated
-    attacker gets no more than a real one.
-
-    Parameters
-    ----------
-    step : RowStep
-        The step itself (it keeps the number and order of the rows).
-    """
-
-    step: RowStep
-
-    def __call__(self, server_round: int, updates: torch.Tensor, hospitals: list[str]) -> torch.Tensor:
-        return self.step(server_round, updates, hospitals)
-
-
-@dataclass(frozen=True)
-class GroupedRows:
-    """An update step that hands the rule fewer rows than replies, each row standing for a group of them
-    (ByzFL's bucketing: the rule gets the bucket means, ``bucketing.rule-input = "bucket-means"``).
-
-    ``step(round, updates, hospitals)`` returns the ``(k, d)`` rows and, per row, the indices of the
-    replies it carries (every reply in exactly one group). It must be the last update step. The rule
-    aggregates the rows (:meth:`HospitrustStrategy.aggregate_grouped`), and each member's record gets
-    its group's weight split equally among the members, its group's selection and signals.
-
-    Parameters
-    ----------
-    step : callable
-        ``(round, (n, d) updates, names) -> ((k, d) rows, k groups of reply indices)``.
-    """
-
-    step: Callable[[int, torch.Tensor, list[str]], tuple[torch.Tensor, list[list[int]]]]
-
-
-#: What ``aggregate_round`` takes: steps that keep one row per reply (:data:`RowStep`, an
-#: :class:`AttackerRows` among them), the last one possibly a :class:`GroupedRows`.
-UpdateStep = RowStep | GroupedRows
 
 
 class HospitrustStrategy(Strategy):
@@ -517,88 +407,10 @@ class HospitrustStrategy(Strategy):
 
     def aggregate_round(self, server_round: int, replies: Iterable[Message],
                         update_steps: Sequence[UpdateStep] = ()) -> RoundResult:
-        """Check every reply, stack the accepted updates, apply ``update_steps`` to the stack, run the
-        rule; the result says what the round decided, per hospital and as a whole.
+        """The round's intake with this rule (:func:`~hospitrust.strategies.intake.aggregate_round`); a rule whose
+        replies are no stack of updates (FED-FBD's blocks) replaces it.
         """
-        started = time.perf_counter()
-        record = RoundResult()
-        accepted: list[CheckedReply] = []
-        if self.global_state is not None:
-            global_vec, spec = flatten_state(self.global_state)
-            global_vec = global_vec.to(self.device)
-            self._global_vector = (self.global_state, global_vec)
-        # replies arrive in whatever order the hospitals finish; floating-point sums depend on
-        # the order of their terms, so the same seed gives the same model only in a fixed order
-        for reply in self._in_hospital_order(replies):
-            node_id = int(reply.metadata.src_node_id)
-            if node_id not in self.hospitals and reply.has_error():
-                # the SuperLink answers for a node that is gone ("node unavailable"): that
-                # hospital is missing this round, not a hospital that sent something bad
-                log(WARNING, "Round %d: no reply from a hospital: %s", server_round, (reply.error.reason or "").strip()[:200])
-                continue
-            try:
-                if self.global_state is None:
-                    raise RejectedReply("no global model was sent this round")
-                accepted.append(check_train_reply(reply, self.global_state, global_vec, self.limits))
-            except RejectedReply as rej:
-                record.clients.append(self.hospital_record(node_id, rejected=True, reason=rej.reason))
-                log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(node_id), rej.reason)
-            except Exception as exc:  # a check itself failed on odd input: still the hospital's fault
-                reason = f"unreadable reply: {type(exc).__name__}: {exc}"
-                record.clients.append(self.hospital_record(node_id, rejected=True, reason=reason))
-                log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(node_id), reason)
-
-        if self._too_few(server_round, record, accepted, started):
-            return record
-
-        updates = torch.stack([cast(torch.Tensor, r.update) for r in accepted])  # set by check_train_reply
-        for r in accepted:
-            r.update = None  # the stacked copy is the only one kept
-        groups: list[list[int]] | None = None
-        for step in update_steps:
-            if groups is not None:
-                raise ValueError("an update step that groups rows (GroupedRows) must be the last update step")
-            names = [self._name_of(r.node_id) for r in accepted]
-            if isinstance(step, GroupedRows):
-                updates, groups = step.step(server_round, updates, names)
-                continue
-            updates = step(server_round, updates, names)
-            if isinstance(step, AttackerRows):  # rows no reply check has seen: held to the same checks
-                updates, accepted = self._checked_rows(server_round, record, updates, accepted, global_vec, spec)
-                if self._too_few(server_round, record, accepted, started):
-                    return record
-        num_examples = torch.tensor([r.num_examples for r in accepted], dtype=torch.float64, device=self.device)
-        # what each hospital's update (as the rule saw it) and the aggregate weigh: step lengths for the record
-        row_norms = torch.linalg.vector_norm(updates, dim=1).tolist()
-        if groups is None:
-            norms = row_norms
-            result = self.aggregate_updates(server_round, updates, num_examples, accepted)
-        else:
-            if len(groups) < self.required_replies():
-                self._kept(server_round, record, accepted, started, f"{len(groups)} rows after the pre-aggregation < the "
-                           f"{self.name} rule's minimum of {self.required_replies()} (assumed malicious f)")
-                return record
-            norms = [0.0] * len(accepted)
-            for row, members in enumerate(groups):
-                for i in members:
-                    norms[i] = row_norms[row]
-            result = self.aggregate_grouped(server_round, updates, groups, num_examples, accepted)
-        record.update_norm = float(torch.linalg.vector_norm(result.update))
-
-        new_vec = global_vec + result.update.to(global_vec.dtype)
-        template = self._integer_buffers(accepted, result.selected)
-        new_state = unflatten_state(new_vec.cpu(), spec, template)
-        record.aggregation_seconds = time.perf_counter() - started
-        for i, r in enumerate(accepted):
-            record.clients.append(self.hospital_record(
-                r.node_id, reply=r, weight=float(result.weights[i]), selected=bool(result.selected[i]),
-                update_norm=norms[i], signals={k: v[i] for k, v in result.extra.items()}))
-        losses = [float(r.metrics.get("train-loss", float("nan"))) for r in accepted]
-        total = float(num_examples.sum())
-        train_loss = float(sum(loss * n for loss, n in zip(losses, num_examples.tolist())) / total) if total else math.nan
-        record.arrays = ArrayRecord(new_state)
-        record.metrics = MetricRecord({"valid-replies": len(accepted), "train-loss": train_loss})
-        return record
+        return intake.aggregate_round(self, server_round, replies, update_steps)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -613,130 +425,12 @@ class HospitrustStrategy(Strategy):
         ]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Flower's form of :meth:`hospital_evaluation`: the mean and spread of the hospitals' accuracy."""
-        per_hospital = self.hospital_evaluation(server_round, replies)
+        """Flower's form of :func:`~hospitrust.strategies.intake.hospital_evaluation`: the mean and spread of the hospitals' accuracy."""
+        per_hospital = intake.hospital_evaluation(self, server_round, replies)
         if not per_hospital:
             return None
         accs = np.array([v["accuracy"] for v in per_hospital.values()])
         return MetricRecord({"mean-accuracy": float(accs.mean()), "accuracy-spread": float(accs.max() - accs.min())})
-
-    def hospital_evaluation(self, server_round: int, replies: Iterable[Message]) -> dict[str, dict[str, float]]:
-        """Hospital name -> its accuracy, example count and balanced accuracy of the global model on
-        its local validation set (fairness); malformed replies are left out.
-        """
-        per_hospital: dict[str, dict[str, float]] = {}
-        for reply in self._in_hospital_order(replies):
-            if reply.has_error() or not reply.has_content() or "metrics" not in reply.content.metric_records:
-                continue
-            m = reply.content.metric_records["metrics"]
-            try:
-                # a list value raises TypeError: left out below
-                acc = float(cast(float, m["accuracy"]))
-                n = int(cast(int, m["num-examples"]))
-            except (KeyError, TypeError, ValueError):
-                continue
-            if math.isfinite(acc) and 0.0 <= acc <= 1.0 and n > 0:
-                per_hospital[self._name_of(int(reply.metadata.src_node_id))] = {
-                    "accuracy": acc,
-                    "num_examples": n,
-                    "balanced_accuracy": float(cast(float, m.get("balanced-accuracy", float("nan")))),
-                }
-        return per_hospital
-
-    def _too_few(self, server_round: int, record: RoundResult, accepted: list[CheckedReply], started: float) -> bool:
-        """Whether ``accepted`` is below min-hospitals (or the rule's minimum); if so ``record`` says the
-        previous model is kept and lists the valid replies with weight 0.
-        """
-        needed = max(self.min_hospitals, self.required_replies())
-        if len(accepted) >= needed:
-            return False
-        why = (f"min-hospitals {self.min_hospitals}" if needed == self.min_hospitals
-               else f"the {self.name} rule's minimum of {needed} (assumed malicious f)")
-        self._kept(server_round, record, accepted, started, f"{len(accepted)} valid replies < {why}")
-        return True
-
-    def _kept(self, server_round: int, record: RoundResult, accepted: list[CheckedReply], started: float,
-              why: str) -> None:
-        """``record``: the previous model kept because ``why``; the valid replies listed with weight 0."""
-        record.kept_previous_model = True
-        record.note = f"{why}: kept the previous model"
-        log(WARNING, "Round %d: %s", server_round, record.note)
-        for r in accepted:
-            record.clients.append(self.hospital_record(r.node_id, reply=r, weight=0.0, selected=False))
-        record.aggregation_seconds = time.perf_counter() - started
-        record.metrics = MetricRecord({"valid-replies": len(accepted)})
-
-    def _checked_rows(self, server_round: int, record: RoundResult, updates: torch.Tensor,
-                      accepted: list[CheckedReply], global_vec: torch.Tensor, spec: FlatSpec
-                      ) -> tuple[torch.Tensor, list[CheckedReply]]:
-        """Every row of ``updates`` held to the reply checks (``check_update_row``); the rows that fail are
-        rejected, recorded as a rejected reply is, and dropped with their replies.
-        """
-        if updates.shape[0] != len(accepted):
-            raise ValueError(f"an attacker's update step returned {updates.shape[0]} rows for {len(accepted)} replies")
-        keep: list[int] = []
-        for i, r in enumerate(accepted):
-            try:
-                check_update_row(updates[i], global_vec, spec, self.limits)
-                keep.append(i)
-            except RejectedReply as rej:
-                record.clients.append(self.hospital_record(r.node_id, rejected=True, reason=rej.reason))
-                log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(r.node_id), rej.reason)
-        if len(keep) == len(accepted):
-            return updates, accepted
-        return updates[keep], [accepted[i] for i in keep]
-
-    def aggregate_grouped(self, server_round: int, rows: torch.Tensor, groups: Sequence[Sequence[int]],
-                          num_examples: torch.Tensor, replies: list[CheckedReply]) -> Aggregate:
-        """The rule on ``(k, d)`` rows that each stand for a group of replies (ByzFL's bucket means), its
-        result given per reply.
-
-        The rule sees k rows; a row's example count is the sum of its members', and the reply it is
-        handed carries that count and its first member's node id (nothing else: a rule that reads who
-        sent a row, ``reads_who_sent``, is refused). Each member gets its group's weight divided by the
-        group's size (a bucket is its members' plain mean, so that is each member's share in the
-        aggregate), its group's selection and its group's per-row signals.
-
-        Parameters
-        ----------
-        server_round : int
-            The round.
-        rows : torch.Tensor
-            ``(k, d)`` the rows the rule aggregates.
-        groups : sequence of sequences of int
-            For every row, the indices (into ``replies``) of the replies it stands for.
-        num_examples : torch.Tensor
-            ``(n,)`` the replies' example counts.
-        replies : list of CheckedReply
-            The n accepted replies.
-
-        Returns
-        -------
-        Aggregate
-            The rule's update, with weights, selection and signals per reply (``(n,)``).
-        """
-        if self.reads_who_sent:
-            raise ValueError(f"the {self.name} rule reads who sent each row (state kept per hospital, or a reply's "
-                             "metrics): it cannot take rows that stand for several hospitals (bucketing.rule-input = "
-                             "'bucket-means'); use bucketing.rule-input = 'member-rows'")
-        n = len(replies)
-        if rows.shape[0] != len(groups) or sorted(i for g in groups for i in g) != list(range(n)):
-            raise ValueError(f"{len(groups)} groups for {rows.shape[0]} rows must hold every one of the {n} replies once")
-        counts = torch.stack([num_examples[list(g)].sum() for g in groups])
-        handed = [CheckedReply(replies[g[0]].node_id, {}, None, int(c), {"num-examples": int(c)})
-                  for g, c in zip(groups, counts.tolist())]
-        agg = self.aggregate_updates(server_round, rows, counts, handed)
-        row_weights, row_selected = agg.weights.detach().cpu().double(), agg.selected.detach().cpu()
-        weights = torch.zeros(n, dtype=torch.float64)
-        selected = torch.zeros(n, dtype=torch.bool)
-        extra: dict[str, list[Any]] = {k: [None] * n for k in agg.extra}
-        for row, members in enumerate(groups):
-            for i in members:
-                weights[i] = row_weights[row] / len(members)
-                selected[i] = bool(row_selected[row])
-                for k, v in agg.extra.items():
-                    extra[k][i] = v[row]
-        return Aggregate(agg.update, weights, selected, extra)
 
     # ---- what the loop and the features ask of a rule -----------------------------------------
     def use_equal_weights(self) -> None:
@@ -772,86 +466,11 @@ class HospitrustStrategy(Strategy):
         raise NotImplementedError
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _in_hospital_order(self, replies: Iterable[Message]) -> list[Message]:
-        """Replies sorted by hospital name (then node id): arrival order must not change a result."""
-        def key(reply: Message) -> tuple[str, int]:
-            node_id = int(reply.metadata.src_node_id)
-            return self._name_of(node_id), node_id
-
-        return sorted(replies, key=key)
-
     def _name_of(self, node_id: int) -> str:
         return self.hospitals.get(node_id, f"unknown-node-{node_id}")
-
-    def hospital_record(
-        self,
-        node_id: int,
-        *,
-        reply: CheckedReply | None = None,
-        weight: float = 0.0,
-        selected: bool = False,
-        rejected: bool = False,
-        reason: str = "",
-        update_norm: float | None = None,
-        signals: Mapping[str, Any] | None = None,
-    ) -> HospitalRecord:
-        """The record of one hospital's reply this round: the one place a strategy builds it.
-
-        Parameters
-        ----------
-        node_id : int
-            The node that replied.
-        reply : CheckedReply, optional
-            The reply, where it passed the checks (its example count and metrics are recorded).
-        weight : float
-            Its share in the aggregate.
-        selected : bool
-            Whether its update took part.
-        rejected : bool
-            Whether the reply was rejected (``reason`` says why).
-        reason : str
-            Why it was rejected.
-        update_norm : float, optional
-            L2 norm of its update as the rule saw it.
-        signals : Mapping, optional
-            The rule's per-hospital signals (an :class:`Aggregate`'s ``extra`` for this reply): ``trust``
-            and ``flagged`` go to the record's own fields, the rest under the rule's name; the value of the
-            rule's :attr:`trust_signal` is also the record's ``trust``.
-
-        Returns
-        -------
-        HospitalRecord
-            The record.
-        """
-        record = HospitalRecord.from_reply(
-            self._name_of(node_id), node_id, reply.num_examples if reply is not None else 0,
-            reply.metrics if reply is not None else None, weight=weight, selected=selected, rejected=rejected,
-            reason=reason, update_norm=update_norm)
-        values = dict(signals or {})
-        trust, flagged = values.pop("trust", None), values.pop("flagged", None)
-        if self.trust_signal is not None and self.trust_signal != "trust":  # it stays among the signals too
-            trust = mean_of_signal(values.get(self.trust_signal))
-        if trust is not None:
-            record.trust = float(trust)
-        if flagged is not None:
-            record.flagged = bool(flagged)
-        if values:
-            record.add_signals(self.signal_source, values)
-        return record
 
     @property
     def signal_source(self) -> str:
         """The name the rule's signals are recorded under in each :class:`HospitalRecord`."""
         return self.name or type(self).__name__
 
-    def _integer_buffers(self, accepted: list[CheckedReply], selected: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Non-float tensors (BatchNorm counters) are copied, never averaged: the largest among
-        the selected replies, so a counter only moves forward.
-        """
-        assert self.global_state is not None
-        template = dict(self.global_state)
-        chosen = [r for r, s in zip(accepted, selected.tolist()) if s] or accepted
-        for name, ref in self.global_state.items():
-            if not ref.is_floating_point():
-                template[name] = torch.stack([r.state[name] for r in chosen]).amax(dim=0)
-        return template

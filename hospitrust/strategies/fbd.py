@@ -42,6 +42,7 @@ from hospitrust.options import Options as OptionsModel
 from hospitrust.fbd.stamps import STAMP_LOG, StampLog
 from hospitrust.fbd.warehouse import Warehouse, parse_color_key
 from hospitrust.records import RoundRecord
+from hospitrust.strategies import intake
 from hospitrust.strategies.base import HospitrustStrategy, RoundResult, UpdateStep
 from hospitrust.strategies.validation import CheckedReply, RejectedReply, shorten, negative_running_var
 
@@ -445,7 +446,7 @@ class FBD(HospitrustStrategy):
         record = RoundResult()
         stamps: list[dict] = []
         writes = 0
-        for reply in self._in_hospital_order(replies):  # stamps and writes in a fixed order
+        for reply in intake.in_hospital_order(self, replies):  # stamps and writes in a fixed order
             nid = int(reply.metadata.src_node_id)
             if nid not in self.hospitals and reply.has_error():
                 log(WARNING, "Round %d: no reply from a hospital: %s", server_round, (reply.error.reason or "").strip()[:200])
@@ -458,12 +459,12 @@ class FBD(HospitrustStrategy):
                 signals.update(color=shipped["color"], sibling=shipped["sibling"])
                 metrics, accepted, rejected, n = self._check(reply, shipped)
             except RejectedReply as rej:
-                record.clients.append(self.hospital_record(nid, rejected=True, reason=rej.reason, signals=signals))
+                record.clients.append(intake.hospital_record(self, nid, rejected=True, reason=rej.reason, signals=signals))
                 log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(nid), rej.reason)
                 continue
             except Exception as exc:  # a check failed on odd input: still the hospital's fault
                 reason = f"unreadable reply: {type(exc).__name__}: {shorten(exc)}"
-                record.clients.append(self.hospital_record(nid, rejected=True, reason=reason, signals=signals))
+                record.clients.append(intake.hospital_record(self, nid, rejected=True, reason=reason, signals=signals))
                 log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(nid), reason)
                 continue
             hospital, color = shipped["hospital"], shipped["color"]
@@ -480,7 +481,7 @@ class FBD(HospitrustStrategy):
                 log(WARNING, "Round %d: rejected write by %s: %s", server_round, hospital, bad["reason"])
             # what the record keeps of a reply: its example count and metrics
             checked = CheckedReply(node_id=nid, state={}, update=None, num_examples=n, metrics=metrics)
-            record.clients.append(self.hospital_record(
+            record.clients.append(intake.hospital_record(self,
                 nid, reply=checked, weight=1.0 if accepted else 0.0, selected=bool(accepted),
                 rejected=not accepted, reason="" if accepted else "no block write accepted (see rejected_writes)",
                 signals={**signals, "accepted_blocks": [b for b, _ in accepted], "rejected_writes": rejected}))
