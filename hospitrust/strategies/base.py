@@ -1,34 +1,28 @@
 """The base every hospitrust strategy stands on.
 
-It is a Flower Message-API ``Strategy``: a rule's options, capabilities and state, the hospitals
-it is asked for, and the messages each round sends them. What a round does with the replies (the
-checks, the stack, the update steps, the records) is :mod:`hospitrust.strategies.intake`'s; the
-types a round passes are in :mod:`hospitrust.strategies.rounds`. A rule subclasses it and implements
-``aggregate_updates`` only.
+It is a Flower Message-API ``Strategy`` (:mod:`hospitrust.strategies.messages`) holding a rule's options,
+capabilities and state. What a round does with the replies (the checks, the stack, the update steps, the
+records) is :mod:`hospitrust.strategies.intake`'s; the types a round passes are in
+:mod:`hospitrust.strategies.rounds`; the run's hooks a rule may override are :mod:`hospitrust.strategies.hooks`'.
+A rule subclasses it and implements ``aggregate_updates`` only.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import random
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from logging import INFO
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 from pydantic import ValidationError
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.common import log
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
 
 from hospitrust.aggregation.vectorize import flatten_state
 from hospitrust.options import NoOptions, kebab
 from hospitrust.options import Options as OptionsModel
-from hospitrust.records import RoundRecord
-from hospitrust.strategies import intake
+from hospitrust.strategies.hooks import RunHooks
+from hospitrust.strategies.messages import RoundMessages
 from hospitrust.strategies.rounds import Aggregate, AttackerRows, GroupedRows, RoundResult, RowStep, UpdateStep
 from hospitrust.strategies.validation import CheckedReply, ReplyLimits
 
@@ -50,8 +44,10 @@ SERVICES = {
 }
 
 
-class HospitrustStrategy(Strategy):
-    """Plumbing for all rules: sampling, reply validation, stacking, records.
+class HospitrustStrategy(RoundMessages, RunHooks):
+    """What every rule is: a registry name, its options, its capabilities and trust signal (class attributes), its
+    state, and its math (``aggregate_updates``); the round's messages are :class:`RoundMessages`', its intake
+    :mod:`hospitrust.strategies.intake`'s, the run's hooks :class:`RunHooks`'.
 
     A rule subclasses it with a registry ``name``, its ``Options`` (its run-config section) and
     ``aggregate_updates``; ``needs`` says which server services it wants (``SERVICES``), and
@@ -203,124 +199,6 @@ class HospitrustStrategy(Strategy):
         # global_state flattened (aggregate_round's), with the state it was flattened from
         self._global_vector: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
 
-    @classmethod
-    def server_parts(cls, options: OptionsModel, *, task: Any, sets: Any, device: torch.device,
-                     hospitals: Sequence[str], seed: int, run_dir: Any, resuming: bool) -> dict[str, Any]:
-        """Further keyword arguments of the constructor that the server builds for this rule at the
-        start of a run (FED-FBD's plan and warehouse); none by default.
-
-        Parameters
-        ----------
-        options : Options
-            The rule's resolved options.
-        task : Task
-            The run's task (its model, channels, classes, image size).
-        sets : ServerSets
-            The server's test set and reference cohort.
-        device : torch.device
-            Where the server's math runs.
-        hospitals : Sequence[str]
-            The hospitals' names in the query rows' order (partition, then name).
-        seed : int
-            The run's seed.
-        run_dir : pathlib.Path
-            The run directory (files the rule keeps beside the loop's).
-        resuming : bool
-            True when the run resumes from a checkpoint (what the first round wrote is there already).
-
-        Returns
-        -------
-        dict
-            Keyword arguments for the constructor.
-        """
-        return {}
-
-    def own_evaluation(self, server_round: int, result: RoundResult) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The round's central report and the rule's own entries in its rounds.jsonl line, for a rule
-        whose state is no single global model (``runs_own_evaluation``); the loop asks no other rule.
-
-        Parameters
-        ----------
-        server_round : int
-            The round just aggregated.
-        result : RoundResult
-            What :meth:`aggregate_round` returned for it.
-
-        Returns
-        -------
-        tuple[dict, dict]
-            (the central classification report, extra entries of the round's record).
-        """
-        raise NotImplementedError(f"{self.name} evaluates the global model centrally (runs_own_evaluation is False)")
-
-    def initial_model(self, arrays: ArrayRecord) -> ArrayRecord:
-        """The global model the first round starts from, given the run's initial one (a fresh run's, never a
-        resumed run's): that model itself for every rule but one that starts from the server's own model
-        (sentinel's ``start``).
-
-        Parameters
-        ----------
-        arrays : ArrayRecord
-            The run's initial model (the task's, from the run's seed).
-
-        Returns
-        -------
-        ArrayRecord
-        """
-        return arrays
-
-    def released(self, server_round: int, arrays: ArrayRecord) -> tuple[ArrayRecord, dict[str, Any]]:
-        """The model the consortium gets after ``server_round`` (evaluated centrally; the last round's is saved as
-        the run's model) and the rule's entries about it in the round's line: the global model itself and none for
-        every rule but one that keeps a floor (sentinel's ``floor``). The hospitals train on from the global model.
-
-        Parameters
-        ----------
-        server_round : int
-            The round just aggregated.
-        arrays : ArrayRecord
-            The loop's global model after it.
-
-        Returns
-        -------
-        tuple[ArrayRecord, dict[str, Any]]
-            The released model and the rule's entries.
-        """
-        return arrays, {}
-
-    def final_model(self, arrays: ArrayRecord) -> dict[str, torch.Tensor] | None:
-        """The state dict saved as the run's model.pt; None for a rule that keeps its final state in
-        its own file (FED-FBD's warehouse.pt).
-
-        Parameters
-        ----------
-        arrays : ArrayRecord
-            The loop's global model after the last round.
-
-        Returns
-        -------
-        dict or None
-            The state dict to save, or None.
-        """
-        return arrays.to_torch_state_dict()
-
-    def run_summary(self, history: Sequence[RoundRecord], truth: Mapping[str, bool]) -> dict[str, Any]:
-        """The rule's own entries in summary.json; none by default.
-
-        Parameters
-        ----------
-        history : Sequence[RoundRecord]
-            The run's round records.
-        truth : Mapping[str, bool]
-            The simulation's ground truth: which hospitals attack.
-
-        Returns
-        -------
-        dict
-            Entries merged into the summary.
-        """
-        return {}
-
     # attributes that carry over from round to round (trust, reputation, history): saved in
     # the server checkpoint with the sampling RNG; subclasses list theirs, keyed by hospital name
     state_attrs: tuple[str, ...] = ()
@@ -335,24 +213,6 @@ class HospitrustStrategy(Strategy):
         self.rng.setstate(state["rng"])
         for a in self.state_attrs:
             setattr(self, a, copy.deepcopy(state[a]))
-
-    # ---- Flower Strategy interface ------------------------------------------------------
-    def summary(self) -> None:
-        log(INFO, "\t├── Strategy: %s (%s)", self.name, type(self).__name__)
-        log(INFO, "\t├── Hospitals: %d, fraction-train %.2f, min-hospitals %d", len(self.hospitals),
-            self.fraction_train, self.min_hospitals)
-        log(INFO, "\t└── Reply bounds: update norm <= %g, num-examples <= %d", self.limits.max_update_norm,
-            self.limits.max_num_examples)
-
-    def sample_hospitals(self, grid: Grid, excluded: Collection[str] = ()) -> list[int]:
-        """Node ids to ask this round, chosen by hospital name with the seeded rng (node ids are random),
-        among the online hospitals not ``excluded`` (names a round feature keeps out, e.g. a spent budget).
-        """
-        online = set(grid.get_node_ids())
-        candidates = sorted((name, nid) for nid, name in self.hospitals.items() if nid in online and name not in excluded)
-        k = min(len(candidates), max(math.ceil(self.fraction_train * len(candidates)), self.min_hospitals))
-        chosen = self.rng.sample(candidates, k) if k < len(candidates) else candidates
-        return [nid for _, nid in sorted(chosen)]
 
     def round_generator(self, server_round: int) -> torch.Generator:
         """A CPU generator for the rule's random draws in ``server_round`` (DnC's and SignGuard's
@@ -381,74 +241,6 @@ class HospitrustStrategy(Strategy):
         if self._global_vector is None or self._global_vector[0] is not self.global_state:
             self._global_vector = (self.global_state, flatten_state(self.global_state)[0].to(self.device))
         return self._global_vector[1]
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        return self.configure_round(server_round, arrays, config, grid)
-
-    def configure_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
-                        excluded: Collection[str] = ()) -> list[Message]:
-        """The round's train messages, to the sampled hospitals not ``excluded`` (hospital names)."""
-        self.global_state = arrays.to_torch_state_dict()
-        cfg = ConfigRecord({**self.train_config, **dict(config), "server-round": server_round})
-        content = RecordDict({"arrays": arrays, "config": cfg})
-        return [
-            Message(content, dst_node_id=nid, message_type=MessageType.TRAIN)
-            for nid in self.sample_hospitals(grid, excluded)
-        ]
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Flower's form of :meth:`aggregate_round`: (new model or None, metrics)."""
-        result = self.aggregate_round(server_round, replies)
-        return result.arrays, result.metrics
-
-    def aggregate_round(self, server_round: int, replies: Iterable[Message],
-                        update_steps: Sequence[UpdateStep] = ()) -> RoundResult:
-        """The round's intake with this rule (:func:`~hospitrust.strategies.intake.aggregate_round`); a rule whose
-        replies are no stack of updates (FED-FBD's blocks) replaces it.
-        """
-        return intake.aggregate_round(self, server_round, replies, update_steps)
-
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        cfg = ConfigRecord({**dict(config), "server-round": server_round})
-        content = RecordDict({"arrays": arrays, "config": cfg})
-        online = set(grid.get_node_ids())
-        return [
-            Message(content, dst_node_id=nid, message_type=MessageType.EVALUATE)
-            for nid in sorted(self.hospitals)
-            if nid in online
-        ]
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Flower's form of :func:`~hospitrust.strategies.intake.hospital_evaluation`: the mean and spread of the hospitals' accuracy."""
-        per_hospital = intake.hospital_evaluation(self, server_round, replies)
-        if not per_hospital:
-            return None
-        accs = np.array([v["accuracy"] for v in per_hospital.values()])
-        return MetricRecord({"mean-accuracy": float(accs.mean()), "accuracy-spread": float(accs.max() - accs.min())})
-
-    # ---- what the loop and the features ask of a rule -----------------------------------------
-    def use_equal_weights(self) -> None:
-        """Weigh every accepted reply equally from now on: central DP's noise is calibrated for the
-        equal-weight mean of the clipped updates. Only a ``central_dp_compatible`` rule can.
-        """
-        raise NotImplementedError(f"the {self.name} rule cannot weigh every reply equally (central_dp_compatible is "
-                                  "False)")
-
-    def receive_scores(self, totals: Mapping[str, Mapping[str, float]]) -> None:
-        """The contribution ledger's accumulated scores after a scored round; a rule that weighs
-        hospitals by them keeps them (``contribution``), the others ignore them.
-
-        Parameters
-        ----------
-        totals : Mapping[str, Mapping[str, float]]
-            Hospital name -> score name (``fp``, ``ee``, ...) -> its total over the rounds scored so far.
-        """
 
     # ---- what a rule implements ----------------------------------------------------------
     def required_replies(self) -> int:
