@@ -103,7 +103,7 @@ def test_the_checkers_see_what_they_look_for():
     assert name_comparisons('if rule_name(cfg.strategy) == "median": pass\nx = rule == y') == [1]
     assert strategy_attribute_writes("strategy.equal_weights = True") == [1]
     assert strategy_attribute_writes("a, self.strategy.x = 1, 2\nsetattr(strategy, 'y', 3)\ndel strategy.z") == [1, 2, 3]
-    assert strategy_attribute_writes("self.strategy = strategy\nstrategy.use_equal_weights()") == []
+    assert strategy_attribute_writes("self.strategy = strategy\nstrategy.receive_scores(totals)") == []
 
 
 def test_no_rule_name_is_compared_outside_the_registry_and_fbd():
@@ -122,7 +122,7 @@ def test_no_feature_sets_an_attribute_of_a_strategy():
     for path in _modules(PACKAGE / "features"):
         found += [f"hospitrust/features/{path.relative_to(PACKAGE / 'features').as_posix()}:{line}"
                   for line in strategy_attribute_writes(path.read_text())]
-    assert found == [], "call a method the strategy declares (use_equal_weights, receive_scores, ...):\n" + \
+    assert found == [], "call a method the strategy declares (receive_scores, ...):\n" + \
         "\n".join(found)
 
 
@@ -171,15 +171,37 @@ def test_each_rule_names_its_own_trust_signal_and_no_reader_guesses_it():
             assert not strings & {"reputation", "earn_trust", "trust"}, (module, reader.name)
 
 
-def test_central_dp_asks_the_rule_for_equal_weights_and_other_rules_refuse():
+def test_central_dp_asks_the_round_for_equal_weights_and_other_rules_refuse():
+    """Equal weights are an input of the round (central DP asks each round's intake), not a setting of the rule:
+    FedAvg's aggregate of 3 and 1 examples is their plain mean when asked, their example-weighted mean otherwise;
+    a rule that is not central_dp_compatible refuses, and so does central DP's wrapper around it."""
+    import torch
+    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from hospitrust.features.central_privacy import CentralPrivacy
+    from hospitrust.privacy.options import PrivacyOptions
     from hospitrust.strategies.registry import build_strategy
 
+    class TwoNodes:  # what configure_round asks of a grid
+        def get_node_ids(self):
+            return [1, 2]
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     fedavg = build_strategy("fedavg", {1: "a", 2: "b"})
-    assert not fedavg.equal_weights
-    fedavg.use_equal_weights()
-    assert fedavg.equal_weights
-    with pytest.raises(NotImplementedError, match="central_dp_compatible"):
-        build_strategy("median", {1: "a", 2: "b"}).use_equal_weights()
+    messages = sorted(fedavg.configure_round(1, ArrayRecord({"w": torch.zeros(2)}), ConfigRecord(), TwoNodes()),
+                      key=lambda m: m.metadata.dst_node_id)
+    replies = [Message(RecordDict({"arrays": ArrayRecord({"w": torch.full((2,), value)}),
+                                   "metrics": MetricRecord({"num-examples": n, "train-loss": 0.5})}), reply_to=m)
+               for (value, n), m in zip([(1.0, 3), (5.0, 1)], messages)]
+    weighted = fedavg.aggregate_round(1, replies).arrays.to_torch_state_dict()["w"]
+    equal = fedavg.aggregate_round(1, replies, equal_weights=True).arrays.to_torch_state_dict()["w"]
+    assert weighted.tolist() == [2.0, 2.0] and equal.tolist() == [3.0, 3.0]  # (3*1 + 1*5) / 4; (1 + 5) / 2
+    median = build_strategy("median", {1: "a", 2: "b"})
+    with pytest.raises(ValueError, match="central_dp_compatible"):
+        median.aggregate_round(1, replies, equal_weights=True)
+    with pytest.raises(ValueError, match="central DP wraps a rule .* median cannot"):
+        CentralPrivacy(median, PrivacyOptions(central_noise_multiplier=1.0, central_clipping_norm=1.0), 2)
 
 
 def test_scores_reach_only_a_rule_that_keeps_them():

@@ -50,7 +50,8 @@ class _TypedRound:
         self.inner, self.update_steps, self.results = inner, update_steps, results
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        result = self.inner.aggregate_round(server_round, replies, self.update_steps)
+        # the std z C / n holds for the equal-weight mean of n clipped updates
+        result = self.inner.aggregate_round(server_round, replies, self.update_steps, equal_weights=True)
         self.results.append(result)
         return result.arrays, result.metrics
 
@@ -61,7 +62,7 @@ class CentralPrivacy(DifferentialPrivacyServerSideFixedClipping):
     Parameters
     ----------
     strategy : HospitrustStrategy
-        The rule it wraps, a ``central_dp_compatible`` one (asked here to weigh every reply equally).
+        The rule it wraps, a ``central_dp_compatible`` one (each round asks it for the equal-weight mean).
     options : PrivacyOptions
         The ``privacy`` section (central noise multiplier, clipping norm, delta).
     num_hospitals : int
@@ -74,7 +75,9 @@ class CentralPrivacy(DifferentialPrivacyServerSideFixedClipping):
     def __init__(self, strategy: Any, options: PrivacyOptions, num_hospitals: int, feature: str = "privacy") -> None:
         super().__init__(strategy, options.central_noise_multiplier, options.central_clipping_norm,
                          num_sampled_clients=max(num_hospitals, 1))
-        strategy.use_equal_weights()  # the std z C / n holds for the equal-weight mean of n clipped updates
+        if not strategy.central_dp_compatible:
+            raise ValueError(f"central DP wraps a rule that can take the equal-weight mean of the clipped updates; "
+                             f"{strategy.name} cannot ({strategy.why_not('central_dp_compatible', 'central_dp_compatible is False')})")
         self.inner = strategy
         self.options = options
         self.num_hospitals = num_hospitals

@@ -89,7 +89,7 @@ class HospitrustStrategy(RoundMessages, RunHooks):
     #: counterfactual models (``M - U_i``, ``M0 + U_i``, Shapley's coalitions) are defined for it
     weighted_mean: ClassVar[bool] = False
     #: True for a rule that computes the equal-weight mean of the clipped updates once asked to
-    #: (:meth:`use_equal_weights`): central DP's noise ``z C / n`` is calibrated for exactly that
+    #: (``aggregate_round(..., equal_weights=True)``): central DP's noise ``z C / n`` is calibrated for exactly that
     central_dp_compatible: ClassVar[bool] = False
     #: True for a rule whose hospitals train as Opacus's DP-SGD accounts for (local DP)
     local_dp_compatible: ClassVar[bool] = True

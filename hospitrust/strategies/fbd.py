@@ -436,12 +436,14 @@ class FBD(HospitrustStrategy):
         return ""
 
     def aggregate_round(self, server_round: int, replies: Iterable[Message],
-                        update_steps: Sequence[UpdateStep] = ()) -> RoundResult:
+                        update_steps: Sequence[UpdateStep] = (), *, equal_weights: bool = False) -> RoundResult:
         """Write the accepted blocks into the warehouse; the result's ``arrays`` is None (the new state
         is the warehouse). ``update_steps`` take a stack of whole-model updates, which FED-FBD has not.
         """
         if update_steps:
             raise ValueError("fbd: update steps (pre-aggregation, a colluding adversary) need whole-model updates")
+        if equal_weights:
+            raise ValueError("fbd: blocks have no weighted mean to make equal (central_dp_compatible is False)")
         started = time.perf_counter()
         record = RoundResult()
         stamps: list[dict] = []

@@ -37,18 +37,9 @@ class FedAvg(HospitrustStrategy):
     weighs_hospitals = False
     secagg_compatible = True
 
-    def __init__(self, hospitals, options=None, **kwargs) -> None:
-        super().__init__(hospitals, options, **kwargs)
-        #: set by :meth:`use_equal_weights` (central differential privacy, whose noise is calibrated for the
-        #: equal-weight mean of n clipped updates, ``Δ = Σ_i u_i / n``)
-        self.equal_weights = False
-
-    def use_equal_weights(self) -> None:
-        self.equal_weights = True
-
     def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
-        if self.equal_weights:
-            num_examples = torch.ones_like(num_examples)
+        # num_examples: the round's weights, all ones under central DP (its noise is calibrated for the
+        # equal-weight mean of n clipped updates, Δ = Σ_i u_i / n)
         weights = num_examples / num_examples.sum()
         update = weights.to(updates.dtype) @ updates
         return Aggregate(update=update, weights=weights, selected=torch.ones(len(replies), dtype=torch.bool))

@@ -142,13 +142,6 @@ class RunHooks:
         """
         return {}
 
-    def use_equal_weights(self) -> None:
-        """Weigh every accepted reply equally from now on: central DP's noise is calibrated for the
-        equal-weight mean of the clipped updates. Only a ``central_dp_compatible`` rule can.
-        """
-        raise NotImplementedError(f"the {self.name} rule cannot weigh every reply equally (central_dp_compatible is "
-                                  "False)")
-
     def receive_scores(self, totals: Mapping[str, Mapping[str, float]]) -> None:
         """The contribution ledger's accumulated scores after a scored round; a rule that weighs
         hospitals by them keeps them (``contribution``), the others ignore them.

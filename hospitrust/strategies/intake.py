@@ -29,10 +29,16 @@ if TYPE_CHECKING:
 
 
 def aggregate_round(rule: HospitrustStrategy, server_round: int, replies: Iterable[Message],
-                    update_steps: Sequence[UpdateStep] = ()) -> RoundResult:
+                    update_steps: Sequence[UpdateStep] = (), *, equal_weights: bool = False) -> RoundResult:
     """Check every reply, stack the accepted updates, apply ``update_steps`` to the stack, run the
     rule; the result says what the round decided, per hospital and as a whole.
+
+    The rule weighs each reply by its example count, or with ``equal_weights`` every reply alike (central DP: its
+    noise ``z C / n`` is calibrated for the equal-weight mean of n clipped updates): an input of the round, so a
+    rule keeps no such setting.
     """
+    if equal_weights and not rule.central_dp_compatible:
+        raise ValueError(f"the {rule.name} rule cannot weigh every reply equally (central_dp_compatible is False)")
     started = time.perf_counter()
     record = RoundResult()
     accepted: list[CheckedReply] = []
@@ -81,11 +87,12 @@ def aggregate_round(rule: HospitrustStrategy, server_round: int, replies: Iterab
             if too_few(rule, server_round, record, accepted, started):
                 return record
     num_examples = torch.tensor([r.num_examples for r in accepted], dtype=torch.float64, device=rule.device)
+    rule_weights = torch.ones_like(num_examples) if equal_weights else num_examples
     # what each hospital's update (as the rule saw it) and the aggregate weigh: step lengths for the record
     row_norms = torch.linalg.vector_norm(updates, dim=1).tolist()
     if groups is None:
         norms = row_norms
-        result = rule.aggregate_updates(server_round, updates, num_examples, accepted)
+        result = rule.aggregate_updates(server_round, updates, rule_weights, accepted)
     else:
         if len(groups) < rule.required_replies():
             kept(rule, server_round, record, accepted, started, f"{len(groups)} rows after the pre-aggregation < the "
@@ -95,7 +102,7 @@ def aggregate_round(rule: HospitrustStrategy, server_round: int, replies: Iterab
         for row, members in enumerate(groups):
             for i in members:
                 norms[i] = row_norms[row]
-        result = aggregate_grouped(rule, server_round, updates, groups, num_examples, accepted)
+        result = aggregate_grouped(rule, server_round, updates, groups, rule_weights, accepted)
     record.update_norm = float(torch.linalg.vector_norm(result.update))
 
     new_vec = global_vec + result.update.to(global_vec.dtype)

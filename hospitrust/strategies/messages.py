@@ -84,11 +84,12 @@ class RoundMessages(Strategy):
         return result.arrays, result.metrics
 
     def aggregate_round(self, server_round: int, replies: Iterable[Message],
-                        update_steps: Sequence[UpdateStep] = ()) -> RoundResult:
+                        update_steps: Sequence[UpdateStep] = (), *, equal_weights: bool = False) -> RoundResult:
         """The round's intake with this rule (:func:`~hospitrust.strategies.intake.aggregate_round`); a rule whose
         replies are no stack of updates (FED-FBD's blocks) replaces it.
         """
-        return intake.aggregate_round(cast("HospitrustStrategy", self), server_round, replies, update_steps)
+        return intake.aggregate_round(cast("HospitrustStrategy", self), server_round, replies, update_steps,
+                                      equal_weights=equal_weights)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
