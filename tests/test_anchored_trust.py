@@ -18,6 +18,7 @@ from hospitrust.aggregation.anchored_trust import (
 from hospitrust.attacks.math.defence_aware import anchored_trust_push
 from hospitrust.strategies.anchored_trust import AnchoredTrust
 from hospitrust.strategies.validation import CheckedReply
+from hospitrust.strategies.intake import round_context
 
 T = functools.partial(torch.tensor, dtype=torch.float64)
 
@@ -174,7 +175,7 @@ def test_strategy_keeps_histories_per_hospital_and_restores_them():
                          train_config={"batch-size": 32, "local-epochs": 1}, assumed_malicious=1)
     rule.global_state = {"w": torch.zeros(2)}
     replies = [CheckedReply(1, {}, None, 10, {}), CheckedReply(2, {}, None, 10, {})]
-    agg = rule.aggregate_updates(1, T([[1.0, 1.0], [-1.0, 0.5]]), T([10.0, 10.0]), replies)
+    agg = rule.aggregate(T([[1.0, 1.0], [-1.0, 0.5]]), T([10.0, 10.0]), round_context(rule, 1, replies))
     assert agg.extra["trust"] == [1.0, 0.0] and agg.extra["flagged"] == [False, True]
     saved = rule.state_dict()
     again = AnchoredTrust(names, {"step_bound": 100.0}, server_update=_Anchor(T([1.0, 0.0])),
@@ -182,8 +183,8 @@ def test_strategy_keeps_histories_per_hospital_and_restores_them():
     again.global_state = rule.global_state
     again.load_state_dict(saved)
     x2 = T([[0.5, 1.0], [1.0, 0.0]])
-    first = rule.aggregate_updates(2, x2, T([10.0, 10.0]), replies)
-    second = again.aggregate_updates(2, x2, T([10.0, 10.0]), replies)
+    first = rule.aggregate(x2, T([10.0, 10.0]), round_context(rule, 2, replies))
+    second = again.aggregate(x2, T([10.0, 10.0]), round_context(again, 2, replies))
     torch.testing.assert_close(first.update, second.update)
     assert first.extra["history_cosine"] == second.extra["history_cosine"]
 

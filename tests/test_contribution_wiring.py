@@ -18,6 +18,7 @@ from hospitrust.client_app.contribution import STATE_SENT
 from hospitrust.ops.inprocess import InProcessGrid
 from hospitrust.server_app.results import read_round_records, read_summary
 from hospitrust.server_app import app as server_app
+from hospitrust.strategies.intake import round_context
 
 SCORES = {"loo", "ioi", "fp", "ee", "cos", "fp-published", "ee-published"}
 
@@ -84,19 +85,19 @@ def test_contribution_strategy_weights_by_clipped_positive_scores():
     strategy = build_strategy("contribution", {1: "a", 2: "b", 3: "c"}, options={"score": "ee"})
     updates = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=torch.float64)
     n = torch.tensor([10.0, 30.0, 60.0], dtype=torch.float64)
-    replies = [SimpleNamespace(node_id=i) for i in (1, 2, 3)]
+    replies = [SimpleNamespace(node_id=i, metrics={}) for i in (1, 2, 3)]
     # no scores yet: FedAvg
-    agg = strategy.aggregate_updates(1, updates, n, replies)
+    agg = strategy.aggregate(updates, n, round_context(strategy, 1, replies))
     torch.testing.assert_close(agg.weights, n / n.sum())
     # ee totals 0.3, -0.1, 0.1 -> weights 0.75, 0, 0.25; b is out of the aggregate
     strategy.receive_scores({"a": {"fp": 9.0, "ee": 0.3}, "b": {"fp": 9.0, "ee": -0.1}, "c": {"fp": 9.0, "ee": 0.1}})
-    agg = strategy.aggregate_updates(2, updates, n, replies)
+    agg = strategy.aggregate(updates, n, round_context(strategy, 2, replies))
     torch.testing.assert_close(agg.weights, torch.tensor([0.75, 0.0, 0.25], dtype=torch.float64))
     torch.testing.assert_close(agg.update, torch.tensor([1.0, 0.25], dtype=torch.float64))
     assert agg.selected.tolist() == [True, False, True] and agg.extra["contribution_weighting"] == ["ee"] * 3
     # nobody positive: FedAvg again
     strategy.receive_scores({h: {"fp": 0.0, "ee": -1.0} for h in "abc"})
-    torch.testing.assert_close(strategy.aggregate_updates(3, updates, n, replies).weights, n / n.sum())
+    torch.testing.assert_close(strategy.aggregate(updates, n, round_context(strategy, 3, replies)).weights, n / n.sum())
     with pytest.raises(ValueError, match="contribution.score = 'shapley': Input should be 'fp', 'ee', 'fp-published' or 'ee-published'"):
         build_strategy("contribution", {1: "a"}, options={"score": "shapley"})
 

@@ -119,6 +119,20 @@ def test_the_new_rule_runs_a_federation(extension, tmp_path, data_dir):
     assert sum(c.selected for c in clients) == 2 and sum(c.weight for c in clients) == pytest.approx(1.0)
 
 
+def test_a_rule_written_for_the_earlier_interface_is_refused_with_what_changed():
+    """Before issue 64 a rule implemented aggregate_updates(server_round, updates, num_examples, replies); a user's
+    rule written so is refused when its class is defined, with the new method and where its old arguments went."""
+    from hospitrust.strategies.base import Aggregate, HospitrustStrategy
+
+    with pytest.raises(TypeError, match=r"implements aggregate_updates\(server_round.*now implements "
+                                        r"aggregate\(updates, example_weights, context\).*context.server_round"):
+        class OldStyle(HospitrustStrategy):  # noqa: F841 - defining it is the test
+            name = "old-style"
+
+            def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+                return Aggregate(updates.mean(dim=0), num_examples / num_examples.sum(), num_examples > 0)
+
+
 def test_an_attack_is_picked_up_by_its_class(extension):
     from hospitrust.attacks import ATTACKS
     from hospitrust.attacks.threat_model import configured_attack

@@ -26,6 +26,7 @@ from hospitrust.strategies.hta import HTA
 from hospitrust.strategies.krum import Krum
 from hospitrust.strategies.registry import strategy_class
 from hospitrust.strategies.validation import CheckedReply
+from hospitrust.strategies.intake import round_context
 
 NEW = ("tailored-alie", "tailored-ipm", "agr-tailored", "neurotoxin", "dba", "hta-aware", "earn-aware", "fltrust-aware",
        "anchored-trust-aware")
@@ -117,7 +118,7 @@ def test_the_rule_in_the_loop_is_a_private_copy_hta_state_untouched():
     hta.global_state = {"w": torch.zeros(8)}
     honest = _honest(n=6)
     ne = torch.full((6,), 10.0, dtype=torch.float64)
-    hta.aggregate_updates(1, honest, ne, _replies(6))  # a round of history: reputations to keep
+    hta.aggregate(honest, ne, round_context(hta, 1, _replies(6)))  # a round of history: reputations to keep
     before = copy.deepcopy(hta.state_dict())
     feature = RoundAwareAdversary(build_attack("tailored-alie"), {"h2"}, seed=0)
     out = _step_with_rule(feature, hta, honest.clone(), names, 2)
@@ -127,8 +128,8 @@ def test_the_rule_in_the_loop_is_a_private_copy_hta_state_untouched():
     record = feature.record(SimpleNamespace(number=2))["adversary"]
     assert record["attack"] == "tailored-alie" and record["active"] and record["z"] != 0
     # the copy aggregates exactly as the rule itself then does on the same stack
-    copy_result = private_copy(hta).aggregate_updates(2, out, ne, _replies(6))
-    real = hta.aggregate_updates(2, out, ne, _replies(6))
+    copy_result = private_copy(hta).aggregate(out, ne, round_context(hta, 2, _replies(6)))
+    real = hta.aggregate(out, ne, round_context(hta, 2, _replies(6)))
     torch.testing.assert_close(copy_result.update, real.update)
 
 
@@ -154,7 +155,7 @@ def test_agr_tailored_on_krum_uses_the_rules_own_selection():
     ne = torch.full((7,), 10.0, dtype=torch.float64)
 
     def aggregate(x):
-        return krum.aggregate_updates(1, x, ne, _replies(7))
+        return krum.aggregate(x, ne, round_context(krum, 1, _replies(7)))
 
     view = _view(honest, malicious=(3,), rule=lambda x: aggregate(x).update, aggregate=aggregate, strategy=lambda: krum)
     rows, info = _built("agr-tailored", perturbation="unit").craft_round(view)
@@ -254,12 +255,12 @@ def test_hta_aware_stays_inside_the_dual_mad_band():
     gen = torch.Generator().manual_seed(5)
     base = torch.randn(12, generator=gen, dtype=torch.float64)
     for r in (1, 2):  # two honest rounds: every hospital builds its reputation
-        hta.aggregate_updates(r, base + 0.3 * torch.randn(8, 12, generator=gen, dtype=torch.float64), ne, _replies(8))
+        hta.aggregate(base + 0.3 * torch.randn(8, 12, generator=gen, dtype=torch.float64), ne, round_context(hta, r, _replies(8)))
     stack = base + 0.3 * torch.randn(8, 12, generator=gen, dtype=torch.float64)
     malicious = [1, 6]
 
     def aggregate(x):
-        return private_copy(hta).aggregate_updates(3, x, ne, _replies(8))
+        return private_copy(hta).aggregate(x, ne, round_context(hta, 3, _replies(8)))
 
     view = RoundView(3, stack, names, malicious, rule=lambda x: aggregate(x).update, aggregate=aggregate,
                      strategy=lambda: private_copy(hta), generator=torch.Generator().manual_seed(0))

@@ -18,6 +18,7 @@ from conftest import flat_entry, small_run_config
 from hospitrust.aggregation import flame, monna, monna_around
 from hospitrust.server_app.checkpoint import from_plain, to_plain
 from hospitrust.strategies import build_strategy
+from hospitrust.strategies.intake import round_context
 
 #: every rule issue 34 adds (test_strategies runs the in-process check of the others)
 FIELD_RULES = ["caf", "clipped-clustering", "dnc", "flame", "foolsgold", "mda", "monna", "signguard", "smea"]
@@ -29,13 +30,13 @@ def _strategy(name, n, **kwargs):
 
 
 def _aggregate(s, rows, server_round=1, hospitals=None, global_model=None):
-    """``aggregate_updates`` on the float64 stack ``rows`` from hospitals ``hospitals`` (indices; all by default)."""
+    """``aggregate`` on the float64 stack ``rows`` from hospitals ``hospitals`` (indices; all by default)."""
     x = torch.tensor(rows, dtype=torch.float64)
     idx = list(range(len(rows))) if hospitals is None else hospitals
     s.global_state = {"w": torch.zeros(x.shape[1], dtype=torch.float64) if global_model is None
                       else torch.tensor(global_model, dtype=torch.float64)}
     replies = [SimpleNamespace(node_id=100 + i, metrics={}) for i in idx]
-    return s.aggregate_updates(server_round, x, torch.full((len(rows),), 10.0, dtype=torch.float64), replies)
+    return s.aggregate(x, torch.full((len(rows),), 10.0, dtype=torch.float64), round_context(s, server_round, replies))
 
 
 def _through_checkpoint(s):

@@ -218,14 +218,14 @@ def test_a_real_change_fails_the_tolerance_path(tmp_path, data_dir, one_thread, 
     from hospitrust.strategies.fedavg import FedAvg
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    aggregate = FedAvg.aggregate_updates
+    aggregate = FedAvg.aggregate
 
     def nudged(self, *args, **kwargs):
         out = aggregate(self, *args, **kwargs)
         out.update.add_(1e-4)
         return out
 
-    monkeypatch.setattr(FedAvg, "aggregate_updates", nudged)
+    monkeypatch.setattr(FedAvg, "aggregate", nudged)
     got = _fingerprint(_final_state(_run("fedavg", tmp_path)))
     want = json.loads(GOLDEN.read_text())["fingerprints"]["fedavg"]
     with pytest.raises(AssertionError, match="the final model changed"):

@@ -19,6 +19,7 @@ import torch
 
 from conftest import assert_close_by_norm, flat_entry, jitter
 from hospitrust.strategies import build_strategy
+from hospitrust.strategies.intake import round_context
 
 #: each variant subclass's ``Options().to_flat()`` at commit d43dd7e
 HTA_PUBLISHED = {"direction-exponent": 1.0, "magnitude-exponent": 1.0, "validation-exponent": 1.0, "ema-rate": 0.3,
@@ -63,7 +64,7 @@ def _fingerprint(name, rel_jitter=0.0):
         errors = jitter(torch.tensor([0.1 + 0.07 * i for i in range(n)], dtype=torch.float64), rel_jitter, seed=10 + rnd)
         replies = [SimpleNamespace(node_id=100 + i, metrics={"class-counts": COUNTS[i], "benchmark-error": float(errors[i])})
                    for i in range(n)]
-        agg = s.aggregate_updates(rnd, u, torch.tensor([10.0, 20, 30, 40, 50], dtype=torch.float64), replies)
+        agg = s.aggregate(u, torch.tensor([10.0, 20, 30, 40, 50], dtype=torch.float64), round_context(s, rnd, replies))
         out.append(([round(float(x), 12) for x in agg.update], [round(float(x), 12) for x in agg.weights],
                     [bool(x) for x in agg.selected]))
     return out
@@ -92,14 +93,14 @@ def test_each_variant_and_renamed_rule_aggregates_as_before(name, input_jitter):
 def test_a_change_of_1e_4_in_a_rules_output_fails_the_comparison(name, monkeypatch):
     """The tolerance is no blanket: the rule's aggregate moved by 1e-4 (on each coordinate) is told apart."""
     cls = type(build_strategy(name, {1: "a", 2: "b"}))
-    aggregate = cls.aggregate_updates
+    aggregate = cls.aggregate
 
     def nudged(self, *args, **kwargs):
         out = aggregate(self, *args, **kwargs)
         out.update.add_(1e-4)
         return out
 
-    monkeypatch.setattr(cls, "aggregate_updates", nudged)
+    monkeypatch.setattr(cls, "aggregate", nudged)
     with pytest.raises(AssertionError, match="the aggregate: differs from the record"):
         assert_aggregates_as_recorded(name, _fingerprint(name))
 

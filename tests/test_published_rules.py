@@ -23,6 +23,7 @@ from hospitrust.contribution import (
 )
 from hospitrust.contribution.interface import HospitalReport, SecureRoundView, score_round
 from hospitrust.strategies import PRESETS, build_strategy, strategy_names
+from hospitrust.strategies.intake import round_context
 
 PUBLISHED = ("fedagain-published", "fedagain-authors-code", "hta-published", "hta-published-no-m",
              "hta-published-no-memory", "hta-published-no-direction", "earn-published")
@@ -35,12 +36,12 @@ def _rule(name, n, global_state, **kwargs):
 
 
 def _aggregate(strategy, updates, metrics=None, num_examples=None, server_round=1):
-    """``aggregate_updates`` on bare replies (node id and metrics: what the rules read of a reply)."""
+    """``aggregate`` on bare replies (node id and metrics: what the rules read of a reply)."""
     u = torch.tensor(updates, dtype=torch.float32)
     n = u.shape[0]
     replies = [SimpleNamespace(node_id=100 + i, metrics=(metrics or [{}] * n)[i]) for i in range(n)]
     ne = torch.tensor(num_examples or [10.0] * n, dtype=torch.float64)
-    return strategy.aggregate_updates(server_round, u, ne, replies)
+    return strategy.aggregate(u, ne, round_context(strategy, server_round, replies))
 
 
 def test_every_published_name_is_selectable_from_the_run_config():
@@ -275,7 +276,7 @@ def test_contribution_weighting_by_a_published_score():
 
 def _aggregate_contribution(s):
     replies = [SimpleNamespace(node_id=1, metrics={}), SimpleNamespace(node_id=2, metrics={})]
-    return s.aggregate_updates(1, torch.ones(2, 3), torch.tensor([10.0, 10.0], dtype=torch.float64), replies)
+    return s.aggregate(torch.ones(2, 3), torch.tensor([10.0, 10.0], dtype=torch.float64), round_context(s, 1, replies))
 
 
 # ---- a real in-process federation with a published name ----------------------------------------
@@ -286,18 +287,18 @@ def test_fedagain_published_in_a_real_inprocess_run(tmp_path, data_dir):
     from hospitrust.client_app import app as client_app
     from hospitrust.ops.inprocess import InProcessGrid
     from hospitrust.server_app import app as server_app
-    from hospitrust.server_app.results import read_rounds
+    from hospitrust.server_app.results import read_round_records
 
     cfg = small_run_config(tmp_path, **{"strategy": "fedagain-published", "num-server-rounds": 1,
                                         "train-subsample": 0.03, "batch-size": 64, "local-epochs": 1})
     server_app(InProcessGrid(client_app, 3, cfg), Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
                                                            run_config=cfg))
-    (rec,) = read_rounds(tmp_path / "runs" / cfg["run-name"])
-    assert not rec["kept_previous_model"]
-    rec["clients"] = [flat_entry(c) for c in rec["clients"]]  # the rule's signals beside the common fields
-    trust = [c["trust"] for c in rec["clients"]]
-    assert [c["weight"] for c in rec["clients"]] == pytest.approx([t / sum(trust) for t in trust])
-    for c in rec["clients"]:  # the paper's factors, unfloored: T = 1 / (E D + 1e-6)
+    (rec,) = read_round_records(tmp_path / "runs" / cfg["run-name"])
+    assert not rec.kept_previous_model
+    clients = [flat_entry(c) for c in rec.clients]  # the rule's signals beside the common fields
+    trust = [c["trust"] for c in clients]
+    assert [c["weight"] for c in clients] == pytest.approx([t / sum(trust) for t in trust])
+    for c in clients:  # the paper's factors, unfloored: T = 1 / (E D + 1e-6)
         assert c["error_floored"] == pytest.approx(c["benchmark_error_used"])
         assert c["trust"] == pytest.approx(1 / (c["benchmark_error_used"] * c["divergence"] + 1e-6), rel=1e-9)  # float64
         assert c["flagged"] is False
@@ -312,22 +313,22 @@ def test_published_hta_and_earn_in_a_real_inprocess_run(tmp_path, data_dir, name
     from hospitrust.client_app import app as client_app
     from hospitrust.ops.inprocess import InProcessGrid
     from hospitrust.server_app import app as server_app
-    from hospitrust.server_app.results import read_rounds
+    from hospitrust.server_app.results import read_round_records
 
     cfg = small_run_config(tmp_path, **{"strategy": name, "num-server-rounds": 1, "train-subsample": 0.03,
                                         "batch-size": 64, "local-epochs": 1})
     server_app(InProcessGrid(client_app, 4, cfg), Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
                                                            run_config=cfg))
-    (rec,) = read_rounds(tmp_path / "runs" / cfg["run-name"])
-    assert not rec["kept_previous_model"], rec["note"]
-    rec["clients"] = [flat_entry(c) for c in rec["clients"]]  # the rule's signals beside the common fields
-    for c in rec["clients"]:
+    (rec,) = read_round_records(tmp_path / "runs" / cfg["run-name"])
+    assert not rec.kept_previous_model, rec.note
+    clients = [flat_entry(c) for c in rec.clients]  # the rule's signals beside the common fields
+    for c in clients:
         assert not c["rejected"], c["reason"]
         assert all(k in c for k in keys), (name, keys)
     if name == "hta-published-no-memory":  # no memory: the reputation is the round's tau
-        assert [c["reputation"] for c in rec["clients"]] == pytest.approx([c["tau"] for c in rec["clients"]])
+        assert [c["reputation"] for c in clients] == pytest.approx([c["tau"] for c in clients])
     else:  # a holder has at least 20 training images of the class, by its reported counts
-        for c in rec["clients"]:
+        for c in clients:
             counts = [int(x) for x in c["evidence"]]
             assert c["holds"] == [k for k, x in enumerate(counts) if x >= 20]
 

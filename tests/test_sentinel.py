@@ -17,6 +17,7 @@ from hospitrust.attacks.registry import ATTACKS, build_attack
 from hospitrust.strategies.base import Aggregate
 from hospitrust.strategies.sentinel import Sentinel
 from hospitrust.strategies.validation import CheckedReply
+from hospitrust.strategies.intake import round_context
 
 T = functools.partial(torch.tensor, dtype=torch.float64)
 TARGET = T([1.0, 1.0])
@@ -112,7 +113,7 @@ def test_the_strategy_records_each_hospitals_check():
     rule = _rule()
     rule.global_state = {"w": torch.zeros(2)}
     replies = [CheckedReply(i, {}, None, 10, {}) for i in (1, 2, 3)]
-    agg = rule.aggregate_updates(1, T([[1.0, 0.0], [0.0, 1.0], [-5.0, 0.0]]), T([10.0, 10.0, 10.0]), replies)
+    agg = rule.aggregate(T([[1.0, 0.0], [0.0, 1.0], [-5.0, 0.0]]), T([10.0, 10.0, 10.0]), round_context(rule, 1, replies))
     torch.testing.assert_close(agg.update, T([0.5, 0.5]))
     assert agg.selected.tolist() == [True, True, False] and agg.extra["flagged"] == [False, False, True]
     assert agg.extra["rank"] == [1, 2, 3] and agg.extra["step_loss"] == [0.5] * 3
@@ -143,7 +144,7 @@ def _aware_view(rule, honest, malicious_rows, max_norm=None):
     replies = [CheckedReply(i + 1, {}, None, 10, {}) for i in range(n)]
 
     def aggregate(stack):
-        return rule.aggregate_updates(1, stack, torch.full((n,), 10.0, dtype=torch.float64), replies)
+        return rule.aggregate(stack, torch.full((n,), 10.0, dtype=torch.float64), round_context(rule, 1, replies))
 
     return RoundView(1, updates, [names[i + 1] for i in range(n)], list(malicious_rows), rule=lambda s: aggregate(s).update,
                      aggregate=aggregate, strategy=lambda: rule, generator=torch.Generator().manual_seed(0),
@@ -453,15 +454,15 @@ def test_a_run_with_the_floor_records_what_it_released_and_saves_it(tmp_path, da
     from hospitrust.client_app import app as client_app
     from hospitrust.ops.inprocess import InProcessGrid
     from hospitrust.server_app import app as server_app
-    from hospitrust.server_app.results import read_rounds
+    from hospitrust.server_app.results import read_round_records
 
     cfg = small_run_config(tmp_path, **{"strategy": "sentinel", "sentinel.floor": "cohort-model", "sentinel.floor-epochs": 2,
                                         "num-server-rounds": 2, "train-subsample": 0.03, "reference-cohort-per-class": 4})
     server_app(InProcessGrid(client_app, 4, cfg), Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
                                                           run_config=cfg))
     run_dir = tmp_path / "runs" / cfg["run-name"]
-    rounds = read_rounds(run_dir)
-    entries = [r["sentinel_floor"] for r in rounds]
+    rounds = read_round_records(run_dir)
+    entries = [r.entries["sentinel_floor"] for r in rounds]
     assert len(entries) == 2 and all(e["released"] in ("federated", "floor") for e in entries)
     assert all(math.isfinite(e["federated_loss"]) and math.isfinite(e["floor_loss"]) for e in entries)
     assert entries[0]["floor_loss"] == entries[1]["floor_loss"]  # the server's own model is trained once

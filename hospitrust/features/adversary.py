@@ -30,7 +30,7 @@ from hospitrust.features.base import Round, RoundFeature, RunFacts
 from hospitrust.features.pre_aggregators import pre_aggregation_chain
 from hospitrust.features.secagg_options import SecAggOptions
 from hospitrust.strategies import intake
-from hospitrust.strategies.base import Aggregate, AttackerRows, RoundResult, UpdateStep
+from hospitrust.strategies.base import Aggregate, AttackerRows, HospitrustStrategy, RoundResult, UpdateStep
 from hospitrust.strategies.validation import CheckedReply
 
 
@@ -101,7 +101,7 @@ def private_copy(strategy: Any) -> Any:
                 memo[id(value.__self__)] = value.__self__
             elif getattr(value, "shared_between_copies", False):  # a cache of what the server computes per round
                 memo[id(value)] = value
-            elif depth < 2 and hasattr(value, "aggregate_updates") and hasattr(value, "__dict__"):
+            elif depth < 2 and isinstance(value, HospitrustStrategy):
                 share(value, depth + 1)  # a composed rule (EARN's HTA base)
         if isinstance(getattr(obj, "global_state", None), dict):
             memo[id(obj.global_state)] = obj.global_state
@@ -193,17 +193,18 @@ class RoundAwareAdversary(RoundFeature):
         """``(n, d)`` stack -> the rule's :class:`Aggregate` (behind the chain), on a private copy."""
         replies = self._checked(hospitals)
         num_examples = torch.tensor([r.num_examples for r in replies], dtype=torch.float64, device=self.strategy.device)
+        context = intake.round_context(self.strategy, server_round, replies)
         chain = self.chain
 
         def aggregate(stack: torch.Tensor) -> Aggregate:
             if chain is None:
-                return private_copy(self.strategy).aggregate_updates(server_round, stack, num_examples, replies)
+                return private_copy(self.strategy).aggregate(stack, num_examples, context)
             done = chain.apply(server_round, stack)
             groups = getattr(done, "groups", None)  # a chain is duck-typed: .apply(round, updates).rows at least
             if groups is not None:  # the rule gets the bucket means (bucketing.rule-input = "bucket-means")
                 return intake.aggregate_grouped(private_copy(self.strategy), server_round, done.rows, groups, num_examples,
                                                                      replies)
-            return private_copy(self.strategy).aggregate_updates(server_round, done.rows, num_examples, replies)
+            return private_copy(self.strategy).aggregate(done.rows, num_examples, context)
 
         return aggregate
 

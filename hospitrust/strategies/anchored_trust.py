@@ -125,20 +125,20 @@ class AnchoredTrust(HospitrustStrategy):
             out[i] = past.to(like.device, like.dtype)
         return out
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
         assert self.global_state is not None
         o = self.options
-        names = [self._name_of(r.node_id) for r in replies]
-        anchor = self.server_update(self.global_state, server_round).to(updates.device, updates.dtype)
+        names = list(context.hospitals)
+        anchor = self.server_update(self.global_state, context.server_round).to(updates.device, updates.dtype)
         n = updates.shape[0]
-        steps = (local_steps(num_examples, int(self.train_config.get("batch-size", 32)),
+        steps = (local_steps(example_weights, int(self.train_config.get("batch-size", 32)),
                              int(self.train_config.get("local-epochs", 1)))
                  if o.bound_per_step else torch.ones(n, dtype=torch.float64))
         # the rank of the cosine of full trust, as the f of full_trust_at: the (n - f)-th largest, or the median
         rank_f = min(self.f, max(n - 1, 0)) if o.full_trust_rank == "n-minus-f" else n // 2
         dup = duplicate_groups(updates, o.duplicate_cosine)
         out = anchored_trust(
-            updates, anchor, num_examples, steps,
+            updates, anchor, example_weights, steps,
             float(self.server_update.local_steps) if o.bound_per_step else 1.0,  # type: ignore[attr-defined]
             self._past(self.history, names, updates), self._past(self.anchor_history, names, updates),
             self._past(self.path_history, names, updates),
@@ -152,10 +152,10 @@ class AnchoredTrust(HospitrustStrategy):
         self.last_step = out["update"].detach().cpu().clone()
         if float(torch.linalg.vector_norm(anchor.double())) == 0:
             log(WARNING, "anchored-trust round %d: the anchor is zero (nothing learnt on the reference cohort): "
-                "the model is kept", server_round)
+                "the model is kept", context.server_round)
         if int(dup["size"].max()) > 1:
             log(WARNING, "anchored-trust round %d: near-duplicate updates (cosine >= %g) share one voice",
-                server_round, o.duplicate_cosine)
+                context.server_round, o.duplicate_cosine)
         weights = out["weights"]
         return Aggregate(out["update"], weights, weights > 0, extra={
             "trust": [float(t) for t in out["trust"]],

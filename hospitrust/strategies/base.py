@@ -4,7 +4,7 @@ It is a Flower Message-API ``Strategy`` (:mod:`hospitrust.strategies.messages`) 
 capabilities and state. What a round does with the replies (the checks, the stack, the update steps, the
 records) is :mod:`hospitrust.strategies.intake`'s; the types a round passes are in
 :mod:`hospitrust.strategies.rounds`; the run's hooks a rule may override are :mod:`hospitrust.strategies.hooks`'.
-A rule subclasses it and implements ``aggregate_updates`` only.
+A rule subclasses it and implements ``aggregate`` only.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from hospitrust.options import NoOptions, kebab
 from hospitrust.options import Options as OptionsModel
 from hospitrust.strategies.hooks import RunHooks
 from hospitrust.strategies.messages import RoundMessages
-from hospitrust.strategies.rounds import Aggregate, AttackerRows, GroupedRows, RoundResult, RowStep, UpdateStep
-from hospitrust.strategies.validation import CheckedReply, ReplyLimits
+from hospitrust.strategies.rounds import Aggregate, AttackerRows, GroupedRows, RoundContext, RoundResult, RowStep, UpdateStep
+from hospitrust.strategies.validation import ReplyLimits
 
-__all__ = ["SERVICES", "Aggregate", "AttackerRows", "GroupedRows", "HospitrustStrategy", "RoundResult", "RowStep",
-           "UpdateStep"]
+__all__ = ["SERVICES", "Aggregate", "AttackerRows", "GroupedRows", "HospitrustStrategy", "RoundContext", "RoundResult",
+           "RowStep", "UpdateStep"]
 
 #: What a rule can ask the server for (``HospitrustStrategy.needs``): the keyword argument the
 #: registry passes, and what the server builds it from. All of them need the reference cohort.
@@ -46,11 +46,11 @@ SERVICES = {
 
 class HospitrustStrategy(RoundMessages, RunHooks):
     """What every rule is: a registry name, its options, its capabilities and trust signal (class attributes), its
-    state, and its math (``aggregate_updates``); the round's messages are :class:`RoundMessages`', its intake
+    state, and its math (``aggregate``); the round's messages are :class:`RoundMessages`', its intake
     :mod:`hospitrust.strategies.intake`'s, the run's hooks :class:`RunHooks`'.
 
     A rule subclasses it with a registry ``name``, its ``Options`` (its run-config section) and
-    ``aggregate_updates``; ``needs`` says which server services it wants (``SERVICES``), and
+    ``aggregate``; ``needs`` says which server services it wants (``SERVICES``), and
     the registry builds it with exactly those.
 
     Parameters
@@ -247,15 +247,35 @@ class HospitrustStrategy(RoundMessages, RunHooks):
         """Fewest valid replies the rule is defined for (e.g. Krum: 2f + 3)."""
         return 1
 
-    def aggregate_updates(
-        self,
-        server_round: int,
-        updates: torch.Tensor,
-        num_examples: torch.Tensor,
-        replies: list[CheckedReply],
-    ) -> Aggregate:
-        """Combine the accepted ``(n, d)`` updates into one ``(d,)`` update."""
+    def aggregate(self, updates: torch.Tensor, example_weights: torch.Tensor, context: RoundContext) -> Aggregate:
+        """Combine the round's ``(n, d)`` updates into one ``(d,)`` update: the rule's math, the one method a rule
+        must implement.
+
+        Parameters
+        ----------
+        updates : torch.Tensor
+            ``(n, d)`` the accepted updates (after the round's update steps), one row per reply, in hospital order.
+        example_weights : torch.Tensor
+            ``(n,)`` float64 each row's weight: its example count, or 1 each where the round asks for the
+            equal-weight mean (central DP).
+        context : RoundContext
+            The round, who sent each row and its reply's metrics.
+
+        Returns
+        -------
+        Aggregate
+            The update, and per row its weight, selection and the rule's signals.
+        """
         raise NotImplementedError
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "aggregate_updates" in cls.__dict__:  # a rule written for the interface before issue 64
+            raise TypeError(
+                f"{cls.__module__}.{cls.__name__} implements aggregate_updates(server_round, updates, num_examples, "
+                "replies): a rule now implements aggregate(updates, example_weights, context), where "
+                "context.server_round is the round, context.hospitals who sent each row and context.metrics each "
+                "reply's metrics (docs/extending.md)")
 
     # ---- helpers ---------------------------------------------------------------------------
     def _name_of(self, node_id: int) -> str:

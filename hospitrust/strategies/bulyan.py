@@ -41,7 +41,7 @@ class Bulyan(HospitrustStrategy):
     def required_replies(self) -> int:
         return 4 * self.f + 3
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
         n = updates.shape[0]
         chosen = bulyan_select(updates, self.f, distances=pairwise_sq_distances(updates))
         selected = torch.zeros(n, dtype=torch.bool)

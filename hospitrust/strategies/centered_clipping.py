@@ -49,7 +49,7 @@ class CenteredClipping(HospitrustStrategy):
         super().__init__(hospitals, options, **kwargs)
         self.center: torch.Tensor | None = None  # state across rounds
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
         n, d = updates.shape
         if self.center is None or self.center.numel() != d:
             self.center = torch.zeros(d, dtype=updates.dtype, device=updates.device)

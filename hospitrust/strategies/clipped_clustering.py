@@ -55,13 +55,13 @@ class ClippedClustering(HospitrustStrategy):
         super().__init__(hospitals, options, **kwargs)
         self.norm_history = torch.zeros(0, dtype=torch.float64)
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
         o = self.options
         update, self.norm_history, rec = clipped_clustering(updates, self.norm_history, max_tau=o.max_tau,
                                                             linkage=o.linkage)
         d = rec.detail
         log(INFO, "clipped-clustering round %d: %d of %d in the larger cluster, clip bound %.4g (median of %d norms)",
-            server_round, int(rec.selected.sum()), len(rec.selected), d["clip_bound"], self.norm_history.numel())
+            context.server_round, int(rec.selected.sum()), len(rec.selected), d["clip_bound"], self.norm_history.numel())
         return Aggregate(update, rec.weights, rec.selected, extra={
             "cluster_label": [int(v) for v in d["labels"]],
             "clip_factor": [float(v) for v in d["clip_factors"]],

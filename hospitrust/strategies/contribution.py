@@ -70,11 +70,11 @@ class ContributionWeighted(HospitrustStrategy):
         """Accumulated scores per hospital (``ContributionLedger.totals()``), the weights' source."""
         self.scores = {h: float(v[self.options.score]) for h, v in totals.items()}
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
-        names = [self._name_of(r.node_id) for r in replies]
-        fedavg = num_examples / num_examples.sum()
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
+        names = list(context.hospitals)
+        fedavg = example_weights / example_weights.sum()
         raw = torch.tensor([max(self.scores.get(h, float("nan")), 0.0) if h in self.scores else float("nan") for h in names],
-                           dtype=torch.float64, device=num_examples.device)
+                           dtype=torch.float64, device=example_weights.device)
         if torch.isnan(raw).any() or float(raw.sum()) <= 0.0:
             weights, mode = fedavg, "fedavg"
         else:
@@ -84,6 +84,6 @@ class ContributionWeighted(HospitrustStrategy):
             update=update,
             weights=weights,
             selected=weights > 0,
-            extra={"contribution_weighting": [mode] * len(replies),
+            extra={"contribution_weighting": [mode] * len(example_weights),
                    "accumulated_score": [self.scores.get(h, float("nan")) for h in names]},
         )

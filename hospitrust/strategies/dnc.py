@@ -59,9 +59,9 @@ class DnC(HospitrustStrategy):
     def required_replies(self) -> int:
         return int(self.options.filter_fraction * self.f) + 1
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
         o = self.options
         update, rec = dnc(updates, self.f, sub_dim=o.sub_dim, iters=o.iterations, filter_frac=o.filter_fraction,
-                          generator=self.round_generator(server_round))
+                          generator=self.round_generator(context.server_round))
         return Aggregate(update, rec.weights, rec.selected,
                          extra={"outlier_score": [float(v) for v in rec.detail["scores"]]})

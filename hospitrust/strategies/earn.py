@@ -58,13 +58,13 @@ def classifier_head(global_state: dict[str, torch.Tensor]) -> tuple[int, int, in
     raise ValueError("earn needs a model whose last layer is a linear layer with a bias (weight (C, H), bias (C,))")
 
 
-def reported_counts(replies, num_classes: int) -> torch.Tensor | None:
+def reported_counts(metrics, num_classes: int) -> torch.Tensor | None:
     """``class-counts`` of every reply as (n, C) float64, or None if any reply lacks a valid one.
 
     Parameters
     ----------
-    replies : Sequence[CheckedReply]
-        The round's accepted replies.
+    metrics : Sequence[Mapping]
+        The round's replies' metrics, in row order (``RoundContext.metrics``).
     num_classes : int
         C, the number of classes.
 
@@ -74,8 +74,8 @@ def reported_counts(replies, num_classes: int) -> torch.Tensor | None:
         ``(n, C)`` float64 counts, or None.
     """
     rows = []
-    for r in replies:
-        raw = r.metrics.get("class-counts")
+    for m in metrics:
+        raw = m.get("class-counts")
         if not isinstance(raw, (list, tuple)) or len(raw) != num_classes:
             return None
         try:
@@ -383,17 +383,17 @@ class EARN(HospitrustStrategy):
         return torch.tensor([max([self.trust.get(nm, {}).get(c, 0.0) for c in rare], default=0.0) for nm in names],
                             dtype=torch.float64)
 
-    def _base(self, server_round, updates, num_examples, replies,
+    def _base(self, updates, example_weights, context,
               excuse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, Aggregate | None]:
         """The base rule's update and its per-hospital weights (what the rare rows start from)."""
-        fedavg = (num_examples / num_examples.sum()).double().cpu()
+        fedavg = (example_weights / example_weights.sum()).double().cpu()
         if self.options.base == "fedavg":
             return fedavg.to(updates.dtype).to(updates.device) @ updates, fedavg, None
         if self.options.base == "median":
             return coordinate_median(updates), fedavg, None
         assert self.base_rule is not None  # earn.base hta
         self.base_rule.global_state = self.global_state
-        agg = self.base_rule.aggregate_updates(server_round, updates, num_examples, replies, direction_excuse=excuse)
+        agg = self.base_rule.aggregate(updates, example_weights, context, direction_excuse=excuse)
         return agg.update.clone(), agg.weights.double().cpu(), agg
 
     def _rare_classes(self, counts: torch.Tensor | None, holders: torch.Tensor, num_classes: int) -> list[int]:
@@ -407,28 +407,28 @@ class EARN(HospitrustStrategy):
         n_holders = holders.sum(dim=0)
         return sorted(torch.nonzero(n_holders == n_holders.min()).flatten().tolist())
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
         assert self.global_state is not None
         o = self.options
         n = updates.shape[0]
-        names = [self._name_of(r.node_id) for r in replies]
+        names = list(context.hospitals)
         try:
             w_off, C, H, b_off = classifier_head(self.global_state)
         except ValueError as err:  # no linear head: no class rows to judge, the base rule alone
-            log(WARNING, "Round %d: %s; aggregated with earn.base %s only", server_round, err, o.base)
-            update, base_w, base_agg = self._base(server_round, updates, num_examples, replies)
+            log(WARNING, "Round %d: %s; aggregated with earn.base %s only", context.server_round, err, o.base)
+            update, base_w, base_agg = self._base(updates, example_weights, context)
             if base_agg is not None:
                 return base_agg
             return Aggregate(update, base_w, torch.ones(n, dtype=torch.bool), extra={"flagged": [False] * n})
         W = updates[:, w_off : w_off + C * H].reshape(n, C, H).double().cpu()
         B = updates[:, b_off : b_off + C].double().cpu()
         rows = class_rows(W, B)
-        counts = reported_counts(replies, C)
-        evidence, spear = self._evidence(server_round, B, num_examples, counts, b_off)
+        counts = reported_counts(context.metrics, C)
+        evidence, spear = self._evidence(context.server_round, B, example_weights, counts, b_off)
         holders = holder_mask(evidence, o.holder_min_count)
         rare = self._rare_classes(counts, holders, C)
         excuse = self._direction_excuse(names, rare) if self.excuse_in_effect else None
-        update, base_w, base_agg = self._base(server_round, updates, num_examples, replies, excuse)
+        update, base_w, base_agg = self._base(updates, example_weights, context, excuse)
         steps = self._rare_rows(names, rare, rows, holders, evidence, updates, base_w, base_agg)
         for c, step in steps.items():  # each rare row: its weights times its clip, over the hospitals' rows
             wt = (step.weight * step.clip).to(updates.dtype).to(updates.device)

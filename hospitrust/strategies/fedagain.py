@@ -46,13 +46,13 @@ class FedAgainOptions(Options):
     ))
 
 
-def reported_errors(replies) -> tuple[torch.Tensor, list[str]]:
+def reported_errors(metrics) -> tuple[torch.Tensor, list[str]]:
     """Each reply's ``benchmark-error``; a missing or invalid one counts as 1.0 (the worst), with a note.
 
     Parameters
     ----------
-    replies : Sequence[CheckedReply]
-        The round's accepted replies.
+    metrics : Sequence[Mapping]
+        The round's replies' metrics, in row order (``RoundContext.metrics``).
 
     Returns
     -------
@@ -60,8 +60,8 @@ def reported_errors(replies) -> tuple[torch.Tensor, list[str]]:
         ``(n,)`` float64 errors in [0, 1] and one note per reply ('' when valid).
     """
     errors, notes = [], []
-    for r in replies:
-        raw = r.metrics.get("benchmark-error")
+    for m in metrics:
+        raw = m.get("benchmark-error")
         try:
             e = float(raw)
         except (TypeError, ValueError):
@@ -138,16 +138,16 @@ class FedAgain(HospitrustStrategy):
             o.divergence_quantile, o.error_quantile, o.error_floor,
             "1 / (E D + eps)" if o.eps_placement == "product" else "1 / ((E + eps)(D + eps))")
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
         assert self.global_state is not None
         o = self.options
         global_vec = flatten_state(self.global_state)[0].to(updates.device)
         if o.benchmark == "client":
-            errors, notes = reported_errors(replies)
+            errors, notes = reported_errors(context.metrics)
         else:
             assert self.candidate_scores is not None  # __init__ refuses benchmark 'server' without it
             errors = 1.0 - torch.as_tensor(self.candidate_scores(self.global_state, updates), dtype=torch.float64).cpu()
-            notes = [""] * len(replies)
+            notes = [""] * len(example_weights)
         divergence = fedagain_divergence(updates, global_vec, o.divergence)
         res = fedagain_trust(errors, divergence, divergence_quantile=o.divergence_quantile,
                              error_quantile=o.error_quantile, error_floor=o.error_floor,
@@ -156,8 +156,8 @@ class FedAgain(HospitrustStrategy):
         update = weights.to(updates.dtype).to(updates.device) @ updates
         trust = res["trust"]
         flagged = (trust < 0.5 * float(torch.quantile(trust, 0.5)) if o.flag_low_trust
-                   else torch.zeros(len(replies), dtype=torch.bool))
-        return Aggregate(update, weights, torch.ones(len(replies), dtype=torch.bool), extra={
+                   else torch.zeros(len(example_weights), dtype=torch.bool))
+        return Aggregate(update, weights, torch.ones(len(example_weights), dtype=torch.bool), extra={
             "benchmark_error_used": [float(e) for e in errors],
             "error_floored": [float(e) for e in res["error"]],
             "divergence": [float(d) for d in divergence],

@@ -37,9 +37,9 @@ class FedAvg(HospitrustStrategy):
     weighs_hospitals = False
     secagg_compatible = True
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
-        # num_examples: the round's weights, all ones under central DP (its noise is calibrated for the
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
+        # example_weights: the round's weights, all ones under central DP (its noise is calibrated for the
         # equal-weight mean of n clipped updates, Δ = Σ_i u_i / n)
-        weights = num_examples / num_examples.sum()
+        weights = example_weights / example_weights.sum()
         update = weights.to(updates.dtype) @ updates
-        return Aggregate(update=update, weights=weights, selected=torch.ones(len(replies), dtype=torch.bool))
+        return Aggregate(update=update, weights=weights, selected=torch.ones(len(example_weights), dtype=torch.bool))

@@ -52,13 +52,13 @@ class FLAME(HospitrustStrategy):
     Options = FLAMEOptions
     options: FLAMEOptions
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
         o = self.options
         global_model = self.global_vector().to(updates.device, updates.dtype) if o.cluster == "models" else None
         update, rec = flame(updates, global_model=global_model, noise_lambda=o.noise_lambda,
-                            generator=self.round_generator(server_round))
+                            generator=self.round_generator(context.server_round))
         d = rec.detail
-        log(INFO, "flame round %d: %d of %d admitted, clip bound %.4g, noise std %.3g", server_round,
+        log(INFO, "flame round %d: %d of %d admitted, clip bound %.4g, noise std %.3g", context.server_round,
             int(rec.selected.sum()), len(rec.selected), d["clip_bound"], d["noise_std"])
         return Aggregate(update, rec.weights, rec.selected, extra={
             "cluster_label": [int(v) for v in d["labels"]],

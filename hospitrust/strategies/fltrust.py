@@ -46,9 +46,9 @@ class FLTrust(HospitrustStrategy):
             raise ValueError("fltrust needs a server_update callable (the root update from the reference cohort)")
         self.server_update = server_update
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
         assert self.global_state is not None
-        g = self.server_update(self.global_state, server_round).to(updates.device, updates.dtype)
+        g = self.server_update(self.global_state, context.server_round).to(updates.device, updates.dtype)
         trust = fltrust_trust(updates, g).double()
         update = fltrust(updates, g)
         weights = trust / trust.sum() if float(trust.sum()) > 0 else torch.zeros_like(trust)

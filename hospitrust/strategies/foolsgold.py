@@ -58,9 +58,9 @@ class FoolsGold(HospitrustStrategy):
         super().load_state_dict(state)
         self._stack, self._stack_names = None, []
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
         n, d = updates.shape
-        names = [self._name_of(r.node_id) for r in replies]
+        names = list(context.hospitals)
         stack = self._stack
         if (stack is None or names != self._stack_names or stack.shape != updates.shape or stack.dtype != updates.dtype
                 or stack.device != updates.device):

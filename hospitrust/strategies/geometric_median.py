@@ -38,8 +38,8 @@ class GeometricMedian(HospitrustStrategy):
     name = "geometric-median"
     eps = 1e-6
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
-        alpha = (num_examples / num_examples.sum()).to(updates.dtype)
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
+        alpha = (example_weights / example_weights.sum()).to(updates.dtype)
         z = geometric_median(updates, eps=self.eps, iters=100, weights=alpha)
         beta = alpha.double() / torch.linalg.vector_norm(updates - z, dim=1).double().clamp_min(self.eps)
         n = updates.shape[0]

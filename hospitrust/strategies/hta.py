@@ -148,7 +148,7 @@ class HTA(HospitrustStrategy):
             f"updates with cosine >= {o.duplicate_cosine:g} count as one voice" if o.ablation.merge_duplicates
             else "near-duplicate updates not merged")
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies, *,
+    def aggregate(self, updates, example_weights, context, *,
                           direction_excuse: torch.Tensor | None = None) -> Aggregate:
         """``direction_excuse`` (n,) in [0, 1], optional: a floor under s, for hospitals whose
         different direction is explained elsewhere (EARN passes the rare-class trust a
@@ -157,7 +157,7 @@ class HTA(HospitrustStrategy):
         assert self.global_state is not None
         o = self.options
         merge = o.ablation.merge_duplicates
-        names = [self._name_of(r.node_id) for r in replies]
+        names = list(context.hospitals)
         bacc = None
         if o.validation_exponent > 0 and self.candidate_scores is not None:
             bacc = torch.as_tensor(self.candidate_scores(self.global_state, updates), dtype=torch.float64).cpu()
@@ -180,7 +180,7 @@ class HTA(HospitrustStrategy):
         lam, kappa = o.exclusion_mads, o.exclusion_fraction
         ex = mad_exclusion(rep, lam=lam, kappa=kappa)
         excluded = ex["excluded"]
-        update, weights = hta_weights(updates, rep, num_examples, ~excluded, clip_to_median_norm=o.clip_to_median_norm,
+        update, weights = hta_weights(updates, rep, example_weights, ~excluded, clip_to_median_norm=o.clip_to_median_norm,
                                       group_size=group_size, trim_tolerance=self.norm_trim_tolerance)
         mu, mad = float(ex["mu"]), float(ex["mad"])
         reasons = [
@@ -190,7 +190,7 @@ class HTA(HospitrustStrategy):
         together = [[names[j] for j in range(len(names)) if int(dup["group"][j]) == int(g) and j != i]
                     for i, g in enumerate(dup["group"].tolist())]
         if merge and int(group_size.max()) > 1:
-            log(WARNING, "hta round %d: near-duplicate updates (cosine >= %g) counted as one voice: %s", server_round,
+            log(WARNING, "hta round %d: near-duplicate updates (cosine >= %g) counted as one voice: %s", context.server_round,
                 o.duplicate_cosine, "; ".join(sorted({", ".join(sorted([n, *t])) for n, t in zip(names, together) if t})))
         return Aggregate(update, weights, ~excluded, extra={
             "s": [float(x) for x in sig["s"]],

@@ -3,7 +3,7 @@
 The loop hands a round's replies to :func:`aggregate_round` with the rule: every reply is checked (a bad reply
 is rejected with a reason, never an exception), the accepted updates are stacked into an ``(n, d)`` tensor in
 hospital order, the round's update steps (the simulated adversary, pre-aggregation) apply to the stack, the rule's
-``aggregate_updates`` combines it, and each hospital's record says what happened. A rule implements its math
+``aggregate`` combines it, and each hospital's record says what happened. A rule implements its math
 only; what a round does around it lives here, not in the rule's base class.
 """
 
@@ -21,7 +21,7 @@ from flwr.common import log
 
 from hospitrust.aggregation.vectorize import FlatSpec, flatten_state, unflatten_state
 from hospitrust.records import HospitalRecord, mean_of_signal
-from hospitrust.strategies.rounds import Aggregate, AttackerRows, GroupedRows, RoundResult, UpdateStep
+from hospitrust.strategies.rounds import Aggregate, AttackerRows, GroupedRows, RoundContext, RoundResult, UpdateStep
 from hospitrust.strategies.validation import CheckedReply, RejectedReply, check_train_reply, check_update_row
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def aggregate_round(rule: HospitrustStrategy, server_round: int, replies: Iterab
     row_norms = torch.linalg.vector_norm(updates, dim=1).tolist()
     if groups is None:
         norms = row_norms
-        result = rule.aggregate_updates(server_round, updates, rule_weights, accepted)
+        result = rule.aggregate(updates, rule_weights, round_context(rule, server_round, accepted))
     else:
         if len(groups) < rule.required_replies():
             kept(rule, server_round, record, accepted, started, f"{len(groups)} rows after the pre-aggregation < the "
@@ -203,7 +203,7 @@ def aggregate_grouped(rule: HospitrustStrategy, server_round: int, rows: torch.T
     counts = torch.stack([num_examples[list(g)].sum() for g in groups])
     handed = [CheckedReply(replies[g[0]].node_id, {}, None, int(c), {"num-examples": int(c)})
               for g, c in zip(groups, counts.tolist())]
-    agg = rule.aggregate_updates(server_round, rows, counts, handed)
+    agg = rule.aggregate(rows, counts, round_context(rule, server_round, handed))
     row_weights, row_selected = agg.weights.detach().cpu().double(), agg.selected.detach().cpu()
     weights = torch.zeros(n, dtype=torch.float64)
     selected = torch.zeros(n, dtype=torch.bool)
@@ -215,6 +215,12 @@ def aggregate_grouped(rule: HospitrustStrategy, server_round: int, rows: torch.T
             for k, v in agg.extra.items():
                 extra[k][i] = v[row]
     return Aggregate(agg.update, weights, selected, extra)
+
+
+def round_context(rule: HospitrustStrategy, server_round: int, replies: Sequence[CheckedReply]) -> RoundContext:
+    """What ``rule`` knows of the round's rows besides the updates: who sent each, and its reply's metrics."""
+    return RoundContext(server_round, tuple(rule._name_of(r.node_id) for r in replies),
+                        tuple(r.metrics for r in replies))
 
 
 def hospital_evaluation(rule: HospitrustStrategy, server_round: int, replies: Iterable[Message]) -> dict[str, dict[str, float]]:

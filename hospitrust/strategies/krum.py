@@ -57,7 +57,7 @@ class MultiKrum(HospitrustStrategy):
     def _m(self, n: int) -> int:
         return min(self.m, n) if self.m > 0 else n - self.f
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
         n = updates.shape[0]
         distances = pairwise_sq_distances(updates)  # computed once, used for scores and selection
         chosen = multi_krum_select(updates, self.f, self._m(n), distances=distances)

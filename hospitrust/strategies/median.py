@@ -38,6 +38,6 @@ class Median(HospitrustStrategy):
     name = "median"
     agr_tailored = "distance"
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
         n = updates.shape[0]
         return Aggregate(coordinate_median(updates), torch.full((n,), 1.0 / n), torch.ones(n, dtype=torch.bool))

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +12,25 @@ import torch
 from flwr.app import ArrayRecord, MetricRecord
 
 from hospitrust.records import HospitalRecord
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What a rule may know of a round besides its updates and their weights: data, no reply, record or loop.
+
+    Parameters
+    ----------
+    server_round : int
+        The round.
+    hospitals : tuple[str, ...]
+        Who sent each row, in row order (a row that stands for a group of replies: its first member).
+    metrics : tuple[Mapping[str, Any], ...]
+        Each row's reply metrics, in row order (``class-counts``, ``benchmark-error``, ``num-examples``, ...).
+    """
+
+    server_round: int
+    hospitals: tuple[str, ...]
+    metrics: tuple[Mapping[str, Any], ...]
 
 
 @dataclass

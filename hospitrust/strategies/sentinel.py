@@ -180,17 +180,17 @@ class Sentinel(HospitrustStrategy):
             "its loss on the cohort's held-out part (%g of it) is at most the server's own update's",
             "no bound" if math.isinf(kappa) else f"{kappa:g}", self.options.check_fraction)
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
         assert self.global_state is not None
         state = self.global_state
-        anchor = self._anchor.get(self.server_update, state, server_round).to(updates.device, updates.dtype)
-        out = sentinel(updates, anchor, num_examples, lambda steps: self.candidate_losses(state, steps),
+        anchor = self._anchor.get(self.server_update, state, context.server_round).to(updates.device, updates.dtype)
+        out = sentinel(updates, anchor, example_weights, lambda steps: self.candidate_losses(state, steps),
                        step_bound=self.options.step_bound, candidates=self.options.candidates, trim=self.f,
                        may_keep=self.options.fall_back == "server-or-keep")
         n = updates.shape[0]
         if out["fell_back"]:
             log(INFO, "sentinel round %d: no hospitals' step did as well on the reference cohort as the server's own "
-                "update (loss %.4f against %.4f): the server's update is the step", server_round,
+                "update (loss %.4f against %.4f): the server's update is the step", context.server_round,
                 out["anchor_loss"], float(out["prefix_loss"].min()))  # type: ignore[union-attr]
         weights = out["weights"]
         assert isinstance(weights, torch.Tensor)

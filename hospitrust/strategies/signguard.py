@@ -51,10 +51,10 @@ class SignGuard(HospitrustStrategy):
     Options = SignGuardOptions
     options: SignGuardOptions
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
         o = self.options
         update, rec = signguard(updates, lower=o.lower, upper=o.upper, coordinate_fraction=o.coordinate_fraction,
-                                bandwidth_quantile=o.bandwidth_quantile, generator=self.round_generator(server_round))
+                                bandwidth_quantile=o.bandwidth_quantile, generator=self.round_generator(context.server_round))
         d = rec.detail
         return Aggregate(update, rec.weights, rec.selected, extra={
             "norm_ratio": [float(v) for v in d["norm_ratio"]],

@@ -64,9 +64,9 @@ class MDA(_Enumerating):
 
     name = "mda"
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
         update, rec = mda(updates, self.f)
-        log(INFO, "mda round %d: subset diameter %.4g", server_round, rec.detail["diameter"])
+        log(INFO, "mda round %d: subset diameter %.4g", context.server_round, rec.detail["diameter"])
         return Aggregate(update, rec.weights, rec.selected)
 
 
@@ -92,9 +92,9 @@ class SMEA(_Enumerating):
 
     name = "smea"
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
         update, rec = smea(updates, self.f)
-        log(INFO, "smea round %d: the subset's largest covariance eigenvalue %.4g", server_round,
+        log(INFO, "smea round %d: the subset's largest covariance eigenvalue %.4g", context.server_round,
             rec.detail["max_eigenvalue"])
         return Aggregate(update, rec.weights, rec.selected)
 
@@ -121,9 +121,9 @@ class CAF(_SizedForF):
 
     name = "caf"
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
         update, rec = caf(updates, self.f)
-        log(INFO, "caf round %d: top covariance eigenvalue %.4g after %d iterations", server_round,
+        log(INFO, "caf round %d: top covariance eigenvalue %.4g after %d iterations", context.server_round,
             rec.detail["max_eigenvalue"], rec.detail["iterations"])
         # a weight of 0 is a hospital filtered out: CAF's per-hospital record is its weight
         return Aggregate(update, rec.weights, rec.selected)
@@ -168,11 +168,11 @@ class MoNNA(_SizedForF):
     def required_replies(self) -> int:
         return max(1, 2 * self.f)
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
         assert self.global_state is not None
-        trusted = self.server_update(self.global_state, server_round).to(updates.device, updates.dtype)
+        trusted = self.server_update(self.global_state, context.server_round).to(updates.device, updates.dtype)
         update, rec = monna_around(updates, trusted, self.f)
-        log(INFO, "monna round %d: the server's update and the %d hospitals nearest to it averaged", server_round,
+        log(INFO, "monna round %d: the server's update and the %d hospitals nearest to it averaged", context.server_round,
             int(rec.selected.sum()))
         return Aggregate(update, rec.weights, rec.selected,
                          extra={"distance_to_server_update": [float(v) for v in rec.detail["distances"]]})

@@ -37,6 +37,6 @@ class TrimmedMean(HospitrustStrategy):
     def required_replies(self) -> int:
         return 2 * self.f + 1
 
-    def aggregate_updates(self, server_round, updates, num_examples, replies) -> Aggregate:
+    def aggregate(self, updates, example_weights, context) -> Aggregate:
         n = updates.shape[0]
         return Aggregate(trimmed_mean(updates, self.f), torch.full((n,), 1.0 / n), torch.ones(n, dtype=torch.bool))
