@@ -6,7 +6,8 @@ from pydantic import Field
 
 from hospitrust.aggregation import dnc
 from hospitrust.options import Options
-from hospitrust.strategies.base import Aggregate, HospitrustStrategy
+from hospitrust.strategies.base import Aggregate
+from hospitrust.strategies.sized import SizedRule
 
 
 class DnCOptions(Options):
@@ -23,7 +24,7 @@ class DnCOptions(Options):
     ))
 
 
-class DnC(HospitrustStrategy):
+class DnC(SizedRule):
     """On ``dnc.sub-dim`` random coordinates, every update is scored by its squared projection on the
     top singular direction of the centred updates; the floor(c f) highest are removed; over
     ``dnc.iterations`` the kept sets are intersected and the kept updates averaged (Shejwalkar &
@@ -33,28 +34,12 @@ class DnC(HospitrustStrategy):
     The coordinates are drawn from a generator seeded by the run seed and the round, so a run (and a
     resumed run) is reproducible.
 
-    Parameters
-    ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options (an instance of its ``Options``, or a mapping of field names); its
-        defaults when None.
-    assumed_malicious : int
-        f, the attackers the rule is sized for (run config ``assumed-malicious``).
-    **kwargs
-        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
-        train_config, fraction_train, min_hospitals, limits, seed, device).
+    Constructed as every rule sized for f attackers is (:class:`~hospitrust.strategies.sized.SizedRule`).
     """
 
     name = "dnc"
     Options = DnCOptions
     options: DnCOptions
-    sized_for_attackers = True
-
-    def __init__(self, hospitals, options=None, *, assumed_malicious: int = 1, **kwargs) -> None:
-        super().__init__(hospitals, options, **kwargs)
-        self.f = assumed_malicious
 
     def required_replies(self) -> int:
         return int(self.options.filter_fraction * self.f) + 1

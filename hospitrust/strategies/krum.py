@@ -11,7 +11,8 @@ from pydantic import Field
 from hospitrust.aggregation import krum_scores, multi_krum_select, pairwise_sq_distances
 from hospitrust.options import NoOptions
 from hospitrust.options import Options as OptionsModel
-from hospitrust.strategies.base import Aggregate, HospitrustStrategy
+from hospitrust.strategies.base import Aggregate
+from hospitrust.strategies.sized import SizedRule
 
 
 class MultiKrumOptions(OptionsModel):
@@ -22,33 +23,20 @@ class MultiKrumOptions(OptionsModel):
     ))
 
 
-class MultiKrum(HospitrustStrategy):
+class MultiKrum(SizedRule):
     """The mean of the m updates with the smallest Krum scores (sum of squared distances to
     their n-f-2 nearest neighbours); m = n - f by default. Needs n >= 2f + 3.
 
-    Parameters
-    ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options (an instance of its ``Options``, or a mapping of field names); its
-        defaults when None.
-    assumed_malicious : int
-        f, the attackers the rule is sized for (run config ``assumed-malicious``).
-    **kwargs
-        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
-        train_config, fraction_train, min_hospitals, limits, seed, device).
+    Constructed as every rule sized for f attackers is (:class:`~hospitrust.strategies.sized.SizedRule`).
     """
 
     name = "multi-krum"
     Options: ClassVar[type[OptionsModel]] = MultiKrumOptions  # Krum below: NoOptions
     options: OptionsModel  # MultiKrumOptions here, NoOptions in Krum: hence getattr below
-    sized_for_attackers = True
     agr_tailored = "selection"
 
     def __init__(self, hospitals, options=None, *, assumed_malicious: int = 1, **kwargs) -> None:
-        super().__init__(hospitals, options, **kwargs)
-        self.f = assumed_malicious
+        super().__init__(hospitals, options, assumed_malicious=assumed_malicious, **kwargs)
         self.m = getattr(self.options, "num_selected", 0)  # 0: n - f
 
     def required_replies(self) -> int:
@@ -72,18 +60,7 @@ class MultiKrum(HospitrustStrategy):
 class Krum(MultiKrum):
     """The single update with the smallest Krum score.
 
-    Parameters
-    ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options (an instance of its ``Options``, or a mapping of field names); its
-        defaults when None.
-    assumed_malicious : int
-        f, the attackers the rule is sized for (run config ``assumed-malicious``).
-    **kwargs
-        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
-        train_config, fraction_train, min_hospitals, limits, seed, device).
+    Constructed as every rule sized for f attackers is (:class:`~hospitrust.strategies.sized.SizedRule`).
     """
 
     name = "krum"

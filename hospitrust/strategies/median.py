@@ -14,25 +14,7 @@ class Median(HospitrustStrategy):
     Coordinate-wise: no hospital is excluded as a whole, so each is recorded as selected
     with the nominal weight 1/n.
 
-    Parameters
-    ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options (an instance of its ``Options``, or a mapping of field names); its
-        defaults when None.
-    train_config : Mapping, optional
-        Values every hospital gets in its train ConfigRecord (local epochs, lr, ...).
-    fraction_train : float
-        Share of hospitals asked each round (at least ``min_hospitals``).
-    min_hospitals : int
-        Fewest valid replies to update the model; fewer keeps the previous one.
-    limits : ReplyLimits, optional
-        Bounds of the reply validation.
-    seed : int
-        Seeds hospital sampling.
-    device : torch.device or str
-        Where the aggregation math runs.
+    Constructed as every rule is (:class:`~hospitrust.strategies.base.HospitrustStrategy`).
     """
 
     name = "median"

@@ -13,17 +13,12 @@ from flwr.common import log
 
 from hospitrust.aggregation import caf, mda, monna_around, smea
 from hospitrust.aggregation.subset_rules import MAX_SUBSETS
-from hospitrust.strategies.base import Aggregate, HospitrustStrategy
+from hospitrust.strategies.base import Aggregate
+from hospitrust.strategies.sized import SizedRule
 
 
-class _SizedForF(HospitrustStrategy):
+class _SizedForF(SizedRule):
     """A rule over n - f (or n - 2f) of the updates: needs n >= 2f + 1 valid replies."""
-
-    sized_for_attackers = True
-
-    def __init__(self, hospitals, options=None, *, assumed_malicious: int = 1, **kwargs) -> None:
-        super().__init__(hospitals, options, **kwargs)
-        self.f = assumed_malicious
 
     def required_replies(self) -> int:
         return 2 * self.f + 1
@@ -48,18 +43,7 @@ class MDA(_Enumerating):
     the smallest (El Mhamdi, Guerraoui & Rouault, ICML 2018; ByzFL ``MDA``). f is
     ``assumed-malicious``; it needs n >= 2f + 1 valid replies, and C(n, f) at most 200000 subsets.
 
-    Parameters
-    ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options (an instance of its ``Options``, or a mapping of field names); its
-        defaults when None.
-    assumed_malicious : int
-        f, the attackers the rule is sized for (run config ``assumed-malicious``).
-    **kwargs
-        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
-        train_config, fraction_train, min_hospitals, limits, seed, device).
+    Constructed as every rule sized for f attackers is (:class:`~hospitrust.strategies.sized.SizedRule`).
     """
 
     name = "mda"
@@ -76,18 +60,7 @@ class SMEA(_Enumerating):
     eigenvalue). f is ``assumed-malicious``; it needs n >= 2f + 1 valid replies, and C(n, f) at most
     200000 subsets.
 
-    Parameters
-    ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options (an instance of its ``Options``, or a mapping of field names); its
-        defaults when None.
-    assumed_malicious : int
-        f, the attackers the rule is sized for (run config ``assumed-malicious``).
-    **kwargs
-        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
-        train_config, fraction_train, min_hospitals, limits, seed, device).
+    Constructed as every rule sized for f attackers is (:class:`~hospitrust.strategies.sized.SizedRule`).
     """
 
     name = "smea"
@@ -105,18 +78,7 @@ class CAF(_SizedForF):
     smallest top eigenvalue (Allouah, Guerraoui & Stephan, ICML 2025; ByzFL ``CAF``, with the exact
     eigenpair). f is ``assumed-malicious``; it needs n >= 2f + 1 valid replies.
 
-    Parameters
-    ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options (an instance of its ``Options``, or a mapping of field names); its
-        defaults when None.
-    assumed_malicious : int
-        f, the attackers the rule is sized for (run config ``assumed-malicious``).
-    **kwargs
-        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
-        train_config, fraction_train, min_hospitals, limits, seed, device).
+    Constructed as every rule sized for f attackers is (:class:`~hospitrust.strategies.sized.SizedRule`).
     """
 
     name = "caf"
@@ -135,21 +97,9 @@ class MoNNA(_SizedForF):
     is MoNNA's trusted vector, stacked with the n hospitals' (Farhadkhani et al., ICML 2023; ByzFL
     ``MoNNA``). f is ``assumed-malicious``; it needs n >= 2f valid replies (2f < n + 1).
 
-    Parameters
-    ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options (an instance of its ``Options``, or a mapping of field names); its
-        defaults when None.
-    assumed_malicious : int
-        f, the attackers the rule is sized for (run config ``assumed-malicious``).
-    server_update : Callable[[dict, int], torch.Tensor]
-        (global state, server round) -> the ``(d,)`` root update (required; the ServerApp builds it
-        from the reference cohort).
-    **kwargs
-        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
-        train_config, fraction_train, min_hospitals, limits, seed, device).
+    Constructed as every rule sized for f attackers is (:class:`~hospitrust.strategies.sized.SizedRule`), with
+    ``server_update``: (global state, server round) -> the ``(d,)`` root update (required; the ServerApp builds
+    it from the reference cohort).
     """
 
     name = "monna"

@@ -1,0 +1,31 @@
+"""The base of the rules sized for f attackers (Krum, Multi-Krum, Bulyan, trimmed mean, DnC, the
+ByzFL subset rules): run config ``assumed-malicious`` is their f.
+"""
+
+from __future__ import annotations
+
+from hospitrust.strategies.base import HospitrustStrategy
+
+
+class SizedRule(HospitrustStrategy):
+    """A rule sized for f attackers.
+
+    Parameters
+    ----------
+    hospitals : Mapping[int, str]
+        Node id -> hospital name (from the query round).
+    options : Options or Mapping, optional
+        The rule's options (an instance of its ``Options``, or a mapping of field names); its
+        defaults when None.
+    assumed_malicious : int
+        f, the attackers the rule is sized for (run config ``assumed-malicious``).
+    **kwargs
+        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
+        train_config, fraction_train, min_hospitals, limits, seed, device).
+    """
+
+    sized_for_attackers = True
+
+    def __init__(self, hospitals, options=None, *, assumed_malicious: int = 1, **kwargs) -> None:
+        super().__init__(hospitals, options, **kwargs)
+        self.f = assumed_malicious
