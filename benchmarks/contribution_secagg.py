@@ -25,7 +25,7 @@ import torch
 
 from hospitrust.config import RunConfig
 from hospitrust.ops.inprocess import run_inprocess
-from hospitrust.server_app.results import read_rounds
+from hospitrust.server_app.results import read_round_records
 
 
 def main(argv=None) -> int:
@@ -43,17 +43,17 @@ def main(argv=None) -> int:
                     "output-dir": str(out), "run-name": f"secure-{secure}", "contribution-scoring.enabled": True,
                     "contribution-scoring.utility": args.utility, "secagg.enabled": secure})
         run_inprocess(cfg, args.hospitals)
-        runs[secure] = (read_rounds(out / f"secure-{secure}"), torch.load(out / f"secure-{secure}" / "model.pt"))
+        runs[secure] = (read_round_records(out / f"secure-{secure}"), torch.load(out / f"secure-{secure}" / "model.pt"))
     print(f"\n{args.hospitals} hospitals, utility {args.utility}: SecAgg+ minus plain FedAvg, largest |difference| over hospitals")
     print("| round | LOO | IOI | FP | EE | FP (plain) range | EE (plain) range |")
     print("|---|---|---|---|---|---|---|")
     rows = []
     for plain, secure in zip(runs[False][0], runs[True][0]):
-        p, s = plain["contribution"]["hospitals"], secure["contribution"]["hospitals"]
+        p, s = plain.entries["contribution"]["hospitals"], secure.entries["contribution"]["hospitals"]
         diff = {k: max(abs(p[h][k] - s[h][k]) for h in p) for k in ("loo", "ioi", "fp", "ee")}
         rng = {k: (min(v[k] for v in p.values()), max(v[k] for v in p.values())) for k in ("fp", "ee")}
-        rows.append({"round": plain["round"], **diff})
-        print(f"| {plain['round']} | {diff['loo']:.2e} | {diff['ioi']:.2e} | {diff['fp']:.2e} | {diff['ee']:.2e} | "
+        rows.append({"round": plain.number, **diff})
+        print(f"| {plain.number} | {diff['loo']:.2e} | {diff['ioi']:.2e} | {diff['fp']:.2e} | {diff['ee']:.2e} | "
               f"{rng['fp'][0]:+.4f} .. {rng['fp'][1]:+.4f} | {rng['ee'][0]:+.4f} .. {rng['ee'][1]:+.4f} |")
     model_diff = max(float((runs[False][1][k] - runs[True][1][k]).abs().max()) for k in runs[False][1])
     print(f"\nfinal global model: largest |difference| {model_diff:.2e}")

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -53,16 +54,17 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from hospitrust.ops import deploy, flwr  # noqa: E402
-from hospitrust.server_app.results import round_periods  # noqa: E402
+from hospitrust.server_app.results import read_round_records, round_periods  # noqa: E402
 from hospitrust.ops.simulate import size_resources  # noqa: E402
 from hospitrust.records import RoundRecord  # noqa: E402
 
 
-def read_rounds(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line.strip()]
+def _seconds(value: float) -> float:
+    """A record's seconds, 0 where the line had none (null: NaN in the record)."""
+    return 0.0 if math.isnan(value) else float(value)
 
 
-def phases(rounds: list[dict]) -> dict[str, float]:
+def phases(rounds: list[RoundRecord]) -> dict[str, float]:
     """Mean seconds per round of each phase, over the rounds after the first."""
     rows = rounds[1:] or rounds
     out: dict[str, list[float]] = {}
@@ -72,15 +74,15 @@ def phases(rounds: list[dict]) -> dict[str, float]:
 
     # a round's period, not its round_seconds: the next round's train messages may go out with
     # this round's evaluation, and round_seconds overlap there
-    period = dict(zip([r["round"] for r in rounds], round_periods(rounds)))
+    period = dict(zip([r.number for r in rounds], round_periods(rounds)))
     for r in rows:
-        t = r.get("timing") or {}
-        clients = [c.timing for c in RoundRecord.from_json(r).clients if c.timing]
-        add("round", period[r["round"]])
+        t = r.timing
+        clients = [c.timing for c in r.clients if c.timing]
+        add("round", period[r.number])
         if not clients or "train_pushed_at" not in t:
             continue
         pushed, train_s = t["train_pushed_at"], t["train_seconds"]
-        agg = float(r.get("aggregation_seconds") or 0.0)
+        agg = _seconds(r.aggregation_seconds)
         last_reply = max(c["finished-at"] for c in clients)
         slowest = max(clients, key=lambda c: c["finished-at"])
         # a long-lived process (a Ray actor) started before this exchange: only its age since the push counts
@@ -104,7 +106,7 @@ def phases(rounds: list[dict]) -> dict[str, float]:
             add("  of which delivery wait", 0.0)
             add("  of which reply wait", 0.0)
         add("central evaluation", t["central_evaluation_seconds"])
-        add("other", r["round_seconds"] - train_s - t["evaluate_seconds"] - t["central_evaluation_seconds"])
+        add("other", r.round_seconds - train_s - t["evaluate_seconds"] - t["central_evaluation_seconds"])
     return {k: statistics.mean(v) for k, v in out.items()}
 
 
@@ -115,7 +117,7 @@ def _busy(entry: dict, pushed: float) -> float:
     return start_cost + entry["finished-at"] - entry["started-at"]
 
 
-def idle_waits(rounds: list[dict]) -> float:
+def idle_waits(rounds: list[RoundRecord]) -> float:
     """Mean over the rounds after the first of: the round's period minus the busiest hospital's
     ClientApp time (its train and evaluate messages) and the server's own work (aggregation,
     central evaluation). What is left is where no one computes: the SuperNodes' idle 3 s poll and
@@ -124,29 +126,29 @@ def idle_waits(rounds: list[dict]) -> float:
     """
     out = []
     for r, period in list(zip(rounds, round_periods(rounds)))[1:]:
-        t = r.get("timing") or {}
+        t = r.timing
         busy: dict[str, float] = {}
-        for c in RoundRecord.from_json(r).clients:
+        for c in r.clients:
             if c.timing:
                 busy[c.hospital] = busy.get(c.hospital, 0.0) + _busy(c.timing, t["train_pushed_at"])
         for hospital, e in (t.get("evaluate_clients") or {}).items():
             busy[hospital] = busy.get(hospital, 0.0) + _busy(e, t["evaluate_pushed_at"])
-        server = float(r.get("aggregation_seconds") or 0.0) + float(t.get("central_evaluation_seconds", 0.0))
+        server = _seconds(r.aggregation_seconds) + float(t.get("central_evaluation_seconds", 0.0))
         out.append(max(0.0, period - max(busy.values(), default=0.0) - server))
     return statistics.mean(out) if out else float("nan")
 
 
-def simulated(work: Path, hospitals: int, run_config: str) -> tuple[list[dict], float]:
+def simulated(work: Path, hospitals: int, run_config: str) -> tuple[list[RoundRecord], float]:
     start = time.perf_counter()
     res = subprocess.run([sys.executable, "-m", "hospitrust.cli.main", "simulate", "--hospitals", str(hospitals), "-c",
                           f'{run_config} output-dir="{work / "sim"}" run-name="sim"'], cwd=REPO, capture_output=True,
                          text=True)
     if res.returncode != 0:
         raise SystemExit(f"simulation failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    return read_rounds(work / "sim" / "sim"), time.perf_counter() - start
+    return read_round_records(work / "sim" / "sim"), time.perf_counter() - start
 
 
-def deployed(work: Path, hospitals: int, run_config: str, launcher: str, threads: int) -> tuple[list[dict], float]:
+def deployed(work: Path, hospitals: int, run_config: str, launcher: str, threads: int) -> tuple[list[RoundRecord], float]:
     root = work / f"deploy-{launcher}"
     certs, keys = root / "certs", root / "keys"
     deploy.create_ca(certs)
@@ -188,7 +190,7 @@ def deployed(work: Path, hospitals: int, run_config: str, launcher: str, threads
         wall = time.perf_counter() - start
         if status != deploy.COMPLETED:
             raise SystemExit(f"deployed run {status}: {details}\n" + procs[0].log_tail())
-        return read_rounds(root / "runs" / "dep"), wall
+        return read_round_records(root / "runs" / "dep"), wall
     finally:
         for p in reversed(procs):
             p.stop()

@@ -35,19 +35,18 @@ def _client(rnd: RoundRecord, name: str) -> HospitalRecord | None:
     return rnd.client(name)
 
 
-def rare_recall_late(rounds: list[dict], rare: int, last: int) -> float:
+def rare_recall_late(rounds: list[RoundRecord], rare: int, last: int) -> float:
     """The rare class's test recall (``per_class_recall``), averaged over the last ``last``
     rounds that report it: does the model predict the class at all."""
-    vals = [float(r["central"]["per_class_recall"][rare]) for r in rounds
-            if len((r.get("central") or {}).get("per_class_recall") or []) > rare]
+    vals = [float(r.central["per_class_recall"][rare]) for r in rounds
+            if len(r.central.get("per_class_recall") or []) > rare]
     return sum(vals[-last:]) / len(vals[-last:]) if vals else math.nan
 
 
 def run_figures(run: Path, rare: str, faker: str, specialist: str) -> dict:
     config = json.loads((run / "config.json").read_text())
     cfg = config.get("run_config", config)
-    lines = results.read_rounds(run)
-    rounds = [RoundRecord.from_json(line) for line in lines]
+    rounds = results.read_round_records(run)
     ratios, row_weights, trust, body = [], [], [], []
     for rnd in rounds:
         f = _client(rnd, faker)
@@ -87,8 +86,8 @@ def run_figures(run: Path, rare: str, faker: str, specialist: str) -> dict:
         "evidence_spearman": sum(spear) / len(spear) if spear else math.nan,
         "rare_f1": final.get("rare_class_macro_f1", math.nan),
         # the final model swings from round to round: the last 5 rounds' mean as a steadier reading
-        "rare_f1_last5": _or_nan(results.late_mean(lines, "rare_class_macro_f1", 5)),
-        "rare_recall_last5": rare_recall_late(lines, int(rare), 5),
+        "rare_f1_last5": _or_nan(results.late_mean(rounds, "rare_class_macro_f1", 5)),
+        "rare_recall_last5": rare_recall_late(rounds, int(rare), 5),
         "balanced_accuracy": final.get("balanced_accuracy", math.nan),
         "rounds": len(rounds),
     }

@@ -16,6 +16,8 @@ import json
 import statistics
 from pathlib import Path
 
+from hospitrust.server_app.results import read_round_records
+
 
 def cell_detection(cell: Path) -> dict[str, float]:
     """TPR, FPR (over color-rounds) and the final balanced accuracy of one finished FBD cell."""
@@ -26,10 +28,8 @@ def cell_detection(cell: Path) -> dict[str, float]:
     attacked = bool(summary.get("malicious_hospitals")) and bool(reached)
     rounds_path = next(cell.rglob("rounds.jsonl"))
     tp = fn = fp = tn = 0
-    for line in rounds_path.read_text().splitlines():
-        if not line.strip():
-            continue
-        flagged = set(int(c) for c in (json.loads(line).get("fbd") or {}).get("flagged_colors", []))
+    for record in read_round_records(rounds_path.parent):
+        flagged = set(int(c) for c in (record.entries.get("fbd") or {}).get("flagged_colors", []))
         bad = reached if attacked else set()
         tp += len(flagged & bad)
         fn += len(bad - flagged)

@@ -81,6 +81,8 @@ def largest_update_norms(grids: list[Path]) -> dict[tuple[str, float], float]:
     """
     import json
 
+    from hospitrust.server_app.results import read_round_records
+
     out: dict[tuple[str, float], float] = {}
     for grid in grids:
         for cell in sorted(Path(grid, "cells").iterdir()):
@@ -89,11 +91,10 @@ def largest_update_norms(grids: list[Path]) -> dict[tuple[str, float], float]:
                 continue
             cfg = json.loads(config.read_text())
             key = (str(cfg["strategy"]), float(cfg["learning-rate"]))
-            for line in rounds.read_text().splitlines():
-                for client in json.loads(line).get("clients", []):
-                    norm = client.get("update_norm")
-                    if norm is not None and not client.get("malicious"):
-                        out[key] = max(out.get(key, 0.0), float(norm))
+            for record in read_round_records(cell):
+                for client in record.clients:
+                    if client.update_norm is not None and not client.malicious:
+                        out[key] = max(out.get(key, 0.0), float(client.update_norm))
     return out
 
 

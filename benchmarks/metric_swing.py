@@ -34,8 +34,8 @@ def find_runs(paths: list[str]) -> list[Path]:
 
 def metric_series(run: Path, metric: str) -> list[float]:
     """The rounds' central ``metric``, in order, over the rounds that report it."""
-    return [float(r["central"][metric]) for r in results.read_rounds(run)
-            if isinstance((r.get("central") or {}).get(metric), (int, float))]
+    return [float(r.central[metric]) for r in results.read_round_records(run)
+            if isinstance(r.central.get(metric), (int, float))]
 
 
 def swing(values: list[float], rounds: int, margin: float) -> dict[str, float]:

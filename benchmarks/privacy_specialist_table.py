@@ -22,11 +22,11 @@ from hospitrust.records import RoundRecord
 from privacy_table import _mean_sd, _number, finished_cells, privacy_level  # benchmarks/, the script's own folder
 
 
-def specialist_row(rounds: list[dict[str, Any]], hospital: str, label: int) -> dict[str, float]:
+def specialist_row(rounds: list[RoundRecord], hospital: str, label: int) -> dict[str, float]:
     """The specialist's mean over rounds: holder share, EARN trust and row weight on ``label`` (NaN if absent)."""
     held, trust, weight = [], [], []
-    for line in rounds:
-        entry = RoundRecord.from_json(line).client(hospital)
+    for record in rounds:
+        entry = record.client(hospital)
         if entry is None or entry.signal("earn_trust") is None:
             continue
         held.append(1.0 if label in entry.signal("holds", []) else 0.0)

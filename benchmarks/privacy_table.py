@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hospitrust.records import RoundRecord
+from hospitrust.server_app.results import read_round_records
 
 
 def privacy_level(config: Mapping[str, Any]) -> str:
@@ -35,7 +36,7 @@ def privacy_level(config: Mapping[str, Any]) -> str:
     return f"eps{eps:g}" if mode == "local" else f"{mode}-eps{eps:g}"
 
 
-def false_positive_rate(rounds: Iterable[Mapping[str, Any]], strategy: str) -> tuple[int, int]:
+def false_positive_rate(rounds: Iterable[RoundRecord], strategy: str) -> tuple[int, int]:
     """(honest hospital-rounds counted as detected, honest hospital-rounds) of one run.
 
     EARN: a hospital whose weight is below half the round's median honest weight; every other rule:
@@ -44,7 +45,7 @@ def false_positive_rate(rounds: Iterable[Mapping[str, Any]], strategy: str) -> t
     """
     detected = total = 0
     for r in rounds:
-        honest = [c for c in RoundRecord.from_json(r).clients if not c.malicious and not c.rejected]
+        honest = [c for c in r.clients if not c.malicious and not c.rejected]
         if not honest:
             continue
         if strategy.startswith("earn"):
@@ -56,11 +57,11 @@ def false_positive_rate(rounds: Iterable[Mapping[str, Any]], strategy: str) -> t
     return detected, total
 
 
-def finished_cells(folder: Path) -> Iterator[tuple[Path, dict[str, Any], dict[str, Any], list[dict[str, Any]]]]:
-    """(run folder, config.json, summary.json, rounds.jsonl lines) of every finished cell under ``folder/cells``."""
+def finished_cells(folder: Path) -> Iterator[tuple[Path, dict[str, Any], dict[str, Any], list[RoundRecord]]]:
+    """(run folder, config.json, summary.json, rounds.jsonl records) of every finished cell under ``folder/cells``."""
     for path in sorted((folder / "cells").glob("*/summary.json")):
         run = path.parent
-        rounds = [json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines() if line.strip()]
+        rounds = read_round_records(run)
         yield run, json.loads((run / "config.json").read_text()), json.loads(path.read_text()), rounds
 
 

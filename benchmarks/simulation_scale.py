@@ -33,6 +33,8 @@ from pathlib import Path
 
 import psutil
 
+from hospitrust.server_app.results import read_round_records
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -91,11 +93,11 @@ def one_size(work: Path, hospitals: int, run_config: str, timeout: float) -> dic
         peak = sampler.stop()
     if rc != 0:
         raise SystemExit(f"{hospitals} hospitals: simulation failed (rc {rc}):\n{log.read_text()[-4000:]}")
-    rounds = [json.loads(x) for x in (work / name / "rounds.jsonl").read_text().splitlines() if x.strip()]
-    later = [r["round_seconds"] for r in rounds[1:]] or [rounds[0]["round_seconds"]]
-    return {"hospitals": hospitals, "to_round_1": rounds[0]["timing"]["train_pushed_at"] - launched,
-            "round_1": rounds[0]["round_seconds"], "round": statistics.median(later), "rounds": len(rounds),
-            "train_seconds": statistics.median(r["timing"]["train_seconds"] for r in rounds[1:] or rounds),
+    rounds = read_round_records(work / name)
+    later = [r.round_seconds for r in rounds[1:]] or [rounds[0].round_seconds]
+    return {"hospitals": hospitals, "to_round_1": rounds[0].timing["train_pushed_at"] - launched,
+            "round_1": rounds[0].round_seconds, "round": statistics.median(later), "rounds": len(rounds),
+            "train_seconds": statistics.median(r.timing["train_seconds"] for r in rounds[1:] or rounds),
             "peak_rss_mb": peak / 2**20, "wall": time.time() - launched}
 
 

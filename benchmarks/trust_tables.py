@@ -17,7 +17,6 @@ import statistics
 import sys
 from pathlib import Path
 
-from hospitrust.records import RoundRecord
 from hospitrust.server_app import results
 
 RULES = ["fedavg", "median", "multi-krum", "fltrust", "fedagain", "hta", "earn"]
@@ -33,7 +32,7 @@ def _load(folder: Path, attack: str, rule: str) -> dict | None:
 def late_mean(folder: Path, attack: str, rule: str, last: int, metric: str = "balanced_accuracy") -> float | None:
     """The cell's central ``metric`` averaged over its last ``last`` rounds."""
     run = folder / f"{attack}__{rule}"
-    return results.late_mean(results.read_rounds(run), metric, last) if (run / "rounds.jsonl").is_file() else None
+    return results.late_mean(results.read_round_records(run), metric, last) if (run / "rounds.jsonl").is_file() else None
 
 
 def _f(x, digits=3) -> str:
@@ -69,12 +68,11 @@ def detection_table(folder: Path, attacks: list[str], rules: list[str]) -> str:
 def earn_spearman(folder: Path, attacks: list[str]) -> str:
     rows = ["| attack | EARN update-evidence Spearman vs true counts (mean over rounds) | per round |", "|---|---|---|"]
     for attack in attacks:
-        path = folder / f"{attack}__earn" / "rounds.jsonl"
-        if not path.is_file():
+        run = folder / f"{attack}__earn"
+        if not (run / "rounds.jsonl").is_file():
             continue
         per_round = []
-        for line in path.read_text().splitlines():
-            r = RoundRecord.from_json(line)
+        for r in results.read_round_records(run):
             vals = [c.signal("evidence_spearman") for c in r.clients if c.signal("evidence_spearman") is not None]
             if vals:
                 per_round.append(vals[0])

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from hospitrust.records import RoundRecord
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", REPO / "benchmarks" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name.replace('/', '_')}", REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses in a script look their module up there (a name no import uses)
     spec.loader.exec_module(module)
@@ -109,7 +110,7 @@ def test_earn_faker_reads_the_specialists_body_weight_and_the_late_rare_f1(tmp_p
     assert row["specialist_body_over_share"] == pytest.approx((0.0 + 2.0 + 1.0) / 3)
     assert row["rare_f1_last5"] == pytest.approx(0.2) and row["rare_f1"] == pytest.approx(0.2)
     assert row["rare_recall_last5"] == pytest.approx((0.0 + 0.5 + 0.25) / 3)  # grade 4's recall, three rounds
-    assert math.isnan(script.rare_recall_late(rounds, 7, 5))  # no such class reported
+    assert math.isnan(script.rare_recall_late([RoundRecord.from_json(r) for r in rounds], 7, 5))  # no such class reported
     assert script._label(row).endswith(", fedavg base)")  # a run from before earn-base: the FedAvg base
 
 
@@ -354,3 +355,34 @@ def test_the_load_benchmarks_clientapp_slots_let_at_most_k_run_at_once_and_every
                         0.8 + 50 * 0.11 + 4 * load.CLIENTAPP_GB)
     assert math.isclose(load.estimate_gb(50, "flower", measured, slots=4),  # a run without slots: the defaults
                         load.DEFAULT_GB["server"] + 50 * (load.DEFAULT_GB["hospital"]["flower"] - 0.30) + 4 * load.CLIENTAPP_GB)
+
+
+def test_the_refactor_check_picks_each_ranked_rules_worst_attack_and_compares_exactly(tmp_path, capsys):
+    """Issue 64's check grid: one cell per ranked rule (seed 11, its lowest final balanced accuracy among the
+    attacks), with its v2 part's settings; compare passes only on equal values, digit for digit."""
+    import csv
+
+    from hospitrust.bench.grid import parse_grid
+
+    check = _script("leaderboard/v3/refactor_check")
+    worst = check.worst_attacks()
+    rows = [r for r in csv.DictReader(open(check.CELLS)) if r["condition"] == "main" and r["seed"] == "11"]
+    assert len(worst) == 13
+    for rule, (attack, value) in worst.items():
+        mine = [float(r[check.COLUMN]) for r in rows if r["rule"] == rule and r["attack_label"] != "none"]
+        assert float(value) == min(mine) and attack != "none"
+    grid = parse_grid(check.make(tmp_path / "check.toml"))
+    assert sorted(c.name for c in grid.cells) == sorted(f"seed=11__strategy={r}__attack={a}" for r, (a, _) in worst.items())
+    run = tmp_path / "run"
+    run.mkdir()
+    with open(run / "cells.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["strategy", "attack", "status", check.COLUMN])
+        for rule, (attack, value) in worst.items():
+            w.writerow([rule, attack, "done", value])
+    assert check.compare(run) == 0
+    rule, (attack, value) = sorted(worst.items())[0]
+    text = (run / "cells.csv").read_text().replace(f"{rule},{attack},done,{value}", f"{rule},{attack},done,{float(value) + 1e-12!r}")
+    (run / "cells.csv").write_text(text)
+    assert check.compare(run) == 1
+    assert "12 of 13 cells reproduce" in capsys.readouterr().out

@@ -80,7 +80,8 @@ def test_the_largest_honest_norm_per_rule_and_rate_skips_malicious_hospitals(tmp
         d = tmp_path / "g" / "cells" / name
         d.mkdir(parents=True)
         (d / "config.json").write_text(json.dumps({"strategy": rule, "learning-rate": rate}))
-        (d / "rounds.jsonl").write_text("".join(json.dumps({"clients": c}) + "\n" for c in rounds))
+        lines = [{"clients": [{"hospital": f"hospital-{i}", **entry} for i, entry in enumerate(c)]} for c in rounds]
+        (d / "rounds.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
 
     cell("a", "fedavg", 0.01, [[{"update_norm": 0.2}, {"update_norm": 0.5}], [{"update_norm": 0.4}]])
     cell("b", "fedavg", 0.01, [[{"update_norm": 0.7}, {"update_norm": 9.0, "malicious": True}]])

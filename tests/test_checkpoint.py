@@ -14,7 +14,7 @@ from conftest import small_run_config
 from hospitrust.server_app.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint
 from hospitrust.client_app import app as client_app
 from hospitrust.ops.inprocess import InProcessGrid
-from hospitrust.server_app.results import read_rounds, read_summary
+from hospitrust.server_app.results import read_round_records, read_summary
 from hospitrust.server_app import app as server_app
 from hospitrust.strategies import STRATEGIES
 
@@ -67,8 +67,8 @@ def test_resumed_run_ends_with_the_unbroken_runs_model(tmp_path, data_dir, monke
     _serve({**stopped, "resume-from": str(run_dir)}, 4, first_node_id=9_100_000)
     whole_dir = tmp_path / "runs" / "whole"
     assert _model_hash(run_dir) == _model_hash(whole_dir)
-    assert [r["round"] for r in read_rounds(run_dir)] == [1, 2, 3]
-    assert read_rounds(run_dir)[-1]["central"] == read_rounds(whole_dir)[-1]["central"]
+    assert [r.number for r in read_round_records(run_dir)] == [1, 2, 3]
+    assert read_round_records(run_dir)[-1].central == read_round_records(whole_dir)[-1].central
     summary = read_summary(run_dir)
     assert summary["resumed_at"] == [2] and summary["rounds"] == 3
     assert read_summary(whole_dir)["resumed_at"] == []
@@ -82,8 +82,8 @@ def test_resume_extends_a_finished_run_and_drops_rounds_after_the_checkpoint(tmp
     with open(run_dir / "rounds.jsonl", "a") as fh:
         fh.write('{"round": 2, "partial": true}\n')
     _serve({**cfg, "num-server-rounds": 2, "resume-from": str(run_dir / CHECKPOINT_FILE)}, 3)
-    rounds = read_rounds(run_dir)
-    assert [r["round"] for r in rounds] == [1, 2] and "partial" not in rounds[1]
+    rounds = read_round_records(run_dir)
+    assert [r.number for r in rounds] == [1, 2] and "partial" not in rounds[1].entries
     assert load_checkpoint(run_dir)["round"] == 2
 
 

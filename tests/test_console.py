@@ -21,6 +21,7 @@ from conftest import small_run_config
 from hospitrust.console import views
 from hospitrust.console.runs import RunReader
 from hospitrust.records import RoundRecord
+from hospitrust.server_app.results import RunDirectory, read_round_records
 
 # ------------------------------------------------------------------ views, by hand
 ROUND = {
@@ -421,12 +422,12 @@ def test_the_live_page_lists_a_query_round_failure_closes_a_stopped_runs_panel_a
     (stopped / "progress.jsonl").write_text(json.dumps({"time": time.time() - 900, "round": 2, "event": "asked",
                                                         "reply_timeout": 60, "hospitals": list(names.values())}) + "\n")
     killed = _copy_run(hta_run, runs / "killed")
-    rounds = [json.loads(line) for line in (killed / "rounds.jsonl").read_text().splitlines()]
+    rounds = read_round_records(killed)
     last = rounds[-1]
-    last["clients"] = [c for c in last["clients"] if c["hospital"] != "hospital-1"]
-    last["missing"], last["node_unavailable"], last["unresponsive"] = ["hospital-1"], ["hospital-1"], []
-    last.get("hospital_accuracy", {}).pop("hospital-1", None)
-    (killed / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
+    last.clients = [c for c in last.clients if c.hospital != "hospital-1"]
+    last.missing, last.node_unavailable, last.unresponsive = ["hospital-1"], ["hospital-1"], []
+    last.hospital_accuracy.pop("hospital-1", None)
+    RunDirectory(killed).rewrite_rounds(rounds)
     with serving_console(runs) as base:
         browser.get(base + "/")
         listed = _run_list(browser, runs=4)

@@ -17,6 +17,7 @@ import pytest
 
 from federation import HOSPITALS, HTA_ROUNDS, HTA_RUN, RUN_TIMEOUT, flwr_env, free_port, run_config, supernode_cli, task_keys
 from hospitrust.ops import deploy
+from hospitrust.server_app.results import read_round_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.data]
 
@@ -33,14 +34,14 @@ def test_own_task_in_three_formats_matches_the_inprocess_run_and_a_nan_hospital_
     run_dir = fed.work / "runs" / "nan"
     for name in ("summary.json", "rounds.jsonl", "config.json", "model.pt", "class_counts.csv"):
         assert (run_dir / name).is_file(), name
-    rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rounds] == list(range(1, HTA_ROUNDS + 1))
+    rounds = read_round_records(run_dir)
+    assert [r.number for r in rounds] == list(range(1, HTA_ROUNDS + 1))
     for r in rounds:
-        by = {c["hospital"]: c for c in r["clients"]}
+        by = {c.hospital: c for c in r.clients}
         assert set(by) == {"st-mary", "hospital-1", "hospital-2"}, by.keys()
-        assert by["hospital-1"]["rejected"] and "NaN" in by["hospital-1"]["reason"]
-        assert not by["st-mary"]["rejected"] and not by["hospital-2"]["rejected"]
-        assert r["missing"] == [] and r["evaluation"] == "central"
+        assert by["hospital-1"].rejected and "NaN" in by["hospital-1"].reason
+        assert not by["st-mary"].rejected and not by["hospital-2"].rejected
+        assert r.missing == [] and r.evaluation == "central"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["hospitals"] == 3 and summary["rounds"] == HTA_ROUNDS and summary["task"] == "pneumoniamnist-export"
     config = json.loads((run_dir / "config.json").read_text())
@@ -88,10 +89,10 @@ def test_a_secure_aggregation_run_scores_every_hospital_while_the_server_holds_o
     assert status == deploy.COMPLETED, f"{status}: {details}\n{log}\n{fed.diagnostics()}"
     assert "Secure aggregation completed" in log, log
     run_dir = fed.work / "runs" / "secagg"
-    [r] = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    assert {c["hospital"] for c in r["clients"]} == set(HOSPITALS)
-    assert all(c["signals"]["secagg"]["secure_aggregation"] for c in r["clients"]), r["clients"]
-    scores = r["contribution"]
+    [r] = read_round_records(run_dir)
+    assert {c.hospital for c in r.clients} == set(HOSPITALS)
+    assert all(c.signals["secagg"]["secure_aggregation"] for c in r.clients), r.clients
+    scores = r.entries["contribution"]
     assert scores["scored"] and set(scores["hospitals"]) == set(HOSPITALS), scores
     assert all(math.isfinite(v["fp"]) and math.isfinite(v["ee"]) for v in scores["hospitals"].values()), scores
     assert (run_dir / "contribution_ledger.csv").is_file()
@@ -137,8 +138,8 @@ def test_a_stopped_run_resumes_and_ends_with_the_unbroken_runs_model(federation)
     assert _model_hash(run_dir / "model.pt") == _model_hash(reference), (
         "--- the unbroken run's rounds.jsonl ---\n" + (reference.parent / "rounds.jsonl").read_text()[-4000:] + "\n"
         + fed.diagnostics(run_dir))
-    rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rounds] == list(range(1, HTA_ROUNDS + 1))
+    rounds = read_round_records(run_dir)
+    assert [r.number for r in rounds] == list(range(1, HTA_ROUNDS + 1))
     assert json.loads((run_dir / "summary.json").read_text())["resumed_at"] == [1]
 
 
@@ -170,18 +171,18 @@ def test_the_watchdog_restarts_a_supernode_whose_clientapp_died_or_hung_and_the_
         assert len(restarts) >= 2, fed.tail(name, 6000)
         assert "ended with exit code 0" in restarts[0] and "its message is still open" in restarts[0], restarts[0]
         assert any("in flight for" in r and "bound 8 s" in r for r in restarts[1:]), restarts
-        rounds = [json.loads(line) for line in (fed.work / "runs" / "watchdog" / "rounds.jsonl").read_text().splitlines()]
-        assert [r["round"] for r in rounds] == [1, 2, 3, 4]
+        rounds = read_round_records(fed.work / "runs" / "watchdog")
+        assert [r.number for r in rounds] == [1, 2, 3, 4]
         # the message the restarted SuperNode had pulled is lost with it (Flower does not deliver a pulled message
         # twice): hospital-2 is recorded missing in that round
-        assert any(name in r["missing"] for r in rounds), fed.diagnostics(fed.work / "runs" / "watchdog")
+        assert any(name in r.missing for r in rounds), fed.diagnostics(fed.work / "runs" / "watchdog")
 
         # and it comes back by itself: by the last round it trains, or (restarted while the round was sampled,
         # so recorded offline for its training) answers the round's evaluation; on a loaded machine the run
         # can end first (the SuperLink refuses the restarted SuperNode until its old session's heartbeats
         # lapse), and then the SuperLink must accept its third session (the first, and one per restart)
         last = rounds[-1]
-        back = {c["hospital"] for c in last["clients"] if not c.get("rejected")} | set(last.get("hospital_accuracy", {}))
+        back = {c.hospital for c in last.clients if not c.rejected} | set(last.hospital_accuracy)
         if name not in back:
             fed.wait_connected(name, sessions=3)
     finally:  # the later tests get hospital-2 without faults, and connected (not its old session)
@@ -242,23 +243,22 @@ def test_a_supernode_killed_mid_run_is_recorded_and_the_run_completes_with_feder
     fed.kill("hospital-2")
     status, details = fed.wait(run_id)
     assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}"
-    rounds = [json.loads(line) for line in (fed.work / "runs" / "killed" / "rounds.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rounds] == [1, 2]
+    rounds = read_round_records(fed.work / "runs" / "killed")
+    assert [r.number for r in rounds] == [1, 2]
     first = rounds[0]
-    by = {c["hospital"]: c for c in first["clients"]}
     # asked and never answered; or, once the SuperLink has missed its heartbeats, listed offline and not asked
-    assert "hospital-2" in first["missing"] + first["offline"], (
-        f"missing={first['missing']}; offline={first['offline']}; hospital-2's entry: {by.get('hospital-2')}; "
-        f"asked={first['asked']}\n" + fed.diagnostics(fed.work / "runs" / "killed"))
-    if "hospital-2" in first["missing"]:  # asked, then killed: Flower answers for it once it is offline
-        assert first["node_unavailable"] == ["hospital-2"] and first["unresponsive"] == [], (
-            f"{first['node_unavailable']=} {first['unresponsive']=}\n" + fed.diagnostics(fed.work / "runs" / "killed"))
+    assert "hospital-2" in first.missing + first.offline, (
+        f"missing={first.missing}; offline={first.offline}; hospital-2's entry: {first.client('hospital-2')}; "
+        f"asked={first.asked}\n" + fed.diagnostics(fed.work / "runs" / "killed"))
+    if "hospital-2" in first.missing:  # asked, then killed: Flower answers for it once it is offline
+        assert first.node_unavailable == ["hospital-2"] and first.unresponsive == [], (
+            f"{first.node_unavailable=} {first.unresponsive=}\n" + fed.diagnostics(fed.work / "runs" / "killed"))
     for r in rounds:
-        assert "hospital-2" in r["missing"] + r["offline"], fed.diagnostics(fed.work / "runs" / "killed")
-        valid = {c["hospital"] for c in r["clients"] if not c.get("rejected")}
+        assert "hospital-2" in r.missing + r.offline, fed.diagnostics(fed.work / "runs" / "killed")
+        valid = {c.hospital for c in r.clients if not c.rejected}
         assert valid == {"st-mary", "hospital-1"}, fed.diagnostics(fed.work / "runs" / "killed")
-        assert not r["kept_previous_model"]
-        assert r["evaluation"] == "federated" and 0.0 <= r["central"]["balanced_accuracy"] <= 1.0
+        assert not r.kept_previous_model
+        assert r.evaluation == "federated" and 0.0 <= r.central["balanced_accuracy"] <= 1.0
         # pooled over the hospitals that answered: st-mary's and hospital-1's held-out images
-        assert set(r["hospital_accuracy"]) == {"st-mary", "hospital-1"} and r["central"]["num_examples"] > 0
+        assert set(r.hospital_accuracy) == {"st-mary", "hospital-1"} and r.central["num_examples"] > 0
     assert json.loads((fed.work / "runs" / "killed" / "summary.json").read_text())["evaluation"] == "federated"

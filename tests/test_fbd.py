@@ -353,20 +353,23 @@ def fbd_runs(tmp_path_factory, _medmnist_problem):
 
 
 def test_fbd_run_writes_plan_stamps_warehouse_and_rounds(fbd_runs):
-    from hospitrust.server_app.results import CENTRAL_METRICS, ROUND_FIELDS, read_rounds, read_summary
+    from hospitrust.server_app.results import (CENTRAL_METRICS, ROUND_FIELDS, read_round_lines, read_round_records,
+                                               read_summary)
 
     honest, _, _ = fbd_runs
     for name in ("config.json", "rounds.jsonl", "summary.json", "warehouse.pt", "fbd_plan.json", "fbd_stamps.jsonl"):
         assert (honest / name).is_file(), name
-    rounds = read_rounds(honest)
-    assert [r["round"] for r in rounds] == [1, 2]
+    assert all(set(ROUND_FIELDS) <= set(line) for line in read_round_lines(honest))  # the written schema
+    rounds = read_round_records(honest)
+    assert [r.number for r in rounds] == [1, 2]
     for r in rounds:
-        assert set(ROUND_FIELDS) <= set(r) and set(CENTRAL_METRICS) <= set(r["central"])
-        assert sorted(r["fbd"]["schedule"]) == SIX[:4] and len(set(r["fbd"]["schedule"].values())) == 4
-        assert set(r["fbd"]["routing"]) >= {"ensemble", "max-confidence"}
-        assert all(c["selected"] and c["signals"]["fbd"]["accepted_blocks"] == ["stem", "conv2", "neck", "head"]
-                   for c in r["clients"])
-        assert r["fbd"]["rejected_writes"] == 0
+        assert set(CENTRAL_METRICS) <= set(r.central)
+        fbd = r.entries["fbd"]
+        assert sorted(fbd["schedule"]) == SIX[:4] and len(set(fbd["schedule"].values())) == 4
+        assert set(fbd["routing"]) >= {"ensemble", "max-confidence"}
+        assert all(c.selected and c.signals["fbd"]["accepted_blocks"] == ["stem", "conv2", "neck", "head"]
+                   for c in r.clients)
+        assert fbd["rejected_writes"] == 0
     assert read_summary(honest)["strategy"] == "fbd"
     wh = Warehouse.load(honest / "warehouse.pt")
     stamps = StampLog(honest / "fbd_stamps.jsonl").read()
@@ -381,7 +384,7 @@ def test_fbd_run_writes_plan_stamps_warehouse_and_rounds(fbd_runs):
 
 
 def test_poisoned_hospital_is_contained_to_its_colors(fbd_runs):
-    from hospitrust.server_app.results import read_rounds, read_summary
+    from hospitrust.server_app.results import read_round_records, read_summary
 
     honest, poisoned, foreign = fbd_runs
     plan = ShippingPlan.load(poisoned / "fbd_plan.json")
@@ -390,11 +393,11 @@ def test_poisoned_hospital_is_contained_to_its_colors(fbd_runs):
     h, p = Warehouse.load(honest / "warehouse.pt").hashes(), Warehouse.load(poisoned / "warehouse.pt").hashes()
     for key in h:  # clean colors bit-identical; the poisoned group's colors differ
         assert (h[key] == p[key]) == (int(key.split("/")[0]) in clean), key
-    for r in read_rounds(poisoned):  # the attempted write to a clean color was rejected, every round
-        c0 = flat_entry(next(c for c in r["clients"] if c["hospital"] == "hospital-0"))
+    for r in read_round_records(poisoned):  # the attempted write to a clean color was rejected, every round
+        c0 = flat_entry(r.client("hospital-0"))
         assert c0["selected"] and c0["malicious"]
         assert {w["color"] for w in c0["rejected_writes"]} == {foreign} and len(c0["rejected_writes"]) == 4
-        assert r["fbd"]["rejected_writes"] == 4
+        assert r.entries["fbd"]["rejected_writes"] == 4
     rejected = [s for s in StampLog(poisoned / "fbd_stamps.jsonl").read() if s["event"] == "rejected"]
     assert len(rejected) == 8 and {s["writer"] for s in rejected} == {"hospital-0"}
 
@@ -402,14 +405,14 @@ def test_poisoned_hospital_is_contained_to_its_colors(fbd_runs):
 def test_the_detection_feature_runs_on_an_fbd_run_through_the_loop(fbd_runs):
     """FBD is a strategy on the one round loop: the detection feature marks the attacker's entries,
     records each round's detection and the run's security, beside the rule's own ``fbd`` entries."""
-    from hospitrust.server_app.results import read_rounds, read_summary
+    from hospitrust.server_app.results import read_round_records, read_summary
 
     _, poisoned, _ = fbd_runs
-    rounds = read_rounds(poisoned)
-    assert [r["round"] for r in rounds] == [1, 2]
+    rounds = read_round_records(poisoned)
+    assert [r.number for r in rounds] == [1, 2]
     for r in rounds:
-        assert {c["hospital"]: c["malicious"] for c in r["clients"]}["hospital-0"] is True
-        assert "detection" in r and "fbd" in r and r["evaluation"] and r["central"]["auc"] == r["central"]["auc"]
+        assert {c.hospital: c.malicious for c in r.clients}["hospital-0"] is True
+        assert "detection" in r.entries and "fbd" in r.entries and r.evaluation and r.central["auc"] == r.central["auc"]
     summary = read_summary(poisoned)
     assert summary["malicious_hospitals"] == ["hospital-0"] and "security" in summary
     assert summary["fbd"]["rejected_writes"] == 8 and summary["resumed_at"] == []
@@ -420,7 +423,7 @@ def test_fbd_run_resumed_after_round_1_equals_the_unbroken_run(tmp_path, _medmni
     """The warehouse is in the checkpoint: stopped after round 1 and resumed, the run ends with the
     unbroken run's colors, bit for bit, and the same records."""
     from hospitrust.ops.inprocess import run_inprocess
-    from hospitrust.server_app.results import read_rounds, read_summary
+    from hospitrust.server_app.results import read_round_records, read_summary
 
     if _medmnist_problem:
         pytest.fail(_medmnist_problem, pytrace=False)
@@ -437,8 +440,8 @@ def test_fbd_run_resumed_after_round_1_equals_the_unbroken_run(tmp_path, _medmni
     a, b = read_summary(unbroken), read_summary(resumed)
     assert b["resumed_at"] == [1] and a["fbd"]["block_hashes"] == b["fbd"]["block_hashes"]
     assert a["fbd"]["final_routing"] == b["fbd"]["final_routing"]
-    ra, rb = read_rounds(unbroken), read_rounds(resumed)
-    assert [r["fbd"]["colors"] for r in ra] == [r["fbd"]["colors"] for r in rb]
+    ra, rb = read_round_records(unbroken), read_round_records(resumed)
+    assert [r.entries["fbd"]["colors"] for r in ra] == [r.entries["fbd"]["colors"] for r in rb]
     init = [s for s in StampLog(resumed / "fbd_stamps.jsonl").read() if s["event"] == "init"]
     assert len(init) == len(Warehouse.load(unbroken / "warehouse.pt").hashes())  # written once, not again on resume
 

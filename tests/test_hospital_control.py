@@ -29,6 +29,8 @@ from federation import REPO, free_port, run_config, supernode_cli, task_keys
 from test_service_files import _exec_start, _rewrite
 from hospitrust.ops import deploy
 from hospitrust.ops.deploy import approval, audit, gate
+from hospitrust.records import RoundRecord
+from hospitrust.server_app.results import read_round_records
 from hospitrust.supervision import confine
 
 pytestmark = [pytest.mark.slow, pytest.mark.data]
@@ -198,7 +200,7 @@ def _approve(fed, content: bytes) -> None:
                     str(fed.gate["store"].path), str(fed.gate["store"].bundles)], check=True)
 
 
-def _run(fed, name: str, app: Path, extra: str = "", keys: bool = True) -> tuple[dict, list[dict]]:
+def _run(fed, name: str, app: Path, extra: str = "", keys: bool = True) -> tuple[dict, list[RoundRecord]]:
     config = run_config(fed, name, f"{task_keys(fed) if keys else ''} {extra}", rounds=1)
     if "local-epochs=" in extra:  # flwr refuses a key given twice: the federation's default gives way
         config = config.replace("local-epochs=2 ", "", 1)
@@ -207,7 +209,7 @@ def _run(fed, name: str, app: Path, extra: str = "", keys: bool = True) -> tuple
     assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}\n{fed.tail(NAME)}"
     run_dir = fed.work / "runs" / name
     config = json.loads((run_dir / "config.json").read_text())
-    return config, [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    return config, read_round_records(run_dir)
 
 
 def _runtime_apis(fed) -> dict[str, tuple[str, str]]:
@@ -275,8 +277,8 @@ print(json.dumps(got))
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _trained(rounds: list[dict]) -> set[str]:
-    return {c["hospital"] for c in rounds[0]["clients"] if not c.get("rejected")}
+def _trained(rounds: list[RoundRecord]) -> set[str]:
+    return {c.hospital for c in rounds[0].clients if not c.rejected}
 
 
 def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refused_by_policy(guarded):
@@ -349,8 +351,8 @@ def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refu
     marks[NAME].unlink()
     config, rounds = _run(fed, "gate-signed-policy", signed, f'app-signature="{good}" local-epochs=3')
     assert config["failed-hospitals"] == [] and marks[NAME].exists()
-    entry = next(c for c in rounds[0]["clients"] if c["hospital"] == NAME)
-    assert entry["rejected"] and entry["reason"] == "refused by site policy: max-local-epochs: 3 > 2", entry
+    entry = rounds[0].client(NAME)
+    assert entry is not None and entry.rejected and entry.reason == "refused by site policy: max-local-epochs: 3 > 2", entry
     # the same bundle with a signature by a key hospital-2 does not trust is refused before it runs
     stranger_key, _, stranger_id = approval.create_signing_key(fed.work / "gate-stranger", "stranger")
     bad = approval.sign(content, stranger_key, stranger_id)
@@ -371,7 +373,7 @@ def test_an_unapproved_bundle_is_refused_unimported_then_approved_signed_or_refu
     # the heads hospital-2's train replies carried, recorded by the server: its log holds every one; the older copy
     # (after run (a)) verifies on its own but not against them (a rollback, issue 61)
     approved_run = fed.work / "runs" / "gate-approved"
-    recorded = [json.loads(line).get("audit_heads", {}) for line in (approved_run / "rounds.jsonl").read_text().splitlines()]
+    recorded = [r.entries.get("audit_heads", {}) for r in read_round_records(approved_run)]
     assert any(NAME in heads for heads in recorded) and not any("st-mary" in heads for heads in recorded), recorded
     against = [sys.executable, "-m", "hospitrust.cli.main", "deploy", "audit", "--quiet", "--against", str(approved_run),
                "--hospital", NAME]
@@ -423,8 +425,8 @@ def test_the_image_limit_is_checked_against_the_images_the_hospital_trains_on(gu
     finally:
         policy.write_text(POLICY)
     assert config["failed-hospitals"] == []  # it answered the query: the rule is about training
-    entry = next(c for c in rounds[0]["clients"] if c["hospital"] == NAME)
-    assert entry["rejected"] and entry["reason"] == (
+    entry = rounds[0].client(NAME)
+    assert entry is not None and entry.rejected and entry.reason == (
         f"refused by site policy: max-images-per-round: 2 epochs x {images} images = {2 * images} > 50"), entry
     assert _trained(rounds) == {"st-mary", "hospital-1"}
     # the gate's resolved values are in the audit entry of every message it decided
@@ -469,7 +471,7 @@ def test_three_train_messages_in_one_round_are_counted_as_one_round(guarded):
     the first is accepted, the second and third refused, whatever the ServerApp does."""
     fed = guarded
     variant = _variant(fed, "three-trains")
-    base = variant / "hospitrust" / "strategies" / "base.py"
+    base = variant / "hospitrust" / "strategies" / "messages.py"  # where a rule's round messages are built
     one = ('''            Message(content, dst_node_id=nid, message_type=MessageType.TRAIN)
             for nid in self.sample_hospitals(grid, excluded)''')
     assert one in base.read_text()

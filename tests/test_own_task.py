@@ -20,6 +20,7 @@ from hospitrust.datasets.dicom import write_dicom
 from hospitrust.datasets.local import HospitalDataError, RowView, data_card, load_local, split_local
 from hospitrust.errors import ConfigError
 from hospitrust.ops.inprocess import run_inprocess
+from hospitrust.server_app.results import read_round_records
 from hospitrust.models.augment import augment_batch, parse_augmentation
 from hospitrust.tasks.model import load_pretrained, task_model
 from hospitrust.tasks.task import Task, resolve_task
@@ -284,13 +285,13 @@ def test_hta_on_the_consortiums_own_task_and_server_sets(tmp_path, caplog):
 def test_no_test_set_means_federated_evaluation_pooled_over_hospitals(tmp_path):
     nodes = _federation(tmp_path)
     run = _run(tmp_path, "fed", nodes, strategy="fedavg")
-    rounds = [json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines()]
-    assert all(r["evaluation"] == "federated" for r in rounds)
+    rounds = read_round_records(run)
+    assert all(r.evaluation == "federated" for r in rounds)
     with (run / "class_counts.csv").open() as f:
         val_total = sum(int(r["total"]) for r in csv.DictReader(f) if r["split"] == "val")
     # every hospital's held-out images, pooled: the counts sum to the validation splits
-    assert rounds[-1]["central"]["num_examples"] == val_total > 0
-    assert set(rounds[-1]["hospital_accuracy"]) == {"hospital-0", "hospital-1", "hospital-2"}
+    assert rounds[-1].central["num_examples"] == val_total > 0
+    assert set(rounds[-1].hospital_accuracy) == {"hospital-0", "hospital-1", "hospital-2"}
 
 
 def test_a_hospital_whose_data_does_not_fit_is_recorded_and_the_run_goes_on(tmp_path):

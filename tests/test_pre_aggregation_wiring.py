@@ -18,7 +18,7 @@ from hospitrust.errors import ConfigError
 from hospitrust.features import Round, RunFacts
 from hospitrust.features.pre_aggregation import PreAggregation
 from hospitrust.features.registry import run_features
-from hospitrust.records import HospitalRecord, RoundRecord
+from hospitrust.records import HospitalRecord
 from hospitrust.strategies.base import RoundResult
 
 T = functools.partial(torch.tensor, dtype=torch.float64)
@@ -206,13 +206,13 @@ def test_the_chain_runs_after_the_simulated_adversary():
 def _one_round(tmp_path, name, hospitals, **overrides):
     from conftest import small_run_config
     from hospitrust.ops.inprocess import run_inprocess
-    from hospitrust.server_app.results import read_config, read_rounds
+    from hospitrust.server_app.results import read_config, read_round_records
 
     cfg = small_run_config(tmp_path, **{"num-server-rounds": 1, "train-subsample": 0.03, "run-name": name, **overrides})
     run_inprocess(cfg, hospitals)
     run_dir = tmp_path / "runs" / name
-    (rec,) = read_rounds(run_dir)
-    assert not rec["kept_previous_model"], rec["note"]
+    (rec,) = read_round_records(run_dir)
+    assert not rec.kept_previous_model, rec.note
     return cfg, read_config(run_dir), rec
 
 
@@ -222,35 +222,35 @@ def test_arc_nnm_before_hta_in_a_real_inprocess_run(tmp_path, data_dir):
     _, config, rec = _one_round(tmp_path, "arc-nnm-hta", 4, strategy="hta",
                                 **{"pre-aggregation": "arc,nnm", "hta.validation-exponent": 0.0})
     assert config["pre-aggregation"] == "arc,nnm" and config["pre_aggregation"] == {"chain": ["arc", "nnm"], "f": 1}
-    entry = rec["pre_aggregation"]
+    entry = rec.entries["pre_aggregation"]
     assert entry["chain"] == ["arc", "nnm"] and entry["applied"] and entry["rows_in"] == entry["rows_out"] == 4
     arc, nnm = entry["steps"]
     assert arc["num_clipped"] == 1 and nnm == {"step": "nnm", "f": 1, "neighbourhood_size": 3}
-    hospitals = [c["hospital"] for c in rec["clients"]]
-    factor = {c["hospital"]: c["signals"]["pre-aggregation"]["steps"][0]["factor"] for c in rec["clients"]}
+    hospitals = [c.hospital for c in rec.clients]
+    factor = {c.hospital: c.signals["pre-aggregation"]["steps"][0]["factor"] for c in rec.clients}
     assert arc["clipped"] == [h for h in hospitals if factor[h] < 1.0]
-    for c in rec["clients"]:
-        pre = c["signals"]["pre-aggregation"]
+    for c in rec.clients:
+        pre = c.signals["pre-aggregation"]
         neighbours = pre["steps"][1]["neighbours"]
-        assert neighbours[0] == c["hospital"] and len(neighbours) == 3 and set(neighbours) <= set(hospitals)
+        assert neighbours[0] == c.hospital and len(neighbours) == 3 and set(neighbours) <= set(hospitals)
         # the row HTA saw for this hospital: its neighbours' clipped updates, a third each
         assert pre["mixed_from"] == pytest.approx({h: factor[h] / 3 for h in neighbours})
-        assert "reputation" in c["signals"]["hta"]  # the rule ran on the mixed rows and kept its per-hospital record
-    rows = hospital_rows(RoundRecord.from_json(rec), hospitals, ground_truth=False)
+        assert "reputation" in c.signals["hta"]  # the rule ran on the mixed rows and kept its per-hospital record
+    rows = hospital_rows(rec, hospitals, ground_truth=False)
     shown = dict(rows[0]["signals"])["pre-aggregation"]
     assert shown.startswith("arc ") and f"nnm mean of {hospitals[0]}" in shown
 
 
 def test_bucketing_before_the_median_in_a_real_inprocess_run(tmp_path, data_dir):
     cfg, _, rec = _one_round(tmp_path, "bucketing-median", 4, strategy="median", **{"pre-aggregation": "bucketing"})
-    hospitals = [c["hospital"] for c in rec["clients"]]  # the stack's rows are in hospital order
+    hospitals = [c.hospital for c in rec.clients]  # the stack's rows are in hospital order
     perm = torch.randperm(4, generator=PreAggregationChain(("bucketing",), seed=cfg["seed"]).generator(1, 0)).tolist()
     buckets = [[hospitals[i] for i in perm[:2]], [hospitals[i] for i in perm[2:]]]
-    assert rec["pre_aggregation"]["steps"] == [{"step": "bucketing", "bucket_size": 2, "buckets": buckets}]
-    assert rec["pre_aggregation"]["rows_out"] == 2
-    norm = {c["hospital"]: c["update_norm"] for c in rec["clients"]}  # of the row the median saw
-    for c in rec["clients"]:
-        mine = next(b for b in buckets if c["hospital"] in b)
-        assert c["signals"]["pre-aggregation"]["steps"] == [{"step": "bucketing", "bucket": mine}]
-        assert c["signals"]["pre-aggregation"]["mixed_from"] == {h: 0.5 for h in sorted(mine)}
+    assert rec.entries["pre_aggregation"]["steps"] == [{"step": "bucketing", "bucket_size": 2, "buckets": buckets}]
+    assert rec.entries["pre_aggregation"]["rows_out"] == 2
+    norm = {c.hospital: c.update_norm for c in rec.clients}  # of the row the median saw
+    for c in rec.clients:
+        mine = next(b for b in buckets if c.hospital in b)
+        assert c.signals["pre-aggregation"]["steps"] == [{"step": "bucketing", "bucket": mine}]
+        assert c.signals["pre-aggregation"]["mixed_from"] == {h: 0.5 for h in sorted(mine)}
         assert norm[mine[0]] == pytest.approx(norm[mine[1]], rel=1e-12)  # float64: both members handed the bucket's mean

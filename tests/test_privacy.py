@@ -16,6 +16,8 @@ from scipy import stats
 
 from browser import browser, wait_for  # noqa: F401  (browser is a fixture)
 from conftest import small_run_config
+from hospitrust.records import RoundRecord
+from hospitrust.server_app.results import read_round_records
 
 N_TRAIN, BATCH, EPOCHS, DELTA = 120, 12, 1, 1e-4  # q = 1 / ceil(120 / 12) = 0.1; B = n q exactly
 
@@ -169,24 +171,24 @@ def budget_run(tmp_path_factory, _medmnist_problem) -> tuple[Path, Path]:
 
 def test_a_hospital_whose_budget_runs_out_mid_run_stops_training_and_the_run_completes(budget_run):
     run_dir, ledger = budget_run
-    rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rounds] == [1, 2, 3]  # the run completes
+    rounds = read_round_records(run_dir)
+    assert [r.number for r in rounds] == [1, 2, 3]  # the run completes
     first, second, third = rounds
-    assert {c["hospital"] for c in first["clients"] if c["selected"]} == {"hospital-0", "hospital-1", "hospital-2"}
-    eps0 = first["privacy"]["hospitals"]["hospital-0"]["epsilon"]
+    assert {c.hospital for c in first.clients if c.selected} == {"hospital-0", "hospital-1", "hospital-2"}
+    eps0 = first.entries["privacy"]["hospitals"]["hospital-0"]["epsilon"]
     assert 1.4 < eps0 < 2.0
     # round 2: hospital-0 refuses (its budget), recorded as budget spent, not as failed or rejected
-    assert [b["hospital"] for b in second["budget_spent"]] == ["hospital-0"]
-    assert "privacy budget spent" in second["budget_spent"][0]["reason"]
-    assert second["budget_spent"][0]["next_epsilon"] > 2.0
-    assert "hospital-0" not in {c["hospital"] for c in second["clients"]} and "hospital-0" not in second["missing"]
-    assert second["privacy"]["hospitals"]["hospital-0"]["budget_spent"] is True
-    assert not second["kept_previous_model"] and not third["kept_previous_model"]  # the others go on
-    assert {c["hospital"] for c in third["clients"]} == {"hospital-1", "hospital-2"}  # not asked again
+    assert [b["hospital"] for b in second.entries["budget_spent"]] == ["hospital-0"]
+    assert "privacy budget spent" in second.entries["budget_spent"][0]["reason"]
+    assert second.entries["budget_spent"][0]["next_epsilon"] > 2.0
+    assert "hospital-0" not in {c.hospital for c in second.clients} and "hospital-0" not in second.missing
+    assert second.entries["privacy"]["hospitals"]["hospital-0"]["budget_spent"] is True
+    assert not second.kept_previous_model and not third.kept_previous_model  # the others go on
+    assert {c.hospital for c in third.clients} == {"hospital-1", "hospital-2"}  # not asked again
     for name in ("hospital-1", "hospital-2"):  # each round's (epsilon, delta) on the record, adding up to the target
-        eps = [r["privacy"]["hospitals"][name]["epsilon"] for r in rounds]
+        eps = [r.entries["privacy"]["hospitals"][name]["epsilon"] for r in rounds]
         assert eps[0] < eps[1] < eps[2] <= 3.0 and eps[2] > 2.9
-        assert rounds[2]["privacy"]["hospitals"][name]["delta"] == 1e-3
+        assert rounds[2].entries["privacy"]["hospitals"][name]["delta"] == 1e-3
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["privacy"]["budget_spent"] == ["hospital-0"]
     assert summary["privacy"]["hospitals"]["hospital-0"]["epsilon"] == pytest.approx(eps0)
@@ -207,7 +209,7 @@ def test_a_hospital_whose_budget_runs_out_mid_run_stops_training_and_the_run_com
     reader.refresh()
     rows = {r["hospital"]: r for r in round_rows(reader, 2)["rows"]}
     assert rows["hospital-0"]["status"] == "budget spent" and rows["hospital-0"]["privacy"]["budget_spent"]
-    assert rows["hospital-1"]["privacy"]["epsilon"] == pytest.approx(second["privacy"]["hospitals"]["hospital-1"]["epsilon"])
+    assert rows["hospital-1"]["privacy"]["epsilon"] == pytest.approx(second.entries["privacy"]["hospitals"]["hospital-1"]["epsilon"])
     state = run_state(reader)
     assert state["run"]["privacy"] == "local" and state["summary"]["privacy"]["budget_spent"] == ["hospital-0"]
     assert [a["hospital"] for a in state["alerts"] if a["kind"] == "budget-spent"] == ["hospital-0"]
@@ -302,12 +304,12 @@ def test_central_dp_wraps_fedavg_with_flowers_server_side_clipping_and_accounts_
                                         "privacy.central-clipping-norm": 0.5, "privacy.delta": 1e-3})
     run_inprocess(cfg, 3)
     run_dir = Path(cfg["output-dir"]) / cfg["run-name"]
-    rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    rounds = read_round_records(run_dir)
     accountant = rdp.RdpAccountant()
     for r in rounds:
-        assert [c["weight"] for c in r["clients"]] == pytest.approx([1 / 3] * 3)  # equal weights, as the noise assumes
+        assert [c.weight for c in r.clients] == pytest.approx([1 / 3] * 3)  # equal weights, as the noise assumes
         accountant.compose(dp_event.GaussianDpEvent(1.5))  # no amplification: every hospital's update in every release
-        central = r["privacy"]["central"]
+        central = r.entries["privacy"]["central"]
         assert central["released"] and central["sample_size"] == 3
         assert central["epsilon"] == pytest.approx(accountant.get_epsilon(1e-3), rel=0.01)
     config = json.loads((run_dir / "config.json").read_text())
@@ -362,13 +364,13 @@ def test_privacy_table_counts_honest_hospital_rounds_as_the_issue_defines_fpr():
     spec = importlib.util.spec_from_file_location("privacy_table", REPO / "benchmarks" / "privacy_table.py")
     table = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(table)
-    rounds = [{"clients": [
+    rounds = [RoundRecord.from_json({"clients": [
         {"hospital": "a", "weight": 0.30, "selected": True, "malicious": False},
         {"hospital": "b", "weight": 0.10, "selected": True, "malicious": False},  # below half the honest median 0.3
         {"hospital": "c", "weight": 0.35, "selected": False, "malicious": False},
         {"hospital": "d", "weight": 0.00, "selected": False, "malicious": True},  # an attacker: not counted
         {"hospital": "e", "weight": 0.00, "rejected": True, "malicious": False},  # rejected: no rule's decision
-    ]}]
+    ]})]
     assert table.false_positive_rate(rounds, "earn") == (1, 3)
     assert table.false_positive_rate(rounds, "hta") == (1, 3)  # c was left out
     assert table.privacy_level({"privacy.mode": "local", "privacy.target-epsilon": 3.0}) == "eps3"
@@ -382,10 +384,10 @@ def test_local_dp_under_secagg_records_each_hospitals_epsilon(tmp_path, data_dir
                                         "num-server-rounds": 1, "privacy.delta": 1e-3})
     run_inprocess(cfg, 3)
     run_dir = Path(cfg["output-dir"]) / cfg["run-name"]
-    (record,) = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    assert not record["kept_previous_model"] and all(c["signals"]["secagg"]["secure_aggregation"] for c in record["clients"])
-    assert all(3.9 < c["privacy"]["epsilon"] <= 4.0 for c in record["clients"])
-    assert set(record["privacy"]["hospitals"]) == {"hospital-0", "hospital-1", "hospital-2"}
+    (record,) = read_round_records(run_dir)
+    assert not record.kept_previous_model and all(c.signals["secagg"]["secure_aggregation"] for c in record.clients)
+    assert all(c.privacy is not None and 3.9 < c.privacy["epsilon"] <= 4.0 for c in record.clients)
+    assert set(record.entries["privacy"]["hospitals"]) == {"hospital-0", "hospital-1", "hospital-2"}
 
 
 def test_resnet18_with_groupnorm_is_what_opacus_can_train():
@@ -413,15 +415,15 @@ def test_central_dp_releases_nothing_in_a_round_with_fewer_updates_than_asked(tm
     cfg = small_run_config(tmp_path, **{"privacy.mode": "central", "privacy.delta": 1e-3, "reply-timeout": 0.5})
     run_inprocess(cfg, 3, reply_filter=drop_first_hospitals_second_train_reply)
     run_dir = Path(cfg["output-dir"]) / cfg["run-name"]
-    first, second = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    assert first["privacy"]["central"]["released"] and not first["kept_previous_model"]
-    assert second["kept_previous_model"] and "central DP: 2 valid updates of the 3 asked" in second["note"]
-    assert not second["privacy"]["central"]["released"]
-    assert second["privacy"]["central"]["releases"] == 1  # the accountant counts only what was released
-    assert second["privacy"]["central"]["epsilon"] == pytest.approx(first["privacy"]["central"]["epsilon"])
+    first, second = read_round_records(run_dir)
+    assert first.entries["privacy"]["central"]["released"] and not first.kept_previous_model
+    assert second.kept_previous_model and "central DP: 2 valid updates of the 3 asked" in second.note
+    assert not second.entries["privacy"]["central"]["released"]
+    assert second.entries["privacy"]["central"]["releases"] == 1  # the accountant counts only what was released
+    assert second.entries["privacy"]["central"]["epsilon"] == pytest.approx(first.entries["privacy"]["central"]["epsilon"])
     # the step as released (noise included) is recorded; nothing moved in the kept round
-    assert first["update_norm"] > 0 and second["update_norm"] is None
-    assert all(c["update_norm"] > 0 for c in first["clients"])
+    assert first.update_norm is not None and first.update_norm > 0 and second.update_norm is None
+    assert all(c.update_norm is not None and c.update_norm > 0 for c in first.clients)
 
 
 def test_privacy_table_pairs_each_dp_cell_with_its_seeds_dp_off_twin():
@@ -458,11 +460,11 @@ def test_privacy_specialist_table_reads_the_specialists_rare_row(monkeypatch):
     spec = importlib.util.spec_from_file_location("privacy_specialist_table", REPO / "benchmarks" / "privacy_specialist_table.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    rounds = [
+    rounds = [RoundRecord.from_json(line) for line in (
         {"clients": [{"hospital": "hospital-0", "holds": [1, 4], "earn_trust": {"4": 1.0}, "rare_row_weight": {"4": 0.5}}]},
         {"clients": [{"hospital": "hospital-0", "holds": [1], "earn_trust": {"4": 0.0}, "rare_row_weight": {"4": 0.1}}]},
         {"clients": [{"hospital": "hospital-1", "holds": [4], "earn_trust": {"4": 1.0}}]},  # not the specialist
-    ]
+    )]
     assert script.specialist_row(rounds, "hospital-0", 4) == pytest.approx({"held": 0.5, "trust": 0.5, "row_weight": 0.3})
     rows = [{"strategy": "earn", "seed": 1, "privacy": "off", "rare_f1": 0.4, "held": 1.0, "trust": 1.0, "row_weight": 0.5},
             {"strategy": "earn", "seed": 1, "privacy": "eps3", "rare_f1": 0.1, "held": 0.5, "trust": 0.5, "row_weight": 0.3}]

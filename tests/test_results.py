@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hospitrust.records import HospitalRecord, RoundRecord
-from hospitrust.server_app.results import RunDirectory, read_rounds, read_summary
+from hospitrust.server_app.results import RunDirectory, read_round_lines, read_round_records, read_summary
 
 
 def _round(i):
@@ -24,15 +24,14 @@ def test_round_trip(tmp_path):
     rd.write_summary({"final": {"accuracy": 0.5}, "best_round": 2, "rounds": 2, "wall_seconds": 3.0,
                       "dataset": "pneumoniamnist", "strategy": "fedavg"})
     rd.save_model({"w": torch.ones(2), "n": torch.tensor(3)})
-    rounds = read_rounds(rd.path)
-    assert [r["round"] for r in rounds] == [1, 2]
-    assert rounds[0]["central"]["auc"] is None and rounds[0]["central"]["per_class_recall"] == [1.0, None]
+    rounds = read_round_records(rd.path)
+    assert [r.number for r in rounds] == [1, 2]
+    assert rounds[0].central["auc"] is None and rounds[0].central["per_class_recall"] == [1.0, None]
     assert read_summary(rd.path)["best_round"] == 2
     assert json.loads((rd.path / "config.json").read_text())["path"] == str(tmp_path)
     assert torch.equal(torch.load(rd.path / "model.pt")["n"], torch.tensor(3))
-    # every line is strict JSON (no NaN tokens)
-    for line in (rd.path / "rounds.jsonl").read_text().splitlines():
-        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+    # every line is strict JSON (no NaN tokens): the raw schema view
+    read_round_lines(rd.path, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
 
 
 def test_a_round_is_appended_only_as_a_typed_record(tmp_path):
@@ -65,12 +64,12 @@ def test_round_periods_by_hand():
     round_seconds 5, 9, 9 add up to 23 s, the run took 5 + 7 + 4 = 16 s, record to record."""
     from hospitrust.server_app.results import round_periods
 
-    rounds = [{"round": 1, "round_seconds": 5.0, "timing": {"finished_at": 100.0}},
-              {"round": 2, "round_seconds": 9.0, "timing": {"finished_at": 107.0}},
-              {"round": 3, "round_seconds": 9.0, "timing": {"finished_at": 111.0}}]
+    rounds = [RoundRecord(1, round_seconds=5.0, timing={"finished_at": 100.0}),
+              RoundRecord(2, round_seconds=9.0, timing={"finished_at": 107.0}),
+              RoundRecord(3, round_seconds=9.0, timing={"finished_at": 111.0})]
     assert round_periods(rounds) == [5.0, 7.0, 4.0]
     # a run written before the stamps: its round_seconds
-    assert round_periods([{"round": 1, "round_seconds": 2.5}, {"round": 2, "round_seconds": 3.0}]) == [2.5, 3.0]
+    assert round_periods([RoundRecord(1, round_seconds=2.5), RoundRecord(2, round_seconds=3.0)]) == [2.5, 3.0]
 
 
 def test_the_serverapps_log_is_kept_in_the_run_directory_without_colour_codes(tmp_path):

@@ -17,7 +17,8 @@ from conftest import small_run_config
 from hospitrust.records import HospitalRecord, RoundRecord
 from hospitrust.ops.inprocess import InProcessGrid
 from hospitrust.client_app import app as client_app
-from hospitrust.server_app.results import CENTRAL_METRICS, CLIENT_FIELDS, ROUND_FIELDS, SUMMARY_FIELDS, read_rounds, read_summary
+from hospitrust.server_app.results import (CENTRAL_METRICS, CLIENT_FIELDS, ROUND_FIELDS, SUMMARY_FIELDS, read_round_lines,
+                                         read_round_records, read_summary)
 from hospitrust.server_app.records import FederationFailure
 from hospitrust.server_app import app as server_app
 
@@ -33,23 +34,24 @@ def test_full_run_writes_every_result_file(tmp_path, data_dir):
     run_dir, grid = _run(tmp_path)
     for name in ("config.json", "rounds.jsonl", "summary.json", "model.pt", "class_counts.csv"):
         assert (run_dir / name).is_file(), name
-    rounds = read_rounds(run_dir)
-    assert [r["round"] for r in rounds] == [1, 2]
+    for line in read_round_lines(run_dir):  # the written schema: every round's fields, every client's
+        assert set(ROUND_FIELDS) <= set(line)
+        assert all(set(CLIENT_FIELDS) <= set(c) for c in line["clients"])
+    rounds = read_round_records(run_dir)
+    assert [r.number for r in rounds] == [1, 2]
     for r in rounds:
-        assert set(ROUND_FIELDS) <= set(r)
-        assert set(CENTRAL_METRICS) <= set(r["central"])
-        assert len(r["clients"]) == 3
-        for c in r["clients"]:
-            assert set(CLIENT_FIELDS) <= set(c)
-            assert not c["rejected"] and c["selected"]
+        assert set(CENTRAL_METRICS) <= set(r.central)
+        assert len(r.clients) == 3
+        for c in r.clients:
+            assert not c.rejected and c.selected
         # FedAvg weights are the example shares
-        n = np.array([c["num_examples"] for c in r["clients"]], dtype=float)
-        assert np.allclose([c["weight"] for c in r["clients"]], n / n.sum())
-        assert r["fairness"]["spread"] >= 0
+        n = np.array([c.num_examples for c in r.clients], dtype=float)
+        assert np.allclose([c.weight for c in r.clients], n / n.sum())
+        assert r.fairness is not None and r.fairness["spread"] >= 0
     summary = read_summary(run_dir)
     assert set(SUMMARY_FIELDS) <= set(summary)
     assert summary["rounds"] == 2 and summary["strategy"] == "fedavg"
-    assert summary["final"] == rounds[-1]["central"]
+    assert summary["final"] == rounds[-1].central
     # hospitals are mapped by the query round, whatever their (random) node ids
     config = json.loads((run_dir / "config.json").read_text())
     assert sorted(config["hospitals"].values()) == ["hospital-0", "hospital-1", "hospital-2"]
@@ -75,11 +77,11 @@ def test_federated_evaluation_every_skips_the_hospitals_evaluation_and_not_the_t
     every, _ = _run(tmp_path / "every", **{"num-server-rounds": 3})
     assert sorted(set(asked)) == [(1, MessageType.TRAIN), (2, MessageType.EVALUATE), (2, MessageType.TRAIN),
                                   (3, MessageType.EVALUATE), (3, MessageType.TRAIN)]
-    rounds = read_rounds(sparse)
-    assert [r["hospitals_evaluated"] for r in rounds] == [False, True, True]
-    assert rounds[0]["hospital_accuracy"] == {} and rounds[0]["fairness"] is None
-    assert rounds[2]["fairness"] == read_rounds(every)[2]["fairness"]
-    assert read_summary(sparse)["fairness"] == rounds[2]["fairness"]
+    rounds = read_round_records(sparse)
+    assert [r.hospitals_evaluated for r in rounds] == [False, True, True]
+    assert rounds[0].hospital_accuracy == {} and rounds[0].fairness is None
+    assert rounds[2].fairness == read_round_records(every)[2].fairness
+    assert read_summary(sparse)["fairness"] == rounds[2].fairness
     a, b = torch.load(sparse / "model.pt"), torch.load(every / "model.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -87,8 +89,8 @@ def test_federated_evaluation_every_skips_the_hospitals_evaluation_and_not_the_t
 def test_same_seed_same_result(tmp_path, data_dir):
     a, _ = _run(tmp_path / "a")
     b, _ = _run(tmp_path / "b")
-    ra, rb = read_rounds(a), read_rounds(b)
-    assert ra[-1]["central"]["loss"] == pytest.approx(rb[-1]["central"]["loss"], rel=1e-5)
+    ra, rb = read_round_records(a), read_round_records(b)
+    assert ra[-1].central["loss"] == pytest.approx(rb[-1].central["loss"], rel=1e-5)
 
 
 def _corrupt_arrays(fn):
@@ -172,15 +174,15 @@ def _huge_update(state):
 )
 def test_malformed_reply_is_rejected_and_recorded(tmp_path, data_dir, reply_filter, reason):
     run_dir, grid = _run(tmp_path, reply_filter=reply_filter)
-    rounds = read_rounds(run_dir)
+    rounds = read_round_records(run_dir)
     assert len(rounds) == 2, "the run must complete"
     for r in rounds:
-        by_hospital = {c["hospital"]: c for c in r["clients"]}
+        by_hospital = {c.hospital: c for c in r.clients}
         bad = by_hospital["hospital-0"]  # node index 0 is partition 0
-        assert bad["rejected"] and reason in bad["reason"], bad
-        assert bad["weight"] == 0.0 and not bad["selected"]
-        assert all(not c["rejected"] for h, c in by_hospital.items() if h != "hospital-0")
-        assert not r["kept_previous_model"]
+        assert bad.rejected and reason in bad.reason, bad
+        assert bad.weight == 0.0 and not bad.selected
+        assert all(not c.rejected for h, c in by_hospital.items() if h != "hospital-0")
+        assert not r.kept_previous_model
 
 
 def _is_train_reply(reply):
@@ -196,18 +198,18 @@ def test_error_reply_and_missing_arrays_are_rejected(tmp_path, data_dir):
         return reply
 
     run_dir, _ = _run(tmp_path, num_nodes=4, reply_filter=reply_filter)
-    for r in read_rounds(run_dir):
-        by_hospital = {c["hospital"]: c for c in r["clients"]}
-        assert by_hospital["hospital-0"]["rejected"] and "disk full" in by_hospital["hospital-0"]["reason"]
-        assert by_hospital["hospital-1"]["rejected"] and "exactly one ArrayRecord" in by_hospital["hospital-1"]["reason"]
-        assert not by_hospital["hospital-2"]["rejected"] and not by_hospital["hospital-3"]["rejected"]
+    for r in read_round_records(run_dir):
+        by_hospital = {c.hospital: c for c in r.clients}
+        assert by_hospital["hospital-0"].rejected and "disk full" in by_hospital["hospital-0"].reason
+        assert by_hospital["hospital-1"].rejected and "exactly one ArrayRecord" in by_hospital["hospital-1"].reason
+        assert not by_hospital["hospital-2"].rejected and not by_hospital["hospital-3"].rejected
 
 
 def test_a_hospital_that_never_replies_is_recorded_missing(tmp_path, data_dir):
     run_dir, _ = _run(tmp_path, reply_filter=lambda i, incoming, reply: None if i == 2 and _is_train_reply(reply) else reply)
-    for r in read_rounds(run_dir):
-        assert r["missing"] == ["hospital-2"] and len(r["clients"]) == 2
-        assert r["unresponsive"] == ["hospital-2"]  # still online at the (in-process) SuperLink: unresponsive
+    for r in read_round_records(run_dir):
+        assert r.missing == ["hospital-2"] and len(r.clients) == 2
+        assert r.unresponsive == ["hospital-2"]  # still online at the (in-process) SuperLink: unresponsive
     assert read_summary(run_dir)["participation"]["hospital-2"]["missing"] == 2
     assert read_summary(run_dir)["participation"]["hospital-2"]["unresponsive"] == 2
 
@@ -222,11 +224,11 @@ def test_a_hospital_that_never_answers_the_query_is_on_the_record_as_unresponsiv
 
 def test_too_few_valid_replies_keep_the_previous_model(tmp_path, data_dir):
     run_dir, _ = _run(tmp_path, reply_filter=_corrupt_arrays(_nan), **{"min-hospitals": 3})
-    rounds = read_rounds(run_dir)
+    rounds = read_round_records(run_dir)
     for r in rounds:
-        assert r["kept_previous_model"] and "min-hospitals 3" in r["note"]
+        assert r.kept_previous_model and "min-hospitals 3" in r.note
     # nothing was aggregated, so the model (and its central loss) never moved
-    assert rounds[0]["central"]["loss"] == pytest.approx(rounds[1]["central"]["loss"])
+    assert rounds[0].central["loss"] == pytest.approx(rounds[1].central["loss"])
 
 
 def test_every_clientapp_failing_fails_the_run(tmp_path, data_dir):
@@ -249,9 +251,9 @@ def test_superlink_node_unavailable_error_counts_as_missing(tmp_path, data_dir):
         return reply
 
     run_dir, _ = _run(tmp_path, reply_filter=unavailable)
-    for r in read_rounds(run_dir):
-        assert r["missing"] == ["hospital-1"]
-        assert sorted(c["hospital"] for c in r["clients"]) == ["hospital-0", "hospital-2"]
+    for r in read_round_records(run_dir):
+        assert r.missing == ["hospital-1"]
+        assert sorted(c.hospital for c in r.clients) == ["hospital-0", "hospital-2"]
 
 
 def test_a_hospital_offline_after_the_query_round_is_recorded_offline_and_not_asked(tmp_path, data_dir):
@@ -266,10 +268,10 @@ def test_a_hospital_offline_after_the_query_round_is_recorded_offline_and_not_as
 
     grid = InProcessGrid(client_app, 3, cfg, reply_filter=drop_after_query)
     server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
-    for r in read_rounds(tmp_path / "runs" / cfg["run-name"]):
-        assert r["offline"] == ["hospital-2"]
-        assert r["asked"] == 2 and r["missing"] == []
-        assert sorted(c["hospital"] for c in r["clients"]) == ["hospital-0", "hospital-1"]
+    for r in read_round_records(tmp_path / "runs" / cfg["run-name"]):
+        assert r.offline == ["hospital-2"]
+        assert r.asked == 2 and r.missing == []
+        assert sorted(c.hospital for c in r.clients) == ["hospital-0", "hospital-1"]
     parts = read_summary(tmp_path / "runs" / cfg["run-name"])["participation"]
     assert parts["hospital-2"] == {"asked": 0, "valid": 0, "rejected": 0, "missing": 0, "unresponsive": 0, "offline": 2}
     assert parts["hospital-0"] == {"asked": 2, "valid": 2, "rejected": 0, "missing": 0, "unresponsive": 0, "offline": 0}
@@ -350,10 +352,10 @@ def test_the_record_says_node_unavailable_when_flower_said_so_and_rejoined_when_
     (node,) = gone_at_query
     assert entry["node_id"] == node != 1 and entry["hospital"] == f"node {node}", entry
     assert entry["reason"].startswith("node unavailable: Flower's SuperLink answered for it"), entry
-    first, second = read_rounds(run_dir)
-    assert first["missing"] == ["hospital-1"] and first["node_unavailable"] == ["hospital-1"]
-    assert first["unresponsive"] == [] and first["rejoined"] == []
-    assert second["missing"] == [] and second["node_unavailable"] == [] and second["rejoined"] == ["hospital-1"]
+    first, second = read_round_records(run_dir)
+    assert first.missing == ["hospital-1"] and first.node_unavailable == ["hospital-1"]
+    assert first.unresponsive == [] and first.rejoined == []
+    assert second.missing == [] and second.node_unavailable == [] and second.rejoined == ["hospital-1"]
     events = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
     (gone,) = [e for e in events if e["event"] == "unavailable"]
     assert gone["round"] == 1 and gone["hospital"] == "hospital-1" and gone["reason"].startswith("node unavailable")

@@ -114,7 +114,7 @@ def test_class_weighted_loss_reaches_the_hospitals_training(tmp_path, data_dir):
     the federation's (`class-weights-from = federation`) ends with three different models."""
     from hospitrust.client_app import app as client_app
     from hospitrust.ops.inprocess import InProcessGrid
-    from hospitrust.server_app.results import read_rounds
+    from hospitrust.server_app.results import read_round_records
     from hospitrust.server_app import app as server_app
 
     losses = []
@@ -123,7 +123,7 @@ def test_class_weighted_loss_reaches_the_hospitals_training(tmp_path, data_dir):
                                                    "num-server-rounds": 1})
         grid = InProcessGrid(client_app, 3, cfg)
         server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
-        losses.append(read_rounds(tmp_path / name / "runs" / cfg["run-name"])[-1]["central"]["loss"])
+        losses.append(read_round_records(tmp_path / name / "runs" / cfg["run-name"])[-1].central["loss"])
     assert losses[0] != pytest.approx(losses[1], rel=1e-6)
     assert losses[2] != pytest.approx(losses[0], rel=1e-6) and losses[2] != pytest.approx(losses[1], rel=1e-6)
 
@@ -133,14 +133,14 @@ def test_fedrs_alpha_reaches_the_hospitals_training(tmp_path, data_dir):
     ends with different models; with every class held everywhere alpha changes nothing."""
     from hospitrust.client_app import app as client_app
     from hospitrust.ops.inprocess import InProcessGrid
-    from hospitrust.server_app.results import read_rounds
+    from hospitrust.server_app.results import read_round_records
     from hospitrust.server_app import app as server_app
 
     def final_loss(name, **extra):
         cfg = small_run_config(tmp_path / name, **{"num-server-rounds": 1, **extra})
         grid = InProcessGrid(client_app, 3, cfg)
         server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
-        return read_rounds(tmp_path / name / "runs" / cfg["run-name"])[-1]["central"]["loss"]
+        return read_round_records(tmp_path / name / "runs" / cfg["run-name"])[-1].central["loss"]
 
     specialist = {"partitioner": "specialist", "specialist.classes": "0:0"}
     assert final_loss("spec-on", **specialist, **{"train.fedrs-alpha": 0.0}) != pytest.approx(

@@ -23,6 +23,8 @@ import pytest
 
 from federation import HOSPITALS, TASK_TOKEN_LAPSE, flwr_env, run_config, superlinks as _superlinks, task_keys
 from hospitrust.ops import deploy
+from hospitrust.records import RoundRecord
+from hospitrust.server_app.results import read_round_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.data]
 
@@ -52,13 +54,9 @@ def _wait_round_one(fed, run_id: int, run_dir: Path) -> None:
     fed.wait_for((run_dir / "config.json").is_file, run_id, "the end of the query round")
 
 
-def _rounds(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
-
-
-def _answered(record: dict) -> set[str]:
+def _answered(record: RoundRecord) -> set[str]:
     """Hospitals with a valid reply in the round: a training update, or the round's evaluation."""
-    return {c["hospital"] for c in record["clients"] if not c.get("rejected")} | set(record.get("hospital_accuracy", {}))
+    return {c.hospital for c in record.clients if not c.rejected} | set(record.hospital_accuracy)
 
 
 def _restore(fed, name: str) -> None:
@@ -96,8 +94,8 @@ def test_a_killed_supervisor_leaves_no_flower_process_and_its_restart_joins_the_
         fed.start(name, *fed.commands[name])
         status, details = fed.wait(run_id)
         assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(run_id)}\n{fed.tail(name)}"
-        rounds = _rounds(run_dir)
-        assert [r["round"] for r in rounds] == [1, 2]
+        rounds = read_round_records(run_dir)
+        assert [r.number for r in rounds] == [1, 2]
         # killed as round 1 began: back by the last round (it trains in it, or answers its evaluation)
         assert name in _answered(rounds[-1]), f"gone {killed_after} s after the kill; not back\n" + fed.diagnostics(run_dir)
         assert "already in use" not in fed.logs[name].read_text(), fed.tail(name)
@@ -124,8 +122,8 @@ def test_a_killed_flower_supernode_is_restarted_by_its_supervisor_and_back_withi
         assert "flower-supernode was killed by signal 9: restarting it with the same key" in log, fed.tail(name)
         assert "deactivated at the SuperLink" in log, fed.tail(name)
         assert "\x1b[" not in log  # no colour codes in the log file
-        rounds = _rounds(run_dir)
-        assert [r["round"] for r in rounds] == [1, 2, 3]
+        rounds = read_round_records(run_dir)
+        assert [r.number for r in rounds] == [1, 2, 3]
         # killed during round 1: back by round 3 at the latest
         assert name in _answered(rounds[2]), fed.diagnostics(run_dir)
     finally:
@@ -203,7 +201,7 @@ def test_a_hospital_online_that_never_answers_is_recorded_unresponsive(federatio
     (entry,) = config["failed-hospitals"]
     assert entry["node_id"] == int(fed.node_ids["hospital-1"]) and entry["reason"].startswith("unresponsive: online"), entry
     assert "unresponsive" in fed.run_log(run_id)
-    assert _answered(_rounds(run_dir)[0]) == {"st-mary", "hospital-2"}
+    assert _answered(read_round_records(run_dir)[0]) == {"st-mary", "hospital-2"}
     assert json.loads((run_dir / "summary.json").read_text())["failed_hospitals"] == [entry]
 
 
@@ -328,7 +326,7 @@ def test_clientapps_paused_across_a_superlink_crash_leave_their_hospitals_healed
     after_dir = fed.work / "runs" / "after-crash"
     assert status == deploy.COMPLETED, f"{status}: {details}\n{fed.run_log(after)}\n{fed.diagnostics(after_dir)}"
     assert fed.restarted == restarted  # the hospitals healed themselves: the fixture restarted nothing
-    assert name in _answered(_rounds(after_dir)[0]), (
+    assert name in _answered(read_round_records(after_dir)[0]), (
         f"SuperLink back {back_after:.0f} s after the pause, free {healed_after:.0f} s after the resume, yet silent\n"
         + fed.diagnostics(after_dir))
     print(f"paused: {sorted(h for h, ps in clientapps.items() if ps)}; SuperLink back after {back_after:.1f} s; "

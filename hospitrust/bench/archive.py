@@ -60,9 +60,11 @@ def _slim_client(entry: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _slim_rounds(path: Path) -> bytes:
-    lines = [json.dumps(slim_round(json.loads(line)), separators=(",", ":"))
-             for line in path.read_text().splitlines() if line.strip()]
+def _slim_rounds(cell: Path) -> bytes:
+    """The cell's rounds.jsonl, each line slimmed as written (its keys as on disk: the raw schema view)."""
+    from hospitrust.server_app.results import read_round_lines
+
+    lines = [json.dumps(slim_round(line), separators=(",", ":")) for line in read_round_lines(cell)]
     return ("\n".join(lines) + "\n").encode() if lines else b""
 
 
@@ -87,7 +89,7 @@ def members(grid_dir: str | Path) -> dict[str, bytes]:
             if (cell / name).is_file():
                 files[f"cells/{cell.name}/{name}"] = (cell / name).read_bytes()
         if (cell / "rounds.jsonl").is_file():
-            files[f"cells/{cell.name}/rounds.jsonl"] = _slim_rounds(cell / "rounds.jsonl")
+            files[f"cells/{cell.name}/rounds.jsonl"] = _slim_rounds(cell)
     files[MARKER] = (json.dumps({"format": FORMAT, "finished_cells": [c.name for c in cells]}, indent=1) + "\n").encode()
     return files
 

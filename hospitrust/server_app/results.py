@@ -198,18 +198,40 @@ class RunDirectory:
         return target
 
 
-def read_rounds(run_dir: str | Path) -> list[dict[str, Any]]:
-    with open(Path(run_dir) / "rounds.jsonl") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
 def read_round_records(run_dir: str | Path) -> list[RoundRecord]:
-    """The run's rounds.jsonl as typed records, whichever schema wrote each line."""
+    """The run's rounds.jsonl as typed records, whichever schema wrote each line: the one reader of a run's
+    rounds (the console, the plots, the benchmark store, the benchmarks and the tests read these).
+    """
     with open(Path(run_dir) / "rounds.jsonl") as fh:
         return [RoundRecord.from_json(line) for line in fh if line.strip()]
 
 
-def round_periods(rounds: Sequence[RoundRecord | Mapping[str, Any]]) -> list[float]:
+def read_round_lines(run: str | Path, **loads: Any) -> list[dict[str, Any]]:
+    """The raw schema view: each line of rounds.jsonl as the JSON object written, keys as on disk.
+
+    Only for what checks the written schema itself (the keys a line holds, null for NaN, strict JSON,
+    a schema 1 file as it was written); everything else reads :func:`read_round_records`.
+
+    Parameters
+    ----------
+    run : str or Path
+        A run's folder, or a rounds file itself (a ``.jsonl`` of the same lines).
+    **loads
+        Keyword arguments for ``json.loads`` (``parse_constant``: to fail on a non-standard constant).
+
+    Returns
+    -------
+    list[dict]
+        One parsed line per non-blank line, in order.
+    """
+    path = Path(run)
+    if path.is_dir():
+        path = path / "rounds.jsonl"
+    with open(path) as fh:
+        return [json.loads(line, **loads) for line in fh if line.strip()]
+
+
+def round_periods(rounds: Sequence[RoundRecord]) -> list[float]:
     """Each round's period: from the previous round's record to its own (``timing.finished_at``);
     the first round, and a round without the stamps (older runs), count their ``round_seconds``.
     On a deployed or in-process grid the next round's train messages go out with this round's
@@ -217,21 +239,19 @@ def round_periods(rounds: Sequence[RoundRecord | Mapping[str, Any]]) -> list[flo
     """
     out: list[float] = []
     before = None
-    for r in rounds:
-        rec = r if isinstance(r, RoundRecord) else RoundRecord.from_json(r)
+    for rec in rounds:
         now = rec.timing.get("finished_at")
         out.append(float(now - before) if before is not None and now is not None else float(rec.round_seconds or 0.0))
         before = now
     return out
 
 
-def late_mean(rounds: list[dict[str, Any]], metric: str, last: int) -> float | None:
+def late_mean(rounds: Sequence[RoundRecord], metric: str, last: int) -> float | None:
     """A central metric averaged over the last ``last`` rounds that report it (None if none do).
     At a small budget the model swings by several points from round to round, so the final
     round alone is a noisy reading of where a run got to.
     """
-    vals = [float(r["central"][metric]) for r in rounds
-            if isinstance((r.get("central") or {}).get(metric), (int, float))]
+    vals = [float(r.central[metric]) for r in rounds if isinstance(r.central.get(metric), (int, float))]
     return sum(vals[-last:]) / len(vals[-last:]) if vals else None
 
 

@@ -11,7 +11,6 @@ of the update norm it saw; rejected replies are counted, not averaged.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -49,7 +48,7 @@ def table(rounds: list, rule: str, signals: list[str], wanted: set[int] | None) 
 
 def main(argv: list[str] | None = None) -> int:
     """Print the table of one cell; 2 when the folder holds no rounds.jsonl."""
-    from hospitrust.records import RoundRecord
+    from hospitrust.server_app.results import read_round_records
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("cell", help="a finished cell's folder (holds rounds.jsonl)")
@@ -61,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if not path.is_file():
         print(f"signals_by_role: {path} does not exist; expected a finished cell's folder", file=sys.stderr)
         return 2
-    rounds = [RoundRecord.from_json(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    rounds = read_round_records(path.parent)
     wanted = {int(x) for x in args.rounds.split(",") if x.strip()} or None
     signals = [s for s in args.signals.split(",") if s]
     print(args.cell)

@@ -125,14 +125,15 @@ TUNING_CSV = RESULTS / CONDITIONS["main"].curves_file
 
 def write_curves(tuned: Path, path: Path = TUNING_CSV) -> None:
     """The tuning cells' curves as one committed CSV (control, learning_rate, seed, epoch, val_balanced_accuracy)."""
+    from hospitrust.server_app.results import read_round_records
+
     rows = ["control,learning_rate,seed,epoch,val_balanced_accuracy"]
     for cell in sorted(p for p in (tuned / "cells").iterdir() if (p / "summary.json").is_file()):
         control = json.loads((cell / "summary.json").read_text())["control"]
         seed = json.loads((cell / "config.json").read_text())["seed"]
-        for line in (cell / "rounds.jsonl").read_text().splitlines():
-            rec = json.loads(line)
-            rows.append(f"{control['control']},{control['control-learning-rate']},{seed},{rec['round']},"
-                        f"{rec['central']['balanced_accuracy']:.6f}")
+        for rec in read_round_records(cell):
+            rows.append(f"{control['control']},{control['control-learning-rate']},{seed},{rec.number},"
+                        f"{rec.central['balanced_accuracy']:.6f}")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(rows) + "\n")
 
@@ -149,13 +150,14 @@ def read_curves(tuned: Path) -> dict[tuple[str, float], dict[int, list[float]]]:
                 key = (row["control"], float(row["learning_rate"]))
                 curves.setdefault(key, {}).setdefault(int(row["epoch"]), []).append(float(row["val_balanced_accuracy"]))
         return curves
+    from hospitrust.server_app.results import read_round_records
+
     cells = sorted(p for p in (tuned / "cells").iterdir() if (p / "summary.json").is_file())
     for cell in cells:
         control = json.loads((cell / "summary.json").read_text())["control"]
         key = (control["control"], float(control["control-learning-rate"]))
-        for line in (cell / "rounds.jsonl").read_text().splitlines():
-            rec = json.loads(line)
-            curves.setdefault(key, {}).setdefault(int(rec["round"]), []).append(float(rec["central"]["balanced_accuracy"]))
+        for rec in read_round_records(cell):
+            curves.setdefault(key, {}).setdefault(rec.number, []).append(float(rec.central["balanced_accuracy"]))
     return curves
 
 
