@@ -278,7 +278,8 @@ class HospitrustStrategy(RoundMessages, RunHooks):
                 "reply's metrics (docs/extending.md)")
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _name_of(self, node_id: int) -> str:
+    def hospital_name(self, node_id: int) -> str:
+        """The name of the hospital behind ``node_id`` (``unknown-node-ID`` for a node the run never queried)."""
         return self.hospitals.get(node_id, f"unknown-node-{node_id}")
 
     @property

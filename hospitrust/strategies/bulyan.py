@@ -16,7 +16,10 @@ class Bulyan(SizedRule):
     Selected hospitals are recorded with the nominal weight 1/theta (the coordinate phase
     trims per coordinate, so a hospital's real share varies by coordinate).
 
-    Constructed as every rule sized for f attackers is (:class:`~hospitrust.strategies.sized.SizedRule`).
+    Parameters
+    ----------
+    hospitals, options, assumed_malicious, **kwargs
+        As every rule sized for f attackers takes them (:class:`~hospitrust.strategies.sized.SizedRule`).
     """
 
     name = "bulyan"

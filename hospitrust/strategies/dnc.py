@@ -34,7 +34,10 @@ class DnC(SizedRule):
     The coordinates are drawn from a generator seeded by the run seed and the round, so a run (and a
     resumed run) is reproducible.
 
-    Constructed as every rule sized for f attackers is (:class:`~hospitrust.strategies.sized.SizedRule`).
+    Parameters
+    ----------
+    hospitals, options, assumed_malicious, **kwargs
+        As every rule sized for f attackers takes them (:class:`~hospitrust.strategies.sized.SizedRule`).
     """
 
     name = "dnc"

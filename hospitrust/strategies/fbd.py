@@ -462,12 +462,12 @@ class FBD(HospitrustStrategy):
                 metrics, accepted, rejected, n = self._check(reply, shipped)
             except RejectedReply as rej:
                 record.clients.append(intake.hospital_record(self, nid, rejected=True, reason=rej.reason, signals=signals))
-                log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(nid), rej.reason)
+                log(WARNING, "Round %d: rejected %s: %s", server_round, self.hospital_name(nid), rej.reason)
                 continue
             except Exception as exc:  # a check failed on odd input: still the hospital's fault
                 reason = f"unreadable reply: {type(exc).__name__}: {shorten(exc)}"
                 record.clients.append(intake.hospital_record(self, nid, rejected=True, reason=reason, signals=signals))
-                log(WARNING, "Round %d: rejected %s: %s", server_round, self._name_of(nid), reason)
+                log(WARNING, "Round %d: rejected %s: %s", server_round, self.hospital_name(nid), reason)
                 continue
             hospital, color = shipped["hospital"], shipped["color"]
             # training couples the blocks of a color: each new version carries every block's history

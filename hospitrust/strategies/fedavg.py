@@ -10,7 +10,10 @@ from hospitrust.strategies.base import Aggregate, HospitrustStrategy
 class FedAvg(HospitrustStrategy):
     """``Δ = Σ_i n_i u_i / Σ_i n_i``: every valid reply counts, in proportion to its examples.
 
-    Constructed as every rule is (:class:`~hospitrust.strategies.base.HospitrustStrategy`).
+    Parameters
+    ----------
+    hospitals, options, **kwargs
+        As every rule takes them (:class:`~hospitrust.strategies.base.HospitrustStrategy`).
     """
 
     name = "fedavg"

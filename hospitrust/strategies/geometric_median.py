@@ -14,7 +14,10 @@ class GeometricMedian(HospitrustStrategy):
     Each hospital's recorded weight is its Weiszfeld weight at the solution,
     alpha_i / max(eps, ||z - x_i||), normalized: far-off updates count little.
 
-    Constructed as every rule is (:class:`~hospitrust.strategies.base.HospitrustStrategy`).
+    Parameters
+    ----------
+    hospitals, options, **kwargs
+        As every rule takes them (:class:`~hospitrust.strategies.base.HospitrustStrategy`).
     """
 
     name = "geometric-median"

@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from logging import WARNING
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord
@@ -21,14 +21,11 @@ from flwr.common import log
 
 from hospitrust.aggregation.vectorize import FlatSpec, flatten_state, unflatten_state
 from hospitrust.records import HospitalRecord, mean_of_signal
-from hospitrust.strategies.rounds import Aggregate, AttackerRows, GroupedRows, RoundContext, RoundResult, UpdateStep
+from hospitrust.strategies.rounds import Aggregate, AttackerRows, GroupedRows, RoundContext, RoundResult, Rule, UpdateStep
 from hospitrust.strategies.validation import CheckedReply, RejectedReply, check_train_reply, check_update_row
 
-if TYPE_CHECKING:
-    from hospitrust.strategies.base import HospitrustStrategy
 
-
-def aggregate_round(rule: HospitrustStrategy, server_round: int, replies: Iterable[Message],
+def aggregate_round(rule: Rule, server_round: int, replies: Iterable[Message],
                     update_steps: Sequence[UpdateStep] = (), *, equal_weights: bool = False) -> RoundResult:
     """Check every reply, stack the accepted updates, apply ``update_steps`` to the stack, run the
     rule; the result says what the round decided, per hospital and as a whole.
@@ -36,6 +33,24 @@ def aggregate_round(rule: HospitrustStrategy, server_round: int, replies: Iterab
     The rule weighs each reply by its example count, or with ``equal_weights`` every reply alike (central DP: its
     noise ``z C / n`` is calibrated for the equal-weight mean of n clipped updates): an input of the round, so a
     rule keeps no such setting.
+
+    Parameters
+    ----------
+    rule : Rule
+        The round's rule (its ``global_state`` is the model the round sent).
+    server_round : int
+        The round.
+    replies : Iterable[Message]
+        The hospitals' train replies, in any order (taken in hospital order).
+    update_steps : Sequence[UpdateStep]
+        Steps on the stack before the rule sees it (the simulated adversary, pre-aggregation), in order.
+    equal_weights : bool
+        Weigh every reply alike instead of by its example count (only a ``central_dp_compatible`` rule).
+
+    Returns
+    -------
+    RoundResult
+        The new model (None: the previous one kept, ``note`` says why) and one record per reply.
     """
     if equal_weights and not rule.central_dp_compatible:
         raise ValueError(f"the {rule.name} rule cannot weigh every reply equally (central_dp_compatible is False)")
@@ -61,13 +76,13 @@ def aggregate_round(rule: HospitrustStrategy, server_round: int, replies: Iterab
             accepted.append(check_train_reply(reply, rule.global_state, global_vec, rule.limits))
         except RejectedReply as rej:
             record.clients.append(hospital_record(rule, node_id, rejected=True, reason=rej.reason))
-            log(WARNING, "Round %d: rejected %s: %s", server_round, rule._name_of(node_id), rej.reason)
+            log(WARNING, "Round %d: rejected %s: %s", server_round, rule.hospital_name(node_id), rej.reason)
         except Exception as exc:  # a check itself failed on odd input: still the hospital's fault
             reason = f"unreadable reply: {type(exc).__name__}: {exc}"
             record.clients.append(hospital_record(rule, node_id, rejected=True, reason=reason))
-            log(WARNING, "Round %d: rejected %s: %s", server_round, rule._name_of(node_id), reason)
+            log(WARNING, "Round %d: rejected %s: %s", server_round, rule.hospital_name(node_id), reason)
 
-    if too_few(rule, server_round, record, accepted, started):
+    if _too_few(rule, server_round, record, accepted, started):
         return record
 
     updates = torch.stack([cast(torch.Tensor, r.update) for r in accepted])  # set by check_train_reply
@@ -77,14 +92,14 @@ def aggregate_round(rule: HospitrustStrategy, server_round: int, replies: Iterab
     for step in update_steps:
         if groups is not None:
             raise ValueError("an update step that groups rows (GroupedRows) must be the last update step")
-        names = [rule._name_of(r.node_id) for r in accepted]
+        names = [rule.hospital_name(r.node_id) for r in accepted]
         if isinstance(step, GroupedRows):
             updates, groups = step.step(server_round, updates, names)
             continue
         updates = step(server_round, updates, names)
         if isinstance(step, AttackerRows):  # rows no reply check has seen: held to the same checks
-            updates, accepted = checked_rows(rule, server_round, record, updates, accepted, global_vec, spec)
-            if too_few(rule, server_round, record, accepted, started):
+            updates, accepted = _checked_rows(rule, server_round, record, updates, accepted, global_vec, spec)
+            if _too_few(rule, server_round, record, accepted, started):
                 return record
     num_examples = torch.tensor([r.num_examples for r in accepted], dtype=torch.float64, device=rule.device)
     rule_weights = torch.ones_like(num_examples) if equal_weights else num_examples
@@ -95,7 +110,7 @@ def aggregate_round(rule: HospitrustStrategy, server_round: int, replies: Iterab
         result = rule.aggregate(updates, rule_weights, round_context(rule, server_round, accepted))
     else:
         if len(groups) < rule.required_replies():
-            kept(rule, server_round, record, accepted, started, f"{len(groups)} rows after the pre-aggregation < the "
+            _kept(rule, server_round, record, accepted, started, f"{len(groups)} rows after the pre-aggregation < the "
                        f"{rule.name} rule's minimum of {rule.required_replies()} (assumed malicious f)")
             return record
         norms = [0.0] * len(accepted)
@@ -106,7 +121,7 @@ def aggregate_round(rule: HospitrustStrategy, server_round: int, replies: Iterab
     record.update_norm = float(torch.linalg.vector_norm(result.update))
 
     new_vec = global_vec + result.update.to(global_vec.dtype)
-    template = integer_buffers(rule, accepted, result.selected)
+    template = _integer_buffers(rule, accepted, result.selected)
     new_state = unflatten_state(new_vec.cpu(), spec, template)
     record.aggregation_seconds = time.perf_counter() - started
     for i, r in enumerate(accepted):
@@ -121,7 +136,7 @@ def aggregate_round(rule: HospitrustStrategy, server_round: int, replies: Iterab
     return record
 
 
-def too_few(rule: HospitrustStrategy, server_round: int, record: RoundResult, accepted: list[CheckedReply], started: float) -> bool:
+def _too_few(rule: Rule, server_round: int, record: RoundResult, accepted: list[CheckedReply], started: float) -> bool:
     """Whether ``accepted`` is below min-hospitals (or the rule's minimum); if so ``record`` says the
     previous model is kept and lists the valid replies with weight 0.
     """
@@ -130,10 +145,10 @@ def too_few(rule: HospitrustStrategy, server_round: int, record: RoundResult, ac
         return False
     why = (f"min-hospitals {rule.min_hospitals}" if needed == rule.min_hospitals
            else f"the {rule.name} rule's minimum of {needed} (assumed malicious f)")
-    kept(rule, server_round, record, accepted, started, f"{len(accepted)} valid replies < {why}")
+    _kept(rule, server_round, record, accepted, started, f"{len(accepted)} valid replies < {why}")
     return True
 
-def kept(rule: HospitrustStrategy, server_round: int, record: RoundResult, accepted: list[CheckedReply], started: float,
+def _kept(rule: Rule, server_round: int, record: RoundResult, accepted: list[CheckedReply], started: float,
           why: str) -> None:
     """``record``: the previous model kept because ``why``; the valid replies listed with weight 0."""
     record.kept_previous_model = True
@@ -144,7 +159,7 @@ def kept(rule: HospitrustStrategy, server_round: int, record: RoundResult, accep
     record.aggregation_seconds = time.perf_counter() - started
     record.metrics = MetricRecord({"valid-replies": len(accepted)})
 
-def checked_rows(rule: HospitrustStrategy, server_round: int, record: RoundResult, updates: torch.Tensor,
+def _checked_rows(rule: Rule, server_round: int, record: RoundResult, updates: torch.Tensor,
                   accepted: list[CheckedReply], global_vec: torch.Tensor, spec: FlatSpec
                   ) -> tuple[torch.Tensor, list[CheckedReply]]:
     """Every row of ``updates`` held to the reply checks (``check_update_row``); the rows that fail are
@@ -159,12 +174,12 @@ def checked_rows(rule: HospitrustStrategy, server_round: int, record: RoundResul
             keep.append(i)
         except RejectedReply as rej:
             record.clients.append(hospital_record(rule, r.node_id, rejected=True, reason=rej.reason))
-            log(WARNING, "Round %d: rejected %s: %s", server_round, rule._name_of(r.node_id), rej.reason)
+            log(WARNING, "Round %d: rejected %s: %s", server_round, rule.hospital_name(r.node_id), rej.reason)
     if len(keep) == len(accepted):
         return updates, accepted
     return updates[keep], [accepted[i] for i in keep]
 
-def aggregate_grouped(rule: HospitrustStrategy, server_round: int, rows: torch.Tensor, groups: Sequence[Sequence[int]],
+def aggregate_grouped(rule: Rule, server_round: int, rows: torch.Tensor, groups: Sequence[Sequence[int]],
                       num_examples: torch.Tensor, replies: list[CheckedReply]) -> Aggregate:
     """The rule on ``(k, d)`` rows that each stand for a group of replies (ByzFL's bucket means), its
     result given per reply.
@@ -217,15 +232,43 @@ def aggregate_grouped(rule: HospitrustStrategy, server_round: int, rows: torch.T
     return Aggregate(agg.update, weights, selected, extra)
 
 
-def round_context(rule: HospitrustStrategy, server_round: int, replies: Sequence[CheckedReply]) -> RoundContext:
-    """What ``rule`` knows of the round's rows besides the updates: who sent each, and its reply's metrics."""
-    return RoundContext(server_round, tuple(rule._name_of(r.node_id) for r in replies),
+def round_context(rule: Rule, server_round: int, replies: Sequence[CheckedReply]) -> RoundContext:
+    """What ``rule`` knows of the round's rows besides the updates: who sent each, and its reply's metrics.
+
+    Parameters
+    ----------
+    rule : Rule
+        The round's rule (it names the hospitals by node id).
+    server_round : int
+        The round.
+    replies : Sequence[CheckedReply]
+        The rows' replies, in row order.
+
+    Returns
+    -------
+    RoundContext
+    """
+    return RoundContext(server_round, tuple(rule.hospital_name(r.node_id) for r in replies),
                         tuple(r.metrics for r in replies))
 
 
-def hospital_evaluation(rule: HospitrustStrategy, server_round: int, replies: Iterable[Message]) -> dict[str, dict[str, float]]:
+def hospital_evaluation(rule: Rule, server_round: int, replies: Iterable[Message]) -> dict[str, dict[str, float]]:
     """Hospital name -> its accuracy, example count and balanced accuracy of the global model on
     its local validation set (fairness); malformed replies are left out.
+
+    Parameters
+    ----------
+    rule : Rule
+        The round's rule (it names the hospitals by node id).
+    server_round : int
+        The round.
+    replies : Iterable[Message]
+        The hospitals' evaluate replies.
+
+    Returns
+    -------
+    dict[str, dict[str, float]]
+        ``accuracy``, ``num_examples`` and ``balanced_accuracy`` per hospital.
     """
     per_hospital: dict[str, dict[str, float]] = {}
     for reply in in_hospital_order(rule, replies):
@@ -239,7 +282,7 @@ def hospital_evaluation(rule: HospitrustStrategy, server_round: int, replies: It
         except (KeyError, TypeError, ValueError):
             continue
         if math.isfinite(acc) and 0.0 <= acc <= 1.0 and n > 0:
-            per_hospital[rule._name_of(int(reply.metadata.src_node_id))] = {
+            per_hospital[rule.hospital_name(int(reply.metadata.src_node_id))] = {
                 "accuracy": acc,
                 "num_examples": n,
                 "balanced_accuracy": float(cast(float, m.get("balanced-accuracy", float("nan")))),
@@ -248,7 +291,7 @@ def hospital_evaluation(rule: HospitrustStrategy, server_round: int, replies: It
 
 
 def hospital_record(
-    rule: HospitrustStrategy,
+    rule: Rule,
     node_id: int,
     *,
     reply: CheckedReply | None = None,
@@ -288,7 +331,7 @@ def hospital_record(
         The record.
     """
     record = HospitalRecord.from_reply(
-        rule._name_of(node_id), node_id, reply.num_examples if reply is not None else 0,
+        rule.hospital_name(node_id), node_id, reply.num_examples if reply is not None else 0,
         reply.metrics if reply is not None else None, weight=weight, selected=selected, rejected=rejected,
         reason=reason, update_norm=update_norm)
     values = dict(signals or {})
@@ -304,16 +347,28 @@ def hospital_record(
     return record
 
 
-def in_hospital_order(rule: HospitrustStrategy, replies: Iterable[Message]) -> list[Message]:
-    """Replies sorted by hospital name (then node id): arrival order must not change a result."""
+def in_hospital_order(rule: Rule, replies: Iterable[Message]) -> list[Message]:
+    """Replies sorted by hospital name (then node id): arrival order must not change a result.
+
+    Parameters
+    ----------
+    rule : Rule
+        The round's rule (it names the hospitals by node id).
+    replies : Iterable[Message]
+        The replies, in arrival order.
+
+    Returns
+    -------
+    list[Message]
+    """
     def key(reply: Message) -> tuple[str, int]:
         node_id = int(reply.metadata.src_node_id)
-        return rule._name_of(node_id), node_id
+        return rule.hospital_name(node_id), node_id
 
     return sorted(replies, key=key)
 
 
-def integer_buffers(rule: HospitrustStrategy, accepted: list[CheckedReply], selected: torch.Tensor) -> dict[str, torch.Tensor]:
+def _integer_buffers(rule: Rule, accepted: list[CheckedReply], selected: torch.Tensor) -> dict[str, torch.Tensor]:
     """Non-float tensors (BatchNorm counters) are copied, never averaged: the largest among
     the selected replies, so a counter only moves forward.
     """

@@ -27,7 +27,10 @@ class MultiKrum(SizedRule):
     """The mean of the m updates with the smallest Krum scores (sum of squared distances to
     their n-f-2 nearest neighbours); m = n - f by default. Needs n >= 2f + 3.
 
-    Constructed as every rule sized for f attackers is (:class:`~hospitrust.strategies.sized.SizedRule`).
+    Parameters
+    ----------
+    hospitals, options, assumed_malicious, **kwargs
+        As every rule sized for f attackers takes them (:class:`~hospitrust.strategies.sized.SizedRule`).
     """
 
     name = "multi-krum"
@@ -60,7 +63,10 @@ class MultiKrum(SizedRule):
 class Krum(MultiKrum):
     """The single update with the smallest Krum score.
 
-    Constructed as every rule sized for f attackers is (:class:`~hospitrust.strategies.sized.SizedRule`).
+    Parameters
+    ----------
+    hospitals, options, assumed_malicious, **kwargs
+        As every rule sized for f attackers takes them (:class:`~hospitrust.strategies.sized.SizedRule`).
     """
 
     name = "krum"

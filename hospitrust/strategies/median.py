@@ -14,7 +14,10 @@ class Median(HospitrustStrategy):
     Coordinate-wise: no hospital is excluded as a whole, so each is recorded as selected
     with the nominal weight 1/n.
 
-    Constructed as every rule is (:class:`~hospitrust.strategies.base.HospitrustStrategy`).
+    Parameters
+    ----------
+    hospitals, options, **kwargs
+        As every rule takes them (:class:`~hospitrust.strategies.base.HospitrustStrategy`).
     """
 
     name = "median"

@@ -12,7 +12,7 @@ import math
 import random
 from collections.abc import Collection, Iterable, Sequence
 from logging import INFO
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -22,11 +22,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from hospitrust.strategies import intake
-from hospitrust.strategies.rounds import RoundResult, UpdateStep
+from hospitrust.strategies.rounds import RoundResult, Rule, UpdateStep
 from hospitrust.strategies.validation import ReplyLimits
-
-if TYPE_CHECKING:
-    from hospitrust.strategies.base import HospitrustStrategy
 
 
 class RoundMessages(Strategy):
@@ -88,7 +85,7 @@ class RoundMessages(Strategy):
         """The round's intake with this rule (:func:`~hospitrust.strategies.intake.aggregate_round`); a rule whose
         replies are no stack of updates (FED-FBD's blocks) replaces it.
         """
-        return intake.aggregate_round(cast("HospitrustStrategy", self), server_round, replies, update_steps,
+        return intake.aggregate_round(cast(Rule, self), server_round, replies, update_steps,
                                       equal_weights=equal_weights)
 
     def configure_evaluate(
@@ -107,7 +104,7 @@ class RoundMessages(Strategy):
         """Flower's form of :func:`~hospitrust.strategies.intake.hospital_evaluation`: the mean and spread of the
         hospitals' accuracy.
         """
-        per_hospital = intake.hospital_evaluation(cast("HospitrustStrategy", self), server_round, replies)
+        per_hospital = intake.hospital_evaluation(cast(Rule, self), server_round, replies)
         if not per_hospital:
             return None
         accs = np.array([v["accuracy"] for v in per_hospital.values()])

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import torch
 from flwr.app import ArrayRecord, MetricRecord
 
 from hospitrust.records import HospitalRecord
+from hospitrust.strategies.validation import ReplyLimits
 
 
 @dataclass(frozen=True)
@@ -144,3 +145,29 @@ class GroupedRows:
 #: What ``aggregate_round`` takes: steps that keep one row per reply (:data:`RowStep`, an
 #: :class:`AttackerRows` among them), the last one possibly a :class:`GroupedRows`.
 UpdateStep = RowStep | GroupedRows
+
+
+class Rule(Protocol):
+    """What a round's intake (:mod:`hospitrust.strategies.intake`) asks of the rule it runs: every
+    :class:`~hospitrust.strategies.base.HospitrustStrategy` has it.
+    """
+
+    name: ClassVar[str]
+    trust_signal: ClassVar[str | None]
+    reads_who_sent: ClassVar[bool]
+    central_dp_compatible: ClassVar[bool]
+    hospitals: dict[int, str]
+    min_hospitals: int
+    limits: ReplyLimits
+    device: Any
+    global_state: dict[str, torch.Tensor] | None
+    _global_vector: tuple[dict[str, torch.Tensor], torch.Tensor] | None  # the round's model flattened, kept
+
+    @property
+    def signal_source(self) -> str: ...
+
+    def required_replies(self) -> int: ...
+
+    def hospital_name(self, node_id: int) -> str: ...
+
+    def aggregate(self, updates: torch.Tensor, example_weights: torch.Tensor, context: RoundContext) -> Aggregate: ...

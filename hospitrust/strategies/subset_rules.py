@@ -43,7 +43,10 @@ class MDA(_Enumerating):
     the smallest (El Mhamdi, Guerraoui & Rouault, ICML 2018; ByzFL ``MDA``). f is
     ``assumed-malicious``; it needs n >= 2f + 1 valid replies, and C(n, f) at most 200000 subsets.
 
-    Constructed as every rule sized for f attackers is (:class:`~hospitrust.strategies.sized.SizedRule`).
+    Parameters
+    ----------
+    hospitals, options, assumed_malicious, **kwargs
+        As every rule sized for f attackers takes them (:class:`~hospitrust.strategies.sized.SizedRule`).
     """
 
     name = "mda"
@@ -60,7 +63,10 @@ class SMEA(_Enumerating):
     eigenvalue). f is ``assumed-malicious``; it needs n >= 2f + 1 valid replies, and C(n, f) at most
     200000 subsets.
 
-    Constructed as every rule sized for f attackers is (:class:`~hospitrust.strategies.sized.SizedRule`).
+    Parameters
+    ----------
+    hospitals, options, assumed_malicious, **kwargs
+        As every rule sized for f attackers takes them (:class:`~hospitrust.strategies.sized.SizedRule`).
     """
 
     name = "smea"
@@ -78,7 +84,10 @@ class CAF(_SizedForF):
     smallest top eigenvalue (Allouah, Guerraoui & Stephan, ICML 2025; ByzFL ``CAF``, with the exact
     eigenpair). f is ``assumed-malicious``; it needs n >= 2f + 1 valid replies.
 
-    Constructed as every rule sized for f attackers is (:class:`~hospitrust.strategies.sized.SizedRule`).
+    Parameters
+    ----------
+    hospitals, options, assumed_malicious, **kwargs
+        As every rule sized for f attackers takes them (:class:`~hospitrust.strategies.sized.SizedRule`).
     """
 
     name = "caf"
@@ -97,9 +106,13 @@ class MoNNA(_SizedForF):
     is MoNNA's trusted vector, stacked with the n hospitals' (Farhadkhani et al., ICML 2023; ByzFL
     ``MoNNA``). f is ``assumed-malicious``; it needs n >= 2f valid replies (2f < n + 1).
 
-    Constructed as every rule sized for f attackers is (:class:`~hospitrust.strategies.sized.SizedRule`), with
-    ``server_update``: (global state, server round) -> the ``(d,)`` root update (required; the ServerApp builds
-    it from the reference cohort).
+    Parameters
+    ----------
+    hospitals, options, assumed_malicious, **kwargs
+        As every rule sized for f attackers takes them (:class:`~hospitrust.strategies.sized.SizedRule`).
+    server_update : Callable[[dict, int], torch.Tensor]
+        (global state, server round) -> the ``(d,)`` root update (required; the ServerApp builds it from the
+        reference cohort).
     """
 
     name = "monna"

@@ -12,7 +12,10 @@ from hospitrust.strategies.sized import SizedRule
 class TrimmedMean(SizedRule):
     """Per coordinate, drop the f largest and f smallest values and average the rest (2f < n).
 
-    Constructed as every rule sized for f attackers is (:class:`~hospitrust.strategies.sized.SizedRule`).
+    Parameters
+    ----------
+    hospitals, options, assumed_malicious, **kwargs
+        As every rule sized for f attackers takes them (:class:`~hospitrust.strategies.sized.SizedRule`).
     """
 
     name = "trimmed-mean"
