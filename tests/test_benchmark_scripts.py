@@ -386,3 +386,36 @@ def test_the_refactor_check_picks_each_ranked_rules_worst_attack_and_compares_ex
     (run / "cells.csv").write_text(text)
     assert check.compare(run) == 1
     assert "12 of 13 cells reproduce" in capsys.readouterr().out
+
+
+def test_the_defaults_decision_rule_on_hand_made_cells(tmp_path, capsys):
+    """Issue 62's rule: eligible = every class recalled, balanced accuracy >= today's, AUC >= today's - 0.01, time
+    <= 1.05x today's; score = the worse dataset's mean gap to pooled; within 0.005 of the best the fewer changes win."""
+    import csv
+
+    from hospitrust.bench.grid import parse_grid
+
+    choose = _script("defaults/choose")
+    # candidate -> (balanced accuracy on both datasets, AUC, worst-class recall, run seconds); pooled 0.80
+    plan = {"today": (0.70, 0.90, 0.0, 100.0), "balanced": (0.78, 0.90, 0.2, 100.0),
+            "balanced-aug": (0.782, 0.91, 0.2, 104.0), "balanced-lr0.03": (0.795, 0.90, 0.2, 100.0),
+            "balanced-lr0.003": (0.79, 0.90, 0.2, 120.0), "pooled": (0.80, 0.92, 0.3, 90.0)}
+    with open(tmp_path / "cells.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["candidate", "dataset", "seed", "status", "final_balanced_accuracy", "final_auc",
+                    "final_worst_class_recall", "run_seconds"])
+        for label, (ba, auc, worst, seconds) in plan.items():
+            for dataset in ("pneumoniamnist", "retinamnist"):
+                for seed in (1, 2, 3):
+                    never = label == "balanced-lr0.03" and dataset == "retinamnist" and seed == 2
+                    w.writerow([label, dataset, seed, "done", ba, auc, 0.0 if never else worst, seconds])
+    chosen, rows = choose.decide(choose.read_cells(tmp_path), choose.candidates())
+    verdicts = {r["label"]: (round(r["score"], 6), r["eligible"]) for r in rows}
+    assert verdicts == {"today": (-0.1, False), "balanced": (-0.02, True), "balanced-aug": (-0.018, True),
+                        "balanced-lr0.03": (-0.005, False), "balanced-lr0.003": (-0.01, False)}
+    assert chosen == "balanced"  # within 0.005 of balanced-aug's -0.018, with one change instead of two
+    assert choose.main([str(tmp_path), "--write-evaluation", str(tmp_path / "evaluation.toml")]) == 0
+    assert "chosen: balanced" in capsys.readouterr().out
+    grid = parse_grid(tmp_path / "evaluation.toml")
+    assert len(grid.cells) == 18 and {c.run_config["seed"] for c in grid.cells} == {101, 102, 103}
+    assert {c.run_config.get("server-data.test-split", "test") for c in grid.cells} == {"test"}  # the test split
