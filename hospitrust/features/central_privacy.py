@@ -22,7 +22,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping
+from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, Strategy
 
 from hospitrust.privacy.options import PrivacyOptions
 from hospitrust.records import RoundRecord
@@ -41,19 +41,35 @@ def _accountant(delta: float, hospitals: int):
                                        sampling_method=SamplingMethod.NO_AMPLIFICATION))
 
 
-class _TypedRound:
-    """What Flower's wrapper calls as its strategy during one ``aggregate_round``: the inner rule's
-    typed round (with the round's update steps), its result kept for the wrapper's caller.
+class _RuleRound(Strategy):
+    """Flower's wrapper's strategy: the inner rule, whose ``aggregate_train`` is its typed round with this round's
+    update steps and equal weights (the std z C / n holds for the equal-weight mean of n clipped updates); each
+    result is kept for the wrapper's caller. The rule itself is never swapped or changed: only its inputs are.
     """
 
-    def __init__(self, inner: Any, update_steps: Sequence[UpdateStep], results: list[RoundResult]) -> None:
-        self.inner, self.update_steps, self.results = inner, update_steps, results
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self.inner = inner
+        self.update_steps: Sequence[UpdateStep] = ()  # the round's, set by CentralPrivacy.aggregate_round
+        self.results: list[RoundResult] = []
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        return self.inner.configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        # the std z C / n holds for the equal-weight mean of n clipped updates
         result = self.inner.aggregate_round(server_round, replies, self.update_steps, equal_weights=True)
         self.results.append(result)
         return result.arrays, result.metrics
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+                           ) -> Iterable[Message]:
+        return self.inner.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return self.inner.aggregate_evaluate(server_round, replies)
+
+    def summary(self) -> None:
+        self.inner.summary()
 
 
 class CentralPrivacy(DifferentialPrivacyServerSideFixedClipping):
@@ -73,7 +89,8 @@ class CentralPrivacy(DifferentialPrivacyServerSideFixedClipping):
     """
 
     def __init__(self, strategy: Any, options: PrivacyOptions, num_hospitals: int, feature: str = "privacy") -> None:
-        super().__init__(strategy, options.central_noise_multiplier, options.central_clipping_norm,
+        self.round = _RuleRound(strategy)
+        super().__init__(self.round, options.central_noise_multiplier, options.central_clipping_norm,
                          num_sampled_clients=max(num_hospitals, 1))
         if not strategy.central_dp_compatible:
             raise ValueError(f"central DP wraps a rule that can take the equal-weight mean of the clipped updates; "
@@ -108,14 +125,11 @@ class CentralPrivacy(DifferentialPrivacyServerSideFixedClipping):
         valid updates than asked releases nothing.
         """
         replies = list(replies)
-        inner_results: list[RoundResult] = []
-        # Flower's wrapper clips the replies, calls its strategy's aggregate_train and noises the
-        # result: the strategy it calls here is the inner rule's typed round, kept for this call
-        self.strategy = _TypedRound(self.inner, update_steps, inner_results)  # type: ignore[assignment]
-        try:
-            arrays, metrics = super().aggregate_train(server_round, replies)
-        finally:
-            self.strategy = self.inner
+        # Flower's wrapper clips the replies, calls its strategy's aggregate_train (the rule's typed round, with
+        # this round's update steps) and noises the result
+        self.round.update_steps, self.round.results = update_steps, []
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        inner_results = self.round.results
         if inner_results:
             result = inner_results[0]
         else:  # Flower's wrapper aggregates nothing when any reply is an error
