@@ -140,6 +140,8 @@ class RoundLoop:
                 self.arrays = rnd.result.arrays
             central, strategy_state, own = self.evaluate(rnd)
             record = self.record(rnd, central, own)
+            if (scores := self.features.scores()) is not None:  # e.g. contribution totals, for a rule weighted by them
+                self.run.strategy.receive_scores(scores)
             self.run_dir.append_round(record)
             self.history.append(record)
             valid = sum(1 for c in rnd.result.clients if not c.rejected)
@@ -239,8 +241,6 @@ class RoundLoop:
         # the features' entries, then the strategy's own (FBD's ``fbd``); before to_json: a feature may still mark
         # the hospital records
         record.entries = {**self.features.record(rnd), **(own or {})}
-        if (scores := self.features.scores()) is not None:  # e.g. contribution totals, for a rule weighted by them
-            self.run.strategy.receive_scores(scores)
         return record
 
 
