@@ -84,6 +84,7 @@ def make(out: Path = GRID) -> Path:
         "# One main-condition cell per ranked rule: seed 11, its most harmful attack there, its v2 ranked part's",
         "# settings; its final balanced accuracy and AUC must equal the archived cell's (refactor_check.py compare).",
         f"# Budget: {len(worst)} cells of 40 rounds, about 10 minutes on 2 cores.",
+        "# Measured wall time: recorded in docs/experiments/2026-12-07-rule-interface.md (min).",
         "#   hospitrust bench benchmarks/leaderboard/v3/refactor-check.toml --out runs/refactor-check",
         "[grid]",
         'name = "refactor-check-v2-main-s11"',
