@@ -21,7 +21,6 @@ import csv
 import statistics
 import sys
 import tomllib
-from collections import defaultdict
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
