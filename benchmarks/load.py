@@ -356,7 +356,7 @@ class Federation:
         proc = self.procs[name]
         try:
             os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             pass
         proc.popen.wait(timeout=30)
 
@@ -374,7 +374,7 @@ class Federation:
         first = [n for n in self.procs if n not in server]
         for group in (first, server[::-1]):
             with ThreadPoolExecutor(max_workers=max(1, min(16, len(group)))) as pool:
-                list(pool.map(lambda name: self._stop_one(name), group))
+                list(pool.map(self._stop_one, group))
 
     def _stop_one(self, name: str) -> None:
         proc = self.procs[name]
@@ -383,9 +383,9 @@ class Federation:
         except Exception as exc:  # noqa: BLE001 - one that will not stop must not keep the others running
             self.say(f"stopping {name}: {exc}; killing its process group")
             try:
-                os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+                self.kill_group(name)
+            except subprocess.TimeoutExpired:
+                self.say(f"{name} outlived SIGKILL by 30 s; leaving it")
 
 
 def run_one(hospitals: int, rounds: int, launcher: str, churn: bool, out: Path, say, slots: int = 0) -> dict:

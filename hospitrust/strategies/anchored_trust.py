@@ -65,15 +65,13 @@ class AnchoredTrust(HospitrustStrategy):
 
     Parameters
     ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options; its defaults when None.
+    hospitals, options
+        As :class:`~hospitrust.strategies.base.HospitrustStrategy` (the rule's options, its defaults when None).
     server_update : Callable[[dict, int], torch.Tensor]
         (global state, server round) -> the ``(d,)`` anchor; it must have a ``local_steps``
         attribute (the anchor's optimizer steps), as the ServerApp's reference-cohort trainer has.
     **kwargs
-        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`).
+        The base's other keyword arguments.
     """
 
     name = "anchored-trust"

@@ -30,14 +30,10 @@ class CenteredClipping(HospitrustStrategy):
 
     Parameters
     ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options (an instance of its ``Options``, or a mapping of field names); its
-        defaults when None.
+    hospitals, options
+        As :class:`~hospitrust.strategies.base.HospitrustStrategy` (the rule's options, its defaults when None).
     **kwargs
-        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
-        train_config, fraction_train, min_hospitals, limits, seed, device).
+        The base's other keyword arguments.
     """
 
     name = "centered-clipping"

@@ -267,11 +267,8 @@ class EARN(HospitrustStrategy):
 
     Parameters
     ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options (an instance of its ``Options``, or a mapping of field names); its
-        defaults when None.
+    hospitals, options
+        As :class:`~hospitrust.strategies.base.HospitrustStrategy` (the rule's options, its defaults when None).
     hta_options : HTAOptions or dict or None
         The ``hta`` section's options for the HTA base (``earn.base = "hta"``); its defaults when None.
     head_features : Callable[[dict], tuple[torch.Tensor, torch.Tensor]] or None
@@ -283,8 +280,7 @@ class EARN(HospitrustStrategy):
     candidate_scores : Callable[[dict, torch.Tensor], torch.Tensor] or None
         Passed to the HTA base (its v signal).
     **kwargs
-        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
-        train_config, fraction_train, min_hospitals, limits, seed, device).
+        The base's other keyword arguments.
     """
 
     name = "earn"

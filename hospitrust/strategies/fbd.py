@@ -173,11 +173,8 @@ class FBD(HospitrustStrategy):
 
     Parameters
     ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options (an instance of its ``Options``, or a mapping of field names); its
-        defaults when None.
+    hospitals, options
+        As :class:`~hospitrust.strategies.base.HospitrustStrategy` (the rule's options, its defaults when None).
     plan : ShippingPlan
         Which hospital may write which colors (required; its colors match the warehouse's).
     warehouse : Warehouse
@@ -189,9 +186,7 @@ class FBD(HospitrustStrategy):
     warehouse_path : Path or None
         Where :meth:`own_evaluation` saves the warehouse each round; None: not saved.
     **common
-        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`:
-        train_config, fraction_train, min_hospitals, limits, seed, device); ``seed`` also seeds
-        the sibling draw.
+        The base's other keyword arguments; ``seed`` also seeds the sibling draw.
     """
 
     name = "fbd"

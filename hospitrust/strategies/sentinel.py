@@ -113,10 +113,8 @@ class Sentinel(HospitrustStrategy):
 
     Parameters
     ----------
-    hospitals : Mapping[int, str]
-        Node id -> hospital name (from the query round).
-    options : Options or Mapping, optional
-        The rule's options; its defaults when None.
+    hospitals, options
+        As :class:`~hospitrust.strategies.base.HospitrustStrategy` (the rule's options, its defaults when None).
     server_update : Callable[[dict, int], torch.Tensor]
         (global state, server round) -> the ``(d,)`` server update.
     candidate_losses : Callable[[dict, torch.Tensor], torch.Tensor]
@@ -128,7 +126,7 @@ class Sentinel(HospitrustStrategy):
         With ``floor`` or ``start``: (check fraction, epochs, learning rate) -> the server's own model (``whole``,
         ``part`` and ``check_loss``; :class:`hospitrust.server_app.services.CohortFloor`).
     **kwargs
-        The base's keyword arguments (:class:`~hospitrust.strategies.base.HospitrustStrategy`).
+        The base's other keyword arguments.
     """
 
     name = "sentinel"
