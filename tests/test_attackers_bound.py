@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import functools
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from hospitrust.attacks.interfaces import ColludingAttack, RoundView
+from hospitrust.attacks.interfaces import ColludingAttack, RoundAwareColludingAttack, RoundView
 from hospitrust.attacks.math import tailored as TA
 from hospitrust.attacks.registry import ATTACKS, build_attack
 from hospitrust.attacks.threat_model import ColludingAdversary
@@ -181,21 +182,98 @@ def test_agr_tailored_keeps_gamma_inside_the_bound():
 
 
 # ------------------------------------------------------------------ a real run: the record
-def test_an_in_process_run_records_the_rejected_colluding_row(tmp_path, data_dir, monkeypatch):
+@pytest.mark.parametrize("bounds, reason_end", [
+    ({"max-update-norm": 100.0}, "exceeds the bound 100 (max-update-norm)"),
+    ({"max-update-norm": 1e12, "max-norm-over-median": 3.0}, "x the round's median update norm"),
+])
+def test_an_in_process_run_records_the_rejected_colluding_row(tmp_path, data_dir, bounds, reason_end):
     from conftest import small_run_config
     from hospitrust.ops.inprocess import run_inprocess
     from hospitrust.server_app.results import read_round_records
 
     cfg = small_run_config(tmp_path, **{"num-server-rounds": 1, "train-subsample": 0.03, "attack": "ipm",
-                                        "ipm.eps": 1e7, "malicious-hospitals": "0", "max-update-norm": 100.0,
-                                        "run-name": "r"})
+                                        "ipm.eps": 1e7, "malicious-hospitals": "0", **bounds, "run-name": "r"})
     run_inprocess(cfg, 4)
     (line,) = read_round_records(tmp_path / "runs" / "r")
     bad = [c for c in line.clients if c.malicious]
     assert len(bad) == 1 and bad[0].rejected and bad[0].weight == 0.0
-    assert bad[0].reason.startswith("update norm ") and bad[0].reason.endswith("exceeds the bound 100 (max-update-norm)")
+    assert bad[0].reason.startswith("update norm ") and reason_end in bad[0].reason
     good = [c for c in line.clients if not c.malicious]
     assert len(good) == 3 and not any(c.rejected for c in good)
     assert all(c.update_norm is not None and c.update_norm <= 100.0 for c in good)
     assert not line.kept_previous_model
 
+
+
+# ------------------------------------------------------------------ the bound measured from the round (max-norm-over-median)
+def _fedavg_relative(ratio, min_hospitals=2, max_norm=100.0):
+    hospitals = {101: "a", 102: "b", 103: "c", 104: "d"}
+    return build_strategy("fedavg", hospitals, min_hospitals=min_hospitals,
+                          limits=ReplyLimits(max_update_norm=max_norm, max_norm_over_median=ratio))
+
+
+def test_a_reply_far_above_the_rounds_median_norm_is_rejected_by_hand():
+    # norms 3, 3, 4.690 and 20: median (3 + 4.690) / 2 = 3.845, 3 x 3.845 = 11.54 < 20
+    far = [20.0, 0.0, 0.0, 0.0, 0.0]
+    result = _round(_fedavg_relative(3.0), HONEST + [far])
+    (rejected,) = [c for c in result.clients if c.rejected]
+    assert rejected.hospital == "d"
+    assert rejected.reason == "update norm 20 exceeds 3 x the round's median update norm 3.845 (max-norm-over-median)"
+    torch.testing.assert_close(result.arrays.to_torch_state_dict()["w"], torch.tensor([2.0, 2.0, 2.0]))
+    # off (0), or a ratio the row fits under (6 x 3.845 = 23.07), and the same reply is averaged
+    for ratio in (0.0, 6.0):
+        kept = _round(_fedavg_relative(ratio), HONEST + [far])
+        assert not any(c.rejected for c in kept.clients)
+        torch.testing.assert_close(kept.arrays.to_torch_state_dict()["w"], torch.tensor([6.5, 1.5, 1.5]))
+
+
+def test_a_colluding_row_meets_the_same_relative_bound_as_a_reply():
+    far = [20.0, 0.0, 0.0, 0.0, 0.0]
+    attacked = _round(_fedavg_relative(3.0), HONEST + [[0.1] * 3 + [0.0, 0.0]], _attacked(far))
+    as_reply = _round(_fedavg_relative(3.0), HONEST + [far])
+    (a,) = [c.to_json() for c in attacked.clients if c.rejected]
+    (b,) = [c.to_json() for c in as_reply.clients if c.rejected]
+    assert _without_nan(a) == _without_nan(b)
+    # measured after the attacker's step: the row it replaced (norm 0.17) never counts in the median
+    assert attacked.metrics["valid-replies"] == 3
+
+
+def test_rows_rejected_by_the_relative_bound_count_against_min_hospitals():
+    result = _round(_fedavg_relative(3.0, min_hospitals=4), HONEST + [[20.0, 0.0, 0.0, 0.0, 0.0]])
+    assert result.kept_previous_model and result.note == "3 valid replies < min-hospitals 4: kept the previous model"
+
+
+def test_a_ratio_below_one_is_refused_with_what_is_expected():
+    from hospitrust.config import RunConfig
+
+    with pytest.raises(ValueError, match="expected 0 \\(off\\) or at least 1"):
+        RunConfig.model_validate({"max_norm_over_median": 0.5})
+    with pytest.raises(ValueError, match="0 \\(off\\) or at least 1"):
+        ReplyLimits(max_norm_over_median=0.5)
+
+
+class _ToldBound(RoundAwareColludingAttack):
+    """A round-aware attack that sends its rows unchanged and keeps the bound it was told."""
+
+    name = "told-bound"
+
+    def craft_round(self, view):
+        self.told = view.max_norm
+        return view.updates[view.malicious_rows].clone(), {}
+
+
+@pytest.mark.parametrize("ratio, max_norm, told", [
+    (0.0, 100.0, 100.0),  # off: max-update-norm alone
+    (3.0, 100.0, 9.0),  # the honest rows' norms 3, 3, 4.690: median 3, 3 x 3
+    (3.0, 5.0, 5.0),  # the smaller of the two
+])
+def test_a_round_aware_attack_is_told_the_smaller_bound(ratio, max_norm, told):
+    from hospitrust.features.adversary import RoundAwareAdversary
+
+    attack = _ToldBound()
+    feature = RoundAwareAdversary(attack, {"d"}, seed=0)
+    feature.wrap_strategy(_fedavg_relative(ratio, max_norm=max_norm))
+    feature.evaluator = lambda server_round, hospitals: None  # _ToldBound never asks the rule
+    feature._checked = lambda hospitals: [SimpleNamespace(num_examples=10) for _ in hospitals]
+    feature.step(1, torch.tensor(HONEST + [[0.1] * 3 + [0.0, 0.0]]), ["a", "b", "c", "d"])
+    assert attack.told == pytest.approx(told)

@@ -17,6 +17,7 @@ so the search never changes the rule the run aggregates with.
 from __future__ import annotations
 
 import copy
+import statistics
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -127,7 +128,8 @@ class RoundAwareAdversary(RoundFeature):
         The run's pre-aggregation chain (:func:`pre_aggregation_of`).
     max_norm : float or None
         The server's bound on an update's norm (``max-update-norm``) the attack is told
-        (``RoundView.max_norm``); None: the rule's own ``limits``.
+        (``RoundView.max_norm``); None: the rule's own ``limits``. With the rule's ``max-norm-over-median``
+        the attack is told the smaller of it and that multiple of the honest rows' median norm.
     """
 
     name = "round-aware-adversary"
@@ -217,6 +219,13 @@ class RoundAwareAdversary(RoundFeature):
             self.done[server_round] = {"attack": self.attack.name, "active": False}
             return updates
         aggregate = self.evaluator(server_round, hospitals)
+        limits = getattr(self.strategy, "limits", None)
+        max_norm = self.max_norm if self.max_norm is not None else getattr(limits, "max_update_norm", None)
+        ratio = float(getattr(limits, "max_norm_over_median", 0.0) or 0.0)
+        if ratio > 0.0:  # the round's median-relative bound, from the honest rows (the attacker knows them)
+            honest = [i for i in range(len(hospitals)) if i not in rows]
+            median = statistics.median(torch.linalg.vector_norm(updates[honest].double(), dim=1).tolist())
+            max_norm = ratio * median if max_norm is None else min(max_norm, ratio * median)
         view = RoundView(
             server_round, updates, list(hospitals), rows,
             rule=lambda stack: aggregate(stack).update, aggregate=aggregate,
@@ -224,8 +233,7 @@ class RoundAwareAdversary(RoundFeature):
             strategy=lambda: private_copy(self.strategy),
             previous_global_update=self.previous_global_update,
             generator=torch.Generator().manual_seed(self.seed * 7919 + server_round),
-            max_norm=self.max_norm if self.max_norm is not None else getattr(getattr(self.strategy, "limits", None),
-                                                                           "max_update_norm", None),
+            max_norm=max_norm,
             num_examples=torch.tensor([r.num_examples for r in self._checked(hospitals)], dtype=torch.float64))
         crafted, info = self.inner.craft_round(view)
         if tuple(crafted.shape) != (len(rows), updates.shape[1]):

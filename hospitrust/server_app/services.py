@@ -333,7 +333,8 @@ def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: t
         composed={name: cfg.options(name) for name in cls.composes(options)},
         services=ServerServices(cfg, task, device, sets),
         train_config=train_config, fraction_train=cfg.fraction_train, min_hospitals=cfg.min_hospitals,
-        limits=ReplyLimits(max_update_norm=cfg.max_update_norm, max_num_examples=cfg.max_num_examples),
+        limits=ReplyLimits(max_update_norm=cfg.max_update_norm, max_num_examples=cfg.max_num_examples,
+                           max_norm_over_median=cfg.max_norm_over_median),
         seed=cfg.seed, device=device, assumed_malicious=cfg.assumed_malicious,
         # what the rule's server_parts builds at the start of a run (FED-FBD's plan and warehouse, kept in run_dir)
         **cls.server_parts(options, task=task, sets=sets, device=device, seed=cfg.seed, run_dir=run_dir, resuming=resuming,

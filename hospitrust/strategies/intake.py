@@ -10,6 +10,7 @@ only; what a round does around it lives here, not in the rule's base class.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from logging import WARNING
@@ -89,6 +90,10 @@ def aggregate_round(rule: Rule, server_round: int, replies: Iterable[Message],
     for r in accepted:
         r.update = None  # the stacked copy is the only one kept
     groups: list[list[int]] | None = None
+    if not any(isinstance(step, AttackerRows) for step in update_steps):  # else once the attacker's rows are in
+        updates, accepted = _norm_outliers(rule, server_round, record, updates, accepted)
+        if _too_few(rule, server_round, record, accepted, started):
+            return record
     for step in update_steps:
         if groups is not None:
             raise ValueError("an update step that groups rows (GroupedRows) must be the last update step")
@@ -99,6 +104,7 @@ def aggregate_round(rule: Rule, server_round: int, replies: Iterable[Message],
         updates = step(server_round, updates, names)
         if isinstance(step, AttackerRows):  # rows no reply check has seen: held to the same checks
             updates, accepted = _checked_rows(rule, server_round, record, updates, accepted, global_vec, spec)
+            updates, accepted = _norm_outliers(rule, server_round, record, updates, accepted)
             if _too_few(rule, server_round, record, accepted, started):
                 return record
     num_examples = torch.tensor([r.num_examples for r in accepted], dtype=torch.float64, device=rule.device)
@@ -178,6 +184,30 @@ def _checked_rows(rule: Rule, server_round: int, record: RoundResult, updates: t
     if len(keep) == len(accepted):
         return updates, accepted
     return updates[keep], [accepted[i] for i in keep]
+
+def _norm_outliers(rule: Rule, server_round: int, record: RoundResult, updates: torch.Tensor,
+                   accepted: list[CheckedReply]) -> tuple[torch.Tensor, list[CheckedReply]]:
+    """The rows whose norm exceeds ``max-norm-over-median`` times the median norm of the round's rows rejected,
+    recorded as a rejected reply is, and dropped with their replies (the bound is measured from the round itself:
+    while fewer than half the rows are an attacker's, the median lies within the honest norms).
+    """
+    ratio = rule.limits.max_norm_over_median
+    if ratio <= 0.0 or len(accepted) < 2:
+        return updates, accepted
+    norms = torch.linalg.vector_norm(updates.double(), dim=1).tolist()
+    median = statistics.median(norms)
+    bound = ratio * median
+    keep = [i for i, norm in enumerate(norms) if norm <= bound]
+    for i, r in enumerate(accepted):
+        if norms[i] > bound:
+            reason = (f"update norm {norms[i]:.4g} exceeds {ratio:g} x the round's median update norm {median:.4g} "
+                      "(max-norm-over-median)")
+            record.clients.append(hospital_record(rule, r.node_id, rejected=True, reason=reason))
+            log(WARNING, "Round %d: rejected %s: %s", server_round, rule.hospital_name(r.node_id), reason)
+    if len(keep) == len(accepted):
+        return updates, accepted
+    return updates[keep], [accepted[i] for i in keep]
+
 
 def aggregate_grouped(rule: Rule, server_round: int, rows: torch.Tensor, groups: Sequence[Sequence[int]],
                       num_examples: torch.Tensor, replies: list[CheckedReply]) -> Aggregate:

@@ -44,8 +44,9 @@ class RoundMessages(Strategy):
         log(INFO, "\t├── Strategy: %s (%s)", self.name, type(self).__name__)
         log(INFO, "\t├── Hospitals: %d, fraction-train %.2f, min-hospitals %d", len(self.hospitals),
             self.fraction_train, self.min_hospitals)
-        log(INFO, "\t└── Reply bounds: update norm <= %g, num-examples <= %d", self.limits.max_update_norm,
-            self.limits.max_num_examples)
+        ratio = self.limits.max_norm_over_median
+        log(INFO, "\t└── Reply bounds: update norm <= %g%s, num-examples <= %d", self.limits.max_update_norm,
+            f" and <= {ratio:g} x the round's median" if ratio else "", self.limits.max_num_examples)
 
     def sample_hospitals(self, grid: Grid, excluded: Collection[str] = ()) -> list[int]:
         """Node ids to ask this round, chosen by hospital name with the seeded rng (node ids are random),

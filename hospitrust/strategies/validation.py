@@ -41,10 +41,19 @@ class ReplyLimits:
         Largest L2 norm of the update (returned - global) over the float tensors.
     max_num_examples : int
         Largest number of training examples a reply may claim.
+    max_norm_over_median : float
+        Largest ratio of an update's norm to the median norm of the round's checked updates (run config
+        ``max-norm-over-median``; 0: no such bound). A round-level check: :func:`hospitrust.strategies.intake.aggregate_round`.
     """
 
     max_update_norm: float = 1e4  # L2 norm of (returned - global) over float tensors
     max_num_examples: int = 10_000_000
+    max_norm_over_median: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.max_norm_over_median != 0.0 and not self.max_norm_over_median >= 1.0:
+            raise ValueError(f"max-norm-over-median must be 0 (off) or at least 1, got {self.max_norm_over_median!r}: "
+                             "below 1 it would reject the median reply itself")
 
 
 @dataclass
