@@ -424,3 +424,34 @@ def test_the_defaults_decision_rule_on_hand_made_cells(tmp_path, capsys):
     grid = parse_grid(tmp_path / "evaluation.toml")
     assert len(grid.cells) == 18 and {c.run_config["seed"] for c in grid.cells} == {101, 102, 103}
     assert {c.run_config.get("server-data.test-split", "test") for c in grid.cells} == {"test"}  # the test split
+
+
+def test_the_default_bound_decision_rule_on_hand_made_cells(tmp_path, capsys):
+    """Issue 60's rule for max-norm-over-median: eligible = clean cost against off at most 0.005; score = the mean
+    over seeds of the worst attack; within 0.005 of the best the larger ratio wins; off is never chosen over one."""
+    import csv
+
+    choose = _script("defaults/choose_bound")
+    # (bound, attack) -> balanced accuracy on seeds 1, 2, 3
+    plan = {("off", "none"): (0.82, 0.84, 0.80), ("x2", "none"): (0.81, 0.83, 0.79), ("x4", "none"): (0.82, 0.84, 0.795),
+            ("off", "sign-flip"): (0.80, 0.80, 0.80), ("x2", "sign-flip"): (0.80, 0.80, 0.80),
+            ("x4", "sign-flip"): (0.79, 0.80, 0.80), ("off", "scaling"): (0.50, 0.60, 0.55),
+            ("x2", "scaling"): (0.81, 0.81, 0.81), ("x4", "scaling"): (0.80, 0.80, 0.80),
+            ("off", "ipm"): (0.50, 0.50, 0.50), ("x2", "ipm"): (0.80, 0.80, 0.80), ("x4", "ipm"): (0.78, 0.79, 0.80)}
+    with open(tmp_path / "cells.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["bound", "attack", "seed", "status", "final_balanced_accuracy"])
+        for (bound, attack), values in plan.items():
+            for seed, ba in zip((1, 2, 3), values):
+                w.writerow([bound, attack, seed, "done", ba])
+    chosen, rows = choose.decide(choose.read_cells(tmp_path), choose.bounds())
+    verdicts = {r["bound"]: (round(r["clean_cost"], 6), round(r["worst"], 6), r["eligible"]) for r in rows}
+    # x2 scores best (0.80) but costs 0.01 clean: not eligible; x4 costs 0.00167 (seed 3: -0.005); its worst per seed 0.78, 0.79, 0.80
+    assert verdicts == {"off": (0.0, 0.5, False), "x2": (-0.01, 0.8, False), "x4": (-0.001667, 0.79, True)}
+    assert chosen == "x4"
+    assert choose.main([str(tmp_path)]) == 0 and "chosen: x4 (max-norm-over-median = 4)" in capsys.readouterr().out
+    # one unfinished cell: no verdict
+    cells = choose.read_cells(tmp_path)
+    del cells[("x4", "ipm", 2)]
+    with pytest.raises(SystemExit, match="1 cells are not finished"):
+        choose.decide(cells, choose.bounds())
