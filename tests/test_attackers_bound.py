@@ -238,6 +238,37 @@ def test_a_colluding_row_meets_the_same_relative_bound_as_a_reply():
     assert attacked.metrics["valid-replies"] == 3
 
 
+def test_the_relative_bound_is_skipped_where_it_has_no_scale_or_is_turned_off():
+    far = [20.0, 0.0, 0.0, 0.0, 0.0]
+    # most rows did not move: median 0, nothing to measure against, every row kept
+    still = _round(_fedavg_relative(3.0), [[0.0] * 5, [0.0] * 5, [0.0] * 5, far])
+    assert not any(c.rejected for c in still.clients)
+    # central DP's call (round_bound=False): the far row enters
+    strategy = _fedavg_relative(3.0)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    messages = sorted(strategy.configure_train(1, ArrayRecord(GLOBAL), ConfigRecord(), _Grid(strategy.hospitals)),
+                      key=lambda m: m.metadata.dst_node_id)
+    replies = [Message(RecordDict({"arrays": ArrayRecord({"w": GLOBAL["w"] + torch.tensor(v[:3]),
+                                                          "bn.running_var": GLOBAL["bn.running_var"],
+                                                          "bn.num_batches_tracked": torch.tensor(6)}),
+                                   "metrics": MetricRecord({"num-examples": 10, "train-loss": 0.5})}), reply_to=m)
+               for v, m in zip(HONEST + [far], messages)]
+    assert not any(c.rejected for c in strategy.aggregate_round(1, replies, round_bound=False).clients)
+
+
+def test_a_run_that_cannot_apply_the_relative_bound_says_why():
+    from hospitrust.config import RunConfig
+    from hospitrust.server_app.services import _round_bound_not_applied
+    from hospitrust.strategies import strategy_class
+
+    def why(**values):
+        cfg = RunConfig.model_validate({"max_norm_over_median": 3.0, **values})
+        return _round_bound_not_applied(cfg, strategy_class(cfg.strategy))
+
+    assert why() == [] and why(strategy="median") == []
+    assert why(strategy="fbd") == ["FED-FBD's replies are blocks, checked one by one"]
+
+
 def test_rows_rejected_by_the_relative_bound_count_against_min_hospitals():
     result = _round(_fedavg_relative(3.0, min_hospitals=4), HONEST + [[20.0, 0.0, 0.0, 0.0, 0.0]])
     assert result.kept_previous_model and result.note == "3 valid replies < min-hospitals 4: kept the previous model"
@@ -246,10 +277,11 @@ def test_rows_rejected_by_the_relative_bound_count_against_min_hospitals():
 def test_a_ratio_below_one_is_refused_with_what_is_expected():
     from hospitrust.config import RunConfig
 
-    with pytest.raises(ValueError, match="expected 0 \\(off\\) or at least 1"):
-        RunConfig.model_validate({"max_norm_over_median": 0.5})
-    with pytest.raises(ValueError, match="0 \\(off\\) or at least 1"):
-        ReplyLimits(max_norm_over_median=0.5)
+    for bad in (0.5, float("inf")):
+        with pytest.raises(ValueError, match="expected 0 \\(off\\) or a finite number of at least 1"):
+            RunConfig.model_validate({"max_norm_over_median": bad})
+        with pytest.raises(ValueError, match="0 \\(off\\) or a finite number of at least 1"):
+            ReplyLimits(max_norm_over_median=bad)
 
 
 class _ToldBound(RoundAwareColludingAttack):
@@ -264,7 +296,7 @@ class _ToldBound(RoundAwareColludingAttack):
 
 @pytest.mark.parametrize("ratio, max_norm, told", [
     (0.0, 100.0, 100.0),  # off: max-update-norm alone
-    (3.0, 100.0, 9.0),  # the honest rows' norms 3, 3, 4.690: median 3, 3 x 3
+    (3.0, 100.0, 3.0 * (3.0 + 22 ** 0.5) / 2),  # norms 3, 3, 4.690 and the crafted row at the top: median 3.845
     (3.0, 5.0, 5.0),  # the smaller of the two
 ])
 def test_a_round_aware_attack_is_told_the_smaller_bound(ratio, max_norm, told):

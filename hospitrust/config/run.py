@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 
 import json
+import math
 import os
 import warnings
 from collections.abc import Iterable, Mapping
@@ -88,7 +89,7 @@ class CoreOptions(Options):
         "A bound measured from the run: a reply whose update norm exceeds this multiple of the median update norm of "
         "the round's checked replies (a simulated attacker's rows included) is rejected; fewer than half the replies "
         "cannot move that median beyond the honest norms. 0: off (max-update-norm alone); else at least 1. Not "
-        "applied where the server sees no single update (secure aggregation) nor to FED-FBD's blocks."
+        "applied (the log says so) under secure aggregation or central DP, nor to FED-FBD's blocks."
     ))
     max_num_examples: int = Field(10_000_000, ge=1, description="Replies claiming more training examples are rejected.")
     # data
@@ -206,9 +207,9 @@ class CoreOptions(Options):
             raise ValueError(f"image-size {self.image_size}: expected 8 to 1024 pixels")
         if self.malicious_fraction > 0 and parse_int_list(self.malicious_hospitals, "malicious-hospitals"):
             raise ValueError("set either malicious-fraction or malicious-hospitals, not both")
-        if 0.0 < self.max_norm_over_median < 1.0:
-            raise ValueError(f"max-norm-over-median {self.max_norm_over_median:g}: expected 0 (off) or at least 1 "
-                             "(below 1 the median reply itself would be rejected)")
+        if self.max_norm_over_median != 0.0 and not 1.0 <= self.max_norm_over_median < math.inf:
+            raise ValueError(f"max-norm-over-median {self.max_norm_over_median:g}: expected 0 (off) or a finite number "
+                             "of at least 1 (below 1 the median reply itself would be rejected)")
         return self
 
 

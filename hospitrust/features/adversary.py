@@ -17,6 +17,7 @@ so the search never changes the rule the run aggregates with.
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 import types
 from collections.abc import Sequence
@@ -222,10 +223,14 @@ class RoundAwareAdversary(RoundFeature):
         limits = getattr(self.strategy, "limits", None)
         max_norm = self.max_norm if self.max_norm is not None else getattr(limits, "max_update_norm", None)
         ratio = float(getattr(limits, "max_norm_over_median", 0.0) or 0.0)
-        if ratio > 0.0:  # the round's median-relative bound, from the honest rows (the attacker knows them)
+        if ratio > 0.0:
+            # the server's round-relative bound when the crafted rows sit at it: the median of the honest norms and
+            # the crafted rows as the largest values (the attacker knows the honest rows)
             honest = [i for i in range(len(hospitals)) if i not in rows]
-            median = statistics.median(torch.linalg.vector_norm(updates[honest].double(), dim=1).tolist())
-            max_norm = ratio * median if max_norm is None else min(max_norm, ratio * median)
+            norms = torch.linalg.vector_norm(updates[honest], dim=1, dtype=torch.float64).tolist()
+            median = statistics.median(norms + [math.inf] * len(rows))
+            if median > 0.0 and math.isfinite(median):
+                max_norm = ratio * median if max_norm is None else min(max_norm, ratio * median)
         view = RoundView(
             server_round, updates, list(hospitals), rows,
             rule=lambda stack: aggregate(stack).update, aggregate=aggregate,

@@ -301,6 +301,21 @@ class ServerServices(Mapping[str, Callable[..., Any]]):
         return len(SERVICES) if self.sets.cohort is not None else 0
 
 
+def _round_bound_not_applied(cfg: RunConfig, cls: type) -> list[str]:
+    """Why this run's rounds cannot apply ``max-norm-over-median`` (none: they do)."""
+    from hospitrust.features.secagg_options import SecAggOptions
+    from hospitrust.privacy.options import PrivacyOptions
+
+    why = []
+    if getattr(cls, "name", "") == "fbd":
+        why.append("FED-FBD's replies are blocks, checked one by one")
+    if cfg.section(SecAggOptions).enabled:
+        why.append("under secure aggregation the server sees no single update")
+    if cfg.section(PrivacyOptions).central:
+        why.append("under central DP which replies enter must not depend on the other hospitals' norms")
+    return why
+
+
 def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: torch.device, task: Task,
                          sets: ServerSets, run_dir: Path | None = None, resuming: bool = False,
                          order: Sequence[str] | None = None,
@@ -340,6 +355,10 @@ def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: t
         **cls.server_parts(options, task=task, sets=sets, device=device, seed=cfg.seed, run_dir=run_dir, resuming=resuming,
                            hospitals=list(order) if order is not None else list(hospitals.values())),
     )
+    if cfg.max_norm_over_median:
+        for why in _round_bound_not_applied(cfg, cls):
+            log(WARNING, "max-norm-over-median = %g is not applied in this run: %s; max-update-norm (%g) still bounds "
+                "each reply", cfg.max_norm_over_median, why, cfg.max_update_norm)
     if strategy.required_replies() > len(hospitals):
         log(WARNING, "%s with assumed-malicious %d needs %d valid replies per round but there are only %d "
             "hospitals: every round will keep the previous model", cfg.strategy, cfg.assumed_malicious,

@@ -431,7 +431,8 @@ class FBD(HospitrustStrategy):
         return ""
 
     def aggregate_round(self, server_round: int, replies: Iterable[Message],
-                        update_steps: Sequence[UpdateStep] = (), *, equal_weights: bool = False) -> RoundResult:
+                        update_steps: Sequence[UpdateStep] = (), *, equal_weights: bool = False,
+                        round_bound: bool = True) -> RoundResult:
         """Write the accepted blocks into the warehouse; the result's ``arrays`` is None (the new state
         is the warehouse). ``update_steps`` take a stack of whole-model updates, which FED-FBD has not.
         """

@@ -27,7 +27,8 @@ from hospitrust.strategies.validation import CheckedReply, RejectedReply, check_
 
 
 def aggregate_round(rule: Rule, server_round: int, replies: Iterable[Message],
-                    update_steps: Sequence[UpdateStep] = (), *, equal_weights: bool = False) -> RoundResult:
+                    update_steps: Sequence[UpdateStep] = (), *, equal_weights: bool = False,
+                    round_bound: bool = True) -> RoundResult:
     """Check every reply, stack the accepted updates, apply ``update_steps`` to the stack, run the
     rule; the result says what the round decided, per hospital and as a whole.
 
@@ -47,6 +48,9 @@ def aggregate_round(rule: Rule, server_round: int, replies: Iterable[Message],
         Steps on the stack before the rule sees it (the simulated adversary, pre-aggregation), in order.
     equal_weights : bool
         Weigh every reply alike instead of by its example count (only a ``central_dp_compatible`` rule).
+    round_bound : bool
+        Apply ``max-norm-over-median`` (the rule's ``limits``); central DP turns it off: which replies enter would
+        then depend on the other hospitals' norms, a release decision its accounting does not count.
 
     Returns
     -------
@@ -90,8 +94,9 @@ def aggregate_round(rule: Rule, server_round: int, replies: Iterable[Message],
     for r in accepted:
         r.update = None  # the stacked copy is the only one kept
     groups: list[list[int]] | None = None
+    bound = rule.limits.max_norm_over_median if round_bound else 0.0
     if not any(isinstance(step, AttackerRows) for step in update_steps):  # else once the attacker's rows are in
-        updates, accepted = _norm_outliers(rule, server_round, record, updates, accepted)
+        updates, accepted = _norm_outliers(rule, server_round, record, updates, accepted, bound)
         if _too_few(rule, server_round, record, accepted, started):
             return record
     for step in update_steps:
@@ -104,7 +109,7 @@ def aggregate_round(rule: Rule, server_round: int, replies: Iterable[Message],
         updates = step(server_round, updates, names)
         if isinstance(step, AttackerRows):  # rows no reply check has seen: held to the same checks
             updates, accepted = _checked_rows(rule, server_round, record, updates, accepted, global_vec, spec)
-            updates, accepted = _norm_outliers(rule, server_round, record, updates, accepted)
+            updates, accepted = _norm_outliers(rule, server_round, record, updates, accepted, bound)
             if _too_few(rule, server_round, record, accepted, started):
                 return record
     num_examples = torch.tensor([r.num_examples for r in accepted], dtype=torch.float64, device=rule.device)
@@ -186,16 +191,17 @@ def _checked_rows(rule: Rule, server_round: int, record: RoundResult, updates: t
     return updates[keep], [accepted[i] for i in keep]
 
 def _norm_outliers(rule: Rule, server_round: int, record: RoundResult, updates: torch.Tensor,
-                   accepted: list[CheckedReply]) -> tuple[torch.Tensor, list[CheckedReply]]:
-    """The rows whose norm exceeds ``max-norm-over-median`` times the median norm of the round's rows rejected,
-    recorded as a rejected reply is, and dropped with their replies (the bound is measured from the round itself:
-    while fewer than half the rows are an attacker's, the median lies within the honest norms).
+                   accepted: list[CheckedReply], ratio: float) -> tuple[torch.Tensor, list[CheckedReply]]:
+    """The rows whose norm exceeds ``ratio`` (``max-norm-over-median``; 0: none) times the median norm of the round's
+    rows rejected, recorded as a rejected reply is, and dropped with their replies (the bound is measured from the
+    round itself: while fewer than half the rows are an attacker's, the median lies within the honest norms).
     """
-    ratio = rule.limits.max_norm_over_median
     if ratio <= 0.0 or len(accepted) < 2:
         return updates, accepted
-    norms = torch.linalg.vector_norm(updates.double(), dim=1).tolist()
+    norms = torch.linalg.vector_norm(updates, dim=1, dtype=torch.float64).tolist()
     median = statistics.median(norms)
+    if not median > 0.0:  # half the rows or more did not move: no scale to measure against
+        return updates, accepted
     bound = ratio * median
     keep = [i for i, norm in enumerate(norms) if norm <= bound]
     for i, r in enumerate(accepted):

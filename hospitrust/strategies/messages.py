@@ -82,12 +82,13 @@ class RoundMessages(Strategy):
         return result.arrays, result.metrics
 
     def aggregate_round(self, server_round: int, replies: Iterable[Message],
-                        update_steps: Sequence[UpdateStep] = (), *, equal_weights: bool = False) -> RoundResult:
+                        update_steps: Sequence[UpdateStep] = (), *, equal_weights: bool = False,
+                        round_bound: bool = True) -> RoundResult:
         """The round's intake with this rule (:func:`~hospitrust.strategies.intake.aggregate_round`); a rule whose
         replies are no stack of updates (FED-FBD's blocks) replaces it.
         """
         return intake.aggregate_round(cast(Rule, self), server_round, replies, update_steps,
-                                      equal_weights=equal_weights)
+                                      equal_weights=equal_weights, round_bound=round_bound)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -51,9 +51,9 @@ class ReplyLimits:
     max_norm_over_median: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.max_norm_over_median != 0.0 and not self.max_norm_over_median >= 1.0:
-            raise ValueError(f"max-norm-over-median must be 0 (off) or at least 1, got {self.max_norm_over_median!r}: "
-                             "below 1 it would reject the median reply itself")
+        if self.max_norm_over_median != 0.0 and not 1.0 <= self.max_norm_over_median < math.inf:
+            raise ValueError(f"max-norm-over-median must be 0 (off) or a finite number of at least 1, got "
+                             f"{self.max_norm_over_median!r}: below 1 it would reject the median reply itself")
 
 
 @dataclass
