@@ -438,20 +438,29 @@ def test_the_default_bound_decision_rule_on_hand_made_cells(tmp_path, capsys):
             ("x4", "sign-flip"): (0.79, 0.80, 0.80), ("off", "scaling"): (0.50, 0.60, 0.55),
             ("x2", "scaling"): (0.81, 0.81, 0.81), ("x4", "scaling"): (0.80, 0.80, 0.80),
             ("off", "ipm"): (0.50, 0.50, 0.50), ("x2", "ipm"): (0.80, 0.80, 0.80), ("x4", "ipm"): (0.78, 0.79, 0.80)}
+    # the specialist condition runs clean only: off 0.40, x2 0.40, x4 0.40 on every seed
+    plan.update({("off", "none", "retina"): (0.40,) * 3, ("x2", "none", "retina"): (0.40,) * 3,
+                 ("x4", "none", "retina"): (0.40,) * 3})
     with open(tmp_path / "cells.csv", "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["bound", "attack", "seed", "status", "final_balanced_accuracy"])
-        for (bound, attack), values in plan.items():
+        w.writerow(["condition", "bound", "attack", "seed", "status", "final_balanced_accuracy"])
+        for key, values in plan.items():
+            bound, attack, condition = (*key, "pneumonia")[:3]
             for seed, ba in zip((1, 2, 3), values):
-                w.writerow([bound, attack, seed, "done", ba])
+                w.writerow([condition, bound, attack, seed, "done", ba])
     chosen, rows = choose.decide(choose.read_cells(tmp_path), choose.bounds())
     verdicts = {r["bound"]: (round(r["clean_cost"], 6), round(r["worst"], 6), r["eligible"]) for r in rows}
     # x2 scores best (0.80) but costs 0.01 clean: not eligible; x4 costs 0.00167 (seed 3: -0.005); its worst per seed 0.78, 0.79, 0.80
     assert verdicts == {"off": (0.0, 0.5, False), "x2": (-0.01, 0.8, False), "x4": (-0.001667, 0.79, True)}
     assert chosen == "x4"
     assert choose.main([str(tmp_path)]) == 0 and "chosen: x4 (max-norm-over-median = 4)" in capsys.readouterr().out
+    # a bound that rejects the specialist (its clean run 0.01 lower on Retina) is not eligible: none left, off stays
+    cells = choose.read_cells(tmp_path)
+    for seed in (1, 2, 3):
+        cells[("retina", "x4", "none", seed)] = 0.39
+    assert choose.decide(cells, choose.bounds())[0] == "off"
     # one unfinished cell: no verdict
     cells = choose.read_cells(tmp_path)
-    del cells[("x4", "ipm", 2)]
+    del cells[("pneumonia", "x4", "ipm", 2)]
     with pytest.raises(SystemExit, match="1 cells are not finished"):
         choose.decide(cells, choose.bounds())

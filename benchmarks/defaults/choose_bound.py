@@ -6,9 +6,9 @@ committed with this script before the grid ran.
 
 The rule, per ratio of the grid's ``bound`` axis but ``off`` (the reference; an unbounded default is what issue 60
 replaces):
-1. eligible when its clean runs cost at most 0.005 of balanced accuracy against ``off``'s (mean over the seeds,
-   paired by seed);
-2. its score is the mean over the seeds of its worst balanced accuracy over the attacks;
+1. eligible when, in every condition, its clean runs cost at most 0.005 of balanced accuracy against ``off``'s (mean
+   over the seeds, paired by seed);
+2. its score is the mean over the seeds of its worst balanced accuracy over the attacked cells (every condition's);
 3. the eligible ratio with the highest score is chosen; within 0.005 of the highest, the larger ratio (the looser
    bound, the fewer honest replies it can reject). None eligible: the default stays off, and the page says so.
 """
@@ -34,31 +34,40 @@ def bounds(grid: Path = DESIGN) -> dict[str, float]:
     return {b["label"]: float(b["max-norm-over-median"]) for b in tomllib.loads(grid.read_text())["axes"]["bound"]}
 
 
-def read_cells(run: Path) -> dict[tuple[str, str, int], float]:
-    """(bound, attack, seed) -> final balanced accuracy, for the finished cells."""
+def read_cells(run: Path) -> dict[tuple[str, str, str, int], float]:
+    """(condition, bound, attack, seed) -> final balanced accuracy, for the finished cells."""
     out = {}
     with open(run / "cells.csv", newline="") as fh:
         for row in csv.DictReader(fh):
             if row.get("status") == "done":
-                out[(row["bound"], row["attack"], int(row["seed"]))] = float(row["final_balanced_accuracy"])
+                key = (row["condition"], row["bound"], row["attack"], int(row["seed"]))
+                out[key] = float(row["final_balanced_accuracy"])
     return out
 
 
-def decide(cells: dict[tuple[str, str, int], float], ratios: dict[str, float]) -> tuple[str, list[dict]]:
+def decide(cells: dict[tuple[str, str, str, int], float], ratios: dict[str, float]) -> tuple[str, list[dict]]:
     """The chosen label (``off`` when none is eligible) and one row per bound with its figures and verdict."""
-    attacks = sorted({a for _, a, _ in cells} - {CLEAN})
-    seeds = sorted({s for _, _, s in cells})
-    missing = [(b, a, s) for b in ratios for a in [CLEAN, *attacks] for s in seeds if (b, a, s) not in cells]
+    conditions = sorted({c for c, _, _, _ in cells})
+    seeds = sorted({s for _, _, _, s in cells})
+    # what each condition runs: its attacks as the grid's cells say (the off bound's cells name them)
+    attacked = sorted({(c, a) for c, _, a, _ in cells if a != CLEAN})
+    needed = [(c, b, a, s) for b in ratios for s in seeds for c, a in [(c, CLEAN) for c in conditions] + attacked]
+    missing = [k for k in needed if k not in cells]
     if missing:
         raise SystemExit(f"choose_bound: {len(missing)} cells are not finished, e.g. {missing[:3]}: run the grid to its end")
     rows = []
     for label, ratio in ratios.items():
-        clean_cost = statistics.fmean(cells[(label, CLEAN, s)] - cells[(OFF, CLEAN, s)] for s in seeds)
-        worst = statistics.fmean(min(cells[(label, a, s)] for a in attacks) for s in seeds)
-        rows.append({"bound": label, "ratio": ratio, "clean": statistics.fmean(cells[(label, CLEAN, s)] for s in seeds),
-                     "clean_cost": clean_cost, "worst": worst,
-                     "eligible": label != OFF and clean_cost >= -CLEAN_SLACK,
-                     **{a: statistics.fmean(cells[(label, a, s)] for s in seeds) for a in attacks}})
+        row: dict = {"bound": label, "ratio": ratio}
+        costs = []
+        for c in conditions:
+            row[f"{c} clean"] = statistics.fmean(cells[(c, label, CLEAN, s)] for s in seeds)
+            costs.append(statistics.fmean(cells[(c, label, CLEAN, s)] - cells[(c, OFF, CLEAN, s)] for s in seeds))
+        for c, a in attacked:
+            row[f"{c} {a}"] = statistics.fmean(cells[(c, label, a, s)] for s in seeds)
+        row["clean_cost"] = min(costs)  # the condition where the bound costs most
+        row["worst"] = statistics.fmean(min(cells[(c, label, a, s)] for c, a in attacked) for s in seeds)
+        row["eligible"] = label != OFF and row["clean_cost"] >= -CLEAN_SLACK
+        rows.append(row)
     eligible = [r for r in rows if r["eligible"]]
     if not eligible:
         return OFF, rows
@@ -73,12 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid", type=Path, default=DESIGN, help="the design grid (its bound axis)")
     args = parser.parse_args(argv)
     chosen, rows = decide(read_cells(args.run), bounds(args.grid))
-    attacks = [k for k in rows[0] if k not in {"bound", "ratio", "clean", "clean_cost", "worst", "eligible"}]
-    print("| bound | ratio | clean | clean - off | " + " | ".join(attacks) + " | mean worst case | eligible |")
-    print("|---" * (6 + len(attacks)) + "|")
+    columns = [k for k in rows[0] if k not in {"bound", "ratio", "clean_cost", "worst", "eligible"}]
+    print("| bound | ratio | " + " | ".join(columns) + " | clean - off (worst condition) | mean worst case | eligible |")
+    print("|---" * (5 + len(columns)) + "|")
     for r in rows:
-        print(f"| {r['bound']} | {r['ratio']:g} | {r['clean']:.3f} | {r['clean_cost']:+.3f} | "
-              + " | ".join(f"{r[a]:.3f}" for a in attacks) + f" | {r['worst']:.3f} | {'yes' if r['eligible'] else 'no'} |")
+        print(f"| {r['bound']} | {r['ratio']:g} | " + " | ".join(f"{r[k]:.3f}" for k in columns)
+              + f" | {r['clean_cost']:+.3f} | {r['worst']:.3f} | {'yes' if r['eligible'] else 'no'} |")
     print(f"chosen: {chosen} (max-norm-over-median = {bounds(args.grid)[chosen]:g})")
     return 0
 
