@@ -184,7 +184,7 @@ def test_agr_tailored_keeps_gamma_inside_the_bound():
 # ------------------------------------------------------------------ a real run: the record
 @pytest.mark.parametrize("bounds, reason_end", [
     ({"max-update-norm": 100.0}, "exceeds the bound 100 (max-update-norm)"),
-    ({"max-update-norm": 1e12, "max-norm-over-median": 3.0}, "x the round's median update norm"),
+    ({"max-update-norm": 1e12, "round-norm-bound.over-median": 3.0}, "x the round's median update norm"),
 ])
 def test_an_in_process_run_records_the_rejected_colluding_row(tmp_path, data_dir, bounds, reason_end):
     from conftest import small_run_config
@@ -205,7 +205,7 @@ def test_an_in_process_run_records_the_rejected_colluding_row(tmp_path, data_dir
 
 
 
-# ------------------------------------------------------------------ the bound measured from the round (max-norm-over-median)
+# ------------------------------------------------------------------ the bound measured from the round (round-norm-bound.over-median)
 def _fedavg_relative(ratio, min_hospitals=2, max_norm=100.0):
     hospitals = {101: "a", 102: "b", 103: "c", 104: "d"}
     return build_strategy("fedavg", hospitals, min_hospitals=min_hospitals,
@@ -218,7 +218,7 @@ def test_a_reply_far_above_the_rounds_median_norm_is_rejected_by_hand():
     result = _round(_fedavg_relative(3.0), HONEST + [far])
     (rejected,) = [c for c in result.clients if c.rejected]
     assert rejected.hospital == "d"
-    assert rejected.reason == "update norm 20 exceeds 3 x the round's median update norm 3.845 (max-norm-over-median)"
+    assert rejected.reason == "update norm 20 exceeds 3 x the round's median update norm 3.845 (round-norm-bound)"
     torch.testing.assert_close(result.arrays.to_torch_state_dict()["w"], torch.tensor([2.0, 2.0, 2.0]))
     # off (0), or a ratio the row fits under (6 x 3.845 = 23.07), and the same reply is averaged
     for ratio in (0.0, 6.0):
@@ -257,12 +257,12 @@ def test_the_relative_bound_is_skipped_where_it_has_no_scale_or_is_turned_off():
 
 
 def test_a_run_that_cannot_apply_the_relative_bound_says_why():
-    from hospitrust.config import RunConfig
+    from hospitrust.config import parse_run_config
     from hospitrust.server_app.services import _round_bound_not_applied
     from hospitrust.strategies import strategy_class
 
     def why(**values):
-        cfg = RunConfig.model_validate({"max_norm_over_median": 3.0, **values})
+        cfg = parse_run_config({"round-norm-bound.over-median": 3.0, **values})
         return _round_bound_not_applied(cfg, strategy_class(cfg.strategy))
 
     assert why() == [] and why(strategy="median") == []
@@ -275,11 +275,13 @@ def test_rows_rejected_by_the_relative_bound_count_against_min_hospitals():
 
 
 def test_a_ratio_below_one_is_refused_with_what_is_expected():
-    from hospitrust.config import RunConfig
+    from hospitrust.config import parse_run_config
+    from hospitrust.errors import ConfigError
 
     for bad in (0.5, float("inf")):
-        with pytest.raises(ValueError, match="expected 0 \\(off\\) or a finite number of at least 1"):
-            RunConfig.model_validate({"max_norm_over_median": bad})
+        with pytest.raises(ConfigError, match="round-norm-bound.over-median.*expected 0 \\(off\\) or a finite number of at "
+                                              "least 1"):
+            parse_run_config({"round-norm-bound.over-median": bad})
         with pytest.raises(ValueError, match="0 \\(off\\) or a finite number of at least 1"):
             ReplyLimits(max_norm_over_median=bad)
 
@@ -309,3 +311,11 @@ def test_a_round_aware_attack_is_told_the_smaller_bound(ratio, max_norm, told):
     feature._checked = lambda hospitals: [SimpleNamespace(num_examples=10) for _ in hospitals]
     feature.step(1, torch.tensor(HONEST + [[0.1] * 3 + [0.0, 0.0]]), ["a", "b", "c", "d"])
     assert attack.told == pytest.approx(told)
+
+
+def test_the_bounds_earlier_name_is_read_with_a_deprecation_line():
+    from hospitrust.config import parse_run_config
+
+    with pytest.warns(FutureWarning, match="'max-norm-over-median' is deprecated: it is now 'round-norm-bound.over-median'"):
+        cfg = parse_run_config({"max-norm-over-median": 4.0})
+    assert cfg.round_norm_bound.over_median == 4.0

@@ -427,7 +427,7 @@ def test_the_defaults_decision_rule_on_hand_made_cells(tmp_path, capsys):
 
 
 def test_the_default_bound_decision_rule_on_hand_made_cells(tmp_path, capsys):
-    """Issue 60's rule for max-norm-over-median: eligible = clean cost against off at most 0.005; score = the mean
+    """Issue 60's rule for round-norm-bound.over-median: eligible = clean cost against off at most 0.005; score = the mean
     over seeds of the worst attack; within 0.005 of the best the larger ratio wins; off is never chosen over one."""
     import csv
 
@@ -453,7 +453,7 @@ def test_the_default_bound_decision_rule_on_hand_made_cells(tmp_path, capsys):
     # x2 scores best (0.80) but costs 0.01 clean: not eligible; x4 costs 0.00167 (seed 3: -0.005); its worst per seed 0.78, 0.79, 0.80
     assert verdicts == {"off": (0.0, 0.5, False), "x2": (-0.01, 0.8, False), "x4": (-0.001667, 0.79, True)}
     assert chosen == "x4"
-    assert choose.main([str(tmp_path)]) == 0 and "chosen: x4 (max-norm-over-median = 4)" in capsys.readouterr().out
+    assert choose.main([str(tmp_path)]) == 0 and "chosen: x4 (round-norm-bound.over-median = 4)" in capsys.readouterr().out
     # a bound that rejects the specialist (its clean run 0.01 lower on Retina) is not eligible: none left, off stays
     cells = choose.read_cells(tmp_path)
     for seed in (1, 2, 3):

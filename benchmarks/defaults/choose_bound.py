@@ -1,4 +1,4 @@
-"""Issue 60's decision rule for the default reply bound (``max-norm-over-median``), applied to the design grid's
+"""Issue 60's decision rule for the default reply bound (``round-norm-bound.over-median``), applied to the design grid's
 cells (``norm-bound.toml``: validation split, seeds 1-3). The rule is on docs/experiments/2026-12-07-default-bound.md,
 committed with this script before the grid ran.
 
@@ -30,8 +30,10 @@ TIE = 0.005
 
 
 def bounds(grid: Path = DESIGN) -> dict[str, float]:
-    """The grid's ``bound`` axis: label -> max-norm-over-median."""
-    return {b["label"]: float(b["max-norm-over-median"]) for b in tomllib.loads(grid.read_text())["axes"]["bound"]}
+    """The grid's ``bound`` axis: label -> round-norm-bound.over-median (``max-norm-over-median``, the key's name when
+    the grid ran, in its archived copy)."""
+    axis = tomllib.loads(grid.read_text())["axes"]["bound"]
+    return {b["label"]: float(b.get("round-norm-bound.over-median", b.get("max-norm-over-median"))) for b in axis}
 
 
 def read_cells(run: Path) -> dict[tuple[str, str, str, int], float]:
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"| {r['bound']} | {r['ratio']:g} | " + " | ".join(f"{r[k]:.3f}" for k in columns)
               + f" | {r['clean_cost']:+.3f} | {r['worst']:.3f} | {'yes' if r['eligible'] else 'no'} |")
-    print(f"chosen: {chosen} (max-norm-over-median = {bounds(args.grid)[chosen]:g})")
+    print(f"chosen: {chosen} (round-norm-bound.over-median = {bounds(args.grid)[chosen]:g})")
     return 0
 
 

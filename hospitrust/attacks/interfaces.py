@@ -175,7 +175,7 @@ class RoundView:
         The round's randomness.
     max_norm : float or None
         The server's bound on an update's norm (run config ``max-update-norm``, and with
-        ``max-norm-over-median`` the smaller of it and that multiple of the honest rows' median norm): the
+        ``round-norm-bound.over-median`` the smaller of it and that multiple of the honest rows' median norm): the
         server checks every crafted row against it as it checks a reply and rejects a row above it, so an
         adaptive attack keeps its strength inside it; None outside a run (no bound).
     num_examples : torch.Tensor or None

@@ -21,6 +21,8 @@ from typing import Any
 
 #: old flat key -> new key (one section), for the keys that moved
 RENAMED: dict[str, str] = {
+    # reply checks
+    "max-norm-over-median": "round-norm-bound.over-median",
     # local training
     "optimizer": "train.optimizer",
     "momentum": "train.momentum",

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 
 import json
-import math
 import os
 import warnings
 from collections.abc import Iterable, Mapping
@@ -48,6 +47,7 @@ from hospitrust.features.secagg_options import SecAggOptions
 from hospitrust.datasets.server import ServerDataOptions
 from hospitrust.tasks.task import TaskOptions
 from hospitrust.strategies.base import HospitrustStrategy
+from hospitrust.strategies.validation import RoundNormBoundOptions
 from hospitrust.strategies.registry import STRATEGIES, StrategyError, preset_of, rule_name, rules_with, strategy_class
 
 OptionsT = TypeVar("OptionsT", bound=Options)
@@ -84,12 +84,6 @@ class CoreOptions(Options):
     max_update_norm: float = Field(1e4, gt=0.0, description=(
         "Replies whose update (returned - global) has a larger L2 norm are rejected, and so is a simulated colluding "
         "attacker's row (the adaptive attacks keep their strength inside it)."
-    ))
-    max_norm_over_median: float = Field(0.0, ge=0.0, description=(
-        "A bound measured from the run: a reply whose update norm exceeds this multiple of the median update norm of "
-        "the round's checked replies (a simulated attacker's rows included) is rejected; fewer than half the replies "
-        "cannot move that median beyond the honest norms. 0: off (max-update-norm alone); else at least 1. Not "
-        "applied (the log says so) under secure aggregation or central DP, nor to FED-FBD's blocks."
     ))
     max_num_examples: int = Field(10_000_000, ge=1, description="Replies claiming more training examples are rejected.")
     # data
@@ -207,9 +201,6 @@ class CoreOptions(Options):
             raise ValueError(f"image-size {self.image_size}: expected 8 to 1024 pixels")
         if self.malicious_fraction > 0 and parse_int_list(self.malicious_hospitals, "malicious-hospitals"):
             raise ValueError("set either malicious-fraction or malicious-hospitals, not both")
-        if self.max_norm_over_median != 0.0 and not 1.0 <= self.max_norm_over_median < math.inf:
-            raise ValueError(f"max-norm-over-median {self.max_norm_over_median:g}: expected 0 (off) or a finite number "
-                             "of at least 1 (below 1 the median reply itself would be rejected)")
         return self
 
 
@@ -276,6 +267,10 @@ class RunConfig(CoreOptions):
     @property
     def server_data(self) -> ServerDataOptions:
         return cast(ServerDataOptions, self.options("server-data"))
+
+    @property
+    def round_norm_bound(self) -> RoundNormBoundOptions:
+        return cast(RoundNormBoundOptions, self.options("round-norm-bound"))
 
     @property
     def attack_schedule(self) -> ScheduleOptions:

@@ -24,6 +24,7 @@ from hospitrust.features.registry import FEATURES, feature_sections
 from hospitrust.datasets.server import ServerDataOptions
 from hospitrust.tasks.task import TaskOptions
 from hospitrust.strategies.registry import STRATEGIES
+from hospitrust.strategies.validation import RoundNormBoundOptions
 
 KINDS = ("service", "strategy", "partitioner", "attack", "pre-aggregator")
 
@@ -51,6 +52,7 @@ RUN_SECTIONS: dict[str, tuple[type[Options], str]] = {
     "server-data": (ServerDataOptions, "operators.md"),
     "train": (TrainOptions, "getting-started.md"),
     "aggregation": (AggregationOptions, "benchmark.md"),
+    "round-norm-bound": (RoundNormBoundOptions, "attacks.md"),
     SCHEDULE_SECTION: (ScheduleOptions, "attacks.md"),
 }
 

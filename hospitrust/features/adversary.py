@@ -129,7 +129,7 @@ class RoundAwareAdversary(RoundFeature):
         The run's pre-aggregation chain (:func:`pre_aggregation_of`).
     max_norm : float or None
         The server's bound on an update's norm (``max-update-norm``) the attack is told
-        (``RoundView.max_norm``); None: the rule's own ``limits``. With the rule's ``max-norm-over-median``
+        (``RoundView.max_norm``); None: the rule's own ``limits``. With the rule's ``round-norm-bound.over-median``
         the attack is told the smaller of it and that multiple of the honest rows' median norm.
     """
 

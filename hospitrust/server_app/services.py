@@ -302,7 +302,7 @@ class ServerServices(Mapping[str, Callable[..., Any]]):
 
 
 def _round_bound_not_applied(cfg: RunConfig, cls: type) -> list[str]:
-    """Why this run's rounds cannot apply ``max-norm-over-median`` (none: they do)."""
+    """Why this run's rounds cannot apply ``round-norm-bound.over-median`` (none: they do)."""
     from hospitrust.features.secagg_options import SecAggOptions
     from hospitrust.privacy.options import PrivacyOptions
 
@@ -349,16 +349,16 @@ def strategy_from_config(cfg: RunConfig, hospitals: Mapping[int, str], device: t
         services=ServerServices(cfg, task, device, sets),
         train_config=train_config, fraction_train=cfg.fraction_train, min_hospitals=cfg.min_hospitals,
         limits=ReplyLimits(max_update_norm=cfg.max_update_norm, max_num_examples=cfg.max_num_examples,
-                           max_norm_over_median=cfg.max_norm_over_median),
+                           max_norm_over_median=cfg.round_norm_bound.over_median),
         seed=cfg.seed, device=device, assumed_malicious=cfg.assumed_malicious,
         # what the rule's server_parts builds at the start of a run (FED-FBD's plan and warehouse, kept in run_dir)
         **cls.server_parts(options, task=task, sets=sets, device=device, seed=cfg.seed, run_dir=run_dir, resuming=resuming,
                            hospitals=list(order) if order is not None else list(hospitals.values())),
     )
-    if cfg.max_norm_over_median:
+    if cfg.round_norm_bound.over_median:
         for why in _round_bound_not_applied(cfg, cls):
-            log(WARNING, "max-norm-over-median = %g is not applied in this run: %s; max-update-norm (%g) still bounds "
-                "each reply", cfg.max_norm_over_median, why, cfg.max_update_norm)
+            log(WARNING, "round-norm-bound.over-median = %g is not applied in this run: %s; max-update-norm (%g) still "
+                "bounds each reply", cfg.round_norm_bound.over_median, why, cfg.max_update_norm)
     if strategy.required_replies() > len(hospitals):
         log(WARNING, "%s with assumed-malicious %d needs %d valid replies per round but there are only %d "
             "hospitals: every round will keep the previous model", cfg.strategy, cfg.assumed_malicious,

@@ -49,7 +49,7 @@ def aggregate_round(rule: Rule, server_round: int, replies: Iterable[Message],
     equal_weights : bool
         Weigh every reply alike instead of by its example count (only a ``central_dp_compatible`` rule).
     round_bound : bool
-        Apply ``max-norm-over-median`` (the rule's ``limits``); central DP turns it off: which replies enter would
+        Apply ``round-norm-bound.over-median`` (the rule's ``limits``); central DP turns it off: which replies enter would
         then depend on the other hospitals' norms, a release decision its accounting does not count.
 
     Returns
@@ -192,7 +192,7 @@ def _checked_rows(rule: Rule, server_round: int, record: RoundResult, updates: t
 
 def _norm_outliers(rule: Rule, server_round: int, record: RoundResult, updates: torch.Tensor,
                    accepted: list[CheckedReply], ratio: float) -> tuple[torch.Tensor, list[CheckedReply]]:
-    """The rows whose norm exceeds ``ratio`` (``max-norm-over-median``; 0: none) times the median norm of the round's
+    """The rows whose norm exceeds ``ratio`` (``round-norm-bound.over-median``; 0: none) times the median norm of the round's
     rows rejected, recorded as a rejected reply is, and dropped with their replies (the bound is measured from the
     round itself: while fewer than half the rows are an attacker's, the median lies within the honest norms).
     """
@@ -207,7 +207,7 @@ def _norm_outliers(rule: Rule, server_round: int, record: RoundResult, updates: 
     for i, r in enumerate(accepted):
         if norms[i] > bound:
             reason = (f"update norm {norms[i]:.4g} exceeds {ratio:g} x the round's median update norm {median:.4g} "
-                      "(max-norm-over-median)")
+                      "(round-norm-bound)")
             record.clients.append(hospital_record(rule, r.node_id, rejected=True, reason=reason))
             log(WARNING, "Round %d: rejected %s: %s", server_round, rule.hospital_name(r.node_id), reason)
     if len(keep) == len(accepted):

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import torch
 from flwr.app import ArrayRecord, Message
+from pydantic import Field, field_validator
 
 from hospitrust.aggregation.vectorize import FlatSpec, flatten_state
+from hospitrust.options import Options
 
 
 class RejectedReply(Exception):
@@ -31,6 +33,25 @@ class RejectedReply(Exception):
         self.reason = reason
 
 
+class RoundNormBoundOptions(Options):
+    """A reply bound measured from each round: a multiple of the median update norm of its checked replies."""
+
+    over_median: float = Field(0.0, ge=0.0, description=(
+        "A reply whose update norm exceeds this multiple of the median update norm of the round's checked replies (a "
+        "simulated attacker's rows included) is rejected; fewer than half the replies cannot move that median beyond "
+        "the honest norms. 0: off (max-update-norm alone); else at least 1. Not applied (the log says so) under secure "
+        "aggregation or central DP, nor to FED-FBD's blocks."
+    ))
+
+    @field_validator("over_median")
+    @classmethod
+    def _ratio(cls, v: float) -> float:
+        if v != 0.0 and not 1.0 <= v < math.inf:
+            raise ValueError(f"{v:g}: expected 0 (off) or a finite number of at least 1 (below 1 the median reply "
+                             "itself would be rejected)")
+        return v
+
+
 @dataclass(frozen=True)
 class ReplyLimits:
     """Bounds every train reply is checked against (run config ``max-update-norm``, ``max-num-examples``).
@@ -43,7 +64,7 @@ class ReplyLimits:
         Largest number of training examples a reply may claim.
     max_norm_over_median : float
         Largest ratio of an update's norm to the median norm of the round's checked updates (run config
-        ``max-norm-over-median``; 0: no such bound). A round-level check: :func:`hospitrust.strategies.intake.aggregate_round`.
+        ``round-norm-bound.over-median``; 0: no such bound). A round-level check: :func:`hospitrust.strategies.intake.aggregate_round`.
     """
 
     max_update_norm: float = 1e4  # L2 norm of (returned - global) over float tensors
@@ -52,7 +73,7 @@ class ReplyLimits:
 
     def __post_init__(self) -> None:
         if self.max_norm_over_median != 0.0 and not 1.0 <= self.max_norm_over_median < math.inf:
-            raise ValueError(f"max-norm-over-median must be 0 (off) or a finite number of at least 1, got "
+            raise ValueError(f"round-norm-bound.over-median must be 0 (off) or a finite number of at least 1, got "
                              f"{self.max_norm_over_median!r}: below 1 it would reject the median reply itself")
 
 
