@@ -36,11 +36,12 @@ class RejectedReply(Exception):
 class RoundNormBoundOptions(Options):
     """A reply bound measured from each round: a multiple of the median update norm of its checked replies."""
 
-    over_median: float = Field(0.0, ge=0.0, description=(
+    over_median: float = Field(4.0, ge=0.0, description=(
         "A reply whose update norm exceeds this multiple of the median update norm of the round's checked replies (a "
         "simulated attacker's rows included) is rejected; fewer than half the replies cannot move that median beyond "
         "the honest norms. 0: off (max-update-norm alone); else at least 1. Not applied (the log says so) under secure "
-        "aggregation or central DP, nor to FED-FBD's blocks."
+        "aggregation or central DP, nor to FED-FBD's blocks. The default 4 was chosen on validation splits "
+        "(docs/experiments/2026-12-07-default-bound.md)."
     ))
 
     @field_validator("over_median")
