@@ -464,3 +464,39 @@ def test_the_default_bound_decision_rule_on_hand_made_cells(tmp_path, capsys):
     del cells[("pneumonia", "x4", "ipm", 2)]
     with pytest.raises(SystemExit, match="1 cells are not finished"):
         choose.decide(cells, choose.bounds())
+
+
+def test_the_default_check_on_hand_made_cells(tmp_path, capsys):
+    """Issue 60's default check: every attacked cell within 0.02 of its seed's clean run; -0.02 exactly holds,
+    -0.0201 fails; an unfinished grid is said to be so."""
+    import csv
+
+    check = _script("defaults/default_check")
+    plan = {("none", 101): 0.90, ("none", 102): 0.85, ("none", 103): 0.80,
+            ("sign-flip", 101): 0.91, ("sign-flip", 102): 0.83, ("sign-flip", 103): 0.79,
+            ("aware", 101): 0.89, ("aware", 102): 0.849, ("aware", 103): 0.7799}
+
+    def write(cells):
+        with open(tmp_path / "cells.csv", "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["attack", "seed", "status", "final_balanced_accuracy"])
+            for (attack, seed), ba in cells.items():
+                w.writerow([attack, seed, "done", ba])
+
+    write(plan)
+    rows = {(r["attack"], r["seed"]): (r["diff"], r["holds"]) for r in check.check(check.read_cells(tmp_path))}
+    assert rows == {("sign-flip", 101): (0.01, True), ("sign-flip", 102): (-0.02, True),
+                    ("sign-flip", 103): (-0.01, True), ("aware", 101): (-0.01, True),
+                    ("aware", 102): (-0.001, True), ("aware", 103): (-0.0201, False)}
+    assert check.main([str(tmp_path)]) == 1 and "default check: fails (5 of 6 within 0.02" in capsys.readouterr().out
+    write({**plan, ("aware", 103): 0.79})
+    assert check.main([str(tmp_path)]) == 0 and "default check: holds (6 of 6" in capsys.readouterr().out
+    write({k: v for k, v in plan.items() if k != ("aware", 102)})
+    assert check.main([str(tmp_path)]) == 2 and "1 cells are not finished" in capsys.readouterr().err
+    # the grid declares what the script reads: its attack labels, seeds 101-103 and the test split
+    from hospitrust.bench.grid import parse_grid
+
+    grid = parse_grid(REPO / "benchmarks" / "defaults" / "default-check.toml")
+    assert {c.axes["attack"] for c in grid.cells} == {"none", *check.ATTACKS}
+    assert {c.run_config["seed"] for c in grid.cells} == {101, 102, 103} and len(grid.cells) == 9
+    assert {c.run_config.get("server-data.test-split", "test") for c in grid.cells} == {"test"}
