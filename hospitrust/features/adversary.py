@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import math
-import statistics
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -33,7 +32,7 @@ from hospitrust.features.pre_aggregators import pre_aggregation_chain
 from hospitrust.features.secagg_options import SecAggOptions
 from hospitrust.strategies import intake
 from hospitrust.strategies.base import Aggregate, AttackerRows, HospitrustStrategy, RoundResult, UpdateStep
-from hospitrust.strategies.validation import CheckedReply
+from hospitrust.strategies.validation import CheckedReply, round_median_norm
 
 
 class SimulatedAdversary(RoundFeature):
@@ -228,8 +227,8 @@ class RoundAwareAdversary(RoundFeature):
             # the crafted rows as the largest values (the attacker knows the honest rows)
             honest = [i for i in range(len(hospitals)) if i not in rows]
             norms = torch.linalg.vector_norm(updates[honest], dim=1, dtype=torch.float64).tolist()
-            median = statistics.median(norms + [math.inf] * len(rows))
-            if median > 0.0 and math.isfinite(median):
+            median = round_median_norm(norms + [math.inf] * len(rows))
+            if median is not None:
                 max_norm = ratio * median if max_norm is None else min(max_norm, ratio * median)
         view = RoundView(
             server_round, updates, list(hospitals), rows,

@@ -10,7 +10,6 @@ only; what a round does around it lives here, not in the rule's base class.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from logging import WARNING
@@ -23,7 +22,8 @@ from flwr.common import log
 from hospitrust.aggregation.vectorize import FlatSpec, flatten_state, unflatten_state
 from hospitrust.records import HospitalRecord, mean_of_signal
 from hospitrust.strategies.rounds import Aggregate, AttackerRows, GroupedRows, RoundContext, RoundResult, Rule, UpdateStep
-from hospitrust.strategies.validation import CheckedReply, RejectedReply, check_train_reply, check_update_row
+from hospitrust.strategies.validation import (CheckedReply, RejectedReply, check_train_reply, check_update_row,
+                                               round_median_norm)
 
 
 def aggregate_round(rule: Rule, server_round: int, replies: Iterable[Message],
@@ -80,12 +80,9 @@ def aggregate_round(rule: Rule, server_round: int, replies: Iterable[Message],
                 raise RejectedReply("no global model was sent this round")
             accepted.append(check_train_reply(reply, rule.global_state, global_vec, rule.limits))
         except RejectedReply as rej:
-            record.clients.append(hospital_record(rule, node_id, rejected=True, reason=rej.reason))
-            log(WARNING, "Round %d: rejected %s: %s", server_round, rule.hospital_name(node_id), rej.reason)
+            _reject(rule, server_round, record, node_id, rej.reason)
         except Exception as exc:  # a check itself failed on odd input: still the hospital's fault
-            reason = f"unreadable reply: {type(exc).__name__}: {exc}"
-            record.clients.append(hospital_record(rule, node_id, rejected=True, reason=reason))
-            log(WARNING, "Round %d: rejected %s: %s", server_round, rule.hospital_name(node_id), reason)
+            _reject(rule, server_round, record, node_id, f"unreadable reply: {type(exc).__name__}: {exc}")
 
     if _too_few(rule, server_round, record, accepted, started):
         return record
@@ -159,6 +156,12 @@ def _too_few(rule: Rule, server_round: int, record: RoundResult, accepted: list[
     _kept(rule, server_round, record, accepted, started, f"{len(accepted)} valid replies < {why}")
     return True
 
+def _reject(rule: Rule, server_round: int, record: RoundResult, node_id: int, reason: str) -> None:
+    """One reply (or a simulated attacker's row) rejected: recorded with its reason, and logged."""
+    record.clients.append(hospital_record(rule, node_id, rejected=True, reason=reason))
+    log(WARNING, "Round %d: rejected %s: %s", server_round, rule.hospital_name(node_id), reason)
+
+
 def _kept(rule: Rule, server_round: int, record: RoundResult, accepted: list[CheckedReply], started: float,
           why: str) -> None:
     """``record``: the previous model kept because ``why``; the valid replies listed with weight 0."""
@@ -184,8 +187,7 @@ def _checked_rows(rule: Rule, server_round: int, record: RoundResult, updates: t
             check_update_row(updates[i], global_vec, spec, rule.limits)
             keep.append(i)
         except RejectedReply as rej:
-            record.clients.append(hospital_record(rule, r.node_id, rejected=True, reason=rej.reason))
-            log(WARNING, "Round %d: rejected %s: %s", server_round, rule.hospital_name(r.node_id), rej.reason)
+            _reject(rule, server_round, record, r.node_id, rej.reason)
     if len(keep) == len(accepted):
         return updates, accepted
     return updates[keep], [accepted[i] for i in keep]
@@ -199,17 +201,15 @@ def _norm_outliers(rule: Rule, server_round: int, record: RoundResult, updates: 
     if ratio <= 0.0 or len(accepted) < 2:
         return updates, accepted
     norms = torch.linalg.vector_norm(updates, dim=1, dtype=torch.float64).tolist()
-    median = statistics.median(norms)
-    if not median > 0.0:  # half the rows or more did not move: no scale to measure against
+    median = round_median_norm(norms)
+    if median is None:  # half the rows or more did not move: no scale to measure against
         return updates, accepted
     bound = ratio * median
     keep = [i for i, norm in enumerate(norms) if norm <= bound]
     for i, r in enumerate(accepted):
         if norms[i] > bound:
-            reason = (f"update norm {norms[i]:.4g} exceeds {ratio:g} x the round's median update norm {median:.4g} "
-                      "(round-norm-bound)")
-            record.clients.append(hospital_record(rule, r.node_id, rejected=True, reason=reason))
-            log(WARNING, "Round %d: rejected %s: %s", server_round, rule.hospital_name(r.node_id), reason)
+            _reject(rule, server_round, record, r.node_id, f"update norm {norms[i]:.4g} exceeds {ratio:g} x the round's "
+                    f"median update norm {median:.4g} (round-norm-bound)")
     if len(keep) == len(accepted):
         return updates, accepted
     return updates[keep], [accepted[i] for i in keep]

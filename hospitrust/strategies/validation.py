@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -76,6 +77,16 @@ class ReplyLimits:
         if self.max_norm_over_median != 0.0 and not 1.0 <= self.max_norm_over_median < math.inf:
             raise ValueError(f"round-norm-bound.over-median must be 0 (off) or a finite number of at least 1, got "
                              f"{self.max_norm_over_median!r}: below 1 it would reject the median reply itself")
+
+
+def round_median_norm(norms: list[float]) -> float | None:
+    """The median of a round's update norms, the scale ``round-norm-bound.over-median`` multiplies; None where it
+    gives none (half the rows or more did not move, or the median is not finite).
+    """
+    if not norms:
+        return None
+    median = statistics.median(norms)
+    return median if 0.0 < median < math.inf else None
 
 
 @dataclass
