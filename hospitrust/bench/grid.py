@@ -249,12 +249,15 @@ def parse_grid(source: str | Path | Mapping[str, Any], *, app_dir: Path | None =
                 config[key] = value
                 cell_keys.add(key)
         skip = False
+        view: dict[str, Any] | None = None
         for rule in rules:
-            view = {**legacy.translate(config)[0], **config, **control, **labels, "hospitals": hospitals}
+            if view is None:  # built again only after a clause set something: the next clause sees it
+                view = {**legacy.translate(config)[0], **config, **control, **labels, "hospitals": hospitals}
             if _matches(rule["if"], view):
                 if rule.get("skip"):
                     skip = True
                     break
+                view = None
                 for k, v in rule.get("set", {}).items():
                     if k == "hospitals":
                         hospitals = v

@@ -18,7 +18,7 @@ import functools
 import json
 import os
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -616,6 +616,40 @@ def cross_checks(cfg: RunConfig) -> list[str]:
     return out
 
 
+class _OnDemand(Mapping[str, Options]):
+    """Sections parsed when first asked for: active_sections reads the few on the selected components' path, and a
+    grid restricts thousands of cells. A section that does not parse is absent (its defaults stand in).
+    """
+
+    def __init__(self, parse: Callable[[str], Options], names: list[str]) -> None:
+        self._parse, self._names = parse, names
+        self._done: dict[str, Options | None] = {}
+
+    def __getitem__(self, name: str) -> Options:
+        if name not in self._done:
+            try:
+                self._done[name] = self._parse(name)
+            except (OptionsError, ValueError):
+                self._done[name] = None
+        value = self._done[name]
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def __contains__(self, name: object) -> bool:
+        try:
+            self[cast(str, name)]
+        except KeyError:
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 def restrict_to_active(flat: Mapping[str, Any]) -> dict[str, Any]:
     """``flat`` without the keys of sections its components do not select: a benchmark grid's
     shared keys apply where they are relevant (``[base] earn.rare-classes`` with a strategy axis).
@@ -627,22 +661,19 @@ def restrict_to_active(flat: Mapping[str, Any]) -> dict[str, Any]:
         core = cast(CoreOptions, CoreOptions.from_flat({k: v for k, v in flat.items() if k in core_keys}))
     except OptionsError:
         return dict(flat)
-    parsed: dict[str, Options] = {}
     preset = preset_of(core.strategy)
     by_section: dict[str | None, dict[str, Any]] = {}  # grouped once: a grid restricts thousands of cells
     for k, v in flat.items():
         section = section_of(k)
         by_section.setdefault(section, {})[k if section is None else k[len(section) + 1:]] = v
-    for name in known:
+
+    def parse(name: str) -> Options:
         values = by_section.get(name, {})
-        try:
-            if preset is not None and name == preset.rule.name:
-                parsed[name] = resolve_preset(core.strategy, values)[0]
-            else:
-                parsed[name] = known[name].options.from_flat(values)
-        except (OptionsError, ValueError):
-            pass
-    active = set(active_sections(core, parsed))
+        if preset is not None and name == preset.rule.name:
+            return resolve_preset(core.strategy, values)[0]
+        return known[name].options.from_flat(values)
+
+    active = set(active_sections(core, _OnDemand(parse, list(known))))
     preset_sections = {name for name in legacy.PRESET_SECTIONS if name != core.strategy}  # their keys were inactive here
     keep = {name for name in by_section if (name not in known and name not in preset_sections) or name in active}
     return {k: v for k, v in flat.items() if section_of(k) in keep}
