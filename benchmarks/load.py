@@ -57,6 +57,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import cast
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -411,7 +412,8 @@ def run_one(hospitals: int, rounds: int, launcher: str, churn: bool, out: Path, 
                                                           "--attempts", "3"), fed.cli_home)
             sampler.add_root(psutil.Process(supervisor.pid))
             victims, killed_at, restarted = fed.names[-churned:] if churned else [], None, False
-            shown = 0
+            online_again: float | None = None  # seconds from the kill until every hospital is online again
+            shown, last_asked = 0, 0.0
             while supervisor.popen.poll() is None:
                 progress = run_dir / "progress.jsonl"
                 events = [json.loads(x) for x in progress.read_text().splitlines()] if progress.is_file() else []
@@ -431,6 +433,11 @@ def run_one(hospitals: int, rounds: int, launcher: str, churn: bool, out: Path, 
                         fed.restart(name, sampler)
                     restarted = True
                     say(f"churn: restarted {', '.join(victims)} {CHURN_RESTART_SECONDS:.0f} s later")
+                if restarted and online_again is None and time.monotonic() - last_asked >= 5:
+                    last_asked = time.monotonic()  # the SuperLink's view (flwr ls), every 5 s until they are back
+                    if len(flwr.online_nodes("load", env=fed.env)) >= hospitals:
+                        online_again = time.monotonic() - cast(float, killed_at)
+                        say(f"churn: every hospital online again {online_again:.0f} s after the kill")
                 time.sleep(1)
             run_seconds = time.monotonic() - submitted
             attempts = [json.loads(x) for x in record.read_text().splitlines()] if record.is_file() else []
@@ -463,18 +470,19 @@ def run_one(hospitals: int, rounds: int, launcher: str, churn: bool, out: Path, 
                 result["clientapp_slot_waits"] = {"clientapps": len(waits), "mean_seconds": round(statistics.mean(waits), 1),
                                                   "max_seconds": round(max(waits), 1)} if waits else {"clientapps": 0}
             result["attempt_statuses"] = [f"{a.get('status')} ({a.get('details', '')})"[:300] for a in attempts]
-            if result["status"] != deploy.COMPLETED:  # what the operator would read: kept beside the figures
+            if result["status"] != deploy.COMPLETED or churn:  # what the operator would read: kept beside the figures
                 kept = out / f"load-N{hospitals}{'-churn' if churn else ''}-logs"
                 kept.mkdir(parents=True, exist_ok=True)
                 for log in (work / "logs" / "superlink.log", work / "logs" / "run-supervisor.log", record,
-                            run_dir / "server.log"):
+                            run_dir / "server.log", *[work / "logs" / f"{name}.log" for name in victims]):
                     if log.is_file():
                         (kept / log.name).write_text(log.read_text(errors="replace")[-2_000_000:])
                 result["logs_kept"] = str(kept)
             if churn:
                 kill_round = 2
                 back = {r["round"]: set(r["hospitals"]) & set(victims) for r in result["replies"]}
-                result["churn"] = {"killed_in_round": kill_round,
+                result["churn"] = {"killed_in_round": kill_round, "online_again_seconds_after_kill":
+                                   None if online_again is None else round(online_again, 1),
                                    "missing": {r: sorted(set(victims) - h) for r, h in back.items() if r >= kill_round},
                                    "rejoined": sorted(set().union(*[h for r, h in back.items() if r > kill_round] or [set()]))}
             return result
