@@ -67,6 +67,7 @@ import psutil  # noqa: E402
 from hospitrust.ops import deploy, flwr  # noqa: E402
 from hospitrust.records import RoundRecord  # noqa: E402
 from hospitrust.server_app.results import read_round_records, round_periods  # noqa: E402
+from hospitrust.supervision.supervisor import ACTIVATED  # noqa: E402
 
 GB = 1024 ** 3
 # the run every hospital trains: small enough that 50 hospitals train a round on two cores within the reply bound
@@ -412,7 +413,9 @@ def run_one(hospitals: int, rounds: int, launcher: str, churn: bool, out: Path, 
                                                           "--attempts", "3"), fed.cli_home)
             sampler.add_root(psutil.Process(supervisor.pid))
             victims, killed_at, restarted = fed.names[-churned:] if churned else [], None, False
-            online_again: float | None = None  # seconds from the kill until every hospital is online again
+            # seconds from the kill until every churned hospital's new SuperNode was accepted by the SuperLink (its log's
+            # "SuperNode ID:"; a count of online nodes would include the killed sessions until their heartbeats lapse)
+            online_again: float | None = None
             shown, last_asked = 0, 0.0
             while supervisor.popen.poll() is None:
                 progress = run_dir / "progress.jsonl"
@@ -434,10 +437,10 @@ def run_one(hospitals: int, rounds: int, launcher: str, churn: bool, out: Path, 
                     restarted = True
                     say(f"churn: restarted {', '.join(victims)} {CHURN_RESTART_SECONDS:.0f} s later")
                 if restarted and online_again is None and time.monotonic() - last_asked >= 5:
-                    last_asked = time.monotonic()  # the SuperLink's view (flwr ls), every 5 s until they are back
-                    if len(flwr.online_nodes("load", env=fed.env)) >= hospitals:
+                    last_asked = time.monotonic()
+                    if all(ACTIVATED in (work / "logs" / f"{name}.log").read_text(errors="replace") for name in victims):
                         online_again = time.monotonic() - cast(float, killed_at)
-                        say(f"churn: every hospital online again {online_again:.0f} s after the kill")
+                        say(f"churn: the churned hospitals' SuperNodes accepted again {online_again:.0f} s after the kill")
                 time.sleep(1)
             run_seconds = time.monotonic() - submitted
             attempts = [json.loads(x) for x in record.read_text().splitlines()] if record.is_file() else []
@@ -481,8 +484,11 @@ def run_one(hospitals: int, rounds: int, launcher: str, churn: bool, out: Path, 
             if churn:
                 kill_round = 2
                 back = {r["round"]: set(r["hospitals"]) & set(victims) for r in result["replies"]}
+                refused = [name for name in victims if "Failed to activate SuperNode" in
+                           (work / "logs" / f"{name}.log").read_text(errors="replace")]
                 result["churn"] = {"killed_in_round": kill_round, "online_again_seconds_after_kill":
                                    None if online_again is None else round(online_again, 1),
+                                   "refused_at_restart": refused,
                                    "missing": {r: sorted(set(victims) - h) for r, h in back.items() if r >= kill_round},
                                    "rejoined": sorted(set().union(*[h for r, h in back.items() if r > kill_round] or [set()]))}
             return result
