@@ -30,6 +30,71 @@ def _exec(cmd: list[str], dry_run: bool) -> int:
     return 0  # pragma: no cover
 
 
+#: flower-supernode's exit code when it could not connect to the SuperLink (Flower 1.42's ExitCode
+#: SUPERNODE_CONNECTION_ERROR), among them the SuperLink refusing its activation: right after a SuperNode was killed,
+#: its session counts as online until two heartbeat intervals lapse (60 s), and a new one with the same key is refused
+SUPERNODE_CONNECTION_ERROR = 305
+REFUSED_RETRY_SECONDS = 90.0  # as the warm launcher's supervisor (ACTIVATION_RETRY_SECONDS)
+REFUSED_PAUSE_SECONDS = 5.0
+
+
+def run_flower_supernode(cmd: list[str], dry_run: bool) -> int:
+    """``deploy supernode --launcher flower``: Flower's SuperNode as this command's child, started again while it
+    cannot connect (exit code 305, a refused activation among the causes), for up to ``REFUSED_RETRY_SECONDS``; any
+    other exit code is returned as it is. SIGTERM and SIGINT go to its process group, which is also ended after
+    it exits (its flower-superexec would otherwise keep trying a Runtime API that is gone).
+    """
+    import shutil
+    import subprocess
+    import time
+
+    print("$ " + shlex.join(cmd), flush=True)
+    if dry_run:
+        return 0
+    if shutil.which(cmd[0]) is None:
+        raise DeployError(f"{cmd[0]} not found on PATH (pip install 'flwr>=1.42,<2')")
+    stopping: list[int] = []
+    proc: subprocess.Popen | None = None
+
+    def forward(signum, frame):
+        stopping.append(signum)
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    first_refusal: float | None = None
+    try:
+        while True:
+            proc = subprocess.Popen(cmd, start_new_session=True)
+            rc = proc.wait()
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)  # what it leaves behind (its launcher)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if rc != SUPERNODE_CONNECTION_ERROR % 256 or stopping:  # an exit status keeps 8 bits: 305 reads 49
+                return rc
+            now = time.monotonic()
+            first_refusal = now if first_refusal is None else first_refusal
+            left = REFUSED_RETRY_SECONDS - (now - first_refusal)
+            if left <= 0:
+                print(f"hospitrust deploy supernode: flower-supernode could not connect for {REFUSED_RETRY_SECONDS:g} s "
+                      f"(Flower's exit code {SUPERNODE_CONNECTION_ERROR}): giving up", file=sys.stderr, flush=True)
+                return rc
+            print(f"hospitrust deploy supernode: flower-supernode could not connect (Flower's exit code "
+                  f"{SUPERNODE_CONNECTION_ERROR}; right after a "
+                  "SuperNode of this key was killed, the SuperLink refuses it until its old session's heartbeats "
+                  f"lapse): starting it again in {REFUSED_PAUSE_SECONDS:g} s, for up to {left:.0f} s more",
+                  file=sys.stderr, flush=True)
+            deadline = time.monotonic() + REFUSED_PAUSE_SECONDS
+            while time.monotonic() < deadline and not stopping:
+                time.sleep(0.1)
+            if stopping:
+                return 128 + stopping[0]
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def cmd_ca(args) -> int:
     from hospitrust.pki.certificates import create_ca
 
@@ -341,8 +406,8 @@ def _start_supernode(args, node_config: dict[str, object]) -> int:
         raise DeployError("--approved-apps, --trusted-signers, --policy, --audit-log and --clientapp-user need --launcher "
                           "warm: Flower's own launcher has no hook to check a bundle before it runs")
     if args.log_file and not warm:
-        raise DeployError("--log-file needs --launcher warm (with --launcher flower, Flower's SuperNode replaces this "
-                          "command: redirect its output instead)")
+        raise DeployError("--log-file needs --launcher warm (with --launcher flower, Flower's SuperNode writes to this "
+                          "command's output: redirect it instead)")
     from hospitrust.supervision import runtime_secret
 
     # with the warm launcher, only the holder of this secret (the launcher) is handed the hospital's messages by the
@@ -370,7 +435,7 @@ def _supervise(args, node_config: dict[str, object], warm: bool, gate_env: dict[
             raise DeployError(message)
         print(f"warning: {message}", file=sys.stderr)
     if not warm:
-        return _exec(cmd, args.dry_run)
+        return run_flower_supernode(cmd, args.dry_run)
     print("$ " + shlex.join(cmd), flush=True)
     print(f"  with ClientApps forked by hospitrust's warm launcher from 127.0.0.1:{args.port}; watchdog bound "
           f"{args.message_timeout:g} s per message, {args.send_timeout:g} s per reply sent", flush=True)
@@ -604,7 +669,8 @@ def add_deploy_parser(sub) -> None:
     p.add_argument("--launcher", choices=("warm", "flower"), default="warm",
                    help="warm (default): hospitrust forks each ClientApp from a process with torch already imported, "
                         "and a watchdog restarts a SuperNode whose ClientApp died mid-message; flower: Flower's own "
-                        "SuperExec (a fresh process per message)")
+                        "SuperExec (a fresh process per message), the SuperNode started again for 90 s while the "
+                        "SuperLink refuses it (a killed session of its key still counted as online)")
     p.add_argument("--malicious", action="store_true",
                    help="red team only: this node carries out the run's attack (runs with an attack configured)")
     p.add_argument("--approved-apps", metavar="PATH",
