@@ -28,29 +28,35 @@ def _stand_in(tmp_path: Path, codes: list[int]) -> list[str]:
     return [sys.executable, str(script)]
 
 
-@pytest.fixture
-def quick(monkeypatch):
-    monkeypatch.setattr(deploy, "REFUSED_PAUSE_SECONDS", 0.05)
+def _run(cmd: list[str], retry_seconds: float = 90.0) -> tuple[int, str, str]:
+    """``run_flower_supernode`` in a process of its own (it makes its process a child subreaper and ends what the
+    SuperNode leaves behind: not a pytest worker's business), with a 0.05 s pause between starts."""
+    import subprocess
+
+    code = ("import sys; from hospitrust.cli import deploy; deploy.REFUSED_PAUSE_SECONDS = 0.05; "
+            f"deploy.REFUSED_RETRY_SECONDS = {retry_seconds!r}; "
+            f"sys.exit(deploy.run_flower_supernode({cmd!r}, dry_run=False))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return res.returncode, res.stdout, res.stderr
 
 
-def test_a_refused_supernode_is_started_again_until_it_connects(tmp_path, quick, capsys):
-    cmd = _stand_in(tmp_path, [305, 305, 0])
-    assert deploy.run_flower_supernode(cmd, dry_run=False) == 0
+def test_a_refused_supernode_is_started_again_until_it_connects(tmp_path):
+    rc, _, err = _run(_stand_in(tmp_path, [305, 305, 0]))
+    assert rc == 0, err
     assert (tmp_path / "starts").read_text() == "3"
-    err = capsys.readouterr().err
     assert err.count("could not connect (Flower's exit code 305") == 2 and "starting it again in 0.05 s" in err
 
 
-def test_another_exit_code_is_its_own_and_not_retried(tmp_path, quick):
-    assert deploy.run_flower_supernode(_stand_in(tmp_path, [3]), dry_run=False) == 3
+def test_another_exit_code_is_its_own_and_not_retried(tmp_path):
+    assert _run(_stand_in(tmp_path, [3]))[0] == 3
     assert (tmp_path / "starts").read_text() == "1"
 
 
-def test_it_gives_up_after_the_retry_window(tmp_path, quick, monkeypatch, capsys):
-    monkeypatch.setattr(deploy, "REFUSED_RETRY_SECONDS", 0.3)
-    assert deploy.run_flower_supernode(_stand_in(tmp_path, [305]), dry_run=False) == 305 % 256
+def test_it_gives_up_after_the_retry_window(tmp_path):
+    rc, _, err = _run(_stand_in(tmp_path, [305]), retry_seconds=0.3)
+    assert rc == 305 % 256
     assert int((tmp_path / "starts").read_text()) >= 2
-    assert "could not connect for 0.3 s (Flower's exit code 305): giving up" in capsys.readouterr().err
+    assert "could not connect for 0.3 s (Flower's exit code 305): giving up" in err
 
 
 def test_a_missing_flower_is_named_and_a_dry_run_starts_nothing(tmp_path, capsys):
@@ -60,3 +66,64 @@ def test_a_missing_flower_is_named_and_a_dry_run_starts_nothing(tmp_path, capsys
         deploy.run_flower_supernode(["no-such-flower-supernode"], dry_run=False)
     assert deploy.run_flower_supernode(_stand_in(tmp_path, [0]), dry_run=True) == 0
     assert not (tmp_path / "starts").exists() and "$ " in capsys.readouterr().out
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_for(predicate, timeout: float = 20.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_the_supernode_dies_with_the_command_and_leaves_nothing_behind(tmp_path):
+    """A kill -9 of ``deploy supernode`` ends its SuperNode (the churn runs killed the command's process group and
+    expect the SuperNode gone); a process the SuperNode leaves behind when it exits (Flower's superexec) is ended."""
+    import os
+    import signal
+    import subprocess
+
+    # a stand-in SuperNode that starts a child of its own (its "superexec") and then waits forever
+    sn = tmp_path / "sn.py"
+    sn.write_text(
+        "import pathlib, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"pathlib.Path({str(tmp_path / 'pids')!r}).write_text(f'{{__import__(\"os\").getpid()}} {{child.pid}}')\n"
+        "time.sleep(600)\n")
+    wrapper = subprocess.Popen([sys.executable, "-c", "import sys; from hospitrust.cli import deploy; "
+                                f"sys.exit(deploy.run_flower_supernode([sys.executable, {str(sn)!r}], dry_run=False))"],
+                               start_new_session=True)
+    try:
+        assert _wait_for(lambda: (tmp_path / "pids").exists() and " " in (tmp_path / "pids").read_text())
+        supernode, superexec = map(int, (tmp_path / "pids").read_text().split())
+        os.kill(wrapper.pid, signal.SIGKILL)  # the command alone, not its group
+        assert _wait_for(lambda: not _alive(supernode)), "the SuperNode outlived its command"
+    finally:
+        os.killpg(wrapper.pid, signal.SIGKILL) if _alive(wrapper.pid) else None
+    # its own child: with the SuperNode gone it is an orphan of the init system here (the command that would have
+    # reaped it was killed first); ended by hand so the test leaves nothing
+    if _alive(superexec):
+        os.kill(superexec, signal.SIGKILL)
+
+    # the SuperNode exits by itself: what it left behind is ended by the command
+    (tmp_path / "pids").unlink()
+    sn.write_text(
+        "import pathlib, subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"pathlib.Path({str(tmp_path / 'pids')!r}).write_text(str(child.pid))\n"
+        "sys.exit(0)\n")
+    assert _run([sys.executable, str(sn)])[0] == 0
+    leftover = int((tmp_path / "pids").read_text())
+    assert _wait_for(lambda: not _alive(leftover), timeout=15), "the SuperNode's leftover process was not ended"

@@ -41,12 +41,19 @@ REFUSED_PAUSE_SECONDS = 5.0
 def run_flower_supernode(cmd: list[str], dry_run: bool) -> int:
     """``deploy supernode --launcher flower``: Flower's SuperNode as this command's child, started again while it
     cannot connect (exit code 305, a refused activation among the causes), for up to ``REFUSED_RETRY_SECONDS``; any
-    other exit code is returned as it is. SIGTERM and SIGINT go to its process group, which is also ended after
-    it exits (its flower-superexec would otherwise keep trying a Runtime API that is gone).
+    other exit code is returned as it is. It stays in this command's process group and gets SIGTERM if this command
+    dies (so a service manager's or an operator's kill of the group ends it, as when it replaced the command); SIGTERM
+    to this command is passed on; what it leaves behind when it exits (its flower-superexec, which would keep trying
+    a Runtime API that is gone) is reparented here (a child subreaper) and ended.
     """
     import shutil
     import subprocess
     import time
+
+    import psutil
+
+    from hospitrust.supervision.supervisor import die_with_parent
+    from hospitrust.supervision.tree import become_subreaper
 
     print("$ " + shlex.join(cmd), flush=True)
     if dry_run:
@@ -58,19 +65,36 @@ def run_flower_supernode(cmd: list[str], dry_run: bool) -> int:
 
     def forward(signum, frame):
         stopping.append(signum)
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signum)
+        if proc is not None and proc.poll() is None and signum != signal.SIGINT:  # a Ctrl-C reached the group
+            proc.send_signal(signum)
 
+    def end_leftovers(before: set[int]) -> None:
+        left = [p for p in psutil.Process().children() if p.pid not in before]
+        left += [d for p in left for d in p.children(recursive=True)]
+        for p in left:
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(left, timeout=10)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+
+    try:
+        become_subreaper()
+    except OSError:
+        pass  # not Linux: what the SuperNode leaves behind is the init system's
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     first_refusal: float | None = None
     try:
         while True:
-            proc = subprocess.Popen(cmd, start_new_session=True)
+            before = {p.pid for p in psutil.Process().children()}
+            proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
             rc = proc.wait()
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)  # what it leaves behind (its launcher)
-            except (ProcessLookupError, PermissionError):
-                pass
+            end_leftovers(before)
             if rc != SUPERNODE_CONNECTION_ERROR % 256 or stopping:  # an exit status keeps 8 bits: 305 reads 49
                 return rc
             now = time.monotonic()
