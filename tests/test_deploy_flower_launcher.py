@@ -16,15 +16,21 @@ from hospitrust.cli import deploy
 
 
 def _stand_in(tmp_path: Path, codes: list[int]) -> list[str]:
-    """A command that exits with the next of ``codes`` each time it is started (its starts counted in a file); as
-    with Flower's ``sys.exit(305)``, the parent sees the low 8 bits (49)."""
+    """A command that plays the next of ``codes`` each time it is started (its starts counted in a file): 305 as
+    Flower 1.42's flower-supernode does when it cannot connect (it logs ``Exit Code: 305`` and exits with 1), any
+    other code as its exit status."""
     script = tmp_path / "supernode.py"
     script.write_text(
         "import pathlib, sys\n"
         f"count = pathlib.Path({str(tmp_path / 'starts')!r})\n"
         "n = int(count.read_text()) if count.exists() else 0\n"
         "count.write_text(str(n + 1))\n"
-        f"sys.exit({codes!r}[min(n, {len(codes) - 1})])\n")
+        f"code = {codes!r}[min(n, {len(codes) - 1})]\n"
+        "if code == 305:\n"
+        "    print('ERROR :     Exit Code: 305\\nFailed to initialize the connection to the SuperLink.\\n"
+        "[code: 2004] Failed to activate SuperNode.', flush=True)\n"
+        "    sys.exit(1)\n"
+        "sys.exit(code)\n")
     return [sys.executable, str(script)]
 
 
@@ -41,22 +47,24 @@ def _run(cmd: list[str], retry_seconds: float = 90.0) -> tuple[int, str, str]:
 
 
 def test_a_refused_supernode_is_started_again_until_it_connects(tmp_path):
-    rc, _, err = _run(_stand_in(tmp_path, [305, 305, 0]))
-    assert rc == 0, err
+    rc, out, err = _run(_stand_in(tmp_path, [305, 305, 0]))
+    assert rc == 0, out + err
     assert (tmp_path / "starts").read_text() == "3"
-    assert err.count("could not connect (Flower's exit code 305") == 2 and "starting it again in 0.05 s" in err
+    assert out.count("Failed to activate SuperNode") == 2  # its output passed through
+    assert out.count("could not connect (Flower's exit code 305") == 2 and "starting it again in 0.05 s" in out
 
 
 def test_another_exit_code_is_its_own_and_not_retried(tmp_path):
-    assert _run(_stand_in(tmp_path, [3]))[0] == 3
-    assert (tmp_path / "starts").read_text() == "1"
+    assert _run(_stand_in(tmp_path, [3]))[0] == 3 and (tmp_path / "starts").read_text() == "1"
+    # exit status 1 without Flower's "Exit Code: 305" line: another error, returned at once
+    assert _run(_stand_in(tmp_path, [1]))[0] == 1 and (tmp_path / "starts").read_text() == "2"
 
 
 def test_it_gives_up_after_the_retry_window(tmp_path):
-    rc, _, err = _run(_stand_in(tmp_path, [305]), retry_seconds=0.3)
-    assert rc == 305 % 256
+    rc, out, err = _run(_stand_in(tmp_path, [305]), retry_seconds=0.3)
+    assert rc == 1
     assert int((tmp_path / "starts").read_text()) >= 2
-    assert "could not connect for 0.3 s (Flower's exit code 305): giving up" in err
+    assert "could not connect for 0.3 s (Flower's exit code 305): giving up" in out
 
 
 def test_a_missing_flower_is_named_and_a_dry_run_starts_nothing(tmp_path, capsys):

@@ -30,24 +30,27 @@ def _exec(cmd: list[str], dry_run: bool) -> int:
     return 0  # pragma: no cover
 
 
-#: flower-supernode's exit code when it could not connect to the SuperLink (Flower 1.42's ExitCode
+#: Flower 1.42's exit code when flower-supernode could not connect to the SuperLink (ExitCode
 #: SUPERNODE_CONNECTION_ERROR), among them the SuperLink refusing its activation: right after a SuperNode was killed,
-#: its session counts as online until two heartbeat intervals lapse (60 s), and a new one with the same key is refused
+#: its session counts as online until two heartbeat intervals lapse (60 s), and a new one with the same key is refused.
+#: Flower logs it (``Exit Code: 305``) and the process exits with 1, like any of its errors: the line is what tells.
 SUPERNODE_CONNECTION_ERROR = 305
+CONNECTION_ERROR_LINE = f"Exit Code: {SUPERNODE_CONNECTION_ERROR}"
 REFUSED_RETRY_SECONDS = 90.0  # as the warm launcher's supervisor (ACTIVATION_RETRY_SECONDS)
 REFUSED_PAUSE_SECONDS = 5.0
 
 
 def run_flower_supernode(cmd: list[str], dry_run: bool) -> int:
-    """``deploy supernode --launcher flower``: Flower's SuperNode as this command's child, started again while it
-    cannot connect (exit code 305, a refused activation among the causes), for up to ``REFUSED_RETRY_SECONDS``; any
-    other exit code is returned as it is. It stays in this command's process group and gets SIGTERM if this command
+    """``deploy supernode --launcher flower``: Flower's SuperNode as this command's child (its output passed through),
+    started again while it cannot connect (Flower's exit code 305, a refused activation among the causes), for up to
+    ``REFUSED_RETRY_SECONDS``; any other exit is returned as it is. It stays in this command's process group and gets SIGTERM if this command
     dies (so a service manager's or an operator's kill of the group ends it, as when it replaced the command); SIGTERM
     to this command is passed on; what it leaves behind when it exits (its flower-superexec, which would keep trying
     a Runtime API that is gone) is reparented here (a child subreaper) and ended.
     """
     import shutil
     import subprocess
+    import threading
     import time
 
     import psutil
@@ -92,23 +95,36 @@ def run_flower_supernode(cmd: list[str], dry_run: bool) -> int:
     try:
         while True:
             before = {p.pid for p in psutil.Process().children()}
-            proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
+            proc = subprocess.Popen(cmd, preexec_fn=die_with_parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, errors="replace")
+            refused = threading.Event()
+
+            def pump(stream) -> None:
+                for line in stream:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                    if CONNECTION_ERROR_LINE in line:
+                        refused.set()
+
+            # a thread: what the SuperNode leaves behind holds the pipe open until it is ended
+            reader = threading.Thread(target=pump, args=(proc.stdout,), daemon=True)
+            reader.start()
             rc = proc.wait()
             end_leftovers(before)
-            if rc != SUPERNODE_CONNECTION_ERROR % 256 or stopping:  # an exit status keeps 8 bits: 305 reads 49
+            reader.join(timeout=5)
+            if not refused.is_set() or stopping:
                 return rc
             now = time.monotonic()
             first_refusal = now if first_refusal is None else first_refusal
             left = REFUSED_RETRY_SECONDS - (now - first_refusal)
             if left <= 0:
                 print(f"hospitrust deploy supernode: flower-supernode could not connect for {REFUSED_RETRY_SECONDS:g} s "
-                      f"(Flower's exit code {SUPERNODE_CONNECTION_ERROR}): giving up", file=sys.stderr, flush=True)
+                      f"(Flower's exit code {SUPERNODE_CONNECTION_ERROR}): giving up", flush=True)
                 return rc
             print(f"hospitrust deploy supernode: flower-supernode could not connect (Flower's exit code "
                   f"{SUPERNODE_CONNECTION_ERROR}; right after a "
                   "SuperNode of this key was killed, the SuperLink refuses it until its old session's heartbeats "
-                  f"lapse): starting it again in {REFUSED_PAUSE_SECONDS:g} s, for up to {left:.0f} s more",
-                  file=sys.stderr, flush=True)
+                  f"lapse): starting it again in {REFUSED_PAUSE_SECONDS:g} s, for up to {left:.0f} s more", flush=True)
             deadline = time.monotonic() + REFUSED_PAUSE_SECONDS
             while time.monotonic() < deadline and not stopping:
                 time.sleep(0.1)
