@@ -82,6 +82,11 @@ class ReplyLimits:
 def round_median_norm(norms: list[float]) -> float | None:
     """The median of a round's update norms, the scale ``round-norm-bound.over-median`` multiplies; None where it
     gives none (half the rows or more did not move, or the median is not finite).
+
+    Parameters
+    ----------
+    norms : list[float]
+        The L2 norms of the round's update rows (the attacker told its bound passes ``inf`` for its own rows).
     """
     if not norms:
         return None
